@@ -1,0 +1,100 @@
+"""The ``runbook`` command line.
+
+``runbook diagnose`` executes ``notebooks/00_allocation_check.ipynb`` with papermill into a
+fresh ``build/reports/<host>-<timestamp>/`` and prints one ``[OK]``/``[WARN]``/``[FAIL]``
+line per check.  Exit status: 0 when no check failed, 1 when one did, 2 when the notebook
+itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from helpers import jobs
+
+NOTEBOOK_00 = "00_allocation_check.ipynb"
+
+
+def _literal(text: str) -> object:
+    """Parse ``-p`` values as Python literals (``2``, ``0.5``, ``"x"``), falling back to the raw string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def diagnose(args: argparse.Namespace) -> int:
+    """Run the allocation check notebook under papermill; print its report; return the exit status."""
+    import papermill
+
+    from helpers.diagnostics import new_report_dir
+
+    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": args.nproc, "TIMEOUT_S": args.timeout_s}
+    if args.max_bytes is not None:
+        params["MAX_BYTES"] = args.max_bytes
+    for name, value in args.param or []:
+        params[name] = _literal(value)
+    report_dir = new_report_dir(args.out_dir)
+    params["REPORT_DIR"] = str(report_dir)
+    source = jobs.project_root() / "notebooks" / NOTEBOOK_00
+    executed = report_dir / NOTEBOOK_00
+    print(f"runbook diagnose: {source.name} -> {report_dir}", flush=True)
+    t0 = time.monotonic()
+    try:
+        papermill.execute_notebook(str(source), str(executed), parameters=params, cwd=str(source.parent),
+                                   kernel_name=args.kernel, progress_bar=False,
+                                   execution_timeout=args.cell_timeout_s)
+    except papermill.PapermillExecutionError as exc:
+        print(f"[FAIL] the notebook stopped in cell {exc.exec_count}: {exc.ename}: {exc.evalue}", file=sys.stderr)
+        print(f"       executed copy: {executed}", file=sys.stderr)
+        return 2
+    data = json.loads((report_dir / "report.json").read_text())
+    for check in data["checks"]:
+        status = check["status"]
+        print(f"[{status}]{' ' * (5 - len(status))}{check['id']}: {check['title']}")
+        if status != "OK" and check["remediation"]:
+            print(f"       -> {check['remediation']}")
+    print(f"{data['status']}: {len(data['checks'])} checks in {time.monotonic() - t0:.1f} s wall; "
+          f"report: {report_dir / 'report.md'}")
+    return 1 if data["status"] == "FAIL" else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``runbook`` (sub-commands)."""
+    parser = argparse.ArgumentParser(prog="runbook", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("diagnose", help="run the allocation check (notebook 00) and write a report")
+    p.add_argument("--backend", choices=jobs.BACKENDS, default="auto")
+    p.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2; use the GPU count on a GPU node)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout per job, seconds")
+    p.add_argument("--max-bytes", type=int, default=None, help="largest message of the bandwidth sweep, bytes")
+    p.add_argument("--out-dir", default=None, help="where report folders go (default build/reports)")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel to run the notebook with")
+    p.add_argument("--cell-timeout-s", type=float, default=900.0, help="papermill per-cell limit, seconds")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="override a notebook parameter (repeatable), e.g. -p SMOKE_STEPS 50")
+    p.set_defaults(func=diagnose)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``runbook`` console script.
+
+    Raises:
+        SystemExit: on bad arguments (argparse names the field and accepted values).
+    """
+    args = build_parser().parse_args(argv)
+    if getattr(args, "nproc", 1) < 1:
+        build_parser().error(f"--nproc={args.nproc}: must be >= 1")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

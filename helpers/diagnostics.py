@@ -1,0 +1,323 @@
+"""The allocation check: run each check as a real multi-process job and grade what it measured.
+
+Each ``run_*`` function launches a job through :mod:`helpers.jobs` and returns the
+:class:`~helpers.report.Check` records plus the evidence; each ``grade_*`` function is the
+pure part (measured data in, verdicts out), so it can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from helpers import busbw, jobs
+from helpers.report import Check
+
+SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
+CONFIGS = jobs.project_root() / "configs"
+
+# Values that differ across ranks by design (one per rank, or one per node): not a WARN.
+PER_RANK_KEYS = {
+    "pid", "dist_rank", "hostname", "device", "gpu.index", "gpu.uuid", "gpu.pci_bus_id",
+    "contract.RANK", "contract.LOCAL_RANK", "contract.ROLE_RANK", "contract.GROUP_RANK",
+    "env.TORCHELASTIC_ERROR_FILE", "env.SLURM_PROCID", "env.SLURM_LOCALID", "env.SLURM_NODEID",
+    "env.SLURM_TASK_PID", "env.SLURMD_NODENAME", "env.SLURM_TOPOLOGY_ADDR", "env.SLURM_GTIDS",
+    "env.SLURM_STEP_GPUS", "env.SLURM_JOB_GPUS",
+}
+REQUIRED_CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_CONTRACT = ("LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def new_report_dir(base: str | Path | None = None) -> Path:
+    """Create and return ``<base>/<host>-<YYYYmmdd-HHMMSS>`` (default base: ``build/reports``)."""
+    root = Path(base) if base else jobs.build_dir() / "reports"
+    path = root / f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def job_failure(check_id: str, title: str, job: jobs.JobResult, source: str = "") -> Check:
+    """A FAIL record for a job that crashed, hung or timed out, with the evidence that says why."""
+    values: dict[str, Any] = {"job_dir": str(job.job_dir), "wall_s": round(job.wall_s, 2),
+                              "launcher_exit": job.returncodes, "failed_ranks": job.failed_ranks}
+    if job.hung or job.timed_out:
+        values["stopped"] = job.stop_reason
+        values["hung_ranks"] = job.hung_ranks
+        values["stacks"] = {r: _innermost(s) for r, s in job.stacks.items()}
+        fix = (f"the job made no progress ({job.stop_reason}); ranks {job.hung_ranks} were alive: read their "
+               f"stacks in {job.job_dir / 'stacks'} (which collective each waits in), then chapter 03_hangs")
+    else:
+        first = job.first_failure
+        tb = first.traceback if first else None
+        values["first_failed_rank"] = first.rank if first else None
+        values["error"] = tb.splitlines()[-1] if tb else job.output.strip().splitlines()[-1:] or ""
+        fix = (f"rank {first.rank if first else '?'} failed first: {values['error']}; "
+               f"full logs in {job.job_dir / 'ranks'}")
+    return Check(check_id, title, "FAIL", values, fix, source)
+
+
+def _innermost(stack: str) -> str:
+    """The innermost Python frame of each thread in a py-spy dump (the line a rank is stuck on)."""
+    lines = stack.splitlines()
+    frames = [lines[i + 1].strip() for i, line in enumerate(lines[:-1]) if line.startswith("Thread ")]
+    return "; ".join(frames) or stack.strip()[:200]
+
+
+# --------------------------------------------------------------------------- 1 + 2: env report and contract
+
+def _flatten(record: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def grade_env(records: Sequence[dict]) -> Check:
+    """WARN when any value that should be the same on every rank differs (versions, NCCL_*...).
+
+    ``CUDA_VISIBLE_DEVICES`` may differ when each rank is given exactly one distinct GPU (a
+    scheduler binding one GPU per task); any other difference is a WARN.
+    """
+    flats = [_flatten(r) for r in records]
+    keys = sorted(set().union(*flats) - PER_RANK_KEYS)
+    differing: dict[str, dict[int, Any]] = {}
+    for key in keys:
+        values = {i: f.get(key) for i, f in enumerate(flats)}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            differing[key] = values
+    cvd = differing.get("env.CUDA_VISIBLE_DEVICES")
+    if cvd and all(v and "," not in str(v) for v in cvd.values()) and len(set(cvd.values())) == len(cvd):
+        differing.pop("env.CUDA_VISIBLE_DEVICES")
+    first = records[0] if records else {}
+    values = {"ranks": len(records), "hosts": sorted({r.get("hostname") for r in records}),
+              "torch": first.get("torch"), "cuda": first.get("torch_cuda"), "nccl": first.get("nccl"),
+              "driver": first.get("driver"), "deepspeed": first.get("deepspeed"),
+              "accelerate": first.get("accelerate"),
+              "gpu": (first.get("gpu") or {}).get("name"),
+              "gpu_memory_bytes": (first.get("gpu") or {}).get("total_memory_bytes"),
+              "variables": sorted(k[4:] for k in keys if k.startswith("env.")),
+              "differing": differing}
+    if differing:
+        return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
+                     values, "make every rank see the same software and NCCL_*/TORCH_*/GLOO_* settings "
+                     "(export them before the launcher; under srun re-export them in the srun command: "
+                     "gilbreth-hpc-guide.md 8.12 failure mode 4)", "gilbreth-hpc-guide.md 8.12; D1")
+    return Check("env.diff", f"environment identical on all {len(records)} ranks "
+                 f"(torch {values['torch']}, {values['gpu'] or 'no GPU'})", "OK", values, "", "D1")
+
+
+def grade_contract(records: Sequence[dict]) -> Check:
+    """Check the launcher's env contract (seed D1) and the device binding by LOCAL_RANK (seed D3)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    contracts = [r.get("contract", {}) for r in records]
+    n = len(records)
+    for i, c in enumerate(contracts):
+        missing = [k for k in REQUIRED_CONTRACT if not c.get(k)]
+        if missing:
+            problems.append(f"rank #{i} lacks {', '.join(missing)}")
+        soft = [k for k in TORCHRUN_CONTRACT if not c.get(k)]
+        if soft:
+            warnings.append(f"rank #{i} lacks {', '.join(soft)} (set by torchrun; other launchers may omit them)")
+    ranks = sorted(int(c["RANK"]) for c in contracts if str(c.get("RANK", "")).isdigit())
+    if ranks != list(range(n)):
+        problems.append(f"RANK values {ranks} are not 0..{n - 1}, each once")
+    sizes = {c.get("WORLD_SIZE") for c in contracts} | {str(r.get("dist_world_size")) for r in records}
+    if sizes != {str(n)}:
+        problems.append(f"WORLD_SIZE {sorted(map(str, sizes))} disagrees with the {n} ranks that reported")
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        seen = {c.get(key) for c in contracts}
+        if len(seen) > 1:
+            problems.append(f"{key} differs across ranks: {sorted(map(str, seen))}")
+    # A node is a launcher agent: (hostname, GROUP_RANK); two agents on one host are two nodes.
+    by_host: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_host[f"{r.get('hostname')}/node{r.get('contract', {}).get('GROUP_RANK')}"].append(r)
+    for host, recs in by_host.items():
+        local = sorted(int(r["contract"]["LOCAL_RANK"]) for r in recs if str(r["contract"].get("LOCAL_RANK", "")).isdigit())
+        if local != list(range(len(recs))):
+            problems.append(f"{host}: LOCAL_RANK values {local} are not 0..{len(recs) - 1}, each once")
+        gpus = [r["gpu"] for r in recs if r.get("gpu")]
+        if gpus:
+            ids = [g.get("uuid") or g.get("pci_bus_id") for g in gpus]
+            if len(set(ids)) < len(ids):
+                problems.append(f"{host}: several ranks are bound to the same GPU {ids} (D3: bind by LOCAL_RANK, "
+                                "check CUDA_VISIBLE_DEVICES)")
+            for r in recs:
+                if r.get("gpu") and str(r["gpu"].get("index")) != str(r["contract"].get("LOCAL_RANK")):
+                    problems.append(f"{host}: rank {r['contract'].get('RANK')} uses cuda:{r['gpu'].get('index')} "
+                                    f"but LOCAL_RANK={r['contract'].get('LOCAL_RANK')}")
+    backend = records[0].get("backend") if records else None
+    binding = ("one GPU per rank, by LOCAL_RANK" if backend == "nccl"
+               else "CPU ranks (gloo): no GPU to bind, binding by LOCAL_RANK not exercised")
+    values = {"per_rank": [{k: c.get(k) for k in (*REQUIRED_CONTRACT, *TORCHRUN_CONTRACT)} for c in contracts],
+              "device_binding": binding, "problems": problems, "warnings": warnings}
+    if problems:
+        return Check("launcher.contract", f"env contract broken: {problems[0]}", "FAIL", values,
+                     "launch through torchrun (or srun + torchrun), which sets RANK, LOCAL_RANK, WORLD_SIZE, "
+                     "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT for every rank; bind the GPU with "
+                     "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))", "D1, D3")
+    if warnings:
+        return Check("launcher.contract", f"env contract usable, with gaps: {warnings[0]}", "WARN", values,
+                     "prefer torchrun, which sets the whole contract", "D1")
+    return Check("launcher.contract", f"env contract complete on {n} ranks; device binding: {binding}", "OK",
+                 values, "", "D1, D3")
+
+
+def run_env_contract(out_dir: Path, *, nproc: int, backend: str, timeout_s: float) -> tuple[list[Check], list[dict], jobs.JobResult]:
+    """Checks 1 and 2: one job where every rank reports its environment and contract.
+
+    Returns:
+        ``([env.diff, launcher.contract], per-rank records, job)``; on a failed job, one FAIL
+        record and no records.
+    """
+    out = Path(out_dir) / "env_ranks.json"
+    job = jobs.run_job(SCENARIOS / "env_report.py", ["--out", str(out), "--backend", backend,
+                                                     "--timeout-s", str(timeout_s)],
+                       nproc=nproc, timeout_s=timeout_s + 30, name="env-contract")
+    if not job.ok or not out.exists():
+        return [job_failure("env.diff", "environment report job failed", job, "D1")], [], job
+    records = json.loads(out.read_text())
+    return [grade_env(records), grade_contract(records)], records, job
+
+
+# --------------------------------------------------------------------------- 3 + 4: collectives
+
+def grade_correctness(data: dict) -> Check:
+    """FAIL when any output element of any collective differs from its known value."""
+    cases = data["correctness"]
+    wrong = [c for c in cases if not c["exact"] or any(c["wrong_per_rank"])]
+    values = {c["op"]: {"elements": c["elements"], "wrong_per_rank": c["wrong_per_rank"]} for c in cases}
+    if wrong:
+        detail = "; ".join(f"{c['op']}: {sum(c['wrong_per_rank'])} wrong element(s), per rank {c['wrong_per_rank']}"
+                           for c in wrong)
+        values["first_mismatch_rank0"] = next((c["first_mismatch_rank0"] for c in wrong if c["first_mismatch_rank0"]), None)
+        return Check("collectives.correctness", f"wrong results: {detail}", "FAIL", values,
+                     "a rank or link corrupts data: rerun to see if it repeats, then exclude the node/GPU "
+                     "(compare per-GPU with nccl-tests -c 1) and report it to the admins",
+                     "https://github.com/NVIDIA/nccl-tests (-c check)")
+    ops = ", ".join(c["op"] for c in cases)
+    return Check("collectives.correctness", f"exact results on {data['world_size']} ranks for {ops}", "OK",
+                 values, "", "https://github.com/NVIDIA/nccl-tests (-c check)")
+
+
+def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0) -> tuple[Check, list[dict]]:
+    """Annotate the sweep with algbw/busbw and each op's plateau; WARN below ``min_busbw_gbps``.
+
+    Args:
+        data: the collectives job's JSON (``world_size``, ``sweep`` rows).
+        min_busbw_gbps: the plateau busbw (GB/s) every op must reach; 0 disables the threshold
+            (there is no universal number: take it from a known-good node of the same kind).
+
+    Returns:
+        ``(check, annotated rows)``.
+    """
+    n = data["world_size"]
+    rows = busbw.annotate(data["sweep"], n)
+    plateaus = {}
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        plateaus[op] = busbw.plateau([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine])
+    values = {"world_size": n, "backend": data["backend"], "plateau_busbw_GBps":
+              {op: round(p["plateau_GBps"], 3) for op, p in plateaus.items()}, "plateaus": plateaus,
+              "sizes_bytes": [min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)] if rows else []}
+    if n < 2:
+        return Check("collectives.bandwidth", "one rank: nothing crosses a link (busbw factor 0)", "WARN", values,
+                     "run with 2 or more ranks per node", "nccl-tests PERFORMANCE.md"), rows
+    slow = {op: p for op, p in values["plateau_busbw_GBps"].items() if p < min_busbw_gbps}
+    summary = ", ".join(f"{op} {v:.2f}" for op, v in values["plateau_busbw_GBps"].items())
+    source = "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md"
+    if slow:
+        return Check("collectives.bandwidth", f"plateau busbw below {min_busbw_gbps} GB/s: {slow}", "WARN", values,
+                     "check the transport NCCL picked (NCCL_DEBUG=INFO: P2P/SHM inside a node, NET/IB across), "
+                     "NCCL_P2P_LEVEL / NCCL_IB_DISABLE settings, and GPU topology (nvidia-smi topo -m)", source), rows
+    return Check("collectives.bandwidth", f"plateau busbw (GB/s): {summary}", "OK", values, "", source), rows
+
+
+def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float, min_bytes: int, max_bytes: int,
+                    check_elements: int = 1 << 20, corrupt_rank: int = -1,
+                    min_busbw_gbps: float = 0.0) -> tuple[list[Check], list[dict], jobs.JobResult]:
+    """Checks 3 and 4 in one job: exact collective results, then the busbw sweep.
+
+    Returns:
+        ``([collectives.correctness, collectives.bandwidth], annotated sweep rows, job)``.
+    """
+    out = Path(out_dir) / "collectives.json"
+    args = ["--out", str(out), "--backend", backend, "--timeout-s", str(timeout_s), "--min-bytes", str(min_bytes),
+            "--max-bytes", str(max_bytes), "--check-elements", str(check_elements), "--corrupt-rank", str(corrupt_rank)]
+    job = jobs.run_job(SCENARIOS / "collectives.py", args, nproc=nproc, timeout_s=timeout_s * 4 + 60,
+                       stall_s=timeout_s + 10, name="collectives")
+    if job.hung or job.timed_out or not out.exists():
+        return [job_failure("collectives.correctness", "collectives job did not finish", job,
+                            "gilbreth-hpc-guide.md 6.3")], [], job
+    data = json.loads(out.read_text())
+    bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps)
+    return [grade_correctness(data), bandwidth], rows, job
+
+
+# --------------------------------------------------------------------------- 6: smoke tests
+
+SMOKE = {
+    "01": ("smoke.01_single", "python", "smoke_single.py", "single process trains and reloads its checkpoint",
+           "gilbreth-hpc-guide.md 5"),
+    "02": ("smoke.02_ddp", "torchrun", "smoke_ddp.py", "DDP trains, rank 0 saves model.module.state_dict()",
+           "gilbreth-hpc-guide.md 6"),
+    "03": ("smoke.03_deepspeed_zero1", "deepspeed", "smoke_deepspeed.py",
+           "DeepSpeed ZeRO-1 bf16, collective save and reload", "gilbreth-hpc-guide.md 7"),
+}
+
+
+def grade_smoke(check_id: str, title: str, data: dict, source: str) -> Check:
+    """OK when the smoke test's own JSON says it trained, its loss is finite and its checkpoint reloaded exactly."""
+    keep = ("world_size", "backend", "device", "steps", "steps_per_s", "samples_per_s", "final_loss", "params",
+            "peak_memory", "checkpoint_reload", "checkpoint_bytes", "zero_stage", "dtype")
+    values = {k: data[k] for k in keep if k in data}
+    headline = (f"{data.get('steps')} steps at {data.get('steps_per_s', 0):.1f} steps/s, final loss "
+                f"{data.get('final_loss', float('nan')):.4f}, peak memory "
+                f"{(data.get('peak_memory') or {}).get('bytes', 0) / 1e9:.2f} GB")
+    if data.get("passed"):
+        return Check(check_id, f"{title}: {headline}", "OK", values, "", source)
+    return Check(check_id, f"{title}: FAILED ({headline}, reload exact: {data.get('checkpoint_reload')})", "FAIL",
+                 values, "read the rank logs; compare with the working pattern in " + source, source)
+
+
+def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int, hidden: int, batch: int,
+              timeout_s: float) -> tuple[Check, jobs.JobResult]:
+    """Run Gilbreth smoke test ``which`` (``01``, ``02``, ``03``) for real and grade it.
+
+    Raises:
+        ValueError: unknown ``which`` (names the accepted values).
+    """
+    if which not in SMOKE:
+        raise ValueError(f"which={which!r}: accepted values are {', '.join(SMOKE)}")
+    check_id, launcher, script, title, source = SMOKE[which]
+    out = Path(out_dir) / f"smoke_{which}.json"
+    args = ["--out", str(out), "--ckpt-dir", str(Path(out_dir) / "checkpoints" / which), "--steps", str(steps),
+            "--hidden", str(hidden), "--batch", str(batch), "--timeout-s", str(timeout_s)]
+    if which != "01":
+        args += ["--backend", backend]
+    if which == "03":
+        config = "ds_zero1_gpu.json" if backend == "nccl" else "ds_zero1_cpu.json"
+        args += ["--deepspeed-config", str(CONFIGS / config)]
+    job = jobs.run_job(SCENARIOS / script, args, launcher=launcher, nproc=1 if which == "01" else nproc,
+                       timeout_s=timeout_s * 2 + 60, stall_s=timeout_s + 30, name=f"smoke-{which}")
+    ckpt_bytes = sum(f.stat().st_size for f in (Path(out_dir) / "checkpoints" / which).rglob("*") if f.is_file())
+    shutil.rmtree(Path(out_dir) / "checkpoints" / which, ignore_errors=True)  # GBs on a GPU node: not report material
+    if not out.exists():
+        return job_failure(check_id, f"{title}: job failed", job, source), job
+    check = grade_smoke(check_id, title, json.loads(out.read_text()), source)
+    check.values["wall_s"] = round(job.wall_s, 2)
+    check.values.setdefault("checkpoint_bytes", ckpt_bytes)
+    if not job.ok and check.status == "OK":
+        return job_failure(check_id, f"{title}: passed but the job exited badly", job, source), job
+    return check, job

@@ -1,0 +1,541 @@
+"""The job runner: launch a multi-process job, bound it in time, and keep what each rank did.
+
+Every chapter launches its ranks through :func:`run_job` (one launcher command) or
+:func:`run_commands` (several, e.g. two torchrun agents acting as two nodes).  Nothing
+distributed ever runs inside the notebook kernel.
+
+What a job gets:
+
+* a job directory ``build/jobs/<name>-<stamp>/`` holding the launcher's output
+  (``launcher.stdout``/``.stderr``), each rank's output and exit status
+  (``ranks/rank<R>.stdout|.stderr|.json``, written by :mod:`helpers.rankshim`),
+  torchrun's ``--log-dir`` and, after a hang, each rank's stack (``stacks/``);
+* ``TMPDIR`` inside the job directory (removed at the end) and ``TORCH_EXTENSIONS_DIR``
+  in the shared build cache, so nothing lands in ``/tmp``;
+* a hard timeout and an optional stall window: when either expires, py-spy dumps every
+  live rank's stack, then the whole process tree is killed (psutil), so no rank, port
+  listener or temp dir outlives the call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers import procs
+
+LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
+BACKENDS = ("auto", "gloo", "nccl")
+SHIM = str(Path(__file__).with_name("rankshim.py"))
+_RDZV_FLAGS = ("--master-port", "--master_port", "--master-addr", "--master_addr", "--rdzv-endpoint",
+               "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend", "--node-rank", "--node_rank")
+_counter = itertools.count()
+
+
+def project_root() -> Path:
+    """The repository root (the folder holding ``helpers/``)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def build_dir() -> Path:
+    """Where generated files go: ``$RUNBOOK_BUILD_DIR`` or ``<project>/build`` (created if missing)."""
+    path = Path(os.environ.get("RUNBOOK_BUILD_DIR") or project_root() / "build").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def choose_backend(requested: str = "auto", nproc_per_node: int = 1, *, verbose: bool = True) -> str:
+    """Resolve a backend name for a job of ``nproc_per_node`` ranks on this node.
+
+    ``auto`` means NCCL when CUDA is available and every rank on the node can get its own
+    GPU (``torch.cuda.device_count() >= nproc_per_node``, seed D3), gloo otherwise.
+    The choice and its reason are printed when ``verbose``.
+
+    Raises:
+        ValueError: ``requested`` is not ``auto``, ``gloo`` or ``nccl``; or ``nproc_per_node`` < 1.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"backend={requested!r}: accepted values are {', '.join(BACKENDS)}")
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node={nproc_per_node}: must be >= 1")
+    import torch  # lazy: costs ~2 s, and only the backend choice needs it
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto":
+        chosen = "nccl" if gpus >= nproc_per_node else "gloo"
+        reason = f"{gpus} GPU(s) visible for {nproc_per_node} rank(s) per node"
+    else:
+        chosen = requested
+        reason = "requested"
+    if verbose:
+        print(f"backend: {chosen} ({reason})")
+    return chosen
+
+
+@dataclass
+class RankResult:
+    """What one rank did: its pid, exit status (negative = killed by that signal), logs and stack."""
+
+    rank: int
+    pid: int | None
+    exit_code: int | None
+    stdout_path: Path
+    stderr_path: Path
+    start: float | None = None
+    end: float | None = None
+    stack: str | None = None
+
+    @property
+    def stdout(self) -> str:
+        """This rank's stdout, unprefixed (empty if it wrote none)."""
+        return _read(self.stdout_path)
+
+    @property
+    def stderr(self) -> str:
+        """This rank's stderr, unprefixed."""
+        return _read(self.stderr_path)
+
+    @property
+    def traceback(self) -> str | None:
+        """The last Python traceback in this rank's stderr, or ``None``."""
+        err = self.stderr
+        at = err.rfind("Traceback (most recent call last)")
+        return err[at:].strip() if at >= 0 else None
+
+
+@dataclass
+class JobResult:
+    """The outcome of one job (see :func:`run_commands`).
+
+    Attributes:
+        name: job name; job_dir: its directory.
+        commands: the argv of each launcher process; env: variables the runner set or
+            changed (``None`` = removed), not the whole environment.
+        returncodes: each launcher's exit status (``None`` if it had to be killed).
+        wall_s: seconds from launch to the end of teardown.
+        timed_out: the hard timeout expired; hung: the stall window expired first.
+        ranks: rank id -> :class:`RankResult`; stacks: rank id -> py-spy text, for the
+            ranks alive when the job was declared hung or timed out.
+        stop_reason: why the runner stopped the job ("" when it ended by itself);
+            stopped_at: wall-clock time (``time.time()``, seconds) of that decision.
+    """
+
+    name: str
+    job_dir: Path
+    commands: list[list[str]]
+    env: dict[str, str | None]
+    returncodes: list[int | None]
+    wall_s: float
+    timed_out: bool
+    hung: bool
+    timeout_s: float
+    stall_s: float | None
+    backend: str | None = None
+    ranks: dict[int, RankResult] = field(default_factory=dict)
+    stacks: dict[int, str] = field(default_factory=dict)
+    stop_reason: str = ""
+    stopped_at: float | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        """The first launcher's exit status (the usual single-launcher case)."""
+        return self.returncodes[0] if self.returncodes else None
+
+    @property
+    def ok(self) -> bool:
+        """True when every launcher and every rank exited 0 and nothing hung or timed out."""
+        return (not self.timed_out and not self.hung and all(rc == 0 for rc in self.returncodes)
+                and all(r.exit_code == 0 for r in self.ranks.values()))
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        """Ranks whose own exit status was non-zero or unknown, sorted."""
+        return sorted(r for r, res in self.ranks.items() if res.exit_code != 0)
+
+    @property
+    def first_failure(self) -> RankResult | None:
+        """The rank that exited non-zero first (the one that diverged, when one crashed)."""
+        failed = [r for r in self.ranks.values() if r.exit_code not in (0, None) and r.end]
+        return min(failed, key=lambda r: r.end or 0.0) if failed else None
+
+    @property
+    def hung_ranks(self) -> list[int]:
+        """Ranks that were still alive when the job was declared hung or timed out."""
+        return sorted(self.stacks)
+
+    @property
+    def output(self) -> str:
+        """The launchers' merged stdout and stderr (rank lines carry a ``[rank R]`` prefix)."""
+        return _read(self.job_dir / "launcher.stdout") + _read(self.job_dir / "launcher.stderr")
+
+    def grep(self, pattern: str) -> list[str]:
+        """Lines matching regex ``pattern`` in the launcher output and every rank's logs."""
+        rx = re.compile(pattern)
+        texts = [self.output] + [r.stdout + r.stderr for r in self.ranks.values()]
+        return [line for text in texts for line in text.splitlines() if rx.search(line)]
+
+    def summary(self) -> str:
+        """A few human-readable lines: status, wall time, and each rank's exit status."""
+        state = "TIMED OUT" if self.timed_out else "HUNG" if self.hung else "ok" if self.ok else "FAILED"
+        lines = [f"job {self.name}: {state} in {self.wall_s:.1f} s (launcher exit {self.returncodes})"]
+        if self.stop_reason:
+            lines.append(f"  stopped: {self.stop_reason}")
+        for rank in sorted(self.ranks):
+            r = self.ranks[rank]
+            extra = " (stack captured)" if rank in self.stacks else ""
+            lines.append(f"  rank {rank}: exit {r.exit_code} pid {r.pid}{extra}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form (paths as strings, logs left in their files)."""
+        return {
+            "name": self.name, "job_dir": str(self.job_dir), "commands": self.commands, "env": self.env,
+            "returncodes": self.returncodes, "wall_s": self.wall_s, "timed_out": self.timed_out,
+            "hung": self.hung, "timeout_s": self.timeout_s, "stall_s": self.stall_s, "backend": self.backend,
+            "stop_reason": self.stop_reason, "stopped_at": self.stopped_at, "failed_ranks": self.failed_ranks, "hung_ranks": self.hung_ranks,
+            "ranks": {r: {"pid": v.pid, "exit_code": v.exit_code} for r, v in self.ranks.items()},
+        }
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def shim_argv(script: str | os.PathLike[str], args: Sequence[str] = ()) -> list[str]:
+    """``[rankshim.py, script, *args]``: what a launcher should run instead of ``script`` alone."""
+    return [SHIM, str(script), *map(str, args)]
+
+
+def launcher_argv(launcher: str, script: str | os.PathLike[str], args: Sequence[str] = (), *,
+                  nproc: int | None = 2, nnodes: int = 1, launcher_args: Sequence[str] = (),
+                  standalone: bool | None = None, log_dir: Path | None = None) -> list[list[str]]:
+    """Build the process command line(s) for one launcher, with the rank shim inserted.
+
+    Args:
+        launcher: one of ``torchrun``, ``accelerate``, ``deepspeed``, ``python``, ``srun``.
+        script: the rank script; args: its arguments.
+        nproc: ranks per node (``--nproc-per-node``, ``--num_processes``, ``--num_gpus``,
+            ``srun -n``; for ``python``, that many bare processes).  ``None`` passes no
+            count (``accelerate launch`` then uses its config: seed D5).
+        nnodes: torchrun ``--nnodes``.
+        launcher_args: extra launcher flags, placed before the script.
+        standalone: torchrun ``--standalone``; ``None`` = on for one node unless
+            ``launcher_args`` already names a rendezvous/master flag (seed D2, D4).
+        log_dir: torchrun ``--log-dir`` (keeps ``/tmp/torchelastic_*`` away).
+
+    Returns:
+        One argv per process to start (several only for ``python`` with ``nproc`` > 1).
+
+    Raises:
+        ValueError: unknown launcher, bad nproc, or the launcher is not installed.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
+    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+        raise ValueError(f"nproc={nproc!r}: must be an integer >= 1")
+    if nnodes < 1:
+        raise ValueError(f"nnodes={nnodes!r}: must be an integer >= 1")
+    body = shim_argv(script, args)
+    if launcher == "python":
+        return [[sys.executable, "-u", *body] for _ in range(nproc or 1)]
+    tool = {"torchrun": "torchrun", "accelerate": "accelerate", "deepspeed": "deepspeed", "srun": "srun"}[launcher]
+    exe = procs.find_tool(tool)
+    if exe is None:
+        raise ValueError(f"launcher={launcher!r}: `{tool}` is not installed or not on PATH")
+    extra = list(map(str, launcher_args))
+    if launcher == "torchrun":
+        if standalone is None:
+            standalone = nnodes == 1 and not any(a.split("=")[0] in _RDZV_FLAGS for a in extra)
+        cmd = [exe, f"--nnodes={nnodes}"]
+        cmd += [f"--nproc-per-node={nproc}"] if nproc else []
+        cmd += ["--standalone"] if standalone else []
+        cmd += [f"--log-dir={log_dir}"] if log_dir else []
+        return [cmd + extra + body]
+    if launcher == "accelerate":
+        count = [f"--num_processes={nproc}"] if nproc else []
+        return [[exe, "launch", *count, *extra, *body]]
+    if launcher == "deepspeed":
+        count = [f"--num_gpus={nproc}"] if nproc else []
+        return [[exe, *count, *extra, *body]]
+    return [[exe, f"--ntasks={nproc or 1}", *extra, sys.executable, "-u", *body]]
+
+
+def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launcher: str = "torchrun",
+            nproc: int | None = 2, nnodes: int = 1, launcher_args: Sequence[str] = (),
+            standalone: bool | None = None, backend: str | None = None, **kwargs: object) -> JobResult:
+    """Launch ``script`` under ``launcher`` with ``nproc`` ranks and wait for it, bounded in time.
+
+    Args:
+        script: path of the rank script (must exist).
+        args: the script's arguments.
+        launcher, nproc, nnodes, launcher_args, standalone: see :func:`launcher_argv`.
+        backend: if given (``auto``/``gloo``/``nccl``), resolved with :func:`choose_backend`,
+            printed, exported as ``RUNBOOK_BACKEND`` and recorded in the result; the script
+            decides what to do with it.
+        **kwargs: passed to :func:`run_commands` (``timeout_s``, ``stall_s``, ``env``,
+            ``name``, ``heartbeat``, ``cwd``, ``echo``, ``verbose``).
+
+    Returns:
+        The :class:`JobResult`.
+
+    Raises:
+        ValueError: a bad argument, naming the field (``script`` missing, ``nproc`` < 1,
+            unknown ``launcher`` or ``backend``, ``timeout_s`` <= 0...).
+    """
+    path = Path(script)
+    if not path.is_file():
+        raise ValueError(f"script={str(script)!r}: file not found")
+    name = str(kwargs.pop("name", None) or path.stem)
+    job_dir = _new_job_dir(name)
+    cmds = launcher_argv(launcher, path.resolve(), args, nproc=nproc, nnodes=nnodes, launcher_args=launcher_args,
+                         standalone=standalone, log_dir=job_dir / "torchrun")
+    env = dict(kwargs.pop("env", None) or {})  # type: ignore[call-overload]
+    chosen = None
+    if backend is not None:
+        chosen = choose_backend(backend, nproc or 1, verbose=bool(kwargs.get("verbose", True)))
+        env["RUNBOOK_BACKEND"] = chosen
+    per_process_env = [{"RUNBOOK_RANK": str(i)} for i in range(len(cmds))] if launcher == "python" else None
+    result = run_commands(cmds, env=env, name=name, job_dir=job_dir, per_process_env=per_process_env,
+                          **kwargs)  # type: ignore[arg-type]
+    result.backend = chosen
+    return result
+
+
+def _new_job_dir(name: str) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = build_dir() / "jobs" / f"{name}-{stamp}-{os.getpid()}-{next(_counter)}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _progress_size(job_dir: Path) -> int:
+    """Bytes written so far to the job's logs: the stall detector's progress measure."""
+    total = 0
+    for p in [job_dir / "launcher.stdout", job_dir / "launcher.stderr", *(job_dir / "ranks").glob("rank*.std*")]:
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+class _HeartbeatCounter:
+    """Counts lines matching a regex in the ranks' stdout files, reading only new bytes."""
+
+    def __init__(self, job_dir: Path, pattern: str) -> None:
+        self.rx = re.compile(pattern)
+        self.job_dir = job_dir
+        self.offsets: dict[Path, int] = {}
+        self.count = 0
+
+    def poll(self) -> int:
+        for path in (self.job_dir / "ranks").glob("rank*.stdout"):
+            start = self.offsets.get(path, 0)
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                chunk = fh.read()
+            end = chunk.rfind(b"\n") + 1  # only whole lines
+            self.offsets[path] = start + end
+            self.count += sum(1 for line in chunk[:end].decode(errors="replace").splitlines() if self.rx.search(line))
+        return self.count
+
+
+def _echo_new(job_dir: Path, offsets: dict[str, int]) -> None:
+    for stream in ("launcher.stdout", "launcher.stderr"):
+        path = job_dir / stream
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offsets.get(stream, 0))
+                chunk = fh.read()
+        except FileNotFoundError:
+            continue
+        end = chunk.rfind(b"\n") + 1
+        offsets[stream] = offsets.get(stream, 0) + end
+        if end:
+            sys.stdout.write(chunk[:end].decode(errors="replace"))
+            sys.stdout.flush()
+
+
+def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0, stall_s: float | None = None,
+                 env: Mapping[str, str | None] | None = None, name: str = "job", job_dir: Path | None = None,
+                 per_process_env: Sequence[Mapping[str, str | None]] | None = None, heartbeat: str | None = None,
+                 cwd: str | os.PathLike[str] | None = None, echo: bool = False, verbose: bool = True,
+                 poll_s: float = 0.1) -> JobResult:
+    """Start launcher processes, watch them, and stop them all at the timeout or a stall.
+
+    Each command is started in a session of its own; its stdout/stderr go to files in the
+    job directory.  The commands should run their ranks through the rank shim
+    (:func:`shim_argv`) so that per-rank logs, pids and exit statuses are recorded.
+
+    Args:
+        commands: argv of each launcher process (e.g. one torchrun per "node").
+        timeout_s: hard limit in seconds; on expiry stacks are taken, then everything is killed.
+        stall_s: seconds without progress after which the job is declared hung (before the
+            hard timeout).  Progress is any growth of the job's logs or, when ``heartbeat``
+            is given, a new line matching that regex in a rank's stdout.  Startup (imports,
+            rendezvous) counts as no progress, so choose it above the job's startup time.
+        env: variables to set for every process (``None`` removes a variable).
+        name: job name, used in the job directory's name.
+        job_dir: directory to use (default: a fresh ``build/jobs/<name>-<stamp>``).
+        per_process_env: extra variables for each command, index-aligned with ``commands``.
+        heartbeat: regex of a progress line (e.g. ``r"step \\d+"``).
+        cwd: working directory of the processes (default: the project root).
+        echo: copy the launchers' output to this process's stdout while the job runs.
+        verbose: print one line when the job starts and one when it ends.
+        poll_s: seconds between checks.
+
+    Returns:
+        The :class:`JobResult`.
+
+    Raises:
+        ValueError: no command, ``timeout_s`` <= 0, ``stall_s`` <= 0, or misaligned
+            ``per_process_env``.
+    """
+    if not commands:
+        raise ValueError("commands: at least one command is required")
+    if not timeout_s or timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s!r}: must be > 0 seconds (every job is bounded)")
+    if stall_s is not None and stall_s <= 0:
+        raise ValueError(f"stall_s={stall_s!r}: must be > 0 seconds or None")
+    if per_process_env is not None and len(per_process_env) != len(commands):
+        raise ValueError("per_process_env: needs one mapping per command")
+    job_dir = job_dir or _new_job_dir(name)
+    (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    ext = build_dir() / "torch_extensions"
+    ext.mkdir(exist_ok=True)
+    changes: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), "RUNBOOK_JOB_DIR": str(job_dir),
+                                      "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext))}
+    changes.update(env or {})
+    base_env = _apply(dict(os.environ), changes)
+    cmds = [list(map(str, c)) for c in commands]
+    (job_dir / "job.json").write_text(json.dumps({"commands": cmds, "env": changes}, indent=1))
+    if verbose:
+        print(f"[{name}] launching {len(cmds)} command(s), timeout {timeout_s:g} s"
+              + (f", stall {stall_s:g} s" if stall_s else "") + f": {' '.join(_short(c) for c in cmds[0])}")
+    out = open(job_dir / "launcher.stdout", "ab")
+    err = open(job_dir / "launcher.stderr", "ab")
+    popens: list[subprocess.Popen[bytes]] = []
+    t0 = time.monotonic()
+    timed_out = hung = False
+    stop_reason = ""
+    stopped_at = None
+    stacks: dict[int, str] = {}
+    try:
+        for i, cmd in enumerate(cmds):
+            proc_env = _apply(dict(base_env), per_process_env[i]) if per_process_env else base_env
+            popens.append(subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=proc_env,
+                                           cwd=str(cwd or project_root()), start_new_session=True))
+        beat = _HeartbeatCounter(job_dir, heartbeat) if heartbeat else None
+        last_progress, last_mark = t0, -1
+        offsets: dict[str, int] = {}
+        while any(p.poll() is None for p in popens):
+            time.sleep(poll_s)
+            now = time.monotonic()
+            if echo:
+                _echo_new(job_dir, offsets)
+            mark = beat.poll() if beat else _progress_size(job_dir)
+            if mark != last_mark:
+                last_mark, last_progress = mark, now
+            if now - t0 >= timeout_s:
+                timed_out, stop_reason = True, f"hard timeout of {timeout_s:g} s expired"
+            elif stall_s and now - last_progress >= stall_s:
+                hung, stop_reason = True, f"no progress for {stall_s:g} s (stall window)"
+            if timed_out or hung:
+                stopped_at = time.time()
+                stacks = _collect_stacks(job_dir)
+                break
+    finally:
+        procs.kill_tree([p.pid for p in popens], sessions=[p.pid for p in popens], grace_s=2.0)
+        for p in popens:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        out.close()
+        err.close()
+        if echo:
+            _echo_new(job_dir, {})
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = time.monotonic() - t0
+    result = JobResult(name=name, job_dir=job_dir, commands=cmds, env=changes,
+                       returncodes=[p.returncode for p in popens],
+                       wall_s=wall, timed_out=timed_out, hung=hung, timeout_s=timeout_s, stall_s=stall_s,
+                       ranks=_collect_ranks(job_dir, stacks), stacks=stacks, stop_reason=stop_reason, stopped_at=stopped_at)
+    (job_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
+    if verbose:
+        print(result.summary().splitlines()[0])
+    return result
+
+
+def _short(arg: str) -> str:
+    root = str(project_root()) + os.sep
+    return arg.replace(root, "")
+
+
+def _apply(base: dict[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
+    for key, value in changes.items():
+        if value is None:
+            base.pop(key, None)
+        else:
+            base[key] = str(value)
+    return base
+
+
+def _rank_records(job_dir: Path) -> dict[int, dict]:
+    records = {}
+    for path in (job_dir / "ranks").glob("rank*.json"):
+        try:
+            rec = json.loads(path.read_text())
+        except (json.JSONDecodeError, FileNotFoundError):
+            continue
+        records[int(rec["rank"])] = rec
+    return records
+
+
+def _collect_stacks(job_dir: Path) -> dict[int, str]:
+    """py-spy every rank that has not exited yet; save each stack under ``stacks/``."""
+    stacks: dict[int, str] = {}
+    live = {r: rec["pid"] for r, rec in _rank_records(job_dir).items() if "exit_code" not in rec and rec.get("pid")}
+    if not live:
+        return stacks
+    (job_dir / "stacks").mkdir(exist_ok=True)
+    threads = []
+
+    def dump(rank: int, pid: int) -> None:
+        stacks[rank] = procs.py_spy_dump(pid)
+
+    for rank, pid in live.items():
+        threads.append(threading.Thread(target=dump, args=(rank, pid)))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    for rank, text in stacks.items():
+        (job_dir / "stacks" / f"rank{rank}.txt").write_text(text)
+    return stacks
+
+
+def _collect_ranks(job_dir: Path, stacks: Mapping[int, str]) -> dict[int, RankResult]:
+    ranks = {}
+    for rank, rec in sorted(_rank_records(job_dir).items()):
+        base = job_dir / "ranks" / f"rank{rank}"
+        ranks[rank] = RankResult(rank=rank, pid=rec.get("pid"), exit_code=rec.get("exit_code"),
+                                 stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                                 start=rec.get("start"), end=rec.get("end"), stack=stacks.get(rank))
+    return ranks

@@ -1,0 +1,51 @@
+"""Plots (matplotlib, headless Agg backend) for the chapters and reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[str, Mapping] | None = None,
+               title: str = "busbw vs message size") -> Path:
+    """Plot busbw (GB/s, nccl-tests definition) against message size (bytes, log2 axis), one line per op.
+
+    Args:
+        rows: sweep rows with ``op``, ``bytes`` and ``busbw_GBps`` (see :func:`helpers.busbw.annotate`).
+        path: PNG file to write (parent created).
+        plateaus: optional ``{op: {"plateau_GBps", "from_bytes"}}`` drawn as dashed lines over
+            the sizes they were taken from.
+        title: figure title.
+
+    Returns:
+        The PNG path.
+
+    Raises:
+        ValueError: ``rows`` is empty.
+    """
+    if not rows:
+        raise ValueError("rows: nothing to plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for op in dict.fromkeys(r["op"] for r in rows):
+        pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows if r["op"] == op)
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=op)[0]
+        if plateaus and op in plateaus:
+            p = plateaus[op]
+            ax.hlines(p["plateau_GBps"], p["from_bytes"], pts[-1][0], colors=line.get_color(), linestyles="dashed")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,69 @@
+"""A tiny distributed job whose one rank can be made to crash or hang, for the runner's tests.
+
+Every rank initialises the default process group (gloo or NCCL), then runs ``--steps``
+steps of one all_reduce each, printing ``step N`` (the heartbeat) after each.  At step
+``--at-step`` the rank ``--bad-rank`` misbehaves according to ``--mode``:
+
+* ``ok``: nothing, everyone finishes;
+* ``crash``: raises ``RuntimeError`` (the others see ``Connection closed by peer``);
+* ``hang``: stops calling collectives and sleeps (alive but stuck: the others wait in
+  all_reduce until their timeout);
+* ``exit``: ``os._exit(3)`` without cleanup.
+
+Example::
+
+    torchrun --standalone --nproc-per-node 2 helpers/scenarios/toy_job.py --mode hang --bad-rank 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+MODES = ("ok", "crash", "hang", "exit")
+
+
+def main() -> int:
+    """Parse arguments, run the job, return 0 on success."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=MODES, default="ok")
+    parser.add_argument("--bad-rank", type=int, default=1, help="rank that misbehaves")
+    parser.add_argument("--at-step", type=int, default=2, help="step at which it misbehaves")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--step-s", type=float, default=0.0, help="seconds of sleep per step")
+    parser.add_argument("--hang-s", type=float, default=3600.0, help="how long a hanging rank sleeps")
+    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+
+    import torch
+    import torch.distributed as dist
+
+    _, device = _common.init_distributed(args.backend, args.timeout_s)
+    rank = dist.get_rank()
+    value = torch.ones(4, device=device)
+    for step in range(1, args.steps + 1):
+        if rank == args.bad_rank and step == args.at_step:
+            if args.mode == "crash":
+                raise RuntimeError(f"simulated failure on rank {rank} at step {step}")
+            if args.mode == "hang":
+                _common.log(f"step {step}: rank {rank} stops calling collectives")
+                time.sleep(args.hang_s)
+            if args.mode == "exit":
+                os._exit(3)
+        dist.all_reduce(value)
+        time.sleep(args.step_s)
+        _common.log(f"step {step}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

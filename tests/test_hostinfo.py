@@ -1,0 +1,360 @@
+"""Tests of helpers.hostinfo: real interfaces, real sockets, real /dev/shm, a real network namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from helpers import hostinfo
+from helpers.hostinfo import (
+    free_port,
+    host_checks,
+    interfaces,
+    match_ifname,
+    parse_socket_ifname,
+    port_free,
+    shm_info,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _by_id(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in records}
+
+
+# ---------------------------------------------------------------- interfaces / shm
+
+
+def test_interfaces_lists_loopback():
+    lo = {i["name"]: i for i in interfaces()}["lo"]
+    assert lo["mtu"] == 65536
+    assert "127.0.0.1/8" in lo["ipv4"]
+    assert lo["loopback"] and lo["up"] and lo["state"] in ("UNKNOWN", "UP")
+
+
+def test_interfaces_agrees_with_psutil():
+    ours = {i["name"]: i["mtu"] for i in interfaces()}
+    theirs = {name: st.mtu for name, st in psutil.net_if_stats().items()}
+    assert ours == theirs
+
+
+def test_interfaces_without_ip_raises(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no `ip` anywhere
+    with pytest.raises(RuntimeError, match="iproute2"):
+        interfaces()
+
+
+def test_shm_info_matches_psutil():
+    info = shm_info()
+    usage = psutil.disk_usage("/dev/shm")
+    assert info["path"] == "/dev/shm"
+    assert info["total_bytes"] == usage.total > 0
+    assert 0 <= info["free_bytes"] <= info["total_bytes"]
+
+
+def test_shm_info_missing_path_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        shm_info(str(tmp_path / "nope"))
+
+
+def test_host_shm_record_grades_measured_size():
+    rec = _by_id(host_checks({}))["host.shm"]
+    total, free = rec["values"]["total_bytes"], rec["values"]["free_bytes"]
+    if total < hostinfo.SHM_FAIL_BYTES:
+        assert rec["status"] == "FAIL"
+    elif total < hostinfo.SHM_WARN_BYTES or free < hostinfo.SHM_WARN_BYTES:
+        assert rec["status"] == "WARN"
+        assert "--shm-size" in rec["remediation"] or "/dev/shm" in rec["remediation"]
+    else:
+        assert rec["status"] == "OK" and rec["remediation"] == ""
+    assert "nvidia.com" in rec["source"]
+
+
+# ---------------------------------------------------------------- ports
+
+
+def test_held_port_is_busy_then_free():
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        assert port_free(port) is False
+        rec = _by_id(host_checks({"MASTER_PORT": str(port)}))["host.port"]
+        assert rec["status"] == "WARN"
+        assert rec["values"]["port"] == port and rec["values"]["port_from"] == "MASTER_PORT"
+        assert any(h["pid"] == os.getpid() and h["status"] == "LISTEN" for h in rec["values"]["holders"])
+        assert f"pid {os.getpid()}" in rec["title"]
+        assert "--master-port" in rec["remediation"] and "localhost:0" in rec["remediation"]
+        assert "D4" in rec["source"]
+    finally:
+        holder.close()
+    assert port_free(port) is True
+    rec = _by_id(host_checks({"MASTER_PORT": str(port)}))["host.port"]
+    assert rec["status"] == "OK" and rec["remediation"] == ""
+    assert isinstance(rec["values"]["ephemeral_port"], int)
+
+
+def test_master_port_argument_used_when_env_unset():
+    port = free_port()
+    rec = _by_id(host_checks({}, master_port=port))["host.port"]
+    assert rec["values"]["port"] == port and rec["values"]["port_from"] == "argument"
+
+
+def test_bad_master_port_in_env_is_a_fail_record():
+    rec = _by_id(host_checks({"MASTER_PORT": "http"}))["host.port"]
+    assert rec["status"] == "FAIL" and "MASTER_PORT" in rec["title"]
+
+
+def _time_wait_port(listener_reuse: bool) -> int:
+    """A port whose server side is in TIME_WAIT (the server closes first), listener with/without SO_REUSEADDR."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(listener_reuse))
+    srv.bind(("0.0.0.0", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()
+    time.sleep(0.1)
+    cli.close()
+    srv.close()
+    time.sleep(0.1)
+    states = {c.status for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port}
+    assert psutil.CONN_TIME_WAIT in states
+    return port
+
+
+def _tcpstore_binds(port: int) -> bool:
+    dist = pytest.importorskip("torch.distributed")
+    try:
+        store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=5))
+    except Exception as exc:  # DistNetworkError: "Address already in use"
+        assert "already in use" in str(exc).lower() or "EADDRINUSE" in str(exc)
+        return False
+    del store
+    return True
+
+
+@pytest.mark.parametrize("listener_reuse", [True, False], ids=["reuseaddr-listener", "plain-listener"])
+def test_time_wait_port_verdict_matches_tcpstore(listener_reuse):
+    port = _time_wait_port(listener_reuse)
+    verdict = port_free(port)
+    assert verdict is listener_reuse  # TIME_WAIT blocks only when the old socket lacked SO_REUSEADDR
+    assert _tcpstore_binds(_time_wait_port(listener_reuse)) is verdict
+
+
+@pytest.mark.parametrize("bad", [0, 65536, -1, "29500", 29500.0, True])
+def test_port_validation_names_port(bad):
+    with pytest.raises(ValueError, match="port"):
+        port_free(bad)
+
+
+def test_host_checks_bad_master_port_names_field():
+    with pytest.raises(ValueError, match="master_port"):
+        host_checks({}, master_port=70000)
+
+
+def test_free_port_is_bindable():
+    assert port_free(free_port(), "127.0.0.1")
+
+
+# ---------------------------------------------------------------- *_SOCKET_IFNAME parsing and matching
+
+
+@pytest.mark.parametrize(
+    "value, flavor, exclude, exact, names, supported",
+    [
+        ("eth", "nccl", False, False, ["eth"], True),
+        ("^docker,lo", "nccl", True, False, ["docker", "lo"], True),
+        ("=eth0", "nccl", False, True, ["eth0"], True),
+        ("^=docker0", "nccl", True, True, ["docker0"], True),
+        ("eth0:1,ib", "nccl", False, False, ["eth0", "ib"], True),
+        ("e", "nccl", False, False, [], True),
+        ("eth0,lo", "gloo", False, True, ["eth0", "lo"], True),
+        ("lo,", "gloo", False, True, ["lo"], True),
+        ("^docker0", "gloo", False, True, ["^docker0"], False),
+        ("=lo", "gloo", False, True, ["=lo"], False),
+        (",lo", "gloo", False, True, ["", "lo"], False),
+    ],
+)
+def test_parse_socket_ifname_table(value, flavor, exclude, exact, names, supported):
+    spec = parse_socket_ifname(value, flavor)
+    assert set(spec) == {"exclude", "exact", "names", "supported", "note"}
+    assert (spec["exclude"], spec["exact"], spec["names"], spec["supported"]) == (exclude, exact, names, supported)
+    assert isinstance(spec["note"], str) and spec["note"]
+
+
+def test_gloo_caret_note_names_the_error():
+    assert "Unable to find address for: ^docker0" in parse_socket_ifname("^docker0", "gloo")["note"]
+
+
+def test_bad_flavor_names_field_and_values():
+    with pytest.raises(ValueError, match=r"flavor.*nccl.*gloo"):
+        parse_socket_ifname("eth0", "mpi")
+
+
+def _iface(name: str, ipv4: list[str], up: bool = True, loopback: bool = False) -> dict[str, Any]:
+    return {"name": name, "state": "UP" if up else "DOWN", "mtu": 1500, "flags": [], "link_type": "ether",
+            "loopback": loopback, "up": up, "ipv4": ipv4, "ipv6": []}
+
+
+IFACES = [_iface("lo", ["127.0.0.1/8"], loopback=True), _iface("eth0", ["10.0.0.2/24"]),
+          _iface("eth10", ["10.1.0.2/24"]), _iface("docker0", ["172.17.0.1/16"]), _iface("ib0", [])]
+
+
+@pytest.mark.parametrize(
+    "value, flavor, expected",
+    [
+        ("eth", "nccl", ["eth0", "eth10"]),
+        ("=eth1", "nccl", []),
+        ("eth1", "nccl", ["eth10"]),
+        ("^docker,lo", "nccl", ["eth0", "eth10"]),
+        ("^=eth0", "nccl", ["lo", "eth10", "docker0"]),
+        ("ib", "nccl", []),  # ib0 has no address: NCCL and gloo skip it
+        ("eth0,lo", "gloo", ["lo", "eth0"]),
+        ("eth", "gloo", []),
+        ("^docker0", "gloo", []),
+    ],
+)
+def test_match_ifname(value, flavor, expected):
+    assert match_ifname(parse_socket_ifname(value, flavor), IFACES) == expected
+
+
+# ---------------------------------------------------------------- host.socket_ifname / host.interfaces on this host
+
+
+def test_gloo_ifname_missing_interface_fails_with_autodetect_advice():
+    rec = _by_id(host_checks({"GLOO_SOCKET_IFNAME": "ibp65s0"}))["host.socket_ifname"]
+    assert rec["status"] == "FAIL"
+    assert "Unable to find address for: ibp65s0" in rec["title"]
+    assert "auto-detect" in rec["remediation"]
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["matched"] == []
+
+
+def test_gloo_ifname_lo_single_node_ok():
+    rec = _by_id(host_checks({"GLOO_SOCKET_IFNAME": "lo"}))["host.socket_ifname"]
+    assert rec["status"] == "OK" and rec["remediation"] == ""
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["matched"] == ["lo"]
+
+
+def test_gloo_ifname_lo_multi_node_warns():
+    env = {"GLOO_SOCKET_IFNAME": "lo", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    rec = _by_id(host_checks(env))["host.socket_ifname"]
+    assert rec["status"] == "WARN" and "loopback" in rec["title"]
+    assert _by_id(host_checks({"GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_NUM_NODES": "2"}))["host.socket_ifname"]["status"] == "WARN"
+
+
+def test_gloo_caret_fails_and_nccl_caret_is_fine():
+    rec = _by_id(host_checks({"GLOO_SOCKET_IFNAME": "^docker0", "NCCL_SOCKET_IFNAME": "^docker0"}))["host.socket_ifname"]
+    assert rec["status"] == "FAIL"
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["spec"]["supported"] is False
+    assert "lo" in rec["values"]["NCCL_SOCKET_IFNAME"]["matched"]
+
+
+def test_nccl_ifname_no_match_fails():
+    rec = _by_id(host_checks({"NCCL_SOCKET_IFNAME": "=ibp65s0"}))["host.socket_ifname"]
+    assert rec["status"] == "FAIL" and "no socket interface found" in rec["title"]
+
+
+def test_unset_ifname_is_ok():
+    rec = _by_id(host_checks({}))["host.socket_ifname"]
+    assert rec["status"] == "OK" and "auto-detect" in rec["title"]
+    rec = _by_id(host_checks({"NCCL_SOCKET_IFNAME": "e", "GLOO_SOCKET_IFNAME": "x"}))["host.socket_ifname"]
+    assert rec["status"] == "OK"  # one character: both libraries ignore it and auto-detect
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["matched"] == [] and "auto" in rec["title"]
+
+
+def test_record_shape():
+    records = host_checks({})
+    assert [r["id"] for r in records] == ["host.port", "host.shm", "host.interfaces", "host.socket_ifname"]
+    for rec in records:
+        assert set(rec) == {"id", "title", "status", "values", "remediation", "source"}
+        assert rec["status"] in ("OK", "WARN", "FAIL") and rec["source"]
+        assert (rec["remediation"] == "") == (rec["status"] == "OK")
+        json.dumps(rec)  # plain data
+    lo = [i for i in _by_id(records)["host.interfaces"]["values"]["interfaces"] if i["name"] == "lo"]
+    assert lo and lo[0]["mtu"] == 65536
+
+
+# ---------------------------------------------------------------- a real network namespace
+
+
+def _netns_usable() -> str:
+    if os.geteuid() != 0:
+        return "needs root to create a network namespace"
+    if shutil.which("ip") is None:
+        return "iproute2 missing"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    return "" if probe.returncode == 0 else f"`ip netns` unavailable: {probe.stderr.strip()}"
+
+
+@pytest.fixture
+def netns():
+    """A namespace with lo, a 9000-MTU veth pair (10.77.201.x), a 1500 one, and a DOWN veth; deleted after."""
+    reason = _netns_usable()
+    if reason:
+        pytest.skip(reason)
+    tag = uuid.uuid4().hex[:6]
+    name = f"hostinfo-test-{tag}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        for cmd in (
+            "link set lo up",
+            f"link add hj{tag} mtu 9000 type veth peer name hk{tag} mtu 9000",
+            f"addr add 10.77.201.1/24 dev hj{tag}",
+            f"link set hj{tag} up", f"link set hk{tag} up",
+            f"link add hm{tag} type veth peer name hn{tag}",
+            f"addr add 10.77.202.1/24 dev hm{tag}",
+            f"link set hm{tag} up", f"link set hn{tag} up",
+            f"link add hd{tag} type veth peer name he{tag}",
+            f"addr add 10.77.203.1/24 dev hd{tag}",
+        ):
+            subprocess.run(["ip", "-n", name, *cmd.split()], check=True, capture_output=True)
+        yield name, tag
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _in_netns(ns: str, code: str) -> Any:
+    proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_interfaces_inside_netns(netns):
+    ns, tag = netns
+    seen = {i["name"]: i for i in _in_netns(ns, "import json; from helpers.hostinfo import interfaces; "
+                                                "print(json.dumps(interfaces()))")}
+    assert seen[f"hj{tag}"]["mtu"] == 9000 and "10.77.201.1/24" in seen[f"hj{tag}"]["ipv4"]
+    assert seen[f"hj{tag}"]["up"] and seen[f"hj{tag}"]["state"] == "UP"
+    assert seen[f"hd{tag}"]["up"] is False and seen[f"hd{tag}"]["state"] == "DOWN"
+    assert "eth0" not in seen  # the host's interfaces stay outside
+
+
+def test_host_checks_inside_netns(netns):
+    ns, tag = netns
+    code = ("import json, sys; from helpers.hostinfo import host_checks; "
+            "print(json.dumps({r['id']: r for r in host_checks(json.loads(sys.argv[1]))}))")
+    env = {"GLOO_SOCKET_IFNAME": f"hd{tag}", "NCCL_SOCKET_IFNAME": f"hj{tag}"}
+    records = _in_netns(ns, code.replace("sys.argv[1]", repr(json.dumps(env))))
+    mismatch = records["host.interfaces"]["values"]["mtu_mismatch"]["ether"]
+    assert records["host.interfaces"]["status"] == "WARN"
+    assert mismatch[f"hj{tag}"] == 9000 and mismatch[f"hm{tag}"] == 1500
+    sock = records["host.socket_ifname"]
+    assert sock["status"] == "WARN" and "DOWN" in sock["title"]
+    assert sock["values"]["NCCL_SOCKET_IFNAME"]["matched"] == [f"hj{tag}"]

@@ -1,0 +1,108 @@
+"""The job runner on real torchrun / python jobs (gloo on CPU)."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from conftest import SCENARIOS
+
+from helpers import jobs
+
+TOY = SCENARIOS / "toy_job.py"
+
+
+def test_ok_job_reports_each_rank(no_leftovers):
+    r = jobs.run_job(TOY, ["--steps", "3"], nproc=2, timeout_s=60, verbose=False)
+    assert r.ok, r.summary()
+    assert sorted(r.ranks) == [0, 1]
+    assert all(res.exit_code == 0 for res in r.ranks.values())
+    assert "step 3" in r.ranks[1].stdout
+    # the merged launcher stream is rank-prefixed, the per-rank files are not
+    assert any(line.startswith("[rank 1] ") for line in r.output.splitlines())
+    assert not r.ranks[1].stdout.startswith("[rank 1] [rank 1]")
+    assert "--log-dir" in " ".join(r.commands[0]) and (r.job_dir / "torchrun").is_dir()
+    assert r.env["TMPDIR"] == str(r.job_dir / "tmp") and not (r.job_dir / "tmp").exists()
+
+
+def test_crashing_rank_is_named_with_its_traceback(no_leftovers):
+    r = jobs.run_job(TOY, ["--mode", "crash", "--bad-rank", "1", "--steps", "5"], nproc=2, timeout_s=60,
+                     verbose=False)
+    assert not r.ok and not r.hung and not r.timed_out
+    assert r.returncode != 0
+    assert r.ranks[1].exit_code == 1
+    assert r.first_failure is not None and r.first_failure.rank == 1
+    assert "simulated failure on rank 1 at step 2" in r.first_failure.traceback
+    assert r.failed_ranks == [0, 1]  # rank 0 was torn down by torchrun (non-zero too)
+
+
+def test_exit_code_of_a_rank_is_exact(no_leftovers):
+    r = jobs.run_job(TOY, ["--mode", "exit", "--bad-rank", "0", "--steps", "3"], nproc=2, timeout_s=60,
+                     verbose=False)
+    assert r.ranks[0].exit_code == 3
+    assert r.first_failure.rank == 0
+
+
+def test_stall_is_declared_with_stacks_and_everything_killed(no_leftovers):
+    stall = 4.0
+    r = jobs.run_job(TOY, ["--mode", "hang", "--bad-rank", "1", "--steps", "100", "--step-s", "0.2"], nproc=2,
+                     timeout_s=60, stall_s=stall, heartbeat=r"step \d+", verbose=False)
+    assert r.hung and not r.timed_out
+    assert r.hung_ranks == [0, 1]
+    assert "all_reduce" in r.stacks[0]  # the healthy rank waits in the collective
+    assert "toy_job.py" in r.stacks[1] and "all_reduce" not in r.stacks[1]  # the stuck one does not
+    assert (r.job_dir / "stacks" / "rank1.txt").exists()
+    # stall window + startup (~3 s) + teardown, far below the 60 s timeout
+    assert r.wall_s < stall + 12, r.wall_s
+    for res in r.ranks.values():
+        assert not psutil.pid_exists(res.pid) or psutil.Process(res.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_hard_timeout_kills_within_timeout_plus_5s(no_leftovers):
+    timeout = 8.0
+    # rank 1 sleeps without collectives while rank 0 waits in all_reduce: a real hang, no stall window
+    r = jobs.run_job(TOY, ["--mode", "hang", "--bad-rank", "1", "--steps", "3"], nproc=2, timeout_s=timeout,
+                     verbose=False)
+    assert r.timed_out and not r.hung
+    assert r.wall_s <= timeout + 5, r.wall_s
+    assert set(r.stacks) == {0, 1}
+    assert "hard timeout" in r.stop_reason
+
+
+def test_plain_python_launcher_has_no_env_contract(no_leftovers):
+    # Seed D1: a bare `python` sets no RANK, so init_process_group fails at once.
+    r = jobs.run_job(TOY, ["--backend", "gloo"], launcher="python", nproc=2, timeout_s=60, verbose=False)
+    assert sorted(r.ranks) == [0, 1]
+    assert all(res.exit_code == 1 for res in r.ranks.values())
+    assert "environment variable RANK expected, but not set" in r.ranks[0].traceback
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"nproc": 0}, "nproc"), ({"launcher": "mpirun"}, "launcher"), ({"timeout_s": 0}, "timeout_s"),
+     ({"stall_s": -1}, "stall_s"), ({"backend": "mpi"}, "backend"), ({"name": "a b"}, "name")],
+)
+def test_bad_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        jobs.run_job(TOY, **kwargs)
+
+
+def test_missing_script_names_the_field():
+    with pytest.raises(ValueError, match="script=.*not found"):
+        jobs.run_job(SCENARIOS / "nope.py")
+
+
+def test_choose_backend_on_cpu_is_gloo(capsys):
+    assert jobs.choose_backend("auto", 2) == "gloo"
+    assert "gloo" in capsys.readouterr().out
+    assert jobs.choose_backend("nccl", 2, verbose=False) == "nccl"
+
+
+def test_launcher_commands_insert_the_shim():
+    ds = jobs.launcher_argv("deepspeed", "t.py", ["--x"], nproc=2)[0]
+    assert ds[1:3] == ["--num_gpus=2", jobs.SHIM] and ds[-2:] == ["t.py", "--x"]
+    acc = jobs.launcher_argv("accelerate", "t.py", nproc=None)[0]
+    assert acc[1] == "launch" and not any(a.startswith("--num_processes") for a in acc)
+    tr = jobs.launcher_argv("torchrun", "t.py", nproc=2, launcher_args=["--master-port=29600"])[0]
+    assert "--standalone" not in tr  # an explicit port means a static rendezvous (D4)
+    py = jobs.launcher_argv("python", "t.py", nproc=3)
+    assert len(py) == 3
