@@ -4,6 +4,10 @@
 fresh ``build/reports/<host>-<timestamp>/`` and prints one ``[OK]``/``[WARN]``/``[FAIL]``
 line per check.  Exit status: 0 when no check failed, 1 when one did, 2 when the notebook
 itself could not run.
+
+``runbook doctor --pid PID`` (a torchrun/launcher pid on this node) or ``--job-dir DIR`` (a
+runner job that hung) prints which rank diverged, the collective the others wait in and the
+source line (``helpers.doctor``).  Exit status 0 when a verdict was printed, 2 otherwise.
 """
 
 from __future__ import annotations
@@ -65,6 +69,22 @@ def diagnose(args: argparse.Namespace) -> int:
     return 1 if data["status"] == "FAIL" else 0
 
 
+def doctor(args: argparse.Namespace) -> int:
+    """Print the hang doctor's verdict for a live launcher pid or a saved job directory."""
+    from helpers import doctor as doc
+
+    try:
+        verdict = doc.diagnose_pid(args.pid) if args.pid is not None else doc.diagnose_job_dir(args.job_dir)
+    except ValueError as exc:
+        print(f"runbook doctor: {exc}", file=sys.stderr)
+        return 2
+    print(verdict.text)
+    if args.stacks:
+        for rank, state in verdict.states.items():
+            print(f"--- rank {rank}: " + " <- ".join(f"{f.func} ({f.site})" for f in state.frames[:8]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``runbook`` (sub-commands)."""
     parser = argparse.ArgumentParser(prog="runbook", description=__doc__,
@@ -81,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="override a notebook parameter (repeatable), e.g. -p SMOKE_STEPS 50")
     p.set_defaults(func=diagnose)
+    d = sub.add_parser("doctor", help="name the rank that diverged in a hung job")
+    where = d.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pid", type=int, help="pid of the launcher (torchrun, deepspeed...) on this node")
+    where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
+    d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
+    d.set_defaults(func=doctor)
     return parser
 
 

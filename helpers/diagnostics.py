@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import busbw, jobs
+from helpers import busbw, hostinfo, jobs
 from helpers.report import Check
 
 SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
@@ -56,7 +56,9 @@ def job_failure(check_id: str, title: str, job: jobs.JobResult, source: str = ""
         first = job.first_failure
         tb = first.traceback if first else None
         values["first_failed_rank"] = first.rank if first else None
-        values["error"] = tb.splitlines()[-1] if tb else job.output.strip().splitlines()[-1:] or ""
+        text = tb or (first.stderr if first else "") or job.output
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        values["error"] = lines[-1] if lines else f"launcher exit {job.returncodes}"
         fix = (f"rank {first.rank if first else '?'} failed first: {values['error']}; "
                f"full logs in {job.job_dir / 'ranks'}")
     return Check(check_id, title, "FAIL", values, fix, source)
@@ -309,7 +311,10 @@ def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int
     if which == "03":
         config = "ds_zero1_gpu.json" if backend == "nccl" else "ds_zero1_cpu.json"
         args += ["--deepspeed-config", str(CONFIGS / config)]
+    # the deepspeed launcher defaults to port 29500, taken by any other job on the node (D4)
+    launcher_args = [f"--master_port={hostinfo.free_port()}"] if launcher == "deepspeed" else []
     job = jobs.run_job(SCENARIOS / script, args, launcher=launcher, nproc=1 if which == "01" else nproc,
+                       launcher_args=launcher_args,
                        timeout_s=timeout_s * 2 + 60, stall_s=timeout_s + 30, name=f"smoke-{which}")
     ckpt_bytes = sum(f.stat().st_size for f in (Path(out_dir) / "checkpoints" / which).rglob("*") if f.is_file())
     shutil.rmtree(Path(out_dir) / "checkpoints" / which, ignore_errors=True)  # GBs on a GPU node: not report material

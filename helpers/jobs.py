@@ -420,8 +420,12 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     tmp.mkdir(exist_ok=True)
     ext = build_dir() / "torch_extensions"
     ext.mkdir(exist_ok=True)
+    # The interpreter's own bin first on PATH: the launchers, and the ninja that built the cached
+    # DeepSpeed ops (a different ninja sees "command line changed" and rebuilds them, ~30 s).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     changes: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), "RUNBOOK_JOB_DIR": str(job_dir),
-                                      "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext))}
+                                      "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext)),
+                                      "PATH": path}
     changes.update(env or {})
     base_env = _apply(dict(os.environ), changes)
     cmds = [list(map(str, c)) for c in commands]

@@ -93,6 +93,15 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    # The deepspeed launcher runs ``python -u <script> --local_rank=N <args>``; here <script> is
+    # this shim, so pass the flag on to the real script in the place it would have had.
+    lead = []
+    while argv and argv[0].startswith(("--local_rank", "--local-rank")):
+        lead.append(argv.pop(0))
+    if lead and argv and argv[0] != "-m":
+        argv = [argv[0], *lead, *argv[1:]]
+    elif lead and len(argv) >= 2:
+        argv = [*argv[:2], *lead, *argv[2:]]
     job_dir = os.environ.get("RUNBOOK_JOB_DIR") or os.getcwd()
     ranks_dir = os.path.join(job_dir, "ranks")
     os.makedirs(ranks_dir, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -14,34 +15,33 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "helpers" / "scenarios"
 
 
-def job_processes() -> list[psutil.Process]:
-    """Processes started by the job runner (they carry ``RUNBOOK_JOB_DIR`` in their environment)."""
+def job_processes(test_id: str) -> list[psutil.Process]:
+    """Processes started by the job runner during test ``test_id``.
+
+    The fixture puts ``RUNBOOK_TEST_ID`` in the environment; the runner passes the environment on,
+    so exactly this test's launchers and ranks carry it (jobs of other sessions are never touched).
+    """
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.pid != os.getpid() and "RUNBOOK_JOB_DIR" in proc.environ():
+            if proc.pid != os.getpid() and proc.environ().get("RUNBOOK_TEST_ID") == test_id:
                 found.append(proc)
         except psutil.Error:
             continue
     return found
 
 
-def listening_ports() -> set[int]:
-    """TCP ports with a listener on this host."""
-    return {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-
-
 @pytest.fixture
-def no_leftovers():
-    """Assert that the test left no job process, new listener or /tmp/torchelastic_* behind."""
-    before_ports = listening_ports()
+def no_leftovers(monkeypatch):
+    """Assert that the test's jobs left no process (hence no port listener) and no /tmp/torchelastic_*."""
+    test_id = uuid.uuid4().hex
+    monkeypatch.setenv("RUNBOOK_TEST_ID", test_id)
     before_tmp = set(glob.glob("/tmp/torchelastic_*"))
     yield
-    leftovers = job_processes()
+    leftovers = job_processes(test_id)
     for proc in leftovers:  # clean up so one failure does not cascade, then fail
         proc.kill()
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
-    assert listening_ports() <= before_ports, f"new listeners: {listening_ports() - before_ports}"
     assert set(glob.glob("/tmp/torchelastic_*")) <= before_tmp
 
 
@@ -49,3 +49,19 @@ def no_leftovers():
 def _python_path(monkeypatch):
     """Run tools from this interpreter's venv even when PATH does not name it."""
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def execute_notebook(name: str, parameters: dict | None = None, timeout_s: float = 600) -> Path:
+    """Execute ``notebooks/<name>`` with papermill into ``build/executed/`` and return the executed copy.
+
+    Raises papermill's ``PapermillExecutionError`` when a cell fails (the test then fails with
+    the cell's error).  The source notebook is never written to.
+    """
+    import papermill
+
+    out = ROOT / "build" / "executed" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    papermill.execute_notebook(str(ROOT / "notebooks" / name), str(out), parameters=parameters or {},
+                               cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
+                               execution_timeout=timeout_s)
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import psutil
 import pytest
 from conftest import SCENARIOS
@@ -66,6 +68,16 @@ def test_hard_timeout_kills_within_timeout_plus_5s(no_leftovers):
     assert r.wall_s <= timeout + 5, r.wall_s
     assert set(r.stacks) == {0, 1}
     assert "hard timeout" in r.stop_reason
+
+
+def test_deepspeed_launcher_passes_local_rank_through_the_shim(no_leftovers):
+    from helpers import hostinfo
+
+    r = jobs.run_job(TOY, ["--steps", "2"], launcher="deepspeed", nproc=2, timeout_s=90, verbose=False,
+                     launcher_args=[f"--master_port={hostinfo.free_port()}"])
+    assert r.ok, r.summary() + r.output[-2000:]
+    assert sorted(r.ranks) == [0, 1] and "step 2" in r.ranks[1].stdout
+    assert "--local_rank=1" in " ".join(json.loads((r.job_dir / "ranks" / "rank1.json").read_text())["cmd"])
 
 
 def test_plain_python_launcher_has_no_env_contract(no_leftovers):

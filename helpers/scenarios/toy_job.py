@@ -8,7 +8,11 @@ steps of one all_reduce each, printing ``step N`` (the heartbeat) after each.  A
 * ``crash``: raises ``RuntimeError`` (the others see ``Connection closed by peer``);
 * ``hang``: stops calling collectives and sleeps (alive but stuck: the others wait in
   all_reduce until their timeout);
-* ``exit``: ``os._exit(3)`` without cleanup.
+* ``exit``: ``os._exit(3)`` without cleanup;
+* ``mismatch``: calls broadcast where the others call all_reduce (a desync: on gloo it
+  hangs until the timeout, platform-facts.md).
+
+``--trace`` opts into :mod:`helpers.collective_trace` (per-rank collective log for the doctor).
 
 Example::
 
@@ -25,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-MODES = ("ok", "crash", "hang", "exit")
+MODES = ("ok", "crash", "hang", "exit", "mismatch")
 
 
 def main() -> int:
@@ -39,6 +43,9 @@ def main() -> int:
     parser.add_argument("--hang-s", type=float, default=3600.0, help="how long a hanging rank sleeps")
     parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
     parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    parser.add_argument("--trace", action="store_true", help="record collectives for the hang doctor")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                        help="appended by the deepspeed launcher; LOCAL_RANK from the env is used")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be >= 1")
@@ -46,6 +53,10 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
+    if args.trace:
+        from helpers import collective_trace
+
+        collective_trace.enable()
     _, device = _common.init_distributed(args.backend, args.timeout_s)
     rank = dist.get_rank()
     value = torch.ones(4, device=device)
@@ -58,6 +69,9 @@ def main() -> int:
                 time.sleep(args.hang_s)
             if args.mode == "exit":
                 os._exit(3)
+            if args.mode == "mismatch":
+                dist.broadcast(value, src=0)
+                continue
         dist.all_reduce(value)
         time.sleep(args.step_s)
         _common.log(f"step {step}")

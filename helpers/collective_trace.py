@@ -1,0 +1,140 @@
+"""Opt-in per-rank trace of the collectives a script calls, for the hang doctor.
+
+Two lines in a training script::
+
+    from helpers import collective_trace
+    collective_trace.enable()          # before the first collective
+
+Each call to a ``torch.distributed`` collective then appends two JSON lines to
+``<dir>/rank<R>.jsonl``: ``enter`` (sequence number, op, tensor shape/dtype, the caller's
+``file:line``) before the call and ``exit`` after it.  A rank stuck in a collective has an
+``enter`` without its ``exit``; a rank that skipped one has a lower sequence number.  The
+file is line-buffered, so it is complete up to the moment a rank hangs or dies.
+
+Why not torch's flight recorder: on gloo it records but does not dump on a timeout, and
+torch's bundled analyzer crashed on a gloo dump (platform-facts.md); it also cannot name
+the user's source line of a rank that never entered the collective.  This trace works on
+gloo and NCCL alike and costs two small writes per collective (see benchmarks/).
+
+Only Python-level calls are traced: DDP's gradient all-reduce runs inside its C++ reducer
+and appears in py-spy stacks as ``backward`` instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_gather_single",
+       "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "reduce", "barrier", "monitored_barrier",
+       "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv", "broadcast_object_list",
+       "gather_object", "scatter_object_list", "all_reduce_coalesced")
+_SKIP = (os.sep + "torch" + os.sep, os.path.abspath(__file__))
+_state: dict[str, Any] = {"file": None, "seq": 0, "originals": {}}
+
+
+def trace_dir() -> Path:
+    """Where traces go: ``$RUNBOOK_TRACE_DIR``, else ``$RUNBOOK_JOB_DIR/trace`` (set by the job runner), else ``./trace``."""
+    explicit = os.environ.get("RUNBOOK_TRACE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("RUNBOOK_JOB_DIR", ".")) / "trace"
+
+
+def _call_site() -> str:
+    """``file:line`` of the innermost frame outside torch and this module (the user's line)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not any(s in name for s in _SKIP):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _describe(args: tuple, kwargs: dict) -> dict:
+    """Shape and dtype of the first tensor (or first tensor in a list) among the arguments."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return {"shape": list(value.shape), "dtype": str(value.dtype).replace("torch.", "")}
+    return {}
+
+
+def _write(fh: IO[str], record: dict) -> None:
+    fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+def _wrap(op: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        fh = _state["file"]
+        _state["seq"] += 1
+        seq = _state["seq"]
+        _write(fh, {"seq": seq, "op": op, "phase": "enter", "site": _call_site(), "t": time.time(),
+                    **_describe(args, kwargs)})
+        result = fn(*args, **kwargs)
+        _write(fh, {"seq": seq, "op": op, "phase": "exit", "t": time.time()})
+        return result
+
+    return traced
+
+
+def enable(directory: str | os.PathLike[str] | None = None, rank: int | None = None) -> Path:
+    """Start tracing this process's collectives; return the trace file's path.
+
+    Args:
+        directory: where ``rank<R>.jsonl`` goes (default :func:`trace_dir`).
+        rank: this process's rank (default: ``RANK`` from the launcher's env contract, seed D1).
+
+    Raises:
+        ValueError: no ``rank`` given and ``RANK`` unset or not an integer.
+    """
+    import torch.distributed as dist
+
+    if rank is None:
+        raw = os.environ.get("RANK", "")
+        if not raw.isdigit():
+            raise ValueError(f"rank: not given and RANK={raw!r} is not an integer (launch with torchrun)")
+        rank = int(raw)
+    if _state["file"] is not None:
+        return Path(_state["file"].name)
+    path = Path(directory) if directory else trace_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    _state["file"] = open(path / f"rank{rank}.jsonl", "a", buffering=1)
+    for op in OPS:
+        fn = getattr(dist, op, None)
+        if fn is not None:
+            _state["originals"][op] = fn
+            setattr(dist, op, _wrap(op, fn))
+    return path / f"rank{rank}.jsonl"
+
+
+def disable() -> None:
+    """Restore the original collectives and close the trace file."""
+    import torch.distributed as dist
+
+    for op, fn in _state["originals"].items():
+        setattr(dist, op, fn)
+    _state["originals"] = {}
+    if _state["file"] is not None:
+        _state["file"].close()
+        _state["file"] = None
+
+
+def read(path: str | os.PathLike[str]) -> list[dict]:
+    """The records of one trace file, in order (a torn last line, from a killed rank, is skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
