@@ -171,6 +171,13 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
     else:
         text = (f"verdict: rank(s) {diverged} diverged. Ranks {waiting} wait in {label} called at {site}.\n"
                 + "\n".join("  " + states[r].describe() for r in diverged))
+        if len(tied) > 1:
+            text += ("\n  note: as many ranks are in another collective: the ranks disagree on which collective "
+                     "comes next, and either side may hold the bug (the reference is the group of the lowest rank)")
+    if len(sites) > 1:
+        text += ("\n  note: the waiting ranks reached it from different lines "
+                 + ", ".join(f"rank {r}: {states[r].call_site}" for r in waiting)
+                 + ": one collective reached by different code paths pairs calls that do not belong together (D21)")
     return Verdict(op, seq, site, waiting, diverged, states, text)
 
 

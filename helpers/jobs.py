@@ -179,7 +179,11 @@ class JobResult:
         return _read(self.job_dir / "launcher.stdout") + _read(self.job_dir / "launcher.stderr")
 
     def grep(self, pattern: str) -> list[str]:
-        """Lines matching regex ``pattern`` in the launcher output and every rank's logs."""
+        """Lines matching regex ``pattern`` in the launcher output and every rank's logs.
+
+        A rank's line appears twice (its own log, and prefixed in the launcher's stream): count
+        per rank with ``ranks[r].stdout`` instead of counting these lines.
+        """
         rx = re.compile(pattern)
         texts = [self.output] + [r.stdout + r.stderr for r in self.ranks.values()]
         return [line for text in texts for line in text.splitlines() if rx.search(line)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def find_tool(name: str) -> str | None:
@@ -46,13 +49,16 @@ def py_spy_dump(pid: int, *, native: bool = False, timeout_s: float = 10.0) -> s
     cmd = [exe, "dump", "--pid", str(pid)]
     if native:
         cmd.append("--native")
+    # Jupyter kernels export FORCE_COLOR/CLICOLOR_FORCE; py-spy then writes ANSI colours.
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE", "CLICOLOR")}
+    env["NO_COLOR"] = "1"
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired:
         return f"py-spy failed: no answer from pid {pid} within {timeout_s} s"
     if out.returncode != 0:
         return f"py-spy failed (exit {out.returncode}): {(out.stderr or out.stdout).strip()}"
-    return out.stdout
+    return _ANSI.sub("", out.stdout)
 
 
 def descendants(pids: Iterable[int]) -> list[psutil.Process]:

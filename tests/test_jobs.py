@@ -44,7 +44,8 @@ def test_exit_code_of_a_rank_is_exact(no_leftovers):
     assert r.first_failure.rank == 0
 
 
-def test_stall_is_declared_with_stacks_and_everything_killed(no_leftovers):
+def test_stall_is_declared_with_stacks_and_everything_killed(no_leftovers, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as in a Jupyter kernel: stacks must still be plain text
     stall = 4.0
     r = jobs.run_job(TOY, ["--mode", "hang", "--bad-rank", "1", "--steps", "100", "--step-s", "0.2"], nproc=2,
                      timeout_s=60, stall_s=stall, heartbeat=r"step \d+", verbose=False)
@@ -53,6 +54,7 @@ def test_stall_is_declared_with_stacks_and_everything_killed(no_leftovers):
     assert "all_reduce" in r.stacks[0]  # the healthy rank waits in the collective
     assert "toy_job.py" in r.stacks[1] and "all_reduce" not in r.stacks[1]  # the stuck one does not
     assert (r.job_dir / "stacks" / "rank1.txt").exists()
+    assert "\x1b[" not in r.stacks[0]
     # stall window + startup (~3 s) + teardown, far below the 60 s timeout
     assert r.wall_s < stall + 12, r.wall_s
     for res in r.ranks.values():
