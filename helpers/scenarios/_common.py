@@ -135,3 +135,18 @@ def log(msg: str) -> None:
     """Print one line prefixed with this rank's id, flushed at once (visible before a hang)."""
     rank = os.environ.get("RANK", "?")
     print(f"[rank {rank}] {msg}", flush=True, file=sys.stdout)
+
+
+def finish() -> None:
+    """Barrier on every rank, then ``destroy_process_group``.
+
+    Without the barrier a rank that finishes first can tear gloo down while a peer's last
+    collective is still in flight on gloo's worker threads; we saw the early rank abort
+    with ``terminate called without an active exception`` (SIGABRT) about once in twenty
+    runs (pytorch/pytorch#179291 describes the teardown race).
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -179,7 +179,7 @@ def main() -> int:
     if dist.get_rank() == 0:
         _common.write_json_atomic(args.out, {"backend": backend, "world_size": dist.get_world_size(),
                                              "device": str(device), "correctness": correctness, "sweep": rows})
-    dist.destroy_process_group()
+    _common.finish()
     return 0 if all(c["exact"] for c in correctness) else 1
 
 

@@ -112,7 +112,7 @@ def main() -> int:
     if dist.get_rank() == 0:
         _common.write_json_atomic(args.out, gathered)
         _common.log(f"wrote {len(gathered)} rank records to {args.out}")
-    dist.destroy_process_group()
+    _common.finish()
     return 0
 
 

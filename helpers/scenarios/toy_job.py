@@ -75,7 +75,7 @@ def main() -> int:
         dist.all_reduce(value)
         time.sleep(args.step_s)
         _common.log(f"step {step}")
-    dist.destroy_process_group()
+    _common.finish()
     return 0
 
 

@@ -1,0 +1,59 @@
+"""Flakiness check for chapter 03: each reproduction N times in a row must give the same verdict.
+
+For every hang case of ``helpers/scenarios/hangs.py`` the verdict is (diverged ranks, the
+collective the others wait in, its sequence number); for the cases that end on their own it
+is (ok, failed ranks).  Prints one line per case with the distinct verdicts seen; exits 1
+if any case gave more than one.
+
+Run: ``.venv/bin/python benchmarks/flaky_hangs.py --repeats 10`` (about 10 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from helpers import doctor, jobs  # noqa: E402
+
+HANGS = jobs.project_root() / "helpers" / "scenarios" / "hangs.py"
+# (case, mode, nproc, stall_s, extra env) as chapter 03 runs them
+CASES = [("mismatch", "bug", 2, 4, None), ("mismatch", "bug", 2, None, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+         ("crash", "bug", 2, 4, None), ("stuck", "bug", 2, 4, None), ("rank0_save", "bug", 4, 4, None),
+         ("rank0_save", "fix", 4, 4, None), ("uneven", "bug", 3, 4, None), ("uneven", "fix", 3, 4, None),
+         ("slow_eval", "bug", 2, 2.5, None), ("ckpt_read", "bug", 2, None, None), ("ckpt_read", "fix", 2, None, None)]
+
+
+def verdict(case: str, mode: str, nproc: int, stall_s: float | None, env: dict | None) -> tuple:
+    """Run one case once and reduce its outcome to a comparable tuple."""
+    r = jobs.run_job(HANGS, ["--case", case, "--mode", mode, "--timeout-s", "8", "--trace"], nproc=nproc,
+                     timeout_s=60, stall_s=stall_s, heartbeat=r"step \d+", env=env, verbose=False)
+    if r.hung:
+        v = doctor.diagnose_job(r)
+        return ("hung", tuple(v.diverged), v.collective, v.seq)
+    first = r.first_failure
+    return ("ended", r.ok, first.rank if first else None)
+
+
+def main() -> int:
+    """Run every case ``--repeats`` times; print the verdicts; exit 1 on any disagreement."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    flaky = 0
+    t0 = time.monotonic()
+    for case in CASES:
+        seen = Counter(verdict(*case) for _ in range(args.repeats))
+        flaky += len(seen) > 1
+        label = f"{case[0]}/{case[1]}" + (" DETAIL" if case[4] else "")
+        print(f"{'FLAKY' if len(seen) > 1 else 'same '} {label:22s} {dict(seen)}", flush=True)
+    print(f"{len(CASES) - flaky}/{len(CASES)} cases gave one verdict in {args.repeats} runs "
+          f"({time.monotonic() - t0:.0f} s)")
+    return 1 if flaky else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
