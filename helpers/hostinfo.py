@@ -5,8 +5,8 @@ The measuring functions (:func:`interfaces`, :func:`shm_info`, :func:`port_free`
 them into check records (``id``, ``title``, ``status``, ``values``, ``remediation``, ``source``:
 the fields of :class:`helpers.report.Check`).  Nothing runs at import.
 
-Facts measured on this project's machines (torch 2.13 CPU, Linux 6.x, see the report of the
-task that wrote this module) are marked "measured"; the rest cite their source.
+Facts measured on this project's machines (torch 2.13 CPU, Linux 6.x; the tests in
+tests/test_hostinfo.py re-check them) are marked "measured"; the rest cite their source.
 """
 
 from __future__ import annotations
