@@ -1,0 +1,230 @@
+"""Which launcher, which parallelism, and the command line that starts it (seeds D1-D7).
+
+Three things, all data or pure functions (nothing runs at import):
+
+* :data:`DECISION_TABLE`: the D7 decision (DDP vs FSDP vs ZeRO vs Accelerate) as rows of
+  :class:`LauncherRow`, with a single-node and a multi-node command template each;
+  :func:`table_markdown` renders it.
+* :func:`build_command`: the argv of one launcher on one node, validated (bad input raises
+  ``ValueError`` naming the field).  The chapter runs what it builds (notebook 01, D1/D3/D4).
+* :func:`rank_records`: parse the ``kind {json}`` lines that the scenario scripts print per rank
+  (``contract``, ``bind``, ``group``, ``accelerate``, ``params``) out of a job's output.
+
+Sources: torchrun https://docs.pytorch.org/docs/2.12/elastic/run.html ; Accelerate
+https://huggingface.co/docs/accelerate/en/basic_tutorials/launch ; DeepSpeed
+https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed and
+https://github.com/huggingface/accelerate/blob/main/docs/source/concept_guides/fsdp_and_deepspeed.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LauncherRow:
+    """One row of the D7 decision table.
+
+    Attributes:
+        launcher: the command (``torchrun``, ``accelerate``, ``deepspeed``).
+        when: when to choose it, in one sentence.
+        parallelism: what the ranks do (DDP replica, FSDP shards, ZeRO stage...).
+        single_node: command template for one node (``{nproc}``, ``{script}``).
+        multi_node: command template run on every node (``{nnodes}``, ``{nproc}``, ``{total}``,
+            ``{node_rank}``, ``{master_addr}``, ``{master_port}``, ``{script}``).
+        seeds: seed entry ids that explain the row.
+    """
+
+    launcher: str
+    when: str
+    parallelism: str
+    single_node: str
+    multi_node: str
+    seeds: tuple[str, ...]
+
+
+_TORCHRUN_MULTI = ("torchrun --nnodes={nnodes} --nproc-per-node={nproc} --rdzv-id=$JOB_ID --rdzv-backend=c10d "
+                   "--rdzv-endpoint={master_addr}:{master_port} {script}")
+
+DECISION_TABLE: tuple[LauncherRow, ...] = (
+    LauncherRow("torchrun", "The model, its gradients and optimizer state fit on one GPU; you want throughput.",
+                "DDP: a full replica per rank, gradients all-reduced every step.",
+                "torchrun --standalone --nproc-per-node={nproc} {script}", _TORCHRUN_MULTI,
+                ("D1", "D2", "D3", "D4", "D7", "D8", "D11")),
+    LauncherRow("torchrun", "The model does not fit (about 18 bytes per parameter with Adam and mixed precision) "
+                "and you stay in plain PyTorch.",
+                "FSDP (fully_shard): FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, HYBRID_SHARD across nodes.",
+                "torchrun --standalone --nproc-per-node={nproc} {script}", _TORCHRUN_MULTI,
+                ("D7", "D12", "D13", "D14", "D15")),
+    LauncherRow("accelerate",
+                "Hugging Face code (Trainer, Accelerator); switch DDP/FSDP/ZeRO without touching the script.",
+                "DDP, FSDP or DeepSpeed ZeRO, chosen by the config file.",
+                "accelerate launch --config_file config.yaml --num_processes={nproc} {script}",
+                "accelerate launch --config_file config.yaml --num_machines={nnodes} --num_processes={total} "
+                "--machine_rank={node_rank} --main_process_ip={master_addr} --main_process_port={master_port} {script}",
+                ("D5", "D7")),
+    LauncherRow("deepspeed", "ZeRO with CPU/NVMe offload of parameters and optimizer separately (ZeRO-Infinity), "
+                "or an existing ds_config.json.",
+                "DeepSpeed ZeRO stage 1/2/3 (+ offload).",
+                "deepspeed --num_gpus={nproc} {script} --deepspeed ds_config.json",
+                "deepspeed --hostfile=hostfile --num_nodes={nnodes} --num_gpus={nproc} --master_addr={master_addr} "
+                "--master_port={master_port} {script} --deepspeed ds_config.json",
+                ("D6", "D7", "D16", "D17", "D18")),
+)
+
+
+def table_markdown(rows: Sequence[LauncherRow] = DECISION_TABLE) -> str:
+    """The decision table as a Markdown table (one row per :class:`LauncherRow`)."""
+    lines = ["| launcher | when | parallelism | one node | every node of a multi-node job | seeds |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        cells = [f"`{row.launcher}`", row.when, row.parallelism, f"`{row.single_node}`", f"`{row.multi_node}`",
+                 ", ".join(row.seeds)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _positive_int(value: object, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+    return value
+
+
+def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,
+                  master_addr: str | None = None, master_port: int | None = None, *,
+                  script: str | os.PathLike[str] | None = None, script_args: Sequence[object] = (),
+                  rdzv_id: str | None = None, hostfile: str = "hostfile",
+                  config_file: str | None = None) -> list[str]:
+    """The argv that starts ``script`` under ``launcher`` on one node (seeds D1-D6).
+
+    Forms produced:
+
+    * torchrun, one node: ``--standalone`` (a private rendezvous on a free port, D2/D4), or
+      ``--master-port=P`` when ``master_port`` is given.
+    * torchrun, several nodes: with ``rdzv_id``, the c10d rendezvous form, identical on every
+      node (D2); without it, the static form ``--node-rank=i --master-addr --master-port`` (D3).
+    * accelerate: ``--num_processes`` is the TOTAL over all machines; ``--multi_gpu`` is added
+      when it is > 1, since without it Accelerate starts one process (D5).
+    * deepspeed: ``--num_gpus``; several nodes use ``--hostfile`` (pdsh over ssh) or, when
+      ``node_rank`` is given, ``--no_ssh --node_rank=i`` started on each node like torchrun (D6).
+
+    Args:
+        launcher: ``torchrun``, ``accelerate`` or ``deepspeed``.
+        nproc_per_node: ranks (processes, usually GPUs) on each node, >= 1.
+        nnodes: number of nodes, >= 1.
+        node_rank: this node's index ``0..nnodes-1`` (``GROUP_RANK``); required for the static
+            torchrun form and for accelerate with ``nnodes`` > 1.
+        master_addr: address of node 0 (required when ``nnodes`` > 1).
+        master_port: TCP port 1..65535 of the rendezvous store on node 0 (default 29500 for
+            several nodes).  For one node, ``None`` means: torchrun ``--standalone`` picks a free
+            port; accelerate and deepspeed use their default 29500, shared with any other job (D4).
+        script: the training script (required).
+        script_args: its arguments (converted with ``str``).
+        rdzv_id: torchrun job id for the c10d rendezvous form (same on every node).
+        hostfile: deepspeed hostfile path (both multi-node forms read the node list from it).
+        config_file: accelerate ``--config_file``.
+
+    Returns:
+        The argv list (the launcher's name first, resolved through ``PATH`` when run).
+
+    Raises:
+        ValueError: naming the field: unknown ``launcher``; ``nproc_per_node`` or ``nnodes`` < 1;
+            ``node_rank`` outside ``0..nnodes-1``; ``master_addr`` missing when ``nnodes`` > 1;
+            ``master_port`` outside 1..65535; ``script`` missing; ``node_rank`` missing where the
+            form needs it.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
+    _positive_int(nproc_per_node, "nproc_per_node")
+    _positive_int(nnodes, "nnodes")
+    if node_rank is not None and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
+                                  or not 0 <= node_rank < nnodes):
+        raise ValueError(f"node_rank={node_rank!r}: must be an integer in 0..{nnodes - 1} (nnodes={nnodes})")
+    if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
+                                    or not 1 <= master_port <= 65535):
+        raise ValueError(f"master_port={master_port!r}: must be an integer in 1..65535")
+    if master_addr is not None and (not isinstance(master_addr, str) or not master_addr.strip()):
+        raise ValueError(f"master_addr={master_addr!r}: must be a non-empty host name or IP address")
+    if nnodes > 1 and master_addr is None:
+        raise ValueError(f"master_addr: required when nnodes={nnodes} > 1 (the address of node 0)")
+    if not isinstance(script, str | os.PathLike) or not str(script).strip():
+        raise ValueError(f"script={script!r}: the training script's path is required")
+    tail = [str(script), *map(str, script_args)]
+    multi = nnodes > 1
+    port = master_port if master_port is not None else DEFAULT_MASTER_PORT
+
+    if launcher == "torchrun":
+        cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+        if multi and rdzv_id:
+            cmd += [f"--rdzv-id={rdzv_id}", "--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{port}"]
+        elif multi:
+            if node_rank is None:
+                raise ValueError("node_rank: required for the static multi-node form (or pass rdzv_id for c10d)")
+            cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}"]
+        elif master_port is not None:
+            cmd += [f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
+        else:
+            cmd += ["--standalone"]
+        return cmd + tail
+
+    if launcher == "accelerate":
+        total = nproc_per_node * nnodes
+        cmd = ["accelerate", "launch"]
+        cmd += ["--config_file", str(config_file)] if config_file else []
+        cmd += [f"--num_processes={total}", f"--num_machines={nnodes}"]
+        cmd += ["--multi_gpu"] if total > 1 else []
+        if multi:
+            if node_rank is None:
+                raise ValueError(f"node_rank: required for accelerate with nnodes={nnodes} (--machine_rank)")
+            cmd += [f"--machine_rank={node_rank}", f"--main_process_ip={master_addr}", f"--main_process_port={port}"]
+        elif master_port is not None:
+            cmd += [f"--main_process_port={master_port}"]
+        return cmd + tail
+
+    cmd = ["deepspeed", f"--num_gpus={nproc_per_node}"]
+    if multi:
+        cmd += [f"--hostfile={hostfile}", f"--num_nodes={nnodes}"]
+        cmd += ["--no_ssh", f"--node_rank={node_rank}"] if node_rank is not None else []
+        cmd += [f"--master_addr={master_addr}", f"--master_port={port}"]
+    elif master_port is not None:
+        cmd += [f"--master_port={master_port}"]
+    return cmd + tail
+
+
+_RECORD = re.compile(r"^(?:\[rank (?P<shim>-?\d+)\] )?(?P<kind>[a-z_]+) (?P<body>\{.*\})\s*$")
+
+
+def rank_records(text: str, kind: str) -> list[dict]:
+    """The JSON records of one ``kind`` printed by the ranks, in output order.
+
+    Scenario scripts print ``<kind> {json}`` lines; the rank shim prefixes them ``[rank R] ``
+    in a job's merged output (``JobResult.output``).  Each returned dict gets ``_shim_rank``
+    (the shim's ``R``, or ``None`` for an unprefixed line).
+
+    Args:
+        text: output to scan (a job's ``output``, or one rank's ``stdout``).
+        kind: the record name (``contract``, ``bind``, ``group``, ``accelerate``, ``params``).
+
+    Raises:
+        ValueError: ``kind`` is not a lowercase word.
+    """
+    if not re.fullmatch(r"[a-z_]+", kind or ""):
+        raise ValueError(f"kind={kind!r}: a lowercase record name such as 'contract'")
+    found = []
+    for line in text.splitlines():
+        m = _RECORD.match(line)
+        if m and m.group("kind") == kind:
+            try:
+                rec = json.loads(m.group("body"))
+            except json.JSONDecodeError:
+                continue
+            rec["_shim_rank"] = int(m.group("shim")) if m.group("shim") is not None else None
+            found.append(rec)
+    return found
