@@ -391,8 +391,10 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
         timeout_s: hard limit in seconds; on expiry stacks are taken, then everything is killed.
         stall_s: seconds without progress after which the job is declared hung (before the
             hard timeout).  Progress is any growth of the job's logs or, when ``heartbeat``
-            is given, a new line matching that regex in a rank's stdout.  Startup (imports,
-            rendezvous) counts as no progress, so choose it above the job's startup time.
+            is given, a new line matching that regex in a rank's stdout.  The window opens at
+            the first progress, so a slow start (imports, rendezvous on a loaded machine) is
+            bounded by ``timeout_s`` alone; and a job whose ranks have all exited is never
+            declared hung (the launcher is only slow to tear down).
         env: variables to set for every process (``None`` removes a variable).
         name: job name, used in the job directory's name.
         job_dir: directory to use (default: a fresh ``build/jobs/<name>-<stamp>``).
@@ -451,7 +453,7 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
             popens.append(subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=proc_env,
                                            cwd=str(cwd or project_root()), start_new_session=True))
         beat = _HeartbeatCounter(job_dir, heartbeat) if heartbeat else None
-        last_progress, last_mark = t0, -1
+        last_progress, last_mark = t0, 0
         offsets: dict[str, int] = {}
         while any(p.poll() is None for p in popens):
             time.sleep(poll_s)
@@ -463,8 +465,11 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
                 last_mark, last_progress = mark, now
             if now - t0 >= timeout_s:
                 timed_out, stop_reason = True, f"hard timeout of {timeout_s:g} s expired"
-            elif stall_s and now - last_progress >= stall_s:
-                hung, stop_reason = True, f"no progress for {stall_s:g} s (stall window)"
+            elif stall_s and last_mark and now - last_progress >= stall_s:
+                if _live_ranks(job_dir) or not _rank_records(job_dir):
+                    hung, stop_reason = True, f"no progress for {stall_s:g} s (stall window)"
+                else:  # every rank has exited: the launcher is only slow to tear down
+                    last_progress = now
             if timed_out or hung:
                 stopped_at = time.time()
                 stacks = _collect_stacks(job_dir)
@@ -517,10 +522,15 @@ def _rank_records(job_dir: Path) -> dict[int, dict]:
     return records
 
 
+def _live_ranks(job_dir: Path) -> dict[int, int]:
+    """Rank id -> pid of the ranks that started and have not exited (per the shim's records)."""
+    return {r: rec["pid"] for r, rec in _rank_records(job_dir).items() if "exit_code" not in rec and rec.get("pid")}
+
+
 def _collect_stacks(job_dir: Path) -> dict[int, str]:
     """py-spy every rank that has not exited yet; save each stack under ``stacks/``."""
     stacks: dict[int, str] = {}
-    live = {r: rec["pid"] for r, rec in _rank_records(job_dir).items() if "exit_code" not in rec and rec.get("pid")}
+    live = _live_ranks(job_dir)
     if not live:
         return stacks
     (job_dir / "stacks").mkdir(exist_ok=True)

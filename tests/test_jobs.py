@@ -61,6 +61,13 @@ def test_stall_is_declared_with_stacks_and_everything_killed(no_leftovers, monke
         assert not psutil.pid_exists(res.pid) or psutil.Process(res.pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_stall_window_opens_at_the_first_progress(no_leftovers):
+    # startup (~3 s) + a 3 s step before the first heartbeat: longer than stall_s, yet not a hang
+    r = jobs.run_job(TOY, ["--steps", "1", "--step-s", "3"], nproc=2, timeout_s=60, stall_s=2,
+                     heartbeat=r"step \d+", verbose=False)
+    assert r.ok and not r.hung, r.summary()
+
+
 def test_hard_timeout_kills_within_timeout_plus_5s(no_leftovers):
     timeout = 8.0
     # rank 1 sleeps without collectives while rank 0 waits in all_reduce: a real hang, no stall window

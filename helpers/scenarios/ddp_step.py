@@ -65,6 +65,7 @@ def main() -> int:
     if dist.get_rank() == 0:
         _common.write_json_atomic(args.out, {"median_step_s": statistics.median(times[args.warmup:]),
                                              "steps": args.steps, "trace": args.trace})
+    del ddp, model, opt
     _common.finish()
     return 0
 

@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"({steps_per_s:.1f} steps/s, final loss {final_loss:.4f})")
     # Step 9. Not in a ``finally``: a rank that fails mid-collective must exit at once so
     # that torchrun sees the failure, rather than block in a teardown its peers never join.
-    dist.destroy_process_group()
+    del model, optimizer
+    _common.finish()
     return 0 if passed else 1
 
 

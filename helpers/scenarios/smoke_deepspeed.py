@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"({steps_per_s:.1f} steps/s, final loss {final_loss:.4f})")
     # Not in a ``finally``: a rank that fails mid-collective must exit at once so that the
     # launcher sees the failure, rather than block in a teardown its peers never join.
-    dist.destroy_process_group()
+    del engine
+    _common.finish()
     return 0 if passed else 1
 
 
