@@ -62,8 +62,8 @@ def test_stall_is_declared_with_stacks_and_everything_killed(no_leftovers, monke
 
 
 def test_stall_window_opens_at_the_first_progress(no_leftovers):
-    # startup (~3 s) + a 3 s step before the first heartbeat: longer than stall_s, yet not a hang
-    r = jobs.run_job(TOY, ["--steps", "1", "--step-s", "3"], nproc=2, timeout_s=60, stall_s=2,
+    # startup (~3 s) + a 5 s step before the first heartbeat: longer than stall_s, yet not a hang
+    r = jobs.run_job(TOY, ["--steps", "1", "--step-s", "5"], nproc=2, timeout_s=60, stall_s=4,
                      heartbeat=r"step \d+", verbose=False)
     assert r.ok and not r.hung, r.summary()
 
