@@ -8,6 +8,9 @@ itself could not run.
 ``runbook doctor --pid PID`` (a torchrun/launcher pid on this node) or ``--job-dir DIR`` (a
 runner job that hung) prints which rank diverged, the collective the others wait in and the
 source line (``helpers.doctor``).  Exit status 0 when a verdict was printed, 2 otherwise.
+
+``runbook estimate-memory --params 1.3e9 --world-size 8 --strategy zero2`` prints the model-state
+bytes per rank by component (``helpers.memory``; ``runbook estimate-memory --help``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
     d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
     d.set_defaults(func=doctor)
+    # listed for --help; main() hands its arguments to helpers.memory's own parser
+    sub.add_parser("estimate-memory", add_help=False,
+                   help="bytes per rank of params, grads and optimizer states (DDP, ZeRO, FSDP)")
     return parser
 
 
@@ -116,6 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         SystemExit: on bad arguments (argparse names the field and accepted values).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["estimate-memory"]:
+        from helpers import memory
+
+        return memory.main(argv[1:])
     args = build_parser().parse_args(argv)
     if getattr(args, "nproc", 1) < 1:
         build_parser().error(f"--nproc={args.nproc}: must be >= 1")

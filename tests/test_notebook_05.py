@@ -1,0 +1,49 @@
+"""Chapter 05 executes end to end on CPU; every reproduction asserts on its own run inside the notebook."""
+
+from __future__ import annotations
+
+import time
+
+import nbformat
+from conftest import execute_notebook
+
+
+def test_chapter_05_deepspeed(no_leftovers):
+    t0 = time.monotonic()
+    out = execute_notebook("05_deepspeed.ipynb")
+    wall = time.monotonic() - t0
+    nb = nbformat.read(out, as_version=4)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "zero stage 1 requires an optimizer" in text and "largest gap: stage" in text
+    assert text.count("[SKIP tier-multigpu]") == 3  # the GPU cells said why they did not run
+    print(f"chapter 05: {wall:.0f} s")
+
+
+def test_scenarios_answer_help():
+    """Each chapter-05 rank script documents itself without importing torch or DeepSpeed."""
+    import subprocess
+    import sys
+
+    from conftest import SCENARIOS
+
+    for name in ("ds_zero_memory.py", "ds_pitfalls.py", "ds_checkpoint.py", "ds_config_check.py"):
+        proc = subprocess.run([sys.executable, str(SCENARIOS / name), "--help"], capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (name, proc.stderr)
+
+
+def test_pitfall_strict_mode_really_crashes(no_leftovers, tmp_path):
+    """Without the notebook's catch-and-continue, a bug case ends every rank with the same error (exit 1)."""
+    from conftest import SCENARIOS
+
+    from helpers import jobs
+
+    r = jobs.run_job(SCENARIOS / "ds_pitfalls.py", ["--cases", "no-optimizer", "--modes", "bug", "--strict",
+                     "--backend", "gloo", "--out", str(tmp_path / "x.json")], nproc=2, timeout_s=120,
+                     name="t05-strict")
+    assert not r.ok and r.failed_ranks == [0, 1]
+    assert all("AssertionError: zero stage 1 requires an optimizer" in r.ranks[k].traceback for k in (0, 1))
+    assert not (tmp_path / "x.json").exists()
