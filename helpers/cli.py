@@ -21,7 +21,6 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from helpers import jobs
 

@@ -65,3 +65,13 @@ def execute_notebook(name: str, parameters: dict | None = None, timeout_s: float
                                cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
                                execution_timeout=timeout_s)
     return out
+
+
+def notebook_outputs(path: Path) -> tuple[list[str], str]:
+    """``(error names, all text output)`` of an executed notebook's code cells."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    errors = [o.get("ename", "") for o in outputs if o.get("output_type") == "error"]
+    return errors, "".join(o.get("text", "") for o in outputs)

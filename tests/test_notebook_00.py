@@ -7,8 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
-from conftest import ROOT
+from conftest import ROOT, notebook_outputs
 
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
 EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "host.port",
@@ -22,12 +21,6 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path
     dirs = [d for d in tmp_path.iterdir() if d.is_dir()]
     assert len(dirs) == 1, (proc.stdout, proc.stderr)
     return proc, dirs[0]
-
-
-def _errors(nb_path: Path) -> list[str]:
-    nb = nbformat.read(nb_path, as_version=4)
-    return [o.get("ename", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-            if o.get("output_type") == "error"]
 
 
 def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
@@ -51,10 +44,10 @@ def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
         assert line in proc.stdout
     for name in ("report.md", "busbw.png", "00_allocation_check.ipynb"):
         assert (report_dir / name).is_file(), name
-    assert _errors(report_dir / "00_allocation_check.ipynb") == []
+    assert notebook_outputs(report_dir / "00_allocation_check.ipynb")[0] == []
     assert not (report_dir / "checkpoints" / "03").exists()
     # papermill never writes back into notebooks/
-    assert _errors(ROOT / "notebooks" / "00_allocation_check.ipynb") == []
+    assert notebook_outputs(ROOT / "notebooks" / "00_allocation_check.ipynb")[0] == []
 
 
 def test_a_corrupting_rank_makes_diagnose_exit_1(tmp_path, no_leftovers):

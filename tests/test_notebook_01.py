@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-import nbformat
-from conftest import execute_notebook
+from conftest import notebook_outputs, execute_notebook
 
 from helpers import tiers
 
@@ -13,11 +12,8 @@ from helpers import tiers
 def test_chapter_01_launchers(no_leftovers):
     t0 = time.monotonic()
     out = execute_notebook("01_launchers.ipynb")
-    nb = nbformat.read(out, as_version=4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    errors, text = notebook_outputs(out)
+    assert not errors, errors
     for needle in ("environment variable RANK expected, but not set", "1/2 clients joined", "EADDRINUSE",
                    "RendezvousConnectionError", "was not reachable via ssh", "MULTI_CPU"):
         assert needle in text, needle

@@ -6,9 +6,8 @@ import subprocess
 import sys
 import time
 
-import nbformat
 import pytest
-from conftest import SCENARIOS, execute_notebook
+from conftest import notebook_outputs, SCENARIOS, execute_notebook
 
 DDP_SCRIPTS = ["ddp_unused.py", "ddp_uneven.py", "ddp_batchnorm.py", "ddp_effective_batch.py"]
 
@@ -34,11 +33,8 @@ def test_uneven_shards_bad_input_is_named():
 def test_chapter_02_ddp(no_leftovers):
     t0 = time.monotonic()
     out = execute_notebook("02_ddp.ipynb")
-    nb = nbformat.read(out, as_version=4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    errors, text = notebook_outputs(out)
+    assert not errors, errors
     assert "Expected to have finished reduction in the prior iteration" in text
     assert "Timed out waiting 5000ms for recv operation to complete" in text
     assert "SyncBatchNorm layers only work with GPU modules" in text

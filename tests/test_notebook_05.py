@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import time
 
-import nbformat
-from conftest import execute_notebook
+from conftest import notebook_outputs, execute_notebook
 
 
 def test_chapter_05_deepspeed(no_leftovers):
     t0 = time.monotonic()
     out = execute_notebook("05_deepspeed.ipynb")
     wall = time.monotonic() - t0
-    nb = nbformat.read(out, as_version=4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    errors, text = notebook_outputs(out)
+    assert not errors, errors
     assert "zero stage 1 requires an optimizer" in text and "largest gap: stage" in text
     assert text.count("[SKIP tier-multigpu]") == 3  # the GPU cells said why they did not run
     print(f"chapter 05: {wall:.0f} s")

@@ -38,7 +38,6 @@ import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,17 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     """Train, then save (rank 0 only in bug mode; all ranks and verify in fix mode)."""
     args = build_parser().parse_args(argv)
     _common.log(f"mode {args.mode}: importing deepspeed")  # output before the ~5 s import (stall windows)
-    smoke_deepspeed.prefer_env_ninja()
-    import deepspeed
+    deepspeed, backend = smoke_deepspeed.init_deepspeed(args.backend, args.timeout_s)
     import torch
     import torch.distributed as dist
     from deepspeed.utils import safe_get_full_fp32_param
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    backend = _common.resolve_backend(args.backend)
-    if backend == "nccl":
-        torch.cuda.set_device(_common.env_int("LOCAL_RANK", 0))
-    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = smoke_deepspeed.make_model(args.hidden)

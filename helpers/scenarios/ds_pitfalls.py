@@ -49,7 +49,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -327,15 +326,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the cases on this rank; rank 0 writes the JSON.  Exit 0 (or 1 at the first error with --strict)."""
     args = parse_args(argv)
-    smoke_deepspeed.prefer_env_ninja()
-    import deepspeed
+    deepspeed, backend = smoke_deepspeed.init_deepspeed(args.backend, args.timeout_s)
     import torch
     import torch.distributed as dist
-
-    backend = _common.resolve_backend(args.backend)
-    if backend == "nccl":
-        torch.cuda.set_device(_common.env_int("LOCAL_RANK", 0))
-    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     ctx = Ctx(deepspeed, torch, world, rank)
     results: dict[str, dict[str, Any]] = {}

@@ -54,7 +54,6 @@ import os
 import sys
 import time
 import warnings
-from datetime import timedelta
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -183,8 +182,6 @@ def measure(engine: Any, baseline: set[int], sweep: bool = True) -> dict[str, An
 
     ``sweep=False`` skips the garbage-collector sweep (``other`` stays 0): ~0.3 s saved.
     """
-    import torch
-
     ledger = Ledger(baseline)
     opt, basic = engine.optimizer, engine.basic_optimizer
     for state in basic.state.values():
@@ -267,15 +264,9 @@ def run_stage(stage: str, args: argparse.Namespace, deepspeed: Any, torch: Any) 
 def main(argv: list[str] | None = None) -> int:
     """Measure every stage in ``--stages`` on this rank; rank 0 writes the JSON."""
     args = parse_args(argv)
-    smoke_deepspeed.prefer_env_ninja()
-    import deepspeed
+    deepspeed, backend = smoke_deepspeed.init_deepspeed(args.backend, args.timeout_s)
     import torch
     import torch.distributed as dist
-
-    backend = _common.resolve_backend(args.backend)
-    if backend == "nccl":
-        torch.cuda.set_device(_common.env_int("LOCAL_RANK", 0))
-    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = [run_stage(stage, args, deepspeed, torch) for stage in args.stages]
     everyone: list[Any] = [None] * world

@@ -133,6 +133,32 @@ def prefer_env_ninja() -> bool:
     return True
 
 
+def init_deepspeed(backend: str, timeout_s: float, local_rank: int | None = None) -> tuple[Any, str]:
+    """Start DeepSpeed's process group the way every DeepSpeed script here does (gilbreth 7.7).
+
+    Pins the venv's ninja (:func:`prefer_env_ninja`) before DeepSpeed JIT-loads its comm op,
+    binds the GPU by ``LOCAL_RANK`` on NCCL (seed D3), then ``deepspeed.init_distributed``.
+
+    Args:
+        backend: ``auto``, ``gloo`` or ``nccl``; timeout_s: collective timeout in seconds;
+        local_rank: fallback when ``LOCAL_RANK`` is unset (the launcher's ``--local_rank``).
+
+    Returns:
+        ``(deepspeed module, backend used)``.
+    """
+    from datetime import timedelta
+
+    prefer_env_ninja()
+    import deepspeed
+    import torch
+
+    chosen = _common.resolve_backend(backend)
+    if chosen == "nccl":
+        torch.cuda.set_device(_common.env_int("LOCAL_RANK", local_rank if local_rank is not None else 0))
+    deepspeed.init_distributed(dist_backend=chosen, timeout=timedelta(seconds=timeout_s))
+    return deepspeed, chosen
+
+
 def load_config(path: str, batch: int) -> tuple[Any, dict[str, Any]]:
     """Read the DeepSpeed JSON config at ``path`` and reconcile it with ``--batch``.
 
@@ -167,19 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
 
-    from datetime import timedelta
-
-    prefer_env_ninja()  # before DeepSpeed JIT-loads its comm op (see the function)
-    import deepspeed
+    deepspeed, backend = init_deepspeed(args.backend, args.timeout_s, args.local_rank)
     import torch
     import torch.distributed as dist
     from torch import nn
 
-    local_rank = _common.env_int("LOCAL_RANK", args.local_rank if args.local_rank is not None else 0)
-    backend = _common.resolve_backend(args.backend)
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)  # bind by LOCAL_RANK before the group forms
-    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
     world_size = dist.get_world_size()
 
