@@ -104,7 +104,7 @@ class Estimate:
             device unless ``offload`` moves it to host RAM).
         step_transient: extra bytes DeepSpeed allocates while the optimizer steps (the fp32
             gradient partition of ZeRO-1/2/3, 4Ψ/N in mixed precision), not in ``total``.
-        compute_copy: bytes of unsharded low-precision parameters that FSDP SHARD_GRAD_OP
+        compute_copy: bytes of unsharded compute-precision parameters that FSDP SHARD_GRAD_OP
             keeps from forward to backward (0 elsewhere; ZeRO-3/FULL_SHARD hold one layer's
             worth, which depends on the model), not in ``total``.
         formulas: component -> formula in Ψ (params) and N (world or shard size).
@@ -242,14 +242,14 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
         sources.append(FSDP_DOCS)
         notes.append("FSDP keeps fp32 (sharded) parameters and gradients; bf16 copies are made for compute only, "
                      "so the split differs from DeepSpeed's while the total is the same")
-        if strategy == "fsdp_shard_grad_op":
-            compute_copy = lp * psi
-            notes.append("SHARD_GRAD_OP keeps the unsharded bf16 parameters from forward to backward: "
-                         "compute_copy = 2Ψ at the peak")
     else:
         params_b, p_coef = part(lp, p_sh), lp
         grads_b, g_coef = part(lp, g_sh), lp
         master_b, m_coef = (part(4, o_sh), 4) if mixed else (0, 0)
+    if strategy == "fsdp_shard_grad_op":
+        compute_copy = lp * psi
+        notes.append(f"SHARD_GRAD_OP keeps the unsharded {'bf16' if mixed else 'fp32'} parameters from forward to "
+                     f"backward: compute_copy = {lp}Ψ at the peak (measured in chapter 04, D13)")
     moments_b = part(k_opt, o_sh)
     optim_b = master_b + moments_b
     if is_zero and mixed:
@@ -313,7 +313,7 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
         else:
             formulas["total"] = f"{p_coef}Ψ/N + {host_coef}Ψ/N = {p_coef + host_coef}Ψ/N (host)"
     if compute_copy:
-        formulas["total"] += " (+ 2Ψ unsharded from forward to backward)"
+        formulas["total"] += f" (+ {lp}Ψ unsharded from forward to backward)"
     return Estimate(strategy=strategy, precision=precision, optimizer=optimizer, offload=offload, world_size=world,
                     n_params=psi, params=params_b, grads=grads_b, optimizer_states=optim_b, master=master_b,
                     moments=moments_b, total=total, device_bytes=device, host_bytes=host,
@@ -452,6 +452,54 @@ def compare_measured(result: dict[str, Any]) -> list[dict[str, Any]]:
             row["fp32_grads_in_step"] = moments.get("in_step", {}).get("fp32_grads")
             row["step_transient"] = est.step_transient
             row["buffers"] = m.get("buffers", 0)
+            rows.append(row)
+    return rows
+
+
+def compare_fsdp_measured(result: dict[str, Any], moment: str = "after_backward") -> list[dict[str, Any]]:
+    """Rows of measured vs estimated model-state bytes for the FSDP runs of chapter 04 (D13).
+
+    Args:
+        result: the JSON written by ``helpers/scenarios/fsdp_sharding.py`` (fp32 parameters,
+            Adam).  Its strategies map to ``fsdp_<strategy>``; ``hybrid_shard`` is estimated
+            with ``shard_size`` = the mesh's shard dimension.
+        moment: which measurement to compare (``after_forward``, ``after_backward``,
+            ``after_step``); at ``after_backward`` params, grads and Adam moments are all live.
+
+    Returns:
+        Dicts in :func:`compare_measured`'s format (``stage`` is ``"<strategy> N=<world_size>"``), so
+        :func:`plot_comparison` draws them; plus ``measured_compute`` and ``estimated_compute``
+        (unsharded parameters held at ``after_forward``: SHARD_GRAD_OP's ``compute_copy``).
+        Measured optimizer states = Adam's ``exp_avg`` + ``exp_avg_sq`` + ``step`` (FSDP's
+        sharded fp32 parameters are the master copy, counted in params).
+
+    Raises:
+        ValueError: an unknown strategy or moment (names it).
+    """
+    if moment not in ("after_forward", "after_backward", "after_step"):
+        raise ValueError(f"moment={moment!r}: accepted values are after_forward, after_backward, after_step")
+    rows = []
+    world = int(result["world_size"])
+    for entry in result["strategies"]:
+        strategy = f"fsdp_{entry['strategy']}"
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy={entry['strategy']!r}: accepted values are full_shard, shard_grad_op, "
+                             "no_shard, hybrid_shard")
+        shard = int(entry["mesh"][-1]) if strategy == "fsdp_hybrid_shard" else None
+        est = estimate(int(entry["n_params"]), world, strategy, precision="fp32", optimizer="adam", shard_size=shard)
+        for rank, rec in sorted(entry["ranks"].items(), key=lambda kv: int(kv[0])):
+            m = rec[moment]
+            row: dict[str, Any] = {"stage": f"{entry['strategy']} N={world}", "rank": int(rank), "strategy": strategy,
+                                   "world_size": world,
+                                   "offload": None, "moment": moment, "formula": est.formulas["total"],
+                                   "measured_params": m["params"], "estimated_params": est.params,
+                                   "measured_grads": m["grads"], "estimated_grads": est.grads,
+                                   "measured_optimizer_states": m["moments"],
+                                   "estimated_optimizer_states": est.optimizer_states,
+                                   "measured_total": m["total"], "estimated_total": est.total,
+                                   "measured_compute": rec["after_forward"]["compute"],
+                                   "estimated_compute": est.compute_copy}
+            row["error"] = m["total"] / est.total - 1 if est.total else float("nan")
             rows.append(row)
     return rows
 
