@@ -9,6 +9,11 @@ itself could not run.
 runner job that hung) prints which rank diverged, the collective the others wait in and the
 source line (``helpers.doctor``).  Exit status 0 when a verdict was printed, 2 otherwise.
 
+``runbook nccl-log FILE...`` reads ``NCCL_DEBUG=INFO`` output (any ranks and hosts interleaved) and
+prints a per-rank table (host, interface, transports, Init COMPLETE) and verdicts such as a job bound
+to ``docker0`` or a single-node job using the IB transport (``helpers.nccl_log``).  Exit status 1 on
+a FAIL verdict.
+
 ``runbook estimate-memory --params 1.3e9 --world-size 8 --strategy zero2`` prints the model-state
 bytes per rank by component (``helpers.memory``; ``runbook estimate-memory --help``).
 """
@@ -109,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
     d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
     d.set_defaults(func=doctor)
+    from helpers import nccl_log  # stdlib only: cheap to import for --help
+
+    nccl_log.add_cli(sub)
     # listed for --help; main() hands its arguments to helpers.memory's own parser
     sub.add_parser("estimate-memory", add_help=False,
                    help="bytes per rank of params, grads and optimizer states (DDP, ZeRO, FSDP)")
