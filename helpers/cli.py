@@ -14,6 +14,12 @@ prints a per-rank table (host, interface, transports, Init COMPLETE) and verdict
 to ``docker0`` or a single-node job using the IB transport (``helpers.nccl_log``).  Exit status 1 on
 a FAIL verdict.
 
+``runbook lab up [--nodes N] | down | status`` brings up the network lab: N "nodes", each a network
+namespace with its own hostname, joined by a bridge in a namespace of its own (``helpers.netlab``).
+``runbook preflight --lab`` (or ``--nodes a,b --runner srun``) checks interfaces, ``*_SOCKET_IFNAME``,
+the MTU the path really carries and the master address on every node, and names the faulty node
+(``helpers.preflight``).  Exit status 1 on a FAIL.
+
 ``runbook estimate-memory --params 1.3e9 --world-size 8 --strategy zero2`` prints the model-state
 bytes per rank by component (``helpers.memory``; ``runbook estimate-memory --help``).
 """
@@ -114,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
     d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
     d.set_defaults(func=doctor)
-    from helpers import nccl_log  # stdlib only: cheap to import for --help
+    from helpers import nccl_log, netlab, preflight  # no torch: cheap to import for --help
 
     nccl_log.add_cli(sub)
+    netlab.add_cli(sub)
+    preflight.add_cli(sub)
     # listed for --help; main() hands its arguments to helpers.memory's own parser
     sub.add_parser("estimate-memory", add_help=False,
                    help="bytes per rank of params, grads and optimizer states (DDP, ZeRO, FSDP)")

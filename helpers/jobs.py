@@ -303,7 +303,7 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     if not path.is_file():
         raise ValueError(f"script={str(script)!r}: file not found")
     name = str(kwargs.pop("name", None) or path.stem)
-    job_dir = _new_job_dir(name)
+    job_dir = new_job_dir(name)
     cmds = launcher_argv(launcher, path.resolve(), args, nproc=nproc, nnodes=nnodes, launcher_args=launcher_args,
                          standalone=standalone, log_dir=job_dir / "torchrun")
     env = dict(kwargs.pop("env", None) or {})  # type: ignore[call-overload]
@@ -318,7 +318,15 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     return result
 
 
-def _new_job_dir(name: str) -> Path:
+def new_job_dir(name: str) -> Path:
+    """Create and return a fresh job directory ``build/jobs/<name>-<stamp>-<pid>-<n>``.
+
+    Pass it as ``job_dir`` to :func:`run_commands` when the commands must name paths inside it
+    before they start (e.g. torchrun's ``--log-dir`` per node).
+
+    Raises:
+        ValueError: ``name`` has characters other than letters, digits, ``.``, ``_``, ``-``.
+    """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -420,7 +428,7 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
         raise ValueError(f"stall_s={stall_s!r}: must be > 0 seconds or None")
     if per_process_env is not None and len(per_process_env) != len(commands):
         raise ValueError("per_process_env: needs one mapping per command")
-    job_dir = job_dir or _new_job_dir(name)
+    job_dir = job_dir or new_job_dir(name)
     (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
     tmp = job_dir / "tmp"
     tmp.mkdir(exist_ok=True)
