@@ -326,3 +326,75 @@ def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int
     if not job.ok and check.status == "OK":
         return job_failure(check_id, f"{title}: passed but the job exited badly", job, source), job
     return check, job
+
+
+PREFLIGHT_RUNNERS = ("srun", "lab", "local")
+
+
+def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> list[str]:
+    """The nodes of this allocation: ``nodes`` (comma-separated) or, when empty, SLURM's node list.
+
+    With ``nodes`` empty and ``SLURM_JOB_NODELIST`` set, the list is expanded by
+    ``scontrol show hostnames`` (SLURM's own parser of ``gpu-[01-04]`` forms).  Returns ``[]``
+    for a single-node run (nothing to check across nodes).
+
+    Raises:
+        ValueError: ``nodes`` names a node twice, or ``scontrol`` failed on the node list.
+    """
+    import os
+    import subprocess
+
+    environ = dict(os.environ) if environ is None else environ
+    if nodes.strip():
+        names = [n.strip() for n in nodes.split(",") if n.strip()]
+    elif environ.get("SLURM_JOB_NODELIST") and int(environ.get("SLURM_JOB_NUM_NODES", "1") or 1) > 1:
+        proc = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
+                              capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode != 0:
+            raise ValueError(f"SLURM_JOB_NODELIST={environ['SLURM_JOB_NODELIST']!r}: scontrol show hostnames "
+                             f"failed: {proc.stderr.strip()}")
+        names = proc.stdout.split()
+    else:
+        return []
+    if len(set(names)) != len(names):
+        raise ValueError(f"nodes={nodes!r}: a node is named twice")
+    return names if len(names) > 1 else []
+
+
+def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[str, str] | None = None,
+                          *, lab_name: str = "rb", timeout_s: float = 15.0) -> list[Check]:
+    """The network pre-flight of ``helpers.preflight`` across the allocation's nodes (issue: multi-node).
+
+    Args:
+        nodes: node names (first = the master); see :func:`allocation_nodes`.
+        runner: how to run a command on a node: ``srun`` (``srun -w NODE --overlap``, inside a
+            SLURM allocation), ``lab`` (the running network lab ``lab_name``), ``local``.
+        env: the job's variables (``MASTER_ADDR``, ``MASTER_PORT``, ``*_SOCKET_IFNAME``);
+            default: this process's environment.
+        lab_name: the lab to attach to when ``runner="lab"``.
+        timeout_s: limit per command on a node, seconds.
+
+    Returns:
+        One ``net.*`` check per node and property (``helpers.preflight.NodeCheck``, a
+        :class:`Check` naming the node to fix in ``faulty``).
+
+    Raises:
+        ValueError: an unknown ``runner`` (names the accepted values), bad nodes or port,
+        and ``runner="lab"`` with no lab named ``lab_name`` up (``Lab.attach``).
+    """
+    import os
+
+    from helpers import preflight
+
+    if runner not in PREFLIGHT_RUNNERS:
+        raise ValueError(f"runner={runner!r}: accepted values are {', '.join(PREFLIGHT_RUNNERS)}")
+    if runner == "lab":
+        from helpers import netlab
+
+        run = netlab.Lab.attach(lab_name).runner()
+    elif runner == "srun":
+        run = preflight.srun_runner()
+    else:
+        run = preflight.local_runner
+    env = dict(os.environ) if env is None else env
+    return list(preflight.run_preflight(list(nodes), run, env, timeout_s=timeout_s))

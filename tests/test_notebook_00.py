@@ -63,3 +63,26 @@ def test_a_corrupting_rank_makes_diagnose_exit_1(tmp_path, no_leftovers):
 def test_bad_nproc_is_refused():
     proc = subprocess.run([*RUNBOOK, "--nproc", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--nproc=0" in proc.stderr
+
+
+def test_diagnose_across_lab_nodes_names_the_mtu_black_hole(tmp_path, no_leftovers):
+    """With PREFLIGHT_NODES the allocation check adds the network pre-flight; a black hole is a FAIL naming the nodes."""
+    import pytest
+
+    from helpers import netlab
+
+    ok, reason = netlab.lab_available()
+    if not ok:
+        pytest.skip(f"network lab unavailable: {reason}")
+    with netlab.Lab(nodes=2, name="rbdiag") as lab:
+        lab.set_mtu("all", 9000)  # both endpoints at 9000, the bridge side at 1500 (MN4)
+        proc, report_dir = _run(tmp_path, "--max-bytes", "65536", "-p", "RUN_SMOKE", '""',
+                                "-p", "PREFLIGHT_NODES", '"node0,node1"', "-p", "PREFLIGHT_RUNNER", '"lab"',
+                                "-p", "PREFLIGHT_LAB", '"rbdiag"')
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads((report_dir / "report.json").read_text())
+    net = {c["id"]: c for c in data["checks"] if c["id"].startswith("net.")}
+    assert net["net.mtu.node1"]["status"] == "FAIL" and "black hole" in net["net.mtu.node1"]["title"]
+    assert set(net["net.mtu.node1"]["faulty"]) == {"node0", "node1"}
+    assert all(c["status"] == "OK" for cid, c in net.items() if cid.startswith("net.node."))
+    assert "[FAIL] net.mtu.node1" in proc.stdout
