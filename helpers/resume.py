@@ -1,0 +1,875 @@
+"""Checkpoints that survive a crash, and a bit-for-bit check that a resumed run is the run you wanted.
+
+``torchrun --max-restarts=N`` (TorchElastic) re-forms the worker group after a failure and
+starts ``main()`` again; it restores no training state (seed MN5).  Resuming is the script's
+job, and it has two halves:
+
+* **Atomic checkpoints** (:func:`save_checkpoint`, :func:`load_checkpoint`): the state is
+  written to a temporary file in the destination's directory, flushed and ``fsync``-ed, then
+  renamed over the destination with ``os.replace`` (atomic on POSIX within one file system),
+  and the directory is ``fsync``-ed so the rename itself is durable.  A crash at any point
+  leaves either the previous checkpoint or the new one, never a torn file.
+  :func:`naive_save` (``torch.save`` straight onto the destination) is the counter-example,
+  and :func:`crash_mid_write` kills a real process in the middle of either.
+* **Complete state**: model, optimizer (Adam's moments), LR scheduler, every RNG each rank
+  draws from (torch, Python ``random``, NumPy; per rank), and the data position (sampler
+  epoch and batches consumed in that epoch).  :func:`check_resume` runs an uninterrupted job
+  and an interrupted-and-resumed one (``helpers/scenarios/elastic_train.py`` under
+  ``torchrun --max-restarts``) and compares their final parameters exactly with
+  :func:`compare_state_dicts`: on CPU the two must be equal bit for bit, and leaving one
+  piece out (``omit=("rng",)``...) makes them differ.
+
+Nothing runs at import; torch is imported inside the functions that need it.
+Sources: seed MN5 and https://docs.pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html;
+``os.replace`` / ``fsync`` semantics: https://docs.python.org/3/library/os.html#os.replace,
+https://man7.org/linux/man-pages/man2/fsync.2.html.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PIECES = ("model", "optimizer", "scheduler", "rng", "epoch", "position")
+"""What a complete checkpoint of ``elastic_train.py`` holds; each can be left out with ``omit``."""
+
+SCRIPT = Path(__file__).resolve().parent / "scenarios" / "elastic_train.py"
+STEP_LINE = re.compile(r"^(?:\[rank \d+\] )?step (\d+) ((?:\w+=\S+ ?)+)$")
+
+
+# --------------------------------------------------------------------------- atomic save / load
+
+def _serialize(state: Mapping[str, Any], fh: Any) -> None:
+    """Write ``state`` to the open binary file ``fh`` (``torch.save``); a seam that tests replace."""
+    import torch
+
+    torch.save(dict(state), fh)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """``fsync`` a directory so that a rename inside it survives a power loss (Linux)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any], *, clean_stale: bool = True) -> Path:
+    """Write ``state`` to ``path`` atomically: a reader sees the old file or the new one, never a torn one.
+
+    Protocol: serialize into a temporary file in the *same directory* (``os.replace`` is atomic
+    only within one file system), ``flush`` + ``os.fsync`` it, ``os.replace`` it onto ``path``,
+    then ``fsync`` the directory (the rename is a directory update).  If anything fails before
+    the rename, the temporary file is removed and ``path`` is untouched.  A process killed
+    outright (SIGKILL, ``os._exit``) cannot clean up: it may leave a ``.<name>.tmp-*`` file
+    next to ``path``, which :func:`load_checkpoint` never reads and the next save removes.
+
+    Args:
+        path: destination file; its directory is created if missing.
+        state: a mapping of picklable values (tensors, ``state_dict()`` results, ints, lists).
+        clean_stale: first remove ``.<name>.tmp-*`` files a killed writer left (safe with one
+            writer per path, e.g. rank 0 only: two writers of one path are a bug anyway).
+
+    Returns:
+        The destination path.
+
+    Raises:
+        ValueError: ``state`` is not a mapping.
+        OSError: the file system refused the write (the previous checkpoint is intact).
+
+    Source: seed MN5 ("tmp → fsync → os.rename"); https://docs.python.org/3/library/os.html#os.replace
+    """
+    if not isinstance(state, Mapping):
+        raise ValueError(f"state={type(state).__name__}: must be a mapping (dict) of checkpoint pieces")
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if clean_stale:
+        for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
+            stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            _serialize(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(dest.parent)
+    return dest
+
+
+def naive_save(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
+    """Counter-example: serialize straight onto ``path`` (what ``torch.save(state, path)`` does).
+
+    A crash during the write leaves a truncated file in place of the previous checkpoint.
+    Kept only so that :func:`crash_mid_write` can show the difference; use :func:`save_checkpoint`.
+
+    Returns:
+        The destination path.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as fh:
+        _serialize(state, fh)
+    return dest
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, missing_ok: bool = False) -> dict[str, Any] | None:
+    """Read a checkpoint written by :func:`save_checkpoint` (tensors on CPU, ``weights_only=True``).
+
+    ``weights_only=True`` (torch's default since 2.6) unpickles only tensors and plain Python
+    containers and numbers, so the checkpoint must hold no custom objects (the RNG states are
+    stored as lists, see :func:`rng_state`).
+
+    Args:
+        path: the checkpoint file.
+        missing_ok: return ``None`` instead of raising when ``path`` does not exist (a first launch).
+
+    Returns:
+        The state dict, or ``None`` (``missing_ok`` and no file).
+
+    Raises:
+        FileNotFoundError: no file and not ``missing_ok``.
+        RuntimeError: the file is not a readable torch checkpoint (e.g. torn by a crash mid-write:
+            ``PytorchStreamReader failed reading zip archive``).
+    """
+    import torch
+
+    p = Path(path)
+    if not p.exists():
+        if missing_ok:
+            return None
+        raise FileNotFoundError(f"checkpoint {p} does not exist")
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+_CRASH_CODE = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from helpers import resume
+
+path, atomic, die_after = sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+state = {"step": 2, "weight": torch.full((1 << 16,), 2.0)}
+
+class Dying:
+    # A file object that dies with the process after ``die_after`` bytes: a crash mid-write.
+    def __init__(self, fh):
+        self.fh, self.n = fh, 0
+    def write(self, b):
+        if self.n + len(b) > die_after:
+            self.fh.write(bytes(b)[: die_after - self.n])
+            self.fh.flush()
+            os._exit(137)
+        self.n += len(b)
+        return self.fh.write(b)
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+real = resume._serialize
+resume._serialize = lambda s, fh: real(s, Dying(fh))
+(resume.save_checkpoint if atomic else resume.naive_save)(path, state)
+print("write completed", flush=True)
+"""
+
+
+@dataclass
+class CrashWrite:
+    """What :func:`crash_mid_write` observed.
+
+    Attributes:
+        atomic: whether the write used :func:`save_checkpoint` (else :func:`naive_save`).
+        writer_exit: the writing process's exit status (137: it died mid-write).
+        bytes_on_disk: size of the destination file after the crash.
+        loaded_step: ``step`` of the checkpoint read back, or ``None`` when it did not load.
+        load_error: the exception text when it did not load, else "".
+        leftovers: temporary files left next to the destination.
+    """
+
+    atomic: bool
+    writer_exit: int
+    bytes_on_disk: int
+    loaded_step: int | None
+    load_error: str
+    leftovers: list[str] = field(default_factory=list)
+
+
+def crash_mid_write(path: str | os.PathLike[str], *, atomic: bool, die_after_bytes: int = 4096,
+                    timeout_s: float = 120.0) -> CrashWrite:
+    """Write checkpoint step 1 to ``path``, then kill a real process in the middle of writing step 2.
+
+    The second write runs in a fresh Python process whose file writes end it with
+    ``os._exit(137)`` after ``die_after_bytes`` bytes (no ``finally``, no cleanup: what a
+    SIGKILL or a node loss does).  Then ``path`` is read back.
+
+    Args:
+        path: destination checkpoint (its directory is created).
+        atomic: use :func:`save_checkpoint` (True) or :func:`naive_save` (False) for step 2.
+        die_after_bytes: bytes written before the process dies (the full checkpoint is ~260 KB).
+        timeout_s: bound on the writer process, seconds.
+
+    Returns:
+        A :class:`CrashWrite`.
+
+    Raises:
+        ValueError: ``die_after_bytes`` < 1.
+    """
+    import torch
+
+    if die_after_bytes < 1:
+        raise ValueError(f"die_after_bytes={die_after_bytes!r}: must be >= 1")
+    dest = Path(path)
+    save_checkpoint(dest, {"step": 1, "weight": torch.full((1 << 16,), 1.0)})
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-c", _CRASH_CODE, root, str(dest), "1" if atomic else "0",
+                           str(die_after_bytes)], capture_output=True, text=True, timeout=timeout_s)
+    step, error = None, ""
+    try:
+        state = load_checkpoint(dest)
+        step = int(state["step"])
+    except Exception as exc:  # noqa: BLE001 - the point is to show what a torn file raises
+        error = f"{type(exc).__name__}: {exc}"
+    leftovers = sorted(p.name for p in dest.parent.glob(f".{dest.name}.tmp-*"))
+    return CrashWrite(atomic=atomic, writer_exit=proc.returncode, bytes_on_disk=dest.stat().st_size,
+                      loaded_step=step, load_error=error, leftovers=leftovers)
+
+
+# --------------------------------------------------------------------------- RNG state
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch CPU, Python ``random``, NumPy global), in ``weights_only``-safe form.
+
+    Returns:
+        ``{"torch": ByteTensor, "python": [version, [ints], gauss], "numpy": [name, [ints], pos, has_gauss, cached]}``
+        (``"cuda"`` too, one ByteTensor per visible GPU, when CUDA is initialised).
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
+                             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore the RNG states captured by :func:`rng_state`.
+
+    Raises:
+        ValueError: ``state`` lacks one of ``torch``, ``python``, ``numpy`` (names the missing keys).
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    missing = [k for k in ("torch", "python", "numpy") if k not in state]
+    if missing:
+        raise ValueError(f"rng state: missing {missing}; accepted keys are torch, python, numpy (cuda optional)")
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((str(name), np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def parse_omit(text: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Parse the pieces to leave out of a resume (comma-separated text or an iterable).
+
+    Returns:
+        The pieces, in :data:`PIECES` order, without duplicates (empty for ``None``/"").
+
+    Raises:
+        ValueError: an unknown piece (names the field ``omit`` and the accepted values).
+    """
+    if text is None:
+        return ()
+    items = [p.strip() for p in (text.split(",") if isinstance(text, str) else text)]
+    items = [p for p in items if p]
+    bad = [p for p in items if p not in PIECES]
+    if bad:
+        raise ValueError(f"omit={bad}: accepted values are {', '.join(PIECES)}")
+    return tuple(p for p in PIECES if p in items)
+
+
+# --------------------------------------------------------------------------- exact comparison
+
+@dataclass
+class Diff:
+    """The exact comparison of two state dicts (see :func:`compare_state_dicts`).
+
+    Attributes:
+        equal: same names on both sides, and every entry identical (tensors: same shape, dtype and bits).
+        compared: number of entries (tensors and other leaves) present on both sides.
+        differing: names of the entries that differ (in the first dict's order).
+        first: the first differing tensor's name ("" when equal).
+        first_max_abs_diff: largest ``|a - b|`` in that tensor (0.0 when equal; ``inf`` for a
+            shape/dtype mismatch or a missing tensor).
+        max_abs_diff: largest ``|a - b|`` over all compared tensors.
+        only_in_a, only_in_b: names present in one dict only.
+    """
+
+    equal: bool
+    compared: int
+    differing: list[str]
+    first: str
+    first_max_abs_diff: float
+    max_abs_diff: float
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if self.equal:
+            return f"EQUAL: {self.compared} entries identical bit for bit (max abs diff {self.max_abs_diff})"
+        return (f"DIFFERENT: {len(self.differing)} of {self.compared} entries differ; first: {self.first} "
+                f"(max abs diff {self.first_max_abs_diff:.3g}); max abs diff overall {self.max_abs_diff:.3g}"
+                + (f"; only in a: {self.only_in_a}" if self.only_in_a else "")
+                + (f"; only in b: {self.only_in_b}" if self.only_in_b else ""))
+
+
+def compare_state_dicts(a: Mapping[str, Any], b: Mapping[str, Any]) -> Diff:
+    """Compare two ``{name: tensor}`` mappings exactly: no tolerance, every element must be equal.
+
+    Tensors must have the same shape and dtype and the same *bits* (floating-point tensors are
+    compared through an integer view: ``-0.0`` differs from ``0.0``, a NaN equals a NaN with the
+    same bits).  Nested mappings and lists (an optimizer state, per-rank
+    RNG states) are flattened to dotted names first (``state.0.exp_avg``); other leaves (ints,
+    floats, strings) are compared with ``==``.
+
+    Args:
+        a, b: state dicts (e.g. ``model.state_dict()`` of two runs).
+
+    Returns:
+        A :class:`Diff` naming the first differing tensor (in ``a``'s order) and the largest
+        absolute difference.
+
+    Raises:
+        ValueError: ``a`` or ``b`` is not a mapping.
+    """
+    import torch
+
+    for label, d in (("a", a), ("b", b)):
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{label}={type(d).__name__}: must be a mapping of name -> tensor")
+    fa, fb = _flatten(a), _flatten(b)
+    only_a = [k for k in fa if k not in fb]
+    only_b = [k for k in fb if k not in fa]
+    differing: list[str] = []
+    worst: dict[str, float] = {}
+    for name in (k for k in fa if k in fb):
+        x, y = fa[name], fb[name]
+        tensors = isinstance(x, torch.Tensor) + isinstance(y, torch.Tensor)
+        if tensors == 2 and (x.shape != y.shape or x.dtype != y.dtype):
+            same, gap = False, math.inf
+        elif tensors == 2:
+            same = _same_bits(x, y)
+            gap = 0.0 if same else _max_abs_diff(x, y)
+        elif tensors == 1:
+            same, gap = False, math.inf
+        else:
+            same = bool(x == y)
+            gap = 0.0 if same else _scalar_gap(x, y)
+        worst[name] = gap
+        if not same:
+            differing.append(name)
+    missing = only_a + only_b
+    first = differing[0] if differing else (missing[0] if missing else "")
+    return Diff(equal=not differing and not missing, compared=len(worst), differing=differing, first=first,
+                first_max_abs_diff=worst.get(first, math.inf if first else 0.0),
+                max_abs_diff=math.inf if missing else max(worst.values(), default=0.0),
+                only_in_a=only_a, only_in_b=only_b)
+
+
+_INT_VIEW = {2: "int16", 4: "int32", 8: "int64"}
+
+
+def _same_bits(x: Any, y: Any) -> bool:
+    """True when two tensors of one shape and dtype hold the same bits (floats through an integer view)."""
+    import torch
+
+    if x.is_complex():
+        x, y = torch.view_as_real(x), torch.view_as_real(y)
+    if x.is_floating_point() and x.element_size() in _INT_VIEW:
+        kind = getattr(torch, _INT_VIEW[x.element_size()])
+        return torch.equal(x.detach().cpu().contiguous().view(kind), y.detach().cpu().contiguous().view(kind))
+    return torch.equal(x.detach().cpu(), y.detach().cpu())
+
+
+def _max_abs_diff(x: Any, y: Any) -> float:
+    """Largest ``|x - y|`` (float64), ``inf`` where exactly one side is NaN."""
+    import torch
+
+    x, y = x.detach().cpu(), y.detach().cpu()
+    if x.dtype == torch.bool:
+        x, y = x.to(torch.uint8), y.to(torch.uint8)
+    delta = (x.to(torch.float64) - y.to(torch.float64)).abs() if not x.is_complex() else (x - y).abs().double()
+    if x.is_floating_point():
+        nx, ny = torch.isnan(x), torch.isnan(y)
+        delta = delta.masked_fill(nx & ny, 0.0).masked_fill(nx ^ ny, float("inf"))
+    return float(delta.max()) if delta.numel() else 0.0
+
+
+def _scalar_gap(x: Any, y: Any) -> float:
+    try:
+        return abs(float(x) - float(y))
+    except (TypeError, ValueError):
+        return math.inf
+
+
+def _flatten(d: Mapping[Any, Any] | Sequence[Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    items = d.items() if isinstance(d, Mapping) else enumerate(d)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and value):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- running the two jobs
+
+def parse_steps(text: str) -> list[dict[str, Any]]:
+    """Parse the ``step N key=value ...`` lines that ``elastic_train.py`` prints after each completed step.
+
+    Args:
+        text: one rank's stdout (an optional ``[rank R]`` prefix is accepted).
+
+    Returns:
+        One dict per line, in order: ``{"step": N, "restart": ..., "world_size": ..., ...}``
+        (integers and floats converted, other values kept as text).
+    """
+    records = []
+    for line in text.splitlines():
+        m = STEP_LINE.match(line.strip())
+        if not m:
+            continue
+        rec: dict[str, Any] = {"step": int(m.group(1))}
+        for item in m.group(2).split():
+            key, _, value = item.partition("=")
+            rec[key] = _number(value)
+        records.append(rec)
+    return records
+
+
+def _number(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+@dataclass
+class TrainingRun:
+    """One ``elastic_train.py`` job (see :func:`run_training`).
+
+    Attributes:
+        job: the :class:`helpers.jobs.JobResult`.
+        final: path of the final model state dict rank 0 wrote (may not exist if the job failed).
+        steps: rank 0's completed-step records (:func:`parse_steps`), all restarts included.
+    """
+
+    job: Any
+    final: Path
+    steps: list[dict[str, Any]]
+
+    def state(self) -> dict[str, Any]:
+        """The final model state dict (raises ``FileNotFoundError`` when the job wrote none)."""
+        return load_checkpoint(self.final)["model"]  # type: ignore[index]
+
+    def steps_by_restart(self) -> dict[int, list[int]]:
+        """Rank 0's completed steps, grouped by ``TORCHELASTIC_RESTART_COUNT``."""
+        out: dict[int, list[int]] = {}
+        for rec in self.steps:
+            out.setdefault(int(rec["restart"]), []).append(rec["step"])
+        return out
+
+
+def training_args(*, steps: int, micro: int = 4, crash_at: int | None = None, ckpt: Path | None = None,
+                  ckpt_every: int = 1, omit: Sequence[str] = (), out: Path | None = None,
+                  extra: Sequence[str] = ()) -> list[str]:
+    """The command-line arguments of ``elastic_train.py`` for one run (see its ``--help``).
+
+    Raises:
+        ValueError: ``steps`` < 1, ``micro`` < 1, ``ckpt_every`` < 1, a ``crash_at`` outside
+            ``[0, steps)``, or an unknown ``omit`` piece (names the field).
+    """
+    if steps < 1 or micro < 1 or ckpt_every < 1:
+        raise ValueError(f"steps={steps}, micro={micro}, ckpt_every={ckpt_every}: each must be >= 1")
+    if crash_at is not None and not 0 <= crash_at < steps:
+        raise ValueError(f"crash_at={crash_at}: must be in [0, steps={steps})")
+    args = ["--steps", str(steps), "--micro", str(micro)]
+    if crash_at is not None:
+        args += ["--crash-at", str(crash_at)]
+    if ckpt is not None:
+        args += ["--ckpt", str(ckpt), "--ckpt-every", str(ckpt_every)]
+    omitted = parse_omit(omit)
+    if omitted:
+        args += ["--omit", ",".join(omitted)]
+    if out is not None:
+        args += ["--out", str(out)]
+    return args + [str(a) for a in extra]
+
+
+def run_training(out_dir: str | os.PathLike[str], name: str, *, steps: int, micro: int = 4,
+                 crash_at: int | None = None, ckpt_every: int | None = None, omit: Sequence[str] = (),
+                 resume_from: str | os.PathLike[str] | None = None, nproc: int = 2, max_restarts: int = 1,
+                 env: Mapping[str, str | None] | None = None, timeout_s: float = 120.0, stall_s: float | None = 45.0,
+                 backend: str = "gloo", extra: Sequence[str] = (), verbose: bool = True) -> TrainingRun:
+    """Run ``elastic_train.py`` on ``nproc`` ranks under ``torchrun --max-restarts`` through the job runner.
+
+    Args:
+        out_dir: directory for this run's checkpoint (``<name>.ckpt``, plus ``<name>.ckpt.step<N>``
+            links) and final state (``<name>.final.pt``); all are deleted first, so a stale file
+            never stands in for this run.
+        name: job name (letters, digits, ``._-``).
+        steps: optimizer steps to train; micro: samples per rank per micro-batch.
+        crash_at: step at which rank 1 raises, on the first launch only (``TORCHELASTIC_RESTART_COUNT=0``).
+        ckpt_every: checkpoint every this many steps (``None``: no checkpoint, the MN5 bug).
+        omit: checkpoint pieces not restored on resume (see :data:`PIECES`).
+        resume_from: a checkpoint to start from (copied to this run's checkpoint path first):
+            the run's first launch resumes from it, as a relaunch after a crash would.
+        nproc: ranks; max_restarts: torchrun ``--max-restarts``.
+        env: extra environment for the launcher (e.g. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``).
+        timeout_s, stall_s: the runner's hard timeout and stall window, seconds.
+        backend: process-group backend passed to the script (``gloo`` for the exact CPU comparison).
+        extra: more script arguments.
+
+    Returns:
+        A :class:`TrainingRun`.
+
+    Raises:
+        ValueError: bad arguments (see :func:`training_args`), ``max_restarts`` < 0, ``resume_from``
+            missing or given without ``ckpt_every``.
+    """
+    import shutil
+
+    from helpers import jobs
+
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts={max_restarts}: must be >= 0")
+    if resume_from is not None and (not ckpt_every or not Path(resume_from).is_file()):
+        raise ValueError(f"resume_from={str(resume_from)!r}: needs an existing checkpoint file and ckpt_every")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / f"{name}.ckpt" if ckpt_every else None
+    final = out / f"{name}.final.pt"
+    for stale in [final, *(out.glob(f"{name}.ckpt*") if ckpt else [])]:
+        stale.unlink(missing_ok=True)
+    if resume_from is not None and ckpt is not None:
+        shutil.copyfile(resume_from, ckpt)
+    args = training_args(steps=steps, micro=micro, crash_at=crash_at, ckpt=ckpt, ckpt_every=ckpt_every or 1,
+                         omit=omit, out=final, extra=[*extra, "--backend", backend])
+    if ckpt is not None:
+        args.append("--keep-history")
+    job = jobs.run_job(SCRIPT, args, nproc=nproc, launcher_args=[f"--max-restarts={max_restarts}"], env=env,
+                       timeout_s=timeout_s, stall_s=stall_s, heartbeat=r"step \d+", name=name, verbose=verbose)
+    rank0 = job.ranks.get(0)
+    return TrainingRun(job=job, final=final, steps=parse_steps(rank0.stdout) if rank0 else [])
+
+
+@dataclass
+class ResumeCheck:
+    """An uninterrupted run, an interrupted-and-resumed run, and the exact comparison of their final parameters."""
+
+    reference: TrainingRun
+    resumed: TrainingRun
+    omit: tuple[str, ...]
+    diff: Diff
+
+    @property
+    def passed(self) -> bool:
+        """True when both jobs succeeded and the final parameters are identical bit for bit."""
+        return self.reference.job.ok and self.resumed.job.ok and self.diff.equal
+
+    def __str__(self) -> str:
+        left_out = ",".join(self.omit) or "nothing"
+        return f"resume check (left out: {left_out}): {'PASS' if self.passed else 'FAIL'}: {self.diff}"
+
+
+def check_resume(out_dir: str | os.PathLike[str], *, steps: int, ckpt_every: int, crash_at: int | None = None,
+                 resume_from: str | os.PathLike[str] | None = None, omit: Sequence[str] = (),
+                 reference: TrainingRun | None = None, name: str | None = None, **kwargs: Any) -> ResumeCheck:
+    """Run (or reuse) an uninterrupted job and an interrupted-and-resumed one, and compare them exactly.
+
+    The interrupted run is either one torchrun job whose rank 1 crashes at ``crash_at`` on the
+    first launch and which torchrun restarts (``crash_at``), or a fresh launch that resumes from
+    the checkpoint a crashed launch left behind (``resume_from``: cheaper when several variants
+    resume from the same point).  Every rank restores the checkpoint minus the pieces in
+    ``omit``.  On CPU with the same world size, a complete resume reproduces the uninterrupted
+    run's parameters bit for bit.
+
+    Args:
+        out_dir: where the checkpoints and final states go.
+        steps, ckpt_every, crash_at, resume_from: see :func:`run_training` (give exactly one of
+            ``crash_at`` and ``resume_from``).
+        omit: checkpoint pieces the resumed job does not restore.
+        reference: an uninterrupted :class:`TrainingRun` of the same ``steps`` to reuse (else one is run).
+        name: job name of the resumed run (default ``resume-<omit>``).
+        **kwargs: passed to :func:`run_training` for both jobs (``micro``, ``nproc``, ``env``, ``timeout_s``...).
+
+    Returns:
+        A :class:`ResumeCheck` (its ``passed`` is the verdict).
+
+    Raises:
+        ValueError: bad arguments, both or neither of ``crash_at``/``resume_from``, or a
+            ``reference`` that did not run ``steps`` steps.
+    """
+    omitted = parse_omit(omit)
+    if (crash_at is None) == (resume_from is None):
+        raise ValueError(f"crash_at={crash_at!r}, resume_from={resume_from!r}: give exactly one of them")
+    if reference is None:
+        reference = run_training(out_dir, "resume-reference", steps=steps, **kwargs)
+    elif not reference.steps or reference.steps[-1]["step"] != steps - 1:
+        raise ValueError(f"reference: its last step is not steps - 1 = {steps - 1}")
+    label = name or ("resume-" + ("-".join(omitted) if omitted else "complete"))
+    resumed = run_training(out_dir, label, steps=steps, crash_at=crash_at, resume_from=resume_from,
+                           ckpt_every=ckpt_every, omit=omitted, **kwargs)
+    if reference.final.exists() and resumed.final.exists():
+        diff = compare_state_dicts(reference.state(), resumed.state())
+    else:
+        diff = Diff(equal=False, compared=0, differing=[], first="(no final state written)",
+                    first_max_abs_diff=math.inf, max_abs_diff=math.inf)
+    return ResumeCheck(reference=reference, resumed=resumed, omit=omitted, diff=diff)
+
+
+def check_variants(out_dir: str | os.PathLike[str], pieces: Sequence[str], *, parallel: int = 2,
+                   **kwargs: Any) -> dict[str, ResumeCheck]:
+    """:func:`check_resume` once per piece left out (``omit=[piece]``), ``parallel`` jobs at a time.
+
+    Args:
+        out_dir: where the checkpoints and final states go.
+        pieces: the pieces to leave out, one run each (see :data:`PIECES`).
+        parallel: how many jobs run at the same time (threads; each job is its own torchrun).
+        **kwargs: passed to :func:`check_resume` (``steps``, ``ckpt_every``, ``resume_from``,
+            ``reference`` (required: one shared reference run), ``env``...).
+
+    Returns:
+        ``{piece: ResumeCheck}`` in the order of ``pieces``.
+
+    Raises:
+        ValueError: an unknown piece, ``parallel`` < 1, or no ``reference`` given.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not pieces or any(not p for p in pieces):
+        raise ValueError(f"pieces={list(pieces)!r}: give one or more of {', '.join(PIECES)}")
+    names = [parse_omit([p])[0] for p in pieces]
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: must be >= 1")
+    if kwargs.get("reference") is None:
+        raise ValueError("reference: run the uninterrupted job once and pass it (the variants share it)")
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {p: pool.submit(check_resume, out_dir, omit=[p], **kwargs) for p in names}
+        return {p: f.result() for p, f in futures.items()}
+
+
+# --------------------------------------------------------------------------- elastic membership (--nnodes=1:2)
+
+ELASTIC_RDZV_CONF = "join_timeout=30,last_call_timeout=1,read_timeout=10"
+"""Short rendezvous timeouts (seconds) for the elastic runs; torch's defaults are 600, 30 and 60."""
+
+
+@dataclass
+class ElasticRun:
+    """Two torchrun agents of one elastic rendezvous (``--nnodes=1:2``), agent B joining late.
+
+    Attributes:
+        agents: ``{"A": JobResult, "B": JobResult}``: each agent is a job of its own (its own
+            ``launcher.stderr`` and the logs of the ranks it started).
+        steps: the completed steps, one record per step (:func:`parse_steps` fields plus
+            ``agent``), in step order, from every rank of both agents.
+        launches: one record per rank start (the ``launch ...`` line: agent, world_size,
+            restart_count, master port, agent_store).
+        wall_s: seconds from the first agent's start to the end of both.
+    """
+
+    agents: dict[str, Any]
+    steps: list[dict[str, Any]]
+    launches: list[dict[str, Any]]
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        """True when both agents and all their ranks succeeded."""
+        return all(job.ok for job in self.agents.values())
+
+    def group_ranks(self) -> dict[str, list[int]]:
+        """Each agent's ``group_rank`` in every rendezvous round it completed (from its ``LOGLEVEL=INFO`` lines)."""
+        rx = re.compile(r"api\.py:\d+\]\s+group_rank=(\d+)")
+        return {name: [int(m.group(1)) for m in rx.finditer(job.output)] for name, job in self.agents.items()}
+
+    def agent_errors(self, pattern: str = r"Error") -> dict[str, list[str]]:
+        """Lines of each agent's own output (ranks' lines excluded) matching regex ``pattern``."""
+        rx = re.compile(pattern)
+        return {name: [ln for ln in job.output.splitlines() if rx.search(ln) and not ln.startswith("[rank")]
+                for name, job in self.agents.items()}
+
+
+_LAUNCH = re.compile(r"launch restart_count=(\d+) world_size=(\d+) .*master=(\S+) agent_store=(\S+)")
+
+
+def elastic_commands(name: str, port: int, ckpt: Path, a_rank0_log: Path, *, steps: int, micro: int, scale: str,
+                     max_world: int, step_sleep: float, join_after_step: int,
+                     rdzv_conf: str = ELASTIC_RDZV_CONF) -> list[list[str]]:
+    """The argv of the two agents: ``torchrun --nnodes=1:2 --nproc-per-node=1`` with a c10d rendezvous on ``port``.
+
+    Agent B is wrapped in ``bash -c``: it starts only once agent A's rank 0 has logged step
+    ``join_after_step`` (a second node that comes up while the first is training).
+
+    Raises:
+        ValueError: ``scale`` not ``live``/``pinned``, or ``max_world`` < 1.
+    """
+    from helpers import jobs, procs
+
+    if scale not in ("live", "pinned"):
+        raise ValueError(f"scale={scale!r}: accepted values are live, pinned")
+    if max_world < 1:
+        raise ValueError(f"max_world={max_world}: must be >= 1")
+    torchrun = procs.find_tool("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    agent = [torchrun, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}", "--max-restarts=0", f"--rdzv-conf={rdzv_conf}"]
+    args = ["--steps", str(steps), "--micro", str(micro), "--ckpt", str(ckpt), "--ckpt-every", "1",
+            "--scale", scale, "--max-world", str(max_world), "--step-sleep", str(step_sleep),
+            "--sleep-below-world", str(max_world), "--backend", "gloo"]
+    wait = (f'until grep -qs "^step {int(join_after_step)} " "{a_rank0_log}"; do sleep 0.2; done; '
+            f'echo "[agent B] starting: agent A logged step {int(join_after_step)}" >&2; exec "$@"')
+    return [agent + jobs.shim_argv(SCRIPT, args), ["bash", "-c", wait, "agent-B", *agent, *jobs.shim_argv(SCRIPT, args)]]
+
+
+def run_elastic(out_dir: str | os.PathLike[str], name: str, *, share_store: bool = True, scale: str = "live",
+                max_world: int = 2, steps: int = 24, micro: int = 4, step_sleep: float = 0.5, join_after_step: int = 2,
+                rdzv_conf: str = ELASTIC_RDZV_CONF, timeout_s: float = 90.0, verbose: bool = True) -> ElasticRun:
+    """Start agent A alone (world_size 1), let agent B join mid-training, and keep what both did.
+
+    Each agent is one job of the runner (:func:`helpers.jobs.run_commands`, run in two threads;
+    B's process is started after A's, so that B's node id, which holds its pid, sorts after A's
+    and A stays rank 0 of the rendezvous unless pids wrap around),
+    so each has its own output and rank logs; the agents log at ``LOGLEVEL=INFO`` (their
+    rendezvous and restart decisions).  Both resume from one checkpoint written every step, so
+    a restart of the worker group at the membership change loses no step.
+
+    Args:
+        out_dir: where the checkpoint (``<name>.ckpt``) goes (deleted first).
+        name: job name prefix and rendezvous id.
+        share_store: False sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (every rendezvous round
+            gets a fresh store); True leaves torch's default (the agent's store is shared and reused).
+        scale: ``live`` or ``pinned`` (see ``elastic_train.py --help``); max_world: the pinned world size.
+        steps, micro: training length and per-rank micro-batch.
+        step_sleep: seconds slept after each step while the world is below ``max_world``.
+        join_after_step: agent B starts when A's rank 0 has logged this step.
+        rdzv_conf: ``--rdzv-conf`` (short timeouts, see :data:`ELASTIC_RDZV_CONF`).
+        timeout_s: hard limit of each agent's job, seconds.
+
+    Returns:
+        An :class:`ElasticRun`.
+
+    Raises:
+        ValueError: bad ``scale``/``max_world`` (see :func:`elastic_commands`), ``steps`` < 1.
+    """
+    import socket
+    import threading
+    import time
+
+    from helpers import jobs
+
+    if steps < 1:
+        raise ValueError(f"steps={steps}: must be >= 1")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / f"{name}.ckpt"
+    for stale in out.glob(f"{name}.ckpt*"):
+        stale.unlink()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{port}"
+    dirs = {a: jobs.build_dir() / "jobs" / f"{name}-{a}-{stamp}" for a in "AB"}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    cmds = elastic_commands(name, port, ckpt, dirs["A"] / "ranks" / "rank0.stdout", steps=steps, micro=micro,
+                            scale=scale, max_world=max_world, step_sleep=step_sleep, join_after_step=join_after_step,
+                            rdzv_conf=rdzv_conf)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": None if share_store else "1", "LOGLEVEL": "INFO"}
+    results: dict[str, Any] = {}
+
+    def agent(label: str, cmd: list[str]) -> None:
+        results[label] = jobs.run_commands([cmd], timeout_s=timeout_s, env=env, name=f"{name}-{label}",
+                                           job_dir=dirs[label], verbose=verbose)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=agent, args=(label, cmd)) for label, cmd in zip("AB", cmds)]
+    threads[0].start()
+    # Start B's process after A's, so that B's pid (hence its node id in the rendezvous) sorts after A's.
+    while not (dirs["A"] / "job.json").exists() and threads[0].is_alive():
+        time.sleep(0.05)
+    time.sleep(0.5)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    steps_seen: dict[int, dict[str, Any]] = {}
+    launches = []
+    for label in "AB":
+        for rank, res in results[label].ranks.items():
+            for rec in parse_steps(res.stdout):
+                steps_seen.setdefault(rec["step"], {**rec, "agent": label})
+            for m in _LAUNCH.finditer(res.stdout):
+                launches.append({"agent": label, "rank_log": rank, "restart_count": int(m.group(1)),
+                                 "world_size": int(m.group(2)), "master": m.group(3), "agent_store": m.group(4)})
+    return ElasticRun(agents={label: results[label] for label in "AB"}, steps=[steps_seen[k] for k in sorted(steps_seen)], launches=launches,
+                      wall_s=time.monotonic() - t0)
+
+
+def epoch_coverage(steps: Sequence[Mapping[str, Any]], dataset_size: int) -> dict[int, dict[str, int]]:
+    """How the samples of each epoch were used, from the ``epoch`` and ``ids`` fields of completed steps.
+
+    Args:
+        steps: step records (:func:`parse_steps`), one per completed step.
+        dataset_size: number of samples in the dataset.
+
+    Returns:
+        ``{epoch: {"steps", "slots", "distinct", "twice_or_more", "never"}}``: slots = sample
+        slots used in that epoch; never = samples of the dataset not seen in it.
+
+    Raises:
+        ValueError: ``dataset_size`` < 1.
+    """
+    if dataset_size < 1:
+        raise ValueError(f"dataset_size={dataset_size}: must be >= 1")
+    seen: dict[int, list[int]] = {}
+    count: dict[int, int] = {}
+    for rec in steps:
+        ids = [int(i) for i in str(rec["ids"]).split("-") if i != ""]
+        seen.setdefault(int(rec["epoch"]), []).extend(ids)
+        count[int(rec["epoch"])] = count.get(int(rec["epoch"]), 0) + 1
+    out = {}
+    for epoch, ids in sorted(seen.items()):
+        distinct = set(ids)
+        out[epoch] = {"steps": count[epoch], "slots": len(ids), "distinct": len(distinct),
+                      "twice_or_more": sum(1 for i in distinct if ids.count(i) > 1),
+                      "never": dataset_size - len(distinct)}
+    return out
