@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup test diagnose lab bench clean
+.PHONY: setup system-tools test diagnose lab bench clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -19,7 +19,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0
 	# Then everything else (deepspeed builds from its sdist against the installed torch).
 	$(BIN)/python -m pip install -q -e .
+	@$(MAKE) --no-print-directory system-tools
 	touch $@
+
+# Debian tools the network lab and the pre-flight check use when present (chapter 06 shows a real
+# `ping -M do`): installed only as root, only when missing; without them the checks fall back to
+# Python (a raw ICMP probe, ioctls), so a failure here is a warning, never an error.
+SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2
+system-tools:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian packages:$$missing"; \
+	  (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends $$missing) >/dev/null 2>&1 \
+	    || echo "warning: could not install$$missing; the lab and pre-flight checks use their Python fall-backs"; \
+	else echo "note: not installed:$$missing (needs root and apt-get); the lab and pre-flight checks use their Python fall-backs"; fi
 
 setup: $(STAMP)
 

@@ -440,6 +440,41 @@ def _ping_argv(f: Mapping[str, Any], dst: str, size: int | None, src: str | None
     return ["python3", "-c", _ICMP_PROBE, dst, str(size if size is not None else 56), "1" if size else "0", src or "-"]
 
 
+def df_ping(runner: Runner, node: str, dst: str, size: int, timeout_s: float = 10.0) -> tuple[int, str, str]:
+    """One "don't fragment" ping of ``size`` payload bytes from ``node`` to ``dst`` (MN4's path test).
+
+    Uses ``ping -n -c 1 -W 1 -M do -s SIZE DST`` where iputils-ping is installed on the node, else
+    the same probe from Python (a raw ICMP socket with ``IP_PMTUDISC_DO``; needs root or
+    CAP_NET_RAW), so the check works on minimal images.  A payload of MTU - 28 bytes (20 of IPv4
+    header, 8 of ICMP) fills one frame exactly: 8972 for MTU 9000, 1472 for 1500.
+
+    Args:
+        runner: how to run a command on ``node`` (see :data:`Runner`).
+        node: the node to ping from.
+        dst: the IPv4 address to ping.
+        size: ICMP payload in bytes (>= 0).
+        timeout_s: bound on the whole command, seconds.
+
+    Returns:
+        ``(returncode, command, said)``: 0 when the echo came back (1 lost, 2 a local error such
+        as ``message too long``, 127 no tool), the command as a shell line (the Python probe is
+        shown as ``python3 <icmp probe> ...``) and the tool's summary lines.
+
+    Raises:
+        ValueError: ``size`` is negative.
+    """
+    if size < 0:
+        raise ValueError(f"size: must be >= 0 bytes, got {size}")
+    have = _call(runner, node, ["sh", "-c", "command -v ping || true"], timeout_s).stdout.strip()
+    facts = {"ping": have or None, "python": "python3"}
+    argv = _ping_argv(facts, dst, size, None)
+    shown = shlex.join(argv) if have else f"python3 <icmp probe> {dst} {size} df=1"
+    ans = _call(runner, node, argv, timeout_s)
+    said = " | ".join(l.strip() for l in (ans.stdout + ans.stderr).splitlines()
+                      if "packet" in l or l.startswith(("ping:", "local error")))
+    return ans.returncode, shown, said
+
+
 def _ping_plan(node: str, facts: Mapping[str, Mapping[str, Any]], master: str,
                selections: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
     """The pings ``node`` runs towards the master: ``{id: {"dst", "size", "src"}}``."""

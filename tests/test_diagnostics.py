@@ -77,7 +77,10 @@ def test_corrupt_rank_fails_the_correctness_check(tmp_path, no_leftovers):
     assert correctness.values["all_reduce"]["wrong_per_rank"] == [1, 1]  # one bad input poisons every rank's sum
     assert correctness.values["broadcast(root=0)"]["wrong_per_rank"] == [0, 0]  # root 0 sent good data
     assert correctness.values["broadcast(root=1)"]["wrong_per_rank"] == [1, 1]
-    assert job.ranks[1].exit_code == 1
+    # Every rank sees the wrong sum and exits 1; torchrun SIGTERMs whichever rank is still
+    # finishing when the first one exits, so only "some rank exited 1, none exited 0" is certain.
+    codes = [r.exit_code for r in job.ranks.values()]
+    assert 1 in codes and 0 not in codes, codes
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
     assert bandwidth.status == "OK" and all(r["busbw_GBps"] > 0 for r in rows)
 

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
 import pytest
 from conftest import notebook_outputs, SCENARIOS, execute_notebook
-
-DDP_SCRIPTS = ["ddp_unused.py", "ddp_uneven.py", "ddp_batchnorm.py", "ddp_effective_batch.py"]
-
-
-@pytest.mark.parametrize("script", DDP_SCRIPTS)
-def test_scenario_help_answers_without_torch(script):
-    out = subprocess.run([sys.executable, "-X", "importtime", str(SCENARIOS / script), "--help"],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and "Example" in out.stdout
-    assert "| torch\n" not in out.stderr  # --help must not pay torch's ~2 s import
-
 
 def test_uneven_shards_bad_input_is_named():
     sys.path.insert(0, str(SCENARIOS))

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
-from conftest import SCENARIOS, execute_notebook, notebook_outputs
-
-
-def test_scenario_help_answers_without_torch():
-    out = subprocess.run([sys.executable, "-X", "importtime", str(SCENARIOS / "elastic_train.py"), "--help"],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and "Example" in out.stdout and "--omit" in out.stdout
-    assert "| torch\n" not in out.stderr  # --help must not pay torch's ~2 s import
+from conftest import execute_notebook, notebook_outputs
 
 
 def test_chapter_07_elastic_restart(no_leftovers):

@@ -173,6 +173,27 @@ def test_mtu_black_hole_without_iputils_ping(lab):
 
 
 @needs_lab
+def test_df_ping_sees_the_black_hole_with_either_tool(lab):
+    """``preflight.df_ping``: iputils ping where installed, the raw-ICMP probe where not; same verdict."""
+    lab.set_mtu("all", 9000)
+    dst = lab.address(0)
+    big, cmd, said = preflight.df_ping(lab.runner(), "node1", dst, 8972)
+    small, _, _ = preflight.df_ping(lab.runner(), "node1", dst, 1472)
+    assert big != 0 and small == 0, (cmd, said)
+
+    def without_ping(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        if argv[:2] == ["sh", "-c"] and "command -v ping" in argv[2]:
+            return subprocess.CompletedProcess(list(argv), 0, "", "")
+        return lab.run(node, argv, timeout_s)
+
+    big, cmd, said = preflight.df_ping(without_ping, "node1", dst, 8972)
+    assert big != 0 and cmd.startswith("python3 <icmp probe>") and "0 received" in said
+    assert preflight.df_ping(without_ping, "node1", dst, 1472)[0] == 0
+    with pytest.raises(ValueError, match="size"):
+        preflight.df_ping(lab.runner(), "node1", dst, -1)
+
+
+@needs_lab
 def test_mtu_mismatch_of_one_endpoint_is_a_warning(lab):
     lab.set_mtu(1, 9000)  # TCP's MSS hides it (platform-facts), but it is still wrong
     bad = not_ok(run(lab, HEALTHY_ENV))
