@@ -1,0 +1,304 @@
+"""A launch described once (:class:`LaunchSpec`), rendered for any launcher, and checked for the known traps.
+
+:func:`render` turns a spec into what the user runs: a ``torchrun`` / ``accelerate launch`` /
+``deepspeed`` command (:func:`helpers.launchers.build_command`), the ``srun`` + ``torchrun`` lines,
+or a whole ``sbatch`` script (:mod:`helpers.slurm`).  :func:`find_traps` lists what in the spec
+will break, each :class:`Trap` with the field to change, the fix and the seed entry it comes from.
+The command-builder widget (:mod:`helpers.widgets`) calls both on every keystroke; both are pure
+(``find_traps(check_port=True)`` also asks this machine whether the port is free).
+
+Every trap here was reproduced in a chapter: the ids are stable and the notebooks assert on them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from helpers import hostinfo, launchers, slurm
+
+KINDS = ("torchrun", "accelerate", "deepspeed", "srun+torchrun", "sbatch")
+RDZV = ("standalone", "static", "c10d")
+SEVERITIES = ("WARN", "FAIL")
+_LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1|0\.0\.0\.0)$")
+_BRIDGE = re.compile(r"^(docker\d*|virbr\d*|br-[0-9a-f]+|cni\d*|veth)", re.I)
+_NODE_SPECIFIC = re.compile(r"p\d+s\d+")  # ibp65s0, enp65s0f1: PCI-slot names, which differ between nodes
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch, as the user would describe it.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        nnodes: nodes, >= 1.
+        nproc_per_node: ranks per node, >= 1 (GPUs per node, on GPUs).
+        script: the training script's path.
+        script_args: its arguments.
+        rdzv: torchrun's rendezvous form, one of :data:`RDZV` (``standalone`` is one node only, D2).
+        master_addr: node 0's address (multi-node torchrun/accelerate/deepspeed); SLURM forms take
+            it from ``scontrol``.
+        master_port: the rendezvous port, or ``None`` for the launcher's default (29500; a free one
+            for ``torchrun --standalone``).
+        node_rank: this node's index (multi-node torchrun static form, accelerate, deepspeed
+            ``--no_ssh``); ``None`` with deepspeed means its ssh/pdsh launcher (D6).
+        env: variables the job exports (``None`` value: unset).
+        gpus_per_node: GPUs on each node if known (``None``: unknown; 0: CPU nodes, gloo).
+        accelerate_cpu: accelerate on CPU (``--cpu``, D5).
+        srun_ntasks_per_node: tasks ``srun`` starts per node in the SLURM forms (must be 1).
+    """
+
+    kind: str = "torchrun"
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    script: str = "train.py"
+    script_args: tuple[str, ...] = ()
+    rdzv: str = "standalone"
+    master_addr: str | None = None
+    master_port: int | None = None
+    node_rank: int | None = None
+    env: Mapping[str, str | None] = field(default_factory=dict)
+    gpus_per_node: int | None = None
+    accelerate_cpu: bool = False
+    srun_ntasks_per_node: int = 1
+
+
+@dataclass(frozen=True)
+class Trap:
+    """A known way the spec fails.
+
+    Attributes:
+        id: stable identifier (``standalone-multinode``, ``script-in-tmp``...).
+        severity: ``FAIL`` (it will not run correctly) or ``WARN`` (it may, until something changes).
+        field: the :class:`LaunchSpec` attribute (or ``env.NAME``) to change.
+        message: what will happen, in the words of the error the user would see.
+        fix: what to change.
+        source: the seed entry or document the trap comes from.
+    """
+
+    id: str
+    severity: str
+    field: str
+    message: str
+    fix: str
+    source: str
+
+    def line(self) -> str:
+        """``[FAIL] id (field): message -> fix``."""
+        return f"[{self.severity}] {self.id} ({self.field}): {self.message} -> {self.fix}"
+
+
+def parse_env(text: str) -> dict[str, str | None]:
+    """Parse ``KEY=VALUE`` lines (``export`` optional, ``unset KEY`` or ``KEY`` alone unsets; ``#`` comments).
+
+    Raises:
+        ValueError: naming the line number and the accepted forms.
+    """
+    env: dict[str, str | None] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", line)
+        u = re.fullmatch(r"(?:unset\s+)?([A-Za-z_][A-Za-z0-9_]*)", line)
+        if m:
+            value = m.group(2)
+            env[m.group(1)] = shlex.split(value)[0] if value[:1] in "'\"" and value else value
+        elif u:
+            env[u.group(1)] = None
+        else:
+            raise ValueError(f"env line {number} ({raw!r}): accepted forms are KEY=VALUE, export KEY=VALUE, unset KEY")
+    return env
+
+
+def validate(spec: LaunchSpec) -> None:
+    """Raise ``ValueError`` naming the field when ``spec`` cannot describe a launch at all.
+
+    Checks: ``kind`` in :data:`KINDS`, ``rdzv`` in :data:`RDZV`, ``nnodes``/``nproc_per_node`` >= 1,
+    ``master_port`` in 1..65535, ``gpus_per_node`` >= 0, ``srun_ntasks_per_node`` >= 1, a script.
+    """
+    if spec.kind not in KINDS:
+        raise ValueError(f"kind={spec.kind!r}: accepted values are {', '.join(KINDS)}")
+    if spec.rdzv not in RDZV:
+        raise ValueError(f"rdzv={spec.rdzv!r}: accepted values are {', '.join(RDZV)}")
+    for name in ("nnodes", "nproc_per_node", "srun_ntasks_per_node"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+    if spec.master_port is not None and not (isinstance(spec.master_port, int) and 1 <= spec.master_port <= 65535):
+        raise ValueError(f"master_port={spec.master_port!r}: must be an integer in 1..65535, or None for the default")
+    if spec.gpus_per_node is not None and (not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 0):
+        raise ValueError(f"gpus_per_node={spec.gpus_per_node!r}: must be an integer >= 0, or None when unknown")
+    if not spec.script.strip():
+        raise ValueError("script: the training script's path is required")
+
+
+def render(spec: LaunchSpec) -> str:
+    """What the user runs for ``spec``: ``export`` lines and the command, or the SLURM lines / script.
+
+    Multi-node torchrun/accelerate/deepspeed commands are shown for the node ``node_rank`` (node 0
+    when ``None``); run the same line on every node with its own rank.
+
+    Raises:
+        ValueError: as :func:`validate`, and :func:`helpers.launchers.build_command`'s errors
+            (e.g. ``master_addr`` missing for several nodes), naming the field.
+    """
+    validate(spec)
+    if spec.kind in ("srun+torchrun", "sbatch"):
+        rdzv = "c10d" if spec.rdzv == "c10d" else "static"
+        port = spec.master_port or slurm.DEFAULT_PORT
+        if spec.kind == "sbatch":
+            return slurm.sbatch_script("train", spec.nnodes, spec.nproc_per_node, spec.script, spec.script_args,
+                                       gpus_per_node=spec.gpus_per_node, rdzv=rdzv, master_port=port, env=spec.env)
+        return slurm.srun_torchrun(spec.nnodes, spec.nproc_per_node, spec.script, spec.script_args, rdzv=rdzv,
+                                   master_port=port, env=spec.env)
+    multi = spec.nnodes > 1
+    node_rank = spec.node_rank if spec.node_rank is not None or spec.kind == "deepspeed" else (0 if multi else None)
+    port = spec.master_port
+    if spec.kind == "torchrun" and not multi and spec.rdzv != "standalone" and port is None:
+        port = launchers.DEFAULT_MASTER_PORT  # one node without --standalone: an explicit store on 29500
+    argv = launchers.build_command(spec.kind, spec.nproc_per_node, spec.nnodes, node_rank, spec.master_addr, port,
+                                   script=spec.script, script_args=spec.script_args,
+                                   rdzv_id="$JOB_ID" if multi and spec.rdzv == "c10d" else None)
+    if spec.kind == "accelerate" and spec.accelerate_cpu:
+        argv = [a for a in argv if a != "--multi_gpu"]
+        argv[2:2] = ["--cpu"]
+    exports = [f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}" for k, v in spec.env.items()]
+    line = " ".join(a if a == "--rdzv-id=$JOB_ID" else shlex.quote(a) for a in argv)  # $JOB_ID: the user's shell expands it
+    return "\n".join([*exports, line]) + "\n"
+
+
+def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
+    traps = []
+    multi = spec.nnodes > 1
+    for var, flavor in hostinfo.IFNAME_VARS.items():
+        value = spec.env.get(var)
+        if not value:
+            continue
+        parsed = hostinfo.parse_socket_ifname(value, flavor)
+        names = parsed["names"]
+        if not parsed["supported"]:
+            traps.append(Trap("gloo-nccl-syntax", "FAIL", f"env.{var}", parsed["note"],
+                              "gloo takes exact names: unset it (the hostname's address is used) or export the exact "
+                              "name per node", "platform-facts.md (wrong NIC); chapter 06 MN2"))
+            continue
+        if multi and any(n == "lo" for n in names) and not parsed["exclude"]:
+            traps.append(Trap("ifname-loopback", "FAIL", f"env.{var}",
+                              f"{var}={value} binds to 127.0.0.1: every node connects to itself and the job never forms "
+                              "(a single-node setting carried into a multi-node job)",
+                              f"unset {var} for multi-node jobs", "gilbreth-hpc-guide §4.1 vs §4.2; MN2"))
+        elif any(_BRIDGE.match(n) for n in names) and not parsed["exclude"]:
+            traps.append(Trap("ifname-bridge", "FAIL", f"env.{var}",
+                              f"{var}={value} selects a host-local bridge (172.17.0.1 on every node): "
+                              "'Connection refused' on one side, 'Connect timeout' on the other",
+                              f"unset {var} or name the data-plane interface", "MN2; chapter 06"))
+        elif multi and any(_NODE_SPECIFIC.search(n) for n in names) and (flavor == "nccl" and not parsed["exclude"]
+                                                                         or flavor == "gloo"):
+            fix = ("unset it, or use a prefix every node has (ib, eth, en)" if flavor == "nccl"
+                   else "unset it (each node's hostname must resolve to its data-plane address), or export the name "
+                        "per node inside the srun task")
+            traps.append(Trap("ifname-node-specific", "WARN", f"env.{var}",
+                              f"{var}={value} names one node's interface; names differ per node (ibp65s0 vs ibp161s0): "
+                              + ("'Bootstrap : no socket interface found'" if flavor == "nccl"
+                                 else f"'Unable to find address for: {names[0]}'") + " where it is missing",
+                              fix, "gilbreth-hpc-guide §8.12 Failure Mode 2; MN2"))
+        if flavor == "nccl" and parsed["exclude"] and "lo" not in names:
+            traps.append(Trap("nccl-exclude-keeps-lo", "WARN", f"env.{var}",
+                              f"{var}={value} still allows lo, which NCCL lists first: it may bootstrap on 127.0.0.1",
+                              f"{var}=^{','.join([*names, 'lo'])}", "chapter 06 MN2; NCCL env docs"))
+    return traps
+
+
+def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
+    """The known traps in ``spec``, FAILs first.
+
+    Args:
+        spec: the launch.
+        check_port: also check, on this machine, that the rendezvous port is free (one node, or
+            this machine is node 0); a taken port is ``port-in-use`` (D4).
+
+    Returns:
+        A list of :class:`Trap` (empty: nothing known is wrong).
+
+    Raises:
+        ValueError: as :func:`validate`.
+    """
+    validate(spec)
+    t: list[Trap] = []
+    multi = spec.nnodes > 1
+    slurm_kind = spec.kind in ("srun+torchrun", "sbatch")
+    env = spec.env
+    if multi and spec.kind == "torchrun" and spec.rdzv == "standalone":
+        t.append(Trap("standalone-multinode", "FAIL", "rdzv",
+                      "--standalone makes a private rendezvous on each node: two groups of one node each, never one job",
+                      "use the static form (--node-rank, --master-addr) or c10d (same --rdzv-id/--rdzv-endpoint "
+                      "everywhere)", "D2"))
+    if multi and not slurm_kind:
+        if not spec.master_addr:
+            t.append(Trap("master-addr-missing", "FAIL", "master_addr",
+                          "several nodes need node 0's address: without it the rendezvous cannot start",
+                          "set master_addr to node 0's hostname or data-plane IP", "D1"))
+        elif _LOOPBACK.match(spec.master_addr):
+            t.append(Trap("master-addr-loopback", "FAIL", "master_addr",
+                          f"master_addr={spec.master_addr} is this node itself on every node: the other nodes wait for a "
+                          "store that is not there ('1/N clients joined', RendezvousTimeoutError)",
+                          "node 0's hostname or data-plane IP (SLURM: scontrol show hostnames | head -n 1)", "D1; MN1"))
+    if not multi and spec.kind in ("accelerate", "deepspeed") and spec.master_port in (None, 29500):
+        t.append(Trap("default-port-shared", "WARN", "master_port",
+                      f"{spec.kind} uses port 29500 unless told otherwise: a second job on this node fails with "
+                      "EADDRINUSE (or, with a c10d endpoint, silently joins the first job)",
+                      "a distinct port per job (torchrun: --standalone picks a free one)", "D4"))
+    if check_port and (not multi or (spec.master_addr and _LOOPBACK.match(spec.master_addr))) \
+            and not (spec.kind == "torchrun" and spec.rdzv == "standalone" and spec.master_port is None):
+        port = spec.master_port or launchers.DEFAULT_MASTER_PORT
+        if not hostinfo.port_free(port):
+            holders = ", ".join(f"{h['name']} (pid {h['pid']})" for h in hostinfo.port_holders(port)) or "another process"
+            t.append(Trap("port-in-use", "FAIL", "master_port", f"port {port} is taken on this machine by {holders}: "
+                          "DistNetworkError ... EADDRINUSE", f"another port (free now: {hostinfo.free_port()})", "D4"))
+    if spec.gpus_per_node is not None and spec.gpus_per_node > 0 and spec.nproc_per_node > spec.gpus_per_node:
+        t.append(Trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
+                      f"{spec.nproc_per_node} ranks per node on {spec.gpus_per_node} GPU(s): two ranks share a GPU "
+                      "(NCCL: 'Duplicate GPU detected') or cuda:LOCAL_RANK does not exist ('invalid device ordinal')",
+                      f"nproc_per_node <= {spec.gpus_per_node}", "D3"))
+    if spec.kind == "accelerate" and spec.accelerate_cpu and spec.nproc_per_node * spec.nnodes > 1:
+        t.append(Trap("accelerate-cpu-one-process", "FAIL", "accelerate_cpu",
+                      "accelerate launch --cpu --num_processes N starts ONE process",
+                      "drop --cpu and export ACCELERATE_USE_CPU=1 with --multi_gpu (or Accelerator(cpu=True)): "
+                      "N processes on gloo", "D5; platform-facts.md (Accelerate on CPU)"))
+    if spec.kind == "deepspeed" and multi and spec.node_rank is None:
+        t.append(Trap("deepspeed-ssh", "WARN", "node_rank",
+                      "deepspeed --hostfile starts the other nodes over ssh/pdsh: where compute nodes refuse ssh it dies "
+                      "with 'ssh exited with exit code 2'",
+                      "start it on every node with --no_ssh --node_rank=i, or use srun + torchrun",
+                      "D6; gilbreth-hpc-guide §4.3, §8.12 Failure Mode 3"))
+    if (multi or slurm_kind) and spec.script.startswith("/tmp/"):
+        t.append(Trap("script-in-tmp", "FAIL", "script",
+                      f"{spec.script} is node-local: the other nodes fail with \"can't open file '{spec.script}'\"",
+                      "put the script on a shared filesystem ($HOME, /scratch)", "gilbreth-hpc-guide §8.12 Failure Mode 1"))
+    if slurm_kind and spec.srun_ntasks_per_node != 1:
+        t.append(Trap("srun-tasks-per-node", "FAIL", "srun_ntasks_per_node",
+                      f"{spec.srun_ntasks_per_node} srun tasks per node each start a torchrun: "
+                      f"{spec.srun_ntasks_per_node}x the agents, clashing node ranks and ports",
+                      "--ntasks-per-node=1: torchrun spawns the node's ranks", "gilbreth-hpc-guide §8.2"))
+    t += _ifname_traps(spec)
+    if spec.nnodes == 1 and (env.get("NCCL_P2P_DISABLE") == "1" or env.get("NCCL_SHM_DISABLE") == "1"):
+        t.append(Trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",
+                      "with P2P/SHM disabled the GPUs of one node talk over the network transport: Init COMPLETE, then "
+                      "the first collective times out where NET does not loop back",
+                      "NCCL_IB_DISABLE=1 NCCL_NET_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 for single-node jobs",
+                      "gilbreth-hpc-guide §6.3; chapter 06"))
+    if multi and env.get("NCCL_NET_DISABLE") == "1":
+        t.append(Trap("multinode-net-disabled", "FAIL", "env.NCCL_NET_DISABLE",
+                      "NCCL_NET_DISABLE=1 leaves no transport between nodes (a single-node setting carried over)",
+                      "unset NCCL_NET_DISABLE (and keep InfiniBand on: NCCL_IB_DISABLE=0) for multi-node jobs",
+                      "gilbreth-hpc-guide §4.1 vs §4.2"))
+    if env.get("NCCL_ASYNC_ERROR_HANDLING") is not None:
+        t.append(Trap("deprecated-async-error-handling", "WARN", "env.NCCL_ASYNC_ERROR_HANDLING",
+                      "NCCL_ASYNC_ERROR_HANDLING is the old name", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MN3"))
+    if env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0":
+        t.append(Trap("async-error-handling-off", "WARN", "env.TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                      "a timed-out NCCL collective no longer tears the job down: a dead rank leaves the rest hanging",
+                      "unset it (or 1)", "MN3"))
+    return sorted(t, key=lambda trap: SEVERITIES.index(trap.severity), reverse=True)

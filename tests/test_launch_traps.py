@@ -1,0 +1,127 @@
+"""helpers.launch_traps (render + known traps) and helpers.widgets (the command builder, driven without a browser)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from helpers import hostinfo, launch_traps, widgets
+from helpers.launch_traps import LaunchSpec
+
+
+def ids(spec: LaunchSpec, **kw) -> list[str]:
+    return [t.id for t in launch_traps.find_traps(spec, **kw)]
+
+
+def test_a_plain_single_node_torchrun_has_no_trap():
+    spec = LaunchSpec(nproc_per_node=2)
+    assert launch_traps.render(spec) == "torchrun --nnodes=1 --nproc-per-node=2 --standalone train.py\n"
+    assert ids(spec, check_port=True) == []
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (LaunchSpec(nnodes=2, master_addr="n0", rdzv="standalone"), ["standalone-multinode"]),
+    (LaunchSpec(nnodes=2, rdzv="static"), ["master-addr-missing"]),
+    (LaunchSpec(nnodes=2, rdzv="static", master_addr="127.0.0.1"), ["master-addr-loopback"]),
+    (LaunchSpec(kind="accelerate", nproc_per_node=2, master_port=29611, accelerate_cpu=True), ["accelerate-cpu-one-process"]),
+    (LaunchSpec(kind="deepspeed", nproc_per_node=2), ["default-port-shared"]),
+    (LaunchSpec(kind="deepspeed", nnodes=2, master_addr="n0"), ["deepspeed-ssh"]),
+    (LaunchSpec(nproc_per_node=4, gpus_per_node=2), ["nproc-exceeds-gpus"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, script="/tmp/train.py"), ["script-in-tmp"]),
+    (LaunchSpec(kind="srun+torchrun", nnodes=2, srun_ntasks_per_node=2), ["srun-tasks-per-node"]),
+    (LaunchSpec(nnodes=2, rdzv="c10d", master_addr="n0", env={"GLOO_SOCKET_IFNAME": "lo"}), ["ifname-loopback"]),
+    (LaunchSpec(env={"GLOO_SOCKET_IFNAME": "docker0"}), ["ifname-bridge"]),
+    (LaunchSpec(env={"GLOO_SOCKET_IFNAME": "^docker0"}), ["gloo-nccl-syntax"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "ibp65s0"}), ["ifname-node-specific"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "^docker0"}), ["nccl-exclude-keeps-lo"]),
+    (LaunchSpec(env={"NCCL_P2P_DISABLE": "1"}), ["single-node-net-transport"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_NET_DISABLE": "1"}), ["multinode-net-disabled"]),
+    (LaunchSpec(env={"NCCL_ASYNC_ERROR_HANDLING": "1"}), ["deprecated-async-error-handling"]),
+    (LaunchSpec(env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}), ["async-error-handling-off"]),
+])
+def test_each_trap_fires_alone(spec, expected):
+    assert ids(spec) == expected
+
+
+@pytest.mark.parametrize("spec", [
+    LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "ib"}),          # a prefix every node has
+    LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "^docker0,lo"}),
+    LaunchSpec(env={"GLOO_SOCKET_IFNAME": "lo"}),                                     # one node: Gilbreth §4.1
+    LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_P2P_DISABLE": "1"}),               # multi-node: not the §6.3 trap
+    LaunchSpec(kind="deepspeed", nnodes=2, master_addr="n0", node_rank=1),            # --no_ssh form
+])
+def test_the_fixes_are_clean(spec):
+    assert ids(spec) == []
+
+
+def test_fails_come_first():
+    spec = LaunchSpec(nnodes=2, master_addr="n0", env={"NCCL_SOCKET_IFNAME": "ibp65s0", "GLOO_SOCKET_IFNAME": "lo"},
+                      script="/tmp/x.py")
+    severities = [t.severity for t in launch_traps.find_traps(spec)]
+    assert severities == sorted(severities, key=lambda s: s != "FAIL") and "WARN" in severities
+
+
+def test_port_in_use_is_found_on_this_machine():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        trap = launch_traps.find_traps(LaunchSpec(rdzv="static", master_port=port), check_port=True)
+        assert [t.id for t in trap] == ["port-in-use"] and str(port) in trap[0].message
+    assert hostinfo.port_free(port)
+    assert ids(LaunchSpec(rdzv="static", master_port=port), check_port=True) == []
+
+
+def test_render_every_kind():
+    assert "--rdzv-id=$JOB_ID --rdzv-backend=c10d --rdzv-endpoint=n0:29500" in launch_traps.render(
+        LaunchSpec(nnodes=2, rdzv="c10d", master_addr="n0"))
+    acc = launch_traps.render(LaunchSpec(kind="accelerate", nproc_per_node=2, accelerate_cpu=True))
+    assert acc.startswith("accelerate launch --cpu") and "--multi_gpu" not in acc
+    ds = launch_traps.render(LaunchSpec(kind="deepspeed", nnodes=2, master_addr="n0", node_rank=1))
+    assert "--no_ssh --node_rank=1" in ds
+    srun = launch_traps.render(LaunchSpec(kind="srun+torchrun", nnodes=2, rdzv="c10d", env={"NCCL_DEBUG": "INFO"}))
+    assert "srun --nodes=2 --ntasks-per-node=1" in srun and "export NCCL_DEBUG=INFO" in srun
+    sb = launch_traps.render(LaunchSpec(kind="sbatch", nnodes=2, nproc_per_node=4))
+    assert sb.startswith("#!/bin/bash") and subprocess.run(["bash", "-n"], input=sb, text=True).returncode == 0
+    exported = launch_traps.render(LaunchSpec(env={"A": "x y", "B": None}))
+    assert exported.startswith("export A='x y'\nunset B\n")
+
+
+@pytest.mark.parametrize("spec, field", [
+    (LaunchSpec(kind="mpirun"), "kind"), (LaunchSpec(rdzv="etcd"), "rdzv"), (LaunchSpec(nnodes=0), "nnodes"),
+    (LaunchSpec(master_port=0), "master_port"), (LaunchSpec(gpus_per_node=-2), "gpus_per_node"),
+    (LaunchSpec(script=""), "script"), (LaunchSpec(srun_ntasks_per_node=0), "srun_ntasks_per_node"),
+])
+def test_bad_spec_names_the_field(spec, field):
+    with pytest.raises(ValueError, match=field):
+        launch_traps.find_traps(spec)
+
+
+def test_parse_env_forms_and_errors():
+    assert launch_traps.parse_env("export A=1\nB='x y'\n# note\nunset C\nD\n") == {"A": "1", "B": "x y", "C": None, "D": None}
+    with pytest.raises(ValueError, match="env line 2"):
+        launch_traps.parse_env("A=1\nA B\n")
+
+
+def test_widget_updates_as_the_user_types():
+    b = widgets.command_builder(nproc_per_node=2)
+    assert b.command.startswith("torchrun --nnodes=1 --nproc-per-node=2 --standalone") and b.traps == []
+    b.set(nnodes=2)                                   # still --standalone: the D2 trap, and no master address
+    assert b.trap_ids() == ["standalone-multinode", "master-addr-missing"]
+    assert "standalone-multinode" in b.output.value and "FAIL" in b.output.value
+    b.set(rdzv="static", master_addr="localhost")
+    assert b.trap_ids() == ["master-addr-loopback"]
+    b.set(master_addr="node0")
+    assert b.trap_ids() == [] and "--node-rank=0 --master-addr=node0" in b.command
+    b.set(env="NCCL_SOCKET_IFNAME=ibp65s0")
+    assert b.trap_ids() == ["ifname-node-specific"]
+    b.set(env="NCCL SOCKET")                          # bad input: shown, never raised
+    assert b.command == "" and "env line 1" in b.error and "input error" in b.output.value
+    b.set(env="", kind="sbatch")
+    assert b.command.startswith("#!/bin/bash") and "&lt;" not in b.output.value.split("<pre>")[0]
+    with pytest.raises(ValueError, match="not a control"):
+        b.set(nodes=3)
+    with pytest.raises(ValueError, match="not LaunchSpec fields"):
+        widgets.command_builder(world_size=8)
