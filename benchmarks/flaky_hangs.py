@@ -20,16 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers import doctor, jobs  # noqa: E402
 
 HANGS = jobs.project_root() / "helpers" / "scenarios" / "hangs.py"
+TIMEOUT_S, STALL_S = 6, 3  # chapter 03's parameters cell
 # (case, mode, nproc, stall_s, extra env) as chapter 03 runs them
-CASES = [("mismatch", "bug", 2, 4, None), ("mismatch", "bug", 2, None, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
-         ("crash", "bug", 2, 4, None), ("stuck", "bug", 2, 4, None), ("rank0_save", "bug", 4, 4, None),
-         ("rank0_save", "fix", 4, 4, None), ("uneven", "bug", 3, 4, None), ("uneven", "fix", 3, 4, None),
+CASES = [("mismatch", "bug", 2, STALL_S, None), ("mismatch", "bug", 2, None, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+         ("crash", "bug", 2, STALL_S, None), ("stuck", "bug", 2, STALL_S, None), ("rank0_save", "bug", 4, STALL_S, None),
+         ("rank0_save", "fix", 4, STALL_S, None), ("uneven", "bug", 3, STALL_S, None), ("uneven", "fix", 3, STALL_S, None),
          ("slow_eval", "bug", 2, 2.5, None), ("ckpt_read", "bug", 2, None, None), ("ckpt_read", "fix", 2, None, None)]
 
 
 def verdict(case: str, mode: str, nproc: int, stall_s: float | None, env: dict | None) -> tuple:
     """Run one case once and reduce its outcome to a comparable tuple."""
-    r = jobs.run_job(HANGS, ["--case", case, "--mode", mode, "--timeout-s", "8", "--trace"], nproc=nproc,
+    r = jobs.run_job(HANGS, ["--case", case, "--mode", mode, "--timeout-s", str(TIMEOUT_S), "--trace"], nproc=nproc,
                      timeout_s=60, stall_s=stall_s, heartbeat=r"step \d+", env=env, verbose=False)
     if r.hung:
         v = doctor.diagnose_job(r)
