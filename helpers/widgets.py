@@ -54,20 +54,20 @@ class CommandBuilder:
         env_text = env if isinstance(env, str) else "\n".join(
             f"unset {k}" if v is None else f"{k}={v}" for k, v in env.items())
         self.check_port = check_port
-        style = {"description_width": "150px"}
+        style = {"description_width": "180px"}
         self.controls: dict[str, Any] = {
             "kind": w.Dropdown(options=launch_traps.KINDS, value=start.kind, description="launcher", style=style),
             "nnodes": w.BoundedIntText(value=start.nnodes, min=1, max=4096, description="nodes", style=style),
             "nproc_per_node": w.BoundedIntText(value=start.nproc_per_node, min=1, max=1024,
                                                description="ranks per node", style=style),
             "gpus_per_node": w.BoundedIntText(value=-1 if start.gpus_per_node is None else start.gpus_per_node, min=-1,
-                                              max=1024, description="GPUs per node (-1 ?)", style=style),
+                                              max=1024, description="GPUs per node (-1: unknown)", style=style),
             "rdzv": w.Dropdown(options=launch_traps.RDZV, value=start.rdzv, description="rendezvous", style=style),
             "master_addr": w.Text(value=start.master_addr or "", description="master address", style=style),
             "master_port": w.BoundedIntText(value=start.master_port or 0, min=0, max=65535,
-                                            description="master port (0 default)", style=style),
+                                            description="master port (0: default)", style=style),
             "node_rank": w.BoundedIntText(value=-1 if start.node_rank is None else start.node_rank, min=-1, max=4095,
-                                          description="node rank (-1 none)", style=style),
+                                          description="node rank (-1: none)", style=style),
             "script": w.Text(value=start.script, description="script", style=style),
             "script_args": w.Text(value=" ".join(start.script_args), description="script args", style=style),
             "accelerate_cpu": w.Checkbox(value=start.accelerate_cpu, description="accelerate --cpu"),
