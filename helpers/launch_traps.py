@@ -124,9 +124,7 @@ def validate(spec: LaunchSpec) -> None:
     if spec.rdzv not in RDZV:
         raise ValueError(f"rdzv={spec.rdzv!r}: accepted values are {', '.join(RDZV)}")
     for name in ("nnodes", "nproc_per_node", "srun_ntasks_per_node"):
-        value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        launchers.positive_int(getattr(spec, name), name)
     if spec.master_port is not None and not (isinstance(spec.master_port, int) and 1 <= spec.master_port <= 65535):
         raise ValueError(f"master_port={spec.master_port!r}: must be an integer in 1..65535, or None for the default")
     if spec.gpus_per_node is not None and (not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 0):
@@ -148,7 +146,7 @@ def render(spec: LaunchSpec) -> str:
     validate(spec)
     if spec.kind in ("srun+torchrun", "sbatch"):
         rdzv = "c10d" if spec.rdzv == "c10d" else "static"
-        port = spec.master_port or slurm.DEFAULT_PORT
+        port = spec.master_port or launchers.DEFAULT_MASTER_PORT
         if spec.kind == "sbatch":
             return slurm.sbatch_script("train", spec.nnodes, spec.nproc_per_node, spec.script, spec.script_args,
                                        gpus_per_node=spec.gpus_per_node, rdzv=rdzv, master_port=port, env=spec.env)
@@ -194,8 +192,7 @@ def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
                               f"{var}={value} selects a host-local bridge (172.17.0.1 on every node): "
                               "'Connection refused' on one side, 'Connect timeout' on the other",
                               f"unset {var} or name the data-plane interface", "MN2; chapter 06"))
-        elif multi and any(_NODE_SPECIFIC.search(n) for n in names) and (flavor == "nccl" and not parsed["exclude"]
-                                                                         or flavor == "gloo"):
+        elif multi and any(_NODE_SPECIFIC.search(n) for n in names) and not parsed["exclude"]:  # gloo never excludes
             fix = ("unset it, or use a prefix every node has (ib, eth, en)" if flavor == "nccl"
                    else "unset it (each node's hostname must resolve to its data-plane address), or export the name "
                         "per node inside the srun task")

@@ -91,7 +91,8 @@ def table_markdown(rows: Sequence[LauncherRow] = DECISION_TABLE) -> str:
     return "\n".join(lines)
 
 
-def _positive_int(value: object, name: str, minimum: int = 1) -> int:
+def positive_int(value: object, name: str, minimum: int = 1) -> int:
+    """``value`` when it is an int (not a bool) >= ``minimum``; else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
     return value
@@ -142,8 +143,8 @@ def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank
     """
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
-    _positive_int(nproc_per_node, "nproc_per_node")
-    _positive_int(nnodes, "nnodes")
+    positive_int(nproc_per_node, "nproc_per_node")
+    positive_int(nnodes, "nnodes")
     if node_rank is not None and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
                                   or not 0 <= node_rank < nnodes):
         raise ValueError(f"node_rank={node_rank!r}: must be an integer in 0..{nnodes - 1} (nnodes={nnodes})")

@@ -23,8 +23,9 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from helpers.launchers import DEFAULT_MASTER_PORT, positive_int
+
 RDZV_FORMS = ("static", "c10d")
-DEFAULT_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # SLURM --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
@@ -38,12 +39,6 @@ NCCL_TOGGLES = (
 )
 
 
-def _int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    return value
-
-
 def _env_lines(env: Mapping[str, str | None]) -> list[str]:
     lines = []
     for key, value in env.items():
@@ -54,8 +49,8 @@ def _env_lines(env: Mapping[str, str | None]) -> list[str]:
 
 
 def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_args: Sequence[object] = (), *,
-                  rdzv: str = "static", master_port: int = DEFAULT_PORT, env: Mapping[str, str | None] | None = None,
-                  srun_args: Sequence[str] = (), torchrun_args: Sequence[str] = ()) -> str:
+                  rdzv: str = "static", master_port: int = DEFAULT_MASTER_PORT,
+                  env: Mapping[str, str | None] | None = None, srun_args: Sequence[str] = ()) -> str:
     """The shell lines that start ``script`` on every node of the allocation: ``srun`` + ``torchrun``.
 
     Meant to run inside an allocation (``sbatch`` or ``salloc``): it reads ``$SLURM_JOB_NODELIST``,
@@ -73,8 +68,6 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
         master_port: rendezvous port on the first node, 1..65535.
         env: variables re-exported in every task (``None`` value: ``unset``).
         srun_args: extra ``srun`` options (``--gpus-per-node=8``...).
-        torchrun_args: extra ``torchrun`` options (``--tee=3`` prefixes each rank's lines with
-            ``[defaultN]:``, ``--max-restarts=2``...).
 
     Returns:
         Shell text (several lines, ending with a newline).
@@ -88,11 +81,11 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
         if not nnodes.strip():
             raise ValueError("nnodes: an integer >= 1 or a shell expression such as $SLURM_JOB_NUM_NODES")
     else:
-        _int(nnodes, "nnodes", 1)
-    _int(nproc_per_node, "nproc_per_node", 1)
+        positive_int(nnodes, "nnodes", 1)
+    positive_int(nproc_per_node, "nproc_per_node", 1)
     if rdzv not in RDZV_FORMS:
         raise ValueError(f"rdzv={rdzv!r}: accepted values are {', '.join(RDZV_FORMS)}")
-    if _int(master_port, "master_port", 1) > 65535:
+    if positive_int(master_port, "master_port", 1) > 65535:
         raise ValueError(f"master_port={master_port}: must be in 1..65535")
     if not isinstance(script, str) or not script.strip():
         raise ValueError(f"script={script!r}: the training script's path is required")
@@ -102,7 +95,6 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     else:
         form = ['--rdzv-id="$SLURM_JOB_ID"', "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
     torchrun = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", *form,
-                *map(shlex.quote, torchrun_args),
                 shlex.quote(script), *(shlex.quote(str(a)) for a in script_args)]
     body = [*task_env, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
     # The task body is single-quoted, so $SLURM_NODEID expands in each task, not in the batch shell.
@@ -116,8 +108,8 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
 def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, script_args: Sequence[object] = (), *,
                   gpus_per_node: int | None = None, cpus_per_task: int = 8, time: str = "00:30:00",
                   partition: str | None = None, account: str | None = None, rdzv: str = "static",
-                  master_port: int = DEFAULT_PORT, env: Mapping[str, str | None] | None = None,
-                  log_dir: str = "logs", setup: Sequence[str] = (), torchrun_args: Sequence[str] = ()) -> str:
+                  master_port: int = DEFAULT_MASTER_PORT, env: Mapping[str, str | None] | None = None,
+                  log_dir: str = "logs", setup: Sequence[str] = ()) -> str:
     """A complete ``sbatch`` job script for ``script`` on ``nodes`` nodes (gilbreth-hpc-guide §8.13, fixed).
 
     Header: ``#SBATCH`` lines (``--ntasks-per-node=1``: one torchrun per node, §8.2), partition and
@@ -129,14 +121,14 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         job_name: ``--job-name`` (letters, digits, ``_.-``; at most 64).
         nodes: ``--nodes``, >= 1.
         nproc_per_node: ranks per node, >= 1.
-        script, script_args, rdzv, master_port, env, torchrun_args: as in :func:`srun_torchrun`.
+        script, script_args, rdzv, master_port, env: as in :func:`srun_torchrun`.
         gpus_per_node: ``--gpus-per-node``; ``None`` means ``nproc_per_node``; 0 writes no GPU
             request (a CPU job: gloo).
         cpus_per_task: ``--cpus-per-task`` (cores for the one torchrun task of each node), >= 1.
         time: ``--time`` in a SLURM format (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``).
         partition, account: written as given, or as an ``# EDIT`` placeholder.
-        log_dir: where ``%x_%j.out``/``.err`` go (created by the script before ``srun``; ``sbatch``
-            itself opens them, so it must exist at submit time: the header says so).
+        log_dir: where ``%x_%j.out``/``.err`` go; ``sbatch`` opens them before the script runs, so
+            the folder must exist at submit time (the header's submit command creates it).
         setup: shell lines run before the launch (``module load ...``, ``source .venv/bin/activate``).
 
     Returns:
@@ -147,17 +139,17 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
     """
     if not isinstance(job_name, str) or not _JOB_NAME.fullmatch(job_name):
         raise ValueError(f"job_name={job_name!r}: letters, digits, '_', '.', '-' only, 1 to 64 characters")
-    _int(nodes, "nodes", 1)
-    _int(nproc_per_node, "nproc_per_node", 1)
-    gpus = nproc_per_node if gpus_per_node is None else _int(gpus_per_node, "gpus_per_node", 0)
-    _int(cpus_per_task, "cpus_per_task", 1)
+    positive_int(nodes, "nodes", 1)
+    positive_int(nproc_per_node, "nproc_per_node", 1)
+    gpus = nproc_per_node if gpus_per_node is None else positive_int(gpus_per_node, "gpus_per_node", 0)
+    positive_int(cpus_per_task, "cpus_per_task", 1)
     if not isinstance(time, str) or not _TIME.fullmatch(time):
         raise ValueError(f"time={time!r}: a SLURM time such as 30, 00:30:00 or 1-00:00:00")
     for name, value in (("partition", partition), ("account", account), ("log_dir", log_dir)):
         if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
             raise ValueError(f"{name}={value!r}: a non-empty word without spaces")
     launch = srun_torchrun('"$SLURM_JOB_NUM_NODES"', nproc_per_node, script, script_args, rdzv=rdzv,
-                           master_port=master_port, env=env, torchrun_args=torchrun_args)
+                           master_port=master_port, env=env)
     log = shlex.quote(log_dir)
     head = [
         "#!/bin/bash",

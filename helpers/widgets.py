@@ -78,7 +78,6 @@ class CommandBuilder:
         }
         self.output = w.HTML()
         self.widget = w.VBox([*self.controls.values(), self.output])
-        self.command, self.traps, self.error = "", [], ""
         for control in self.controls.values():
             control.observe(self._update, names="value")
         self._update()
