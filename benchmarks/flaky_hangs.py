@@ -21,7 +21,8 @@ from helpers import doctor, jobs  # noqa: E402
 
 HANGS = jobs.project_root() / "helpers" / "scenarios" / "hangs.py"
 TIMEOUT_S, STALL_S = 6, 3  # chapter 03's parameters cell
-# (case, mode, nproc, stall_s, extra env) as chapter 03 runs them
+# (case, mode, nproc, stall_s, extra env) as chapter 03 runs them.  Here one at a time; the chapter runs
+# each section's cases side by side (jobs.run_together), which benchmarks/flaky_notebooks.py checks.
 CASES = [("mismatch", "bug", 2, STALL_S, None), ("mismatch", "bug", 2, None, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
          ("crash", "bug", 2, STALL_S, None), ("stuck", "bug", 2, STALL_S, None), ("rank0_save", "bug", 4, STALL_S, None),
          ("rank0_save", "fix", 4, STALL_S, None), ("uneven", "bug", 3, STALL_S, None), ("uneven", "fix", 3, STALL_S, None),

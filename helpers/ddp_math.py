@@ -8,7 +8,7 @@ is the usual baseline, from Goyal et al. 2017, "Accurate, Large Minibatch SGD: T
 ImageNet in 1 Hour", https://arxiv.org/abs/1706.02677 (validated there for SGD with
 momentum on ImageNet up to a batch of 8k).
 
-Stdlib only; nothing runs at import.
+Stdlib only (and :func:`helpers.launchers.positive_int`); nothing runs at import.
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from helpers.launchers import positive_int
+
 GOYAL_MAX_VALIDATED_BATCH = 8192
 """Largest minibatch for which Goyal et al. 2017 report the linear scaling rule matching the baseline."""
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-    return value
 
 
 def _positive_float(name: str, value: object) -> float:
@@ -46,8 +42,8 @@ def effective_batch(per_rank_batch: int, world_size: int, grad_accum_steps: int 
     Raises:
         ValueError: an argument is not an integer >= 1 (names it).
     """
-    return (_positive_int("per_rank_batch", per_rank_batch) * _positive_int("world_size", world_size)
-            * _positive_int("grad_accum_steps", grad_accum_steps))
+    return (positive_int(per_rank_batch, "per_rank_batch") * positive_int(world_size, "world_size")
+            * positive_int(grad_accum_steps, "grad_accum_steps"))
 
 
 def linear_scaled_lr(base_lr: float, base_batch: int, new_batch: int) -> float:
@@ -65,7 +61,7 @@ def linear_scaled_lr(base_lr: float, base_batch: int, new_batch: int) -> float:
         ValueError: ``base_lr`` not a finite number > 0, or a batch not an integer >= 1.
     """
     lr = _positive_float("base_lr", base_lr)
-    return lr * _positive_int("new_batch", new_batch) / _positive_int("base_batch", base_batch)
+    return lr * positive_int(new_batch, "new_batch") / positive_int(base_batch, "base_batch")
 
 
 def warmup_lr(step: int, warmup_steps: int, target_lr: float, start_lr: float) -> float:
@@ -113,7 +109,7 @@ def lr_scaling_table(base_lr: float, per_rank_batch: int, world_sizes: Iterable[
     Raises:
         ValueError: a bad argument (names it), or no world size.
     """
-    sizes = [_positive_int("world_sizes[]", w) for w in world_sizes]
+    sizes = [positive_int(w, "world_sizes[]") for w in world_sizes]
     if not sizes:
         raise ValueError("world_sizes: give at least one world size")
     if warmup_epochs < 0:
@@ -126,7 +122,7 @@ def lr_scaling_table(base_lr: float, per_rank_batch: int, world_sizes: Iterable[
         row = {"world_size": w, "effective_batch": eff, "scale": eff / ref, "lr": lr,
                "warmup_start_lr": min(base_lr, lr), "within_validated": eff <= GOYAL_MAX_VALIDATED_BATCH}
         if dataset_size is not None:
-            steps = math.ceil(_positive_int("dataset_size", dataset_size) / eff)
+            steps = math.ceil(positive_int(dataset_size, "dataset_size") / eff)
             row.update(steps_per_epoch=steps, warmup_steps=math.ceil(warmup_epochs * steps) if eff > ref else 0)
         rows.append(row)
     return rows

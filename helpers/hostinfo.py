@@ -11,6 +11,7 @@ tests/test_hostinfo.py re-check them) are marked "measured"; the rest cite their
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -151,10 +152,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     Raises:
         OSError: no ephemeral port can be bound (range exhausted, ``host`` not local).
     """
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports the kernel hands out as free on ``host``.
+
+    All ``count`` sockets are bound before any is closed, so the ports differ from each other
+    (two calls of :func:`free_port` may, rarely, return the same one).  The caveat of
+    :func:`free_port` holds: pass them on at once.
+
+    Raises:
+        ValueError: ``count`` is not an integer >= 1.
+        OSError: not enough ephemeral ports can be bound, or ``host`` is not local.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count={count!r}: must be an integer >= 1")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(family, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def port_holders(port: int) -> list[dict[str, Any]]:

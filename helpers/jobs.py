@@ -1,8 +1,9 @@
 """The job runner: launch a multi-process job, bound it in time, and keep what each rank did.
 
 Every chapter launches its ranks through :func:`run_job` (one launcher command) or
-:func:`run_commands` (several, e.g. two torchrun agents acting as two nodes).  Nothing
-distributed ever runs inside the notebook kernel.
+:func:`run_commands` (several, e.g. two torchrun agents acting as two nodes), and runs
+independent jobs side by side with :func:`run_together`.  Nothing distributed ever runs
+inside the notebook kernel.
 
 What a job gets:
 
@@ -28,9 +29,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from helpers import procs
 
@@ -40,6 +43,8 @@ SHIM = str(Path(__file__).with_name("rankshim.py"))
 _RDZV_FLAGS = ("--master-port", "--master_port", "--master-addr", "--master_addr", "--rdzv-endpoint",
                "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend", "--node-rank", "--node_rank")
 _counter = itertools.count()
+_local = threading.local()  # .cancel: the threading.Event of the run_together call running this thread
+T = TypeVar("T")
 
 
 def project_root() -> Path:
@@ -126,7 +131,8 @@ class JobResult:
         timed_out: the hard timeout expired; hung: the stall window expired first.
         ranks: rank id -> :class:`RankResult`; stacks: rank id -> py-spy text, for the
             ranks alive when the job was declared hung or timed out.
-        stop_reason: why the runner stopped the job ("" when it ended by itself);
+        stop_reason: why the runner stopped the job ("" when it ended by itself): the hard
+            timeout, the stall window, or a cancel from an interrupted :func:`run_together`;
             stopped_at: wall-clock time (``time.time()``, seconds) of that decision.
     """
 
@@ -318,6 +324,59 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     return result
 
 
+def run_together(*calls: Callable[[], T]) -> list[T]:
+    """Run independent jobs at the same time; return their results in the order given.
+
+    Each call is a zero-argument callable that runs one job, typically
+    ``lambda: run_job(...)``.  They run in threads of this process: the runner spends its
+    time polling its launchers, so a thread per job is enough, and each job still gets its
+    own session, job directory, ports, timeout and teardown.  On a 2-core machine most of a
+    short job is spent importing torch in one launcher and then in the ranks, or waiting out
+    a stall window or a collective timeout; two or three such jobs side by side take little
+    longer than the longest of them.
+
+    Use it for runs that share no port, file or output directory (a broken and a fixed script
+    side by side).  Do not use it for runs whose step times you report: they compete for
+    the same CPUs.
+
+    Args:
+        calls: the jobs to run, each a callable taking no argument.
+
+    Returns:
+        ``[calls[0](), calls[1](), ...]``.
+
+    An interrupt while waiting (Ctrl-C, the notebook's stop button) stops every job at once
+    (its process tree killed, as on a timeout) before the ``KeyboardInterrupt`` propagates.
+
+    Raises:
+        ValueError: no call given.
+        TypeError: a call is not callable (naming its position).
+        Exception: the first exception a call raised (in the order given), after every call
+            has returned, so no job is left running when it propagates.
+    """
+    if not calls:
+        raise ValueError("calls: give at least one callable, e.g. lambda: run_job(...)")
+    for i, call in enumerate(calls):
+        if not callable(call):
+            raise TypeError(f"calls[{i}]: expected a callable (e.g. lambda: run_job(...)), got {type(call).__name__}")
+    cancel = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="runbook-job",
+                              initializer=_bind_cancel, initargs=(cancel,))
+    try:
+        futures = [pool.submit(call) for call in calls]
+        wait(futures)
+    except BaseException:
+        cancel.set()  # each run_commands loop sees it within one poll interval and kills its job
+        raise
+    finally:
+        pool.shutdown(wait=True)
+    return [f.result() for f in futures]
+
+
+def _bind_cancel(event: threading.Event) -> None:
+    _local.cancel = event
+
+
 def new_job_dir(name: str) -> Path:
     """Create and return a fresh job directory ``build/jobs/<name>-<stamp>-<pid>-<n>``.
 
@@ -463,9 +522,13 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
         beat = _HeartbeatCounter(job_dir, heartbeat) if heartbeat else None
         last_progress, last_mark = t0, 0
         offsets: dict[str, int] = {}
+        cancel: threading.Event | None = getattr(_local, "cancel", None)
         while any(p.poll() is None for p in popens):
             time.sleep(poll_s)
             now = time.monotonic()
+            if cancel is not None and cancel.is_set():
+                stopped_at, stop_reason = time.time(), "cancelled: the run_together call that started it was interrupted"
+                break
             if echo:
                 _echo_new(job_dir, offsets)
             mark = beat.poll() if beat else _progress_size(job_dir)

@@ -62,6 +62,7 @@ from typing import Any, Iterator
 import psutil
 
 from helpers import jobs, procs
+from helpers.launchers import DEFAULT_MASTER_PORT
 
 LAB_ROOT = Path("/run/runbook-lab")
 NETNS_DIR = Path("/run/netns")
@@ -73,7 +74,7 @@ FIRST_HOST = 10  # node I gets <subnet> + 10 + I (10.77.0.10, 10.77.0.11, ...)
 BRIDGE = "br0"
 DATA_IFACE = "eth0"
 DECOY_NET = ipaddress.ip_network("172.17.0.0/16")  # Docker's default bridge network
-DEFAULT_PORT = 29500
+DEFAULT_PORT = DEFAULT_MASTER_PORT  # torchrun's default --master-port
 FORMS = ("c10d", "static")
 SIDES = ("node", "bridge")
 _NAME_RX = re.compile(r"[a-z][a-z0-9]{0,11}")

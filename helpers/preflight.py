@@ -46,11 +46,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from helpers import hostinfo
+from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.report import Check, worst
 
 Runner = Callable[[str, Sequence[str], float], "subprocess.CompletedProcess[str]"]
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-DEFAULT_PORT = 29500
+DEFAULT_PORT = DEFAULT_MASTER_PORT  # torchrun's default --master-port
 SMALL_PING = 1472  # 1500 - 20 (IPv4) - 8 (ICMP): the payload that fits a standard frame
 SRC_MN2 = "MN2 (seeds/multinode.md); https://github.com/NVIDIA/nccl/issues/1580; " + hostinfo.NCCL_IFNAME_URL
 SRC_MN4 = "MN4 (seeds/multinode.md); https://github.com/moby/moby/issues/4378; platform-facts.md (MTU black hole)"

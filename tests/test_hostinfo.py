@@ -172,6 +172,17 @@ def test_free_port_is_bindable():
     assert port_free(free_port(), "127.0.0.1")
 
 
+def test_free_ports_are_distinct_and_bindable():
+    ports = hostinfo.free_ports(3)
+    assert len(set(ports)) == 3 and all(port_free(p, "127.0.0.1") for p in ports)
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2"])
+def test_free_ports_bad_count_names_the_field(count):
+    with pytest.raises(ValueError, match="count"):
+        hostinfo.free_ports(count)
+
+
 # ---------------------------------------------------------------- *_SOCKET_IFNAME parsing and matching
 
 

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
+import uuid
 
 import psutil
 import pytest
@@ -127,3 +132,52 @@ def test_launcher_commands_insert_the_shim():
     assert "--standalone" not in tr  # an explicit port means a static rendezvous (D4)
     py = jobs.launcher_argv("python", "t.py", nproc=3)
     assert len(py) == 3
+
+
+def test_run_together_runs_jobs_side_by_side_and_keeps_their_order(no_leftovers):
+    hung, ok = jobs.run_together(
+        lambda: jobs.run_job(TOY, ["--mode", "hang", "--bad-rank", "1", "--steps", "100", "--step-s", "0.2"], nproc=2,
+                             timeout_s=60, stall_s=3, heartbeat=r"step \d+", name="together-hang", verbose=False),
+        lambda: jobs.run_job(TOY, ["--steps", "3"], nproc=2, timeout_s=60, name="together-ok", verbose=False))
+    assert (hung.name, ok.name) == ("together-hang", "together-ok")
+    assert hung.hung and hung.hung_ranks == [0, 1] and ok.ok, (hung.summary(), ok.summary())
+    assert hung.job_dir != ok.job_dir
+    # the two jobs' ranks were alive at the same time
+    assert max(r.start for r in ok.ranks.values()) < min(r.end for r in hung.ranks.values())
+    assert max(r.start for r in hung.ranks.values()) < min(r.end for r in ok.ranks.values())
+
+
+def test_run_together_raises_after_every_job_has_ended(no_leftovers):
+    done = []
+
+    def finishes():
+        done.append(jobs.run_job(TOY, ["--steps", "2"], nproc=2, timeout_s=60, verbose=False))
+        return done[-1]
+
+    with pytest.raises(ValueError, match="nproc"):
+        jobs.run_together(lambda: jobs.run_job(TOY, nproc=0), finishes)
+    assert len(done) == 1 and done[0].ok  # the good job ran to its end before the error surfaced
+
+
+@pytest.mark.parametrize("calls, error, field", [((), ValueError, "calls"), ((1,), TypeError, r"calls\[0\]")])
+def test_run_together_bad_input_names_the_field(calls, error, field):
+    with pytest.raises(error, match=field):
+        jobs.run_together(*calls)
+
+
+def test_interrupting_run_together_kills_every_job_at_once(no_leftovers):
+    tag = uuid.uuid4().hex[:8]
+    started = time.monotonic()
+    timer = threading.Timer(6.0, os.kill, args=(os.getpid(), signal.SIGINT))  # Ctrl-C while both jobs hang
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jobs.run_together(*(lambda i=i: jobs.run_job(TOY, ["--mode", "hang", "--bad-rank", "1", "--steps", "100"],
+                                                         nproc=2, timeout_s=60, name=f"intr-{tag}-{i}", verbose=False)
+                                for i in range(2)))
+    finally:
+        timer.cancel()
+    # well before the jobs' own 60 s timeout; no_leftovers checks that no launcher or rank survived
+    assert time.monotonic() - started < 20
+    results = [json.loads(p.read_text()) for p in (jobs.build_dir() / "jobs").glob(f"intr-{tag}-*/result.json")]
+    assert len(results) == 2 and all("cancelled" in r["stop_reason"] for r in results)
