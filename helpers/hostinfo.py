@@ -23,6 +23,8 @@ from typing import Any
 
 import psutil
 
+from helpers.launchers import tcp_port
+
 MIB = 1024**2
 GIB = 1024**3
 SHM_FAIL_BYTES = 64 * MIB  # Docker's default --shm-size: https://docs.docker.com/reference/cli/docker/container/run/
@@ -102,12 +104,6 @@ def shm_info(path: str = "/dev/shm") -> dict[str, Any]:
     return {"path": path, "total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
 
 
-def _validate_port(port: int, name: str = "port") -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"{name}={port!r}: must be an integer in 1..65535")
-    return port
-
-
 def port_free(port: int, host: str = "0.0.0.0") -> bool:
     """Whether the c10d TCPStore could bind TCP ``port`` on ``host`` now.
 
@@ -130,7 +126,7 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
         ValueError: ``port`` is not an integer in 1..65535 (message names ``port``).
         OSError: any other bind error (e.g. EADDRNOTAVAIL: ``host`` is not a local address).
     """
-    _validate_port(port)
+    tcp_port(port, "port")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -187,7 +183,7 @@ def port_holders(port: int) -> list[dict[str, Any]]:
     Raises:
         ValueError: ``port`` is not an integer in 1..65535.
     """
-    _validate_port(port)
+    tcp_port(port, "port")
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, PermissionError):
@@ -307,7 +303,7 @@ def _check_port(env: Mapping[str, str], master_port: int) -> dict[str, Any]:
     raw = env.get("MASTER_PORT", "").strip()
     values: dict[str, Any] = {"port_from": "MASTER_PORT" if raw else "argument"}
     try:
-        port = _validate_port(int(raw), "MASTER_PORT") if raw else master_port
+        port = tcp_port(int(raw), "MASTER_PORT") if raw else master_port
     except ValueError:
         return _record("host.port", f"MASTER_PORT={raw!r} is not a port", "FAIL", {**values, "raw": raw},
                        "set MASTER_PORT to an integer in 1..65535 (torchrun --master-port)", src)
@@ -455,7 +451,7 @@ def host_checks(environ: Mapping[str, str] | None = None, master_port: int = 295
     Raises:
         ValueError: ``master_port`` is not an integer in 1..65535 (message names ``master_port``).
     """
-    _validate_port(master_port, "master_port")
+    tcp_port(master_port, "master_port")
     env = os.environ if environ is None else environ
     records = [_check_port(env, master_port), _check_shm()]
     try:

@@ -339,14 +339,14 @@ def run_together(*calls: Callable[[], T]) -> list[T]:
     side by side).  Do not use it for runs whose step times you report: they compete for
     the same CPUs.
 
+    An interrupt while waiting (Ctrl-C, the notebook's stop button) stops every job at once
+    (its process tree killed, as on a timeout) before the ``KeyboardInterrupt`` propagates.
+
     Args:
         calls: the jobs to run, each a callable taking no argument.
 
     Returns:
         ``[calls[0](), calls[1](), ...]``.
-
-    An interrupt while waiting (Ctrl-C, the notebook's stop button) stops every job at once
-    (its process tree killed, as on a timeout) before the ``KeyboardInterrupt`` propagates.
 
     Raises:
         ValueError: no call given.

@@ -125,8 +125,8 @@ def validate(spec: LaunchSpec) -> None:
         raise ValueError(f"rdzv={spec.rdzv!r}: accepted values are {', '.join(RDZV)}")
     for name in ("nnodes", "nproc_per_node", "srun_ntasks_per_node"):
         launchers.positive_int(getattr(spec, name), name)
-    if spec.master_port is not None and not (isinstance(spec.master_port, int) and 1 <= spec.master_port <= 65535):
-        raise ValueError(f"master_port={spec.master_port!r}: must be an integer in 1..65535, or None for the default")
+    if spec.master_port is not None:
+        launchers.tcp_port(spec.master_port, "master_port")
     if spec.gpus_per_node is not None and (not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 0):
         raise ValueError(f"gpus_per_node={spec.gpus_per_node!r}: must be an integer >= 0, or None when unknown")
     if not spec.script.strip():
@@ -242,7 +242,7 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
                           f"master_addr={spec.master_addr} is this node itself on every node: the other nodes wait for a "
                           "store that is not there ('1/N clients joined', RendezvousTimeoutError)",
                           "node 0's hostname or data-plane IP (SLURM: scontrol show hostnames | head -n 1)", "D1; MN1"))
-    if not multi and spec.kind in ("accelerate", "deepspeed") and spec.master_port in (None, 29500):
+    if not multi and spec.kind in ("accelerate", "deepspeed") and spec.master_port in (None, launchers.DEFAULT_MASTER_PORT):
         t.append(Trap("default-port-shared", "WARN", "master_port",
                       f"{spec.kind} uses port 29500 unless told otherwise: a second job on this node fails with "
                       "EADDRINUSE (or, with a c10d endpoint, silently joins the first job)",

@@ -98,6 +98,13 @@ def positive_int(value: object, name: str, minimum: int = 1) -> int:
     return value
 
 
+def tcp_port(value: object, name: str) -> int:
+    """``value`` when it is an int (not a bool) in 1..65535; else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError(f"{name}={value!r}: must be an integer in 1..65535")
+    return value
+
+
 def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,
                   master_addr: str | None = None, master_port: int | None = None, *,
                   script: str | os.PathLike[str] | None = None, script_args: Sequence[object] = (),
@@ -148,9 +155,8 @@ def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank
     if node_rank is not None and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
                                   or not 0 <= node_rank < nnodes):
         raise ValueError(f"node_rank={node_rank!r}: must be an integer in 0..{nnodes - 1} (nnodes={nnodes})")
-    if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
-                                    or not 1 <= master_port <= 65535):
-        raise ValueError(f"master_port={master_port!r}: must be an integer in 1..65535")
+    if master_port is not None:
+        tcp_port(master_port, "master_port")
     if master_addr is not None and (not isinstance(master_addr, str) or not master_addr.strip()):
         raise ValueError(f"master_addr={master_addr!r}: must be a non-empty host name or IP address")
     if nnodes > 1 and master_addr is None:

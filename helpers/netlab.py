@@ -62,7 +62,7 @@ from typing import Any, Iterator
 import psutil
 
 from helpers import jobs, procs
-from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.launchers import DEFAULT_MASTER_PORT, positive_int, tcp_port
 
 LAB_ROOT = Path("/run/runbook-lab")
 NETNS_DIR = Path("/run/netns")
@@ -74,7 +74,6 @@ FIRST_HOST = 10  # node I gets <subnet> + 10 + I (10.77.0.10, 10.77.0.11, ...)
 BRIDGE = "br0"
 DATA_IFACE = "eth0"
 DECOY_NET = ipaddress.ip_network("172.17.0.0/16")  # Docker's default bridge network
-DEFAULT_PORT = DEFAULT_MASTER_PORT  # torchrun's default --master-port
 FORMS = ("c10d", "static")
 SIDES = ("node", "bridge")
 _NAME_RX = re.compile(r"[a-z][a-z0-9]{0,11}")
@@ -958,7 +957,7 @@ class Lab:
 
     def torchrun_commands(self, script: str | os.PathLike[str], args: Sequence[str] = (), nproc_per_node: int = 1,
                           form: str = "c10d", master_node: int | str = 0, nodes: Sequence[int | str] | None = None,
-                          rdzv_conf: str | None = None, extra_args: Sequence[str] = (), port: int = DEFAULT_PORT,
+                          rdzv_conf: str | None = None, extra_args: Sequence[str] = (), port: int = DEFAULT_MASTER_PORT,
                           rdzv_id: str = "runbook-lab", log_dir: str | os.PathLike[str] | None = None,
                           cwd: str | os.PathLike[str] | None = None) -> list[list[str]]:
         """One ``torchrun`` command per node, each wrapped by :meth:`node_argv` (rank script under the rank shim).
@@ -988,10 +987,8 @@ class Lab:
         """
         if form not in FORMS:
             raise ValueError(f"form={form!r}: accepted values are {', '.join(FORMS)}")
-        if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
-            raise ValueError(f"nproc_per_node={nproc_per_node!r}: must be an integer >= 1")
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ValueError(f"port={port!r}: must be an integer in 1..65535")
+        positive_int(nproc_per_node, "nproc_per_node")
+        tcp_port(port, "port")
         if not Path(script).is_file():
             raise ValueError(f"script={str(script)!r}: file not found")
         master = self.hostname(master_node)
@@ -1016,7 +1013,7 @@ class Lab:
 
     def launch(self, script: str | os.PathLike[str], args: Sequence[str] = (), *, nproc_per_node: int = 1,
                form: str = "c10d", master_node: int | str = 0, nodes: Sequence[int | str] | None = None,
-               rdzv_conf: str | None = None, extra_args: Sequence[str] = (), port: int = DEFAULT_PORT,
+               rdzv_conf: str | None = None, extra_args: Sequence[str] = (), port: int = DEFAULT_MASTER_PORT,
                timeout_s: float = 60.0, stall_s: float | None = None, env: Mapping[str, str | None] | None = None,
                per_node_env: Mapping[int | str, Mapping[str, str | None]] | None = None, name: str = "lab-job",
                heartbeat: str | None = None, echo: bool = False, verbose: bool = True) -> jobs.JobResult:

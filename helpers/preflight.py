@@ -46,12 +46,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from helpers import hostinfo
-from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.launchers import DEFAULT_MASTER_PORT, tcp_port
 from helpers.report import Check, worst
 
 Runner = Callable[[str, Sequence[str], float], "subprocess.CompletedProcess[str]"]
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-DEFAULT_PORT = DEFAULT_MASTER_PORT  # torchrun's default --master-port
 SMALL_PING = 1472  # 1500 - 20 (IPv4) - 8 (ICMP): the payload that fits a standard frame
 SRC_MN2 = "MN2 (seeds/multinode.md); https://github.com/NVIDIA/nccl/issues/1580; " + hostinfo.NCCL_IFNAME_URL
 SRC_MN4 = "MN4 (seeds/multinode.md); https://github.com/moby/moby/issues/4378; platform-facts.md (MTU black hole)"
@@ -366,11 +365,9 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
         raise ValueError(f"master={master!r}: must be one of the nodes {nodes}")
     env = dict(env or {})
     master_addr = _env_value(env, "MASTER_ADDR") or master
-    raw_port = _env_value(env, "MASTER_PORT") or str(DEFAULT_PORT)
+    raw_port = _env_value(env, "MASTER_PORT") or str(DEFAULT_MASTER_PORT)
     try:
-        port = int(raw_port)
-        if not 1 <= port <= 65535:
-            raise ValueError
+        port = tcp_port(int(raw_port), "MASTER_PORT")
     except ValueError:
         raise ValueError(f"MASTER_PORT={raw_port!r}: must be an integer in 1..65535") from None
 

@@ -23,7 +23,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from helpers.launchers import DEFAULT_MASTER_PORT, positive_int
+from helpers.launchers import DEFAULT_MASTER_PORT, positive_int, tcp_port
 
 RDZV_FORMS = ("static", "c10d")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -85,8 +85,7 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     positive_int(nproc_per_node, "nproc_per_node", 1)
     if rdzv not in RDZV_FORMS:
         raise ValueError(f"rdzv={rdzv!r}: accepted values are {', '.join(RDZV_FORMS)}")
-    if positive_int(master_port, "master_port", 1) > 65535:
-        raise ValueError(f"master_port={master_port}: must be in 1..65535")
+    tcp_port(master_port, "master_port")
     if not isinstance(script, str) or not script.strip():
         raise ValueError(f"script={script!r}: the training script's path is required")
     task_env = _env_lines(env or {})
