@@ -1,0 +1,152 @@
+"""One record for every finding the runbook reports: :class:`Check`, with one status scale.
+
+Every tool of the project says what it found the same way: the allocation check (``report.json``),
+the host checks, the network pre-flight (one record per node), the command builder's traps, the
+NCCL log interpreter's verdicts and ``runbook lint``.  Each of them builds a :class:`Check` (or a
+thin subclass that only renames constructor arguments), so a record from one tool can go into
+another tool's report unchanged, and one renderer (:meth:`Check.line`, :meth:`Check.to_dict`)
+serves them all.
+
+Status scale, least to most severe (:data:`STATUSES`):
+
+- ``OK``: measured and fine.
+- ``INFO``: worth knowing, nothing to fix (a costly option that is set on purpose, say).
+- ``WARN``: works now, or works badly; fix it before it bites.
+- ``FAIL``: will not work (or did not): fix it first.
+
+Standard library only, so rank-side code and the CLI can import it without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+STATUSES = ("OK", "INFO", "WARN", "FAIL")
+"""The status scale, ordered least to most severe; :func:`worst` relies on this order."""
+
+NOT_OK = ("WARN", "FAIL")
+"""Statuses that ask for an action (and name the faulty node, when there is one)."""
+
+
+@dataclasses.dataclass
+class Check:
+    """One finding.
+
+    Attributes:
+        id: stable identifier (``env.diff``, ``net.mtu``, ``standalone-multinode``...).
+        title: one line for people: what was found, in the words of the error the user sees.
+        status: one of :data:`STATUSES`.
+        values: what was measured (JSON-serialisable; units in the key names, e.g. ``busbw_gbps``).
+        remediation: what to do when not OK (empty when OK); :attr:`fix` is an alias.
+        source: where the rule or threshold comes from: a seed id registered in
+            :mod:`helpers.sources` (``D21``, ``MN4``, ``Gilbreth 8.12``) or a public URL.
+        evidence: the lines (log lines, stack frames, file:line) that show it; a few, not all.
+        field: the input to change (a :class:`helpers.launch_traps.LaunchSpec` attribute,
+            ``env.NAME``, a config key); empty when the finding is not about one input.
+        node: the node the check measured (as the runner names it); empty on one host.
+        faulty: the nodes to fix when the status is WARN/FAIL.  It may differ from ``node``: a
+            ping from node1 that fails because node0's cable is out names node0.  Defaults to
+            ``[node]`` for WARN/FAIL when a node is set, ``[]`` otherwise.
+
+    Raises:
+        ValueError: ``status`` not in :data:`STATUSES`, or an empty ``id``.
+    """
+
+    id: str
+    title: str
+    status: str
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    remediation: str = ""
+    source: str = ""
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    field: str = ""
+    node: str = ""
+    faulty: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r} in check {self.id!r}: accepted values are {', '.join(STATUSES)}")
+        if not self.id:
+            raise ValueError("id: a check needs a non-empty id")
+        if self.status in NOT_OK and not self.faulty and self.node:
+            self.faulty = [self.node]
+
+    # Aliases: the command builder and the log interpreter used to say severity / message / fix.
+    @property
+    def severity(self) -> str:
+        """Alias of :attr:`status`."""
+        return self.status
+
+    @property
+    def message(self) -> str:
+        """Alias of :attr:`title`."""
+        return self.title
+
+    @property
+    def fix(self) -> str:
+        """Alias of :attr:`remediation`."""
+        return self.remediation
+
+    @property
+    def ok(self) -> bool:
+        """True when the status asks for no action (``OK`` or ``INFO``)."""
+        return self.status not in NOT_OK
+
+    def line(self) -> str:
+        """``[WARN] id: title`` plus, when not OK, ``-> remediation`` on the next line.
+
+        A node (``@node1``) and a field (``(env.NCCL_SOCKET_IFNAME)``) are shown when set.
+        """
+        where = f" @{self.node}" if self.node else ""
+        what = f" ({self.field})" if self.field else ""
+        text = f"[{self.status}]{' ' * (5 - len(self.status))}{self.id}{where}{what}: {self.title}"
+        if self.status != "OK" and self.remediation:
+            text += f"\n       -> {self.remediation}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: every attribute, lists and dicts copied."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Check:
+        """Rebuild a check from :meth:`to_dict` output (unknown keys are an error naming them).
+
+        Raises:
+            ValueError: a key that is not an attribute of :class:`Check`, or a bad status.
+        """
+        names = {f.name for f in dataclasses.fields(Check)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"check record: unknown key(s) {', '.join(unknown)}; accepted keys are {', '.join(sorted(names))}")
+        return Check(**dict(data))
+
+
+def worst(checks: Iterable[Check]) -> str:
+    """The most severe status among ``checks`` (``OK`` when there are none)."""
+    statuses = [c.status for c in checks]
+    return max(statuses, key=STATUSES.index) if statuses else "OK"
+
+
+def worst_status(statuses: Iterable[str]) -> str:
+    """The most severe of plain status strings (``OK`` when there are none).
+
+    Raises:
+        ValueError: a status not in :data:`STATUSES`.
+    """
+    seen = list(statuses)
+    for s in seen:
+        if s not in STATUSES:
+            raise ValueError(f"status={s!r}: accepted values are {', '.join(STATUSES)}")
+    return max(seen, key=STATUSES.index) if seen else "OK"
+
+
+def faulty_nodes(checks: Iterable[Check], status: str = "FAIL") -> list[str]:
+    """The nodes named faulty by the checks of ``status``, in first-seen order, without repeats."""
+    seen: list[str] = []
+    for c in checks:
+        if c.status == status:
+            seen += [n for n in c.faulty if n not in seen]
+    return seen
