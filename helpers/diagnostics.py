@@ -1,23 +1,29 @@
 """The allocation check: run each check as a real multi-process job and grade what it measured.
 
 Each ``run_*`` function launches a job through :mod:`helpers.jobs` and returns the
-:class:`~helpers.report.Check` records plus the evidence; each ``grade_*`` function is the
-pure part (measured data in, verdicts out), so it can be tested on its own.
+:class:`~helpers.checks.Check` records plus the evidence; each ``grade_*`` function is the
+pure part (measured data in, verdicts out), so it can be tested on its own.  :func:`host_checks`
+grades what :mod:`helpers.hostinfo` measures on this host (check 5: port, ``/dev/shm``,
+interfaces, ``*_SOCKET_IFNAME`` with the rules of :mod:`helpers.ifnames`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import busbw, hostinfo, jobs
-from helpers.report import Check
+from helpers import busbw, hostinfo, ifnames, jobs
+from helpers.checks import Check, worst_status
+from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.report import GIB, MIB
+from helpers.validate import tcp_port
 
 SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
 CONFIGS = jobs.project_root() / "configs"
@@ -341,7 +347,6 @@ def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> 
     Raises:
         ValueError: ``nodes`` names a node twice, or ``scontrol`` failed on the node list.
     """
-    import os
     import subprocess
 
     environ = dict(os.environ) if environ is None else environ
@@ -382,8 +387,6 @@ def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[
         ValueError: an unknown ``runner`` (names the accepted values), bad nodes or port,
         and ``runner="lab"`` with no lab named ``lab_name`` up (``Lab.attach``).
     """
-    import os
-
     from helpers import preflight
 
     if runner not in PREFLIGHT_RUNNERS:
@@ -398,3 +401,181 @@ def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[
         run = preflight.local_runner
     env = dict(os.environ) if env is None else env
     return list(preflight.run_preflight(list(nodes), run, env, timeout_s=timeout_s))
+
+# --------------------------------------------------------------------------- host checks (check 5)
+
+SHM_FAIL_BYTES = 64 * MIB  # Docker's default --shm-size: https://docs.docker.com/reference/cli/docker/container/run/
+SHM_WARN_BYTES = 1 * GIB  # NCCL's advice --shm-size=1g (URL below)
+NCCL_SHM_URL = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/runtime_and_mpi_issues.html#shared-memory"
+_IFNAME_ERRORS = {"nccl": "Bootstrap : no socket interface found", "gloo": "Unable to find address for: {name}"}
+
+
+def _record(cid: str, title: str, status: str, values: dict[str, Any], remediation: str, source: str) -> Check:
+    return Check(cid, title, status, values, "" if status == "OK" else remediation, source)
+
+
+def _check_port(env: Mapping[str, str], master_port: int) -> Check:
+    src = "D4 (seeds/distributed-launch.md); https://github.com/pytorch/pytorch/issues/85604"
+    raw = env.get("MASTER_PORT", "").strip()
+    values: dict[str, Any] = {"port_from": "MASTER_PORT" if raw else "argument"}
+    try:
+        port = tcp_port(int(raw), "MASTER_PORT") if raw else master_port
+    except ValueError:
+        return _record("host.port", f"MASTER_PORT={raw!r} is not a port", "FAIL", {**values, "raw": raw},
+                       "set MASTER_PORT to an integer in 1..65535 (torchrun --master-port)", src)
+    values["port"] = port
+    values["free"] = hostinfo.port_free(port)
+    values["holders"] = [] if values["free"] else hostinfo.port_holders(port)
+    try:
+        values["ephemeral_port"] = hostinfo.free_port()
+    except OSError as exc:
+        values["ephemeral_port"] = None
+        return _record("host.port", f"cannot bind an ephemeral port: {exc}", "FAIL", values,
+                       "the ephemeral range is exhausted or loopback is down: check `ss -s` and `ip addr show lo`", src)
+    if values["free"]:
+        return _record("host.port", f"port {port} free; ephemeral bind OK", "OK", values, "", src)
+    who = ", ".join(f"{h['name'] or '?'} (pid {h['pid']}, {h['status']})" for h in values["holders"]) or "unknown process"
+    return _record("host.port", f"port {port} is busy: held by {who}", "WARN", values,
+                   f"a torchrun on port {port} would die with 'Address already in use' (errno 98): give each job on "
+                   "this node its own --master-port (e.g. 29600), or let torchrun pick one with "
+                   "--rdzv-endpoint=localhost:0 (single node); or stop the holder", src)
+
+
+def _check_shm() -> Check:
+    src = f"{NCCL_SHM_URL}; Docker default 64 MiB: https://docs.docker.com/reference/cli/docker/container/run/"
+    try:
+        info = hostinfo.shm_info()
+    except OSError as exc:
+        return _record("host.shm", f"/dev/shm unavailable: {exc}", "FAIL", {"path": "/dev/shm"},
+                       "NCCL's SHM transport and DataLoader workers need /dev/shm: mount a tmpfs there "
+                       "(docker: --shm-size=1g --ulimit memlock=-1, or --ipc=host)", src)
+    total, free = info["total_bytes"], info["free_bytes"]
+    title = f"/dev/shm {total / GIB:.2f} GiB, {free / GIB:.2f} GiB free"
+    fix = ("NCCL creates ~4 MiB segments per peer there and fails with 'failed to extend /dev/shm/nccl-... ' when short; "
+           "restart the container with --shm-size=1g --ulimit memlock=-1 (or --ipc=host)")
+    if total < SHM_FAIL_BYTES:
+        return _record("host.shm", title + " (below Docker's 64 MiB default)", "FAIL", info, fix, src)
+    if total < SHM_WARN_BYTES:
+        return _record("host.shm", title + " (below the 1 GiB NCCL recommends)", "WARN", info, fix, src)
+    if free < SHM_WARN_BYTES:
+        return _record("host.shm", title + " (almost full)", "WARN", info,
+                       "stale segments fill /dev/shm: list them with `ls -la /dev/shm` and remove those of dead jobs "
+                       "(nccl-*, torch_*)", src)
+    return _record("host.shm", title, "OK", info, "", src)
+
+
+def _check_interfaces(ifaces: list[dict[str, Any]]) -> Check:
+    src = "MN4 (seeds/multinode.md)"
+    carriers = [i for i in ifaces if i["up"] and not i["loopback"] and i["ipv4"]]
+    by_type: dict[str, dict[str, int]] = {}
+    for iface in carriers:
+        by_type.setdefault(iface["link_type"], {})[iface["name"]] = iface["mtu"]
+    mixed = {t: m for t, m in by_type.items() if len(set(m.values())) > 1}
+    values = {"interfaces": [{k: i[k] for k in ("name", "state", "mtu", "ipv4", "ipv6")} for i in ifaces],
+              "mtu_mismatch": mixed,
+              "note": "MTU must also match end to end across nodes (MN4): that comparison is the multi-node preflight's job"}
+    problems, fixes = [], []
+    if not carriers:
+        problems.append("no UP non-loopback interface has an IPv4 address: multi-node is impossible")
+        fixes.append("bring up the data-plane NIC (`ip link set DEV up`, DHCP) or ask the provider for a routable interface")
+    if mixed:
+        problems.append("UP interfaces of one link type differ in MTU: " + "; ".join(
+            ", ".join(f"{n}={m}" for n, m in mtus.items()) for mtus in mixed.values()))
+        fixes.append("make sure the NIC the job uses has the same MTU on every node and switch hop; "
+                     "test with `ping -M do -s <MTU-28> <peer>` (MN4)")
+    names = ", ".join(f"{i['name']}({i['mtu']})" for i in ifaces)
+    if problems:
+        return _record("host.interfaces", "; ".join(problems), "WARN", values, "; ".join(fixes), src)
+    return _record("host.interfaces", f"interfaces (mtu): {names}", "OK", values, "", src)
+
+
+def _multi_node(env: Mapping[str, str]) -> str:
+    """Evidence that the job spans nodes ("" when none)."""
+    def num(key: str) -> int:
+        try:
+            return int(env.get(key, ""))
+        except ValueError:
+            return 0
+    for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        if num(key) > 1:
+            return f"{key}={num(key)}"
+    if num("WORLD_SIZE") > num("LOCAL_WORLD_SIZE") > 0:
+        return f"WORLD_SIZE={num('WORLD_SIZE')} > LOCAL_WORLD_SIZE={num('LOCAL_WORLD_SIZE')}"
+    return ""
+
+
+def _check_socket_ifname(env: Mapping[str, str], ifaces: list[dict[str, Any]]) -> Check:
+    src = f"gilbreth-hpc-guide.md 4.2 and 8.12 (failure mode 2); MN2 (seeds/multinode.md); {ifnames.NCCL_IFNAME_URL}"
+    multi = _multi_node(env)
+    by_name = {i["name"]: i for i in ifaces}
+    usable = [i["name"] for i in ifaces if ifnames.has_address(i)]
+    auto = "unset it so that NCCL/gloo auto-detect (interface names vary by node: Gilbreth guide 4.2, 8.12)"
+    values: dict[str, Any] = {"multi_node": multi or None}
+    statuses, problems, fixes = [], [], []
+    for var, flavor in ifnames.IFNAME_VARS.items():
+        if var not in env:
+            continue
+        raw = env[var]
+        spec = ifnames.parse(raw, flavor)
+        matched = ifnames.match(spec, ifaces) if len(raw) > 1 else []  # ignored value: auto-detect
+        values[var] = {"value": raw, "spec": spec, "matched": matched}
+        missing = [n for n in spec["names"] if n not in matched] if flavor == "gloo" else []
+        status, problem = "OK", ""
+        if len(raw) <= 1:
+            pass  # ignored by both libraries: auto-detect
+        elif not spec["supported"]:
+            status, problem = "FAIL", f"{var}={raw!r} is not valid for gloo ({spec['note']})"
+        elif not matched or missing:
+            err = _IFNAME_ERRORS[flavor].format(name=(missing or spec["names"])[0])
+            status, problem = "FAIL", f"{var}={raw!r} selects no usable interface here (expect '{err}')"
+        elif all(not by_name[n]["up"] for n in matched):
+            status, problem = "WARN", f"{var}={raw!r} selects only DOWN interfaces: {', '.join(matched)}"
+        elif multi and all(by_name[n]["loopback"] for n in matched):
+            status, problem = "WARN", f"{var}={raw!r} selects only loopback while the job is multi-node ({multi})"
+        statuses.append(status)
+        if problem:
+            problems.append(problem)
+            fixes.append(f"{var}: {auto}, or set it to interfaces present on every node (here: {', '.join(usable)})")
+    status = worst_status(statuses)
+    if not statuses:
+        title = "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unset: auto-detect"
+    else:
+        title = "; ".join(problems) or "; ".join(f"{v}={values[v]['value']!r} -> {values[v]['matched'] or 'auto'}"
+                                                 for v in ifnames.IFNAME_VARS if v in values)
+    return _record("host.socket_ifname", title, status, values, "; ".join(fixes), src)
+
+
+def host_checks(environ: Mapping[str, str] | None = None, master_port: int = 29500) -> list[dict[str, Any]]:
+    """Measure this host (:mod:`helpers.hostinfo`) and grade it: the :class:`helpers.checks.Check` records
+    ``host.port``, ``host.shm``, ``host.interfaces``, ``host.socket_ifname``, in that order (``status``
+    OK/WARN/FAIL, ``remediation`` empty when OK, sizes in bytes).
+
+    Thresholds and their sources: ``host.port`` WARN when the rendezvous port is busy (D4);
+    ``host.shm`` FAIL below 64 MiB (Docker's default, already too small for NCCL on 8 GPUs), WARN
+    below 1 GiB total or free (NCCL troubleshooting, Docker section: ``--shm-size=1g``,
+    ``NCCL_SHM_URL``); ``host.interfaces`` WARN on no IPv4 data-plane interface or on differing
+    MTUs between UP interfaces of one link type (MN4; the cross-node comparison is the multi-node
+    preflight's); ``host.socket_ifname`` FAIL when a set ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME``
+    selects no interface with an address or uses syntax gloo lacks, WARN when it selects only DOWN
+    interfaces or only loopback on a multi-node job (Gilbreth guide 4.2, 8.12; MN2).
+
+    Args:
+        environ: the environment to judge (``os.environ`` when None); ``MASTER_PORT`` there
+            overrides ``master_port``.
+        master_port: rendezvous port to test when ``MASTER_PORT`` is unset (TCP, 1..65535).
+
+    Raises:
+        ValueError: ``master_port`` is not an integer in 1..65535 (message names ``master_port``).
+    """
+    tcp_port(master_port, "master_port")
+    env = os.environ if environ is None else environ
+    records = [_check_port(env, master_port), _check_shm()]
+    try:
+        ifaces = hostinfo.interfaces()
+    except (RuntimeError, OSError) as exc:
+        for cid in ("host.interfaces", "host.socket_ifname"):
+            records.append(_record(cid, f"cannot list interfaces: {exc}", "FAIL", {}, "install iproute2 (`ip`)",
+                                   "MN2, MN4 (seeds/multinode.md)"))
+        return records
+    records += [_check_interfaces(ifaces), _check_socket_ifname(env, ifaces)]
+    return records

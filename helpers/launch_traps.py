@@ -17,14 +17,14 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from helpers import hostinfo, launchers, slurm
+from helpers import envvars, hostinfo, ifnames, launchers, slurm
+from helpers.checks import Check
+from helpers.validate import positive_int, tcp_port
 
 KINDS = ("torchrun", "accelerate", "deepspeed", "srun+torchrun", "sbatch")
-RDZV = ("standalone", "static", "c10d")
+RDZV = launchers.RDZV_FORMS  # the old name of torchrun's rendezvous forms
 SEVERITIES = ("WARN", "FAIL")
 _LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1|0\.0\.0\.0)$")
-_BRIDGE = re.compile(r"^(docker\d*|virbr\d*|br-[0-9a-f]+|cni\d*|veth)", re.I)
-_NODE_SPECIFIC = re.compile(r"p\d+s\d+")  # ibp65s0, enp65s0f1: PCI-slot names, which differ between nodes
 
 
 @dataclass(frozen=True)
@@ -65,52 +65,31 @@ class LaunchSpec:
     srun_ntasks_per_node: int = 1
 
 
-@dataclass(frozen=True)
-class Trap:
-    """A known way the spec fails.
+class Trap(Check):
+    """A known way the spec fails: a :class:`helpers.checks.Check` built from the command builder's words.
 
-    Attributes:
-        id: stable identifier (``standalone-multinode``, ``script-in-tmp``...).
-        severity: ``FAIL`` (it will not run correctly) or ``WARN`` (it may, until something changes).
-        field: the :class:`LaunchSpec` attribute (or ``env.NAME``) to change.
-        message: what will happen, in the words of the error the user would see.
-        fix: what to change.
-        source: the seed entry or document the trap comes from.
+    ``Trap(id, severity, field, message, fix, source)`` sets ``status`` = ``severity`` (``FAIL``: it
+    will not run correctly; ``WARN``: it may, until something changes), ``title`` = ``message``
+    (what will happen, in the words of the error the user would see), ``remediation`` = ``fix``,
+    and ``field`` (the :class:`LaunchSpec` attribute, or ``env.NAME``, to change); ``source`` is the
+    seed entry or document it comes from.  ``.severity``, ``.message`` and ``.fix`` read them back.
+
+    Raises:
+        ValueError: ``severity`` not one of :data:`SEVERITIES`, or an empty ``id``.
     """
 
-    id: str
-    severity: str
-    field: str
-    message: str
-    fix: str
-    source: str
+    def __init__(self, id: str, severity: str, field: str, message: str, fix: str, source: str) -> None:  # noqa: A002
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity={severity!r} in trap {id!r}: accepted values are {', '.join(SEVERITIES)}")
+        super().__init__(id=id, title=message, status=severity, remediation=fix, source=source, field=field)
 
     def line(self) -> str:
         """``[FAIL] id (field): message -> fix``."""
         return f"[{self.severity}] {self.id} ({self.field}): {self.message} -> {self.fix}"
 
 
-def parse_env(text: str) -> dict[str, str | None]:
-    """Parse ``KEY=VALUE`` lines (``export`` optional, ``unset KEY`` or ``KEY`` alone unsets; ``#`` comments).
-
-    Raises:
-        ValueError: naming the line number and the accepted forms.
-    """
-    env: dict[str, str | None] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", line)
-        u = re.fullmatch(r"(?:unset\s+)?([A-Za-z_][A-Za-z0-9_]*)", line)
-        if m:
-            value = m.group(2)
-            env[m.group(1)] = shlex.split(value)[0] if value[:1] in "'\"" and value else value
-        elif u:
-            env[u.group(1)] = None
-        else:
-            raise ValueError(f"env line {number} ({raw!r}): accepted forms are KEY=VALUE, export KEY=VALUE, unset KEY")
-    return env
+parse_env = envvars.parse_lines
+"""Alias (one release) of :func:`helpers.envvars.parse_lines` (a bare ``NAME`` line is now an error: write ``unset NAME``)."""
 
 
 def validate(spec: LaunchSpec) -> None:
@@ -124,9 +103,9 @@ def validate(spec: LaunchSpec) -> None:
     if spec.rdzv not in RDZV:
         raise ValueError(f"rdzv={spec.rdzv!r}: accepted values are {', '.join(RDZV)}")
     for name in ("nnodes", "nproc_per_node", "srun_ntasks_per_node"):
-        launchers.positive_int(getattr(spec, name), name)
+        positive_int(getattr(spec, name), name)
     if spec.master_port is not None:
-        launchers.tcp_port(spec.master_port, "master_port")
+        tcp_port(spec.master_port, "master_port")
     if spec.gpus_per_node is not None and (not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 0):
         raise ValueError(f"gpus_per_node={spec.gpus_per_node!r}: must be an integer >= 0, or None when unknown")
     if not spec.script.strip():
@@ -163,7 +142,7 @@ def render(spec: LaunchSpec) -> str:
     if spec.kind == "accelerate" and spec.accelerate_cpu:
         argv = [a for a in argv if a != "--multi_gpu"]
         argv[2:2] = ["--cpu"]
-    exports = [f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}" for k, v in spec.env.items()]
+    exports = envvars.shell_lines(spec.env)
     line = " ".join(a if a == "--rdzv-id=$JOB_ID" else shlex.quote(a) for a in argv)  # $JOB_ID: the user's shell expands it
     return "\n".join([*exports, line]) + "\n"
 
@@ -171,28 +150,29 @@ def render(spec: LaunchSpec) -> str:
 def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
     traps = []
     multi = spec.nnodes > 1
-    for var, flavor in hostinfo.IFNAME_VARS.items():
+    for var, flavor in ifnames.IFNAME_VARS.items():
         value = spec.env.get(var)
         if not value:
             continue
-        parsed = hostinfo.parse_socket_ifname(value, flavor)
+        parsed = ifnames.parse(value, flavor)
         names = parsed["names"]
         if not parsed["supported"]:
             traps.append(Trap("gloo-nccl-syntax", "FAIL", f"env.{var}", parsed["note"],
                               "gloo takes exact names: unset it (the hostname's address is used) or export the exact "
                               "name per node", "platform-facts.md (wrong NIC); chapter 06 MN2"))
             continue
-        if multi and any(n == "lo" for n in names) and not parsed["exclude"]:
+        local = [ifnames.node_local_reason(n) for n in names]
+        if multi and ifnames.LOOPBACK in local and not parsed["exclude"]:
             traps.append(Trap("ifname-loopback", "FAIL", f"env.{var}",
                               f"{var}={value} binds to 127.0.0.1: every node connects to itself and the job never forms "
                               "(a single-node setting carried into a multi-node job)",
                               f"unset {var} for multi-node jobs", "gilbreth-hpc-guide §4.1 vs §4.2; MN2"))
-        elif any(_BRIDGE.match(n) for n in names) and not parsed["exclude"]:
+        elif any(r not in (None, ifnames.LOOPBACK) for r in local) and not parsed["exclude"]:
             traps.append(Trap("ifname-bridge", "FAIL", f"env.{var}",
                               f"{var}={value} selects a host-local bridge (172.17.0.1 on every node): "
                               "'Connection refused' on one side, 'Connect timeout' on the other",
                               f"unset {var} or name the data-plane interface", "MN2; chapter 06"))
-        elif multi and any(_NODE_SPECIFIC.search(n) for n in names) and not parsed["exclude"]:  # gloo never excludes
+        elif multi and any(ifnames.node_specific_name(n) for n in names) and not parsed["exclude"]:  # gloo never excludes
             fix = ("unset it, or use a prefix every node has (ib, eth, en)" if flavor == "nccl"
                    else "unset it (each node's hostname must resolve to its data-plane address), or export the name "
                         "per node inside the srun task")

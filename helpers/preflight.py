@@ -18,9 +18,10 @@ under ``srun -w HOST --overlap`` or this machine alone):
   claim: ``ping -M do -s MTU-28`` and ``-s 1472`` (MN4; black hole = the large one lost, the
   small one through).
 
-Each check is a :class:`NodeCheck` (a :class:`helpers.report.Check` plus ``node``): ``id``,
-``title``, ``status`` OK/WARN/FAIL, ``values`` (what was measured), ``remediation`` (names the
-faulty node and the fix), ``source``.  The measuring is two shell scripts per node (one
+Each check is a :class:`helpers.checks.Check` with ``node`` set (``NodeCheck`` is its old name):
+``id``, ``title``, ``status`` OK/WARN/FAIL, ``values`` (what was measured), ``remediation`` (names
+the faulty node and the fix), ``source``, ``faulty`` (:func:`faulty_nodes` collects them).  The
+interface-selection rules are :func:`helpers.ifnames.select`.  The measuring is two shell scripts per node (one
 inventory, one batch of pings run in parallel), so a check costs ~0.1 s per node plus 1 s per
 lost ping (``-W 1``), nodes in parallel.
 
@@ -42,17 +43,18 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-from helpers import hostinfo
-from helpers.launchers import DEFAULT_MASTER_PORT, tcp_port
-from helpers.report import Check, worst
+from helpers import ifnames
+from helpers.checks import Check, faulty_nodes, worst
+from helpers.ifnames import IFNAME_VARS
+from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.validate import tcp_port
 
 Runner = Callable[[str, Sequence[str], float], "subprocess.CompletedProcess[str]"]
-IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 SMALL_PING = 1472  # 1500 - 20 (IPv4) - 8 (ICMP): the payload that fits a standard frame
-SRC_MN2 = "MN2 (seeds/multinode.md); https://github.com/NVIDIA/nccl/issues/1580; " + hostinfo.NCCL_IFNAME_URL
+SRC_MN2 = "MN2 (seeds/multinode.md); https://github.com/NVIDIA/nccl/issues/1580; " + ifnames.NCCL_IFNAME_URL
 SRC_MN4 = "MN4 (seeds/multinode.md); https://github.com/moby/moby/issues/4378; platform-facts.md (MTU black hole)"
 SRC_MASTER = "D1, D4 (seeds/distributed-launch.md); platform-facts.md (hostname -> 127.0.0.1 breaks c10d/gloo)"
 
@@ -104,24 +106,8 @@ while True:
 """
 
 
-@dataclass
-class NodeCheck(Check):
-    """A :class:`helpers.report.Check` about one node.
-
-    Attributes:
-        node: the node the check measured (its name as the runner knows it).
-        faulty: the node(s) to fix when the status is not OK (may differ from ``node``: a ping
-            from node1 that fails because node0's cable is out names node0); defaults to
-            ``[node]`` for a WARN/FAIL, ``[]`` for OK.
-    """
-
-    node: str = ""
-    faulty: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.status != "OK" and not self.faulty and self.node:
-            self.faulty = [self.node]
+NodeCheck = Check
+"""A check about one node: a :class:`helpers.checks.Check` with ``node`` (and ``faulty``) set; the old name, kept."""
 
 
 # --------------------------------------------------------------------------- runners
@@ -260,73 +246,8 @@ def _describe(iface: Mapping[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- interface selection
 
-def select_ifaces(var: str, value: str, ifaces: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What ``var`` = ``value`` selects among one node's ``ifaces`` (from :func:`parse_ip_addr`).
-
-    NCCL (``NCCL_SOCKET_IFNAME``): the interfaces whose name matches (prefix, or exact after
-    ``=``; inverted after ``^``), that are running (``IFF_RUNNING``) and carry an address; IPv4
-    loopback is *not* skipped, so ``^docker0`` keeps ``lo``, which comes first
-    (``ncclOsFindInterfaces``).  The first selected interface carries the bootstrap.
-    Gloo (``GLOO_SOCKET_IFNAME``): every listed exact name must exist with an address (else
-    ``Unable to find address for: NAME``); carrier is not checked by gloo.
-
-    Returns:
-        ``{"var", "value", "spec" (hostinfo.parse_socket_ifname), "selected": [names],
-        "first": name or None, "address": first IPv4 (or IPv6) of ``first``, "problem": str,
-        "error": what the library prints, or ""}``; ``problem`` is "" when the selection is usable.
-
-    Raises:
-        ValueError: ``var`` is not one of ``IFNAME_VARS``.
-    """
-    if var not in IFNAME_VARS:
-        raise ValueError(f"var={var!r}: accepted values are {', '.join(IFNAME_VARS)}")
-    flavor = "nccl" if var.startswith("NCCL") else "gloo"
-    spec = hostinfo.parse_socket_ifname(value, flavor)
-    out: dict[str, Any] = {"var": var, "value": value, "spec": spec, "selected": [], "first": None, "address": None,
-                           "problem": "", "kind": "", "error": ""}
-    names = [i["name"] for i in ifaces]
-    if not spec["names"] and len(value) <= 1:
-        out["problem"] = ""  # ignored value: the library auto-detects
-        return out
-    if flavor == "gloo":
-        if not spec["supported"]:
-            out.update(problem=f"{var}={value!r} is not valid for gloo: {spec['note']}", kind="syntax",
-                       error=f"Unable to find address for: {spec['names'][0] if spec['names'] else value}")
-            return out
-        missing = [n for n in spec["names"] if n not in names]
-        bare = [n for n in spec["names"] if n in names and not (_by_name(ifaces, n) or {}).get("ipv4")
-                and not (_by_name(ifaces, n) or {}).get("ipv6")]
-        if missing or bare:
-            bad = (missing or bare)[0]
-            what = "does not exist" if missing else "has no address"
-            out.update(problem=f"interface {bad!r} {what} here (interfaces: {', '.join(names)})",
-                       kind="missing" if missing else "no-address",
-                       error=f"Unable to find address for: {bad}")
-            return out
-        out["selected"] = list(spec["names"])
-    else:
-        matched = hostinfo.match_ifname(spec, [dict(i) for i in ifaces])
-        running = [n for n in matched if (_by_name(ifaces, n) or {}).get("running")]
-        out["selected"] = running
-        if not running:
-            why = (f"{', '.join(matched)} match but have no carrier (not IFF_RUNNING)" if matched
-                   else f"no interface with an address matches (interfaces: {', '.join(names)})")
-            out.update(problem=why, kind="no-carrier" if matched else "missing",
-                       error="Bootstrap : no socket interface found")
-            return out
-    first = _by_name(ifaces, out["selected"][0]) or {}
-    out["first"] = first.get("name")
-    addrs = first.get("ipv4") or first.get("ipv6") or []
-    out["address"] = addrs[0].split("/")[0] if addrs else None
-    if flavor == "nccl" and first.get("loopback"):
-        out["kind"] = "loopback"
-        out["problem"] = (f"the first interface NCCL selects is {first['name']} ({out['address']}): its bootstrap "
-                          f"would listen on loopback" + (" (a '^' list keeps lo unless it names it)"
-                                                         if spec["exclude"] else ""))
-    elif flavor == "gloo" and not first.get("running"):
-        out.update(kind="no-carrier",
-                   problem=f"{first['name']} has no carrier ({first.get('state')}): nothing reaches its address")
-    return out
+select_ifaces = ifnames.select
+"""Alias of :func:`helpers.ifnames.select` (the interface-selection rules live there)."""
 
 
 # --------------------------------------------------------------------------- the check
@@ -743,15 +664,6 @@ def format_checks(checks: Sequence[Check]) -> str:
     counts = {s: sum(c.status == s for c in checks) for s in ("OK", "WARN", "FAIL")}
     lines.append(f"{worst(checks)}: {counts['OK']} OK, {counts['WARN']} WARN, {counts['FAIL']} FAIL")
     return "\n".join(lines)
-
-
-def faulty_nodes(checks: Sequence[NodeCheck], status: str = "FAIL") -> list[str]:
-    """The nodes named faulty by the records of ``status`` (default FAIL), in first-seen order."""
-    seen: list[str] = []
-    for c in checks:
-        if c.status == status:
-            seen += [n for n in c.faulty if n not in seen]
-    return seen
 
 
 def _parse_env(pairs: Sequence[str] | None) -> dict[str, str]:

@@ -1,54 +1,62 @@
-"""Check records and the allocation-check report (``report.json`` + ``report.md``), written atomically."""
+"""The allocation-check report (``report.json`` + ``report.md``, written atomically) and small renderers.
+
+:class:`Check`, :func:`worst` and :data:`STATUSES` are re-exported from :mod:`helpers.checks`
+(their home); :func:`markdown_table` and :func:`human_bytes` render tables and sizes for every
+chapter; :data:`MIB`/:data:`GIB` are the byte units.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("OK", "WARN", "FAIL")
+from helpers.checks import STATUSES, Check, worst
+
+__all__ = ["GIB", "KIB", "MIB", "STATUSES", "Check", "human_bytes", "markdown_table", "to_json", "to_markdown",
+           "worst", "write_atomic", "write_report"]
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+"""Binary byte units (the one definition: host checks, chapter 04 tables, memory estimates)."""
 
 
-@dataclass
-class Check:
-    """One check's verdict.
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``'1.50 KiB'``: binary units, as GPU memory is reported."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
 
-    Attributes:
-        id: stable identifier (``env.diff``, ``collectives.correctness``...).
-        title: one line for people.
-        status: ``OK``, ``WARN`` or ``FAIL``.
-        values: what was measured (JSON-serialisable; units in the key names).
-        remediation: what to do when not OK (empty when OK).
-        source: where the rule or threshold comes from (URL or seed id such as ``D3``).
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Render ``rows`` (dicts with the same keys) as a Markdown table; floats with 4 significant digits.
+
+    Args:
+        rows: one mapping per row.
+        columns: the keys to show, in order (default: the first row's keys).
+
+    Raises:
+        ValueError: ``rows`` is empty, or a column is missing from a row (names it).
     """
+    if not rows:
+        raise ValueError("rows: nothing to format")
+    cols = list(columns or rows[0].keys())
+    for c in cols:
+        if any(c not in r for r in rows):
+            raise ValueError(f"columns: {c!r} is missing from some rows")
 
-    id: str
-    title: str
-    status: str
-    values: dict[str, Any] = field(default_factory=dict)
-    remediation: str = ""
-    source: str = ""
+    def cell(v: object) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
 
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status={self.status!r} in check {self.id!r}: accepted values are {', '.join(STATUSES)}")
-        if not self.id:
-            raise ValueError("id: a check needs a non-empty id")
-
-    def line(self) -> str:
-        """``[OK]   id: title`` (with the remediation when not OK)."""
-        text = f"[{self.status}]{' ' * (5 - len(self.status))}{self.id}: {self.title}"
-        return text + (f"\n       -> {self.remediation}" if self.status != "OK" and self.remediation else "")
-
-
-def worst(checks: Iterable[Check]) -> str:
-    """The most severe status among ``checks`` (``OK`` when empty)."""
-    statuses = [c.status for c in checks]
-    return max(statuses, key=STATUSES.index) if statuses else "OK"
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -78,7 +86,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 def to_json(checks: Sequence[Check], meta: dict[str, Any]) -> str:
     """The ``report.json`` text: ``{"meta": ..., "status": worst, "checks": [Check...]}``."""
-    return json.dumps({"meta": meta, "status": worst(checks), "checks": [asdict(c) for c in checks]},
+    return json.dumps({"meta": meta, "status": worst(checks), "checks": [c.to_dict() for c in checks]},
                       indent=2, default=str)
 
 

@@ -17,22 +17,18 @@ from typing import Any
 import psutil
 import pytest
 
-from helpers import hostinfo
-from helpers.hostinfo import (
-    free_port,
-    host_checks,
-    interfaces,
-    match_ifname,
-    parse_socket_ifname,
-    port_free,
-    shm_info,
-)
+from helpers import diagnostics, hostinfo
+from helpers.checks import Check
+from helpers.diagnostics import host_checks
+from helpers.hostinfo import free_port, interfaces, port_free, shm_info
+from helpers.ifnames import match as match_ifname
+from helpers.ifnames import parse as parse_socket_ifname
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _by_id(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["id"]: r for r in records}
+def _by_id(records: list[Check]) -> dict[str, dict[str, Any]]:
+    return {r.id: r.to_dict() for r in records}
 
 
 # ---------------------------------------------------------------- interfaces / shm
@@ -73,9 +69,9 @@ def test_shm_info_missing_path_raises(tmp_path):
 def test_host_shm_record_grades_measured_size():
     rec = _by_id(host_checks({}))["host.shm"]
     total, free = rec["values"]["total_bytes"], rec["values"]["free_bytes"]
-    if total < hostinfo.SHM_FAIL_BYTES:
+    if total < diagnostics.SHM_FAIL_BYTES:
         assert rec["status"] == "FAIL"
-    elif total < hostinfo.SHM_WARN_BYTES or free < hostinfo.SHM_WARN_BYTES:
+    elif total < diagnostics.SHM_WARN_BYTES or free < diagnostics.SHM_WARN_BYTES:
         assert rec["status"] == "WARN"
         assert "--shm-size" in rec["remediation"] or "/dev/shm" in rec["remediation"]
     else:
@@ -291,14 +287,18 @@ def test_unset_ifname_is_ok():
 
 def test_record_shape():
     records = host_checks({})
-    assert [r["id"] for r in records] == ["host.port", "host.shm", "host.interfaces", "host.socket_ifname"]
+    assert all(type(r) is Check for r in records)
+    assert [r.id for r in records] == ["host.port", "host.shm", "host.interfaces", "host.socket_ifname"]
     for rec in records:
-        assert set(rec) == {"id", "title", "status", "values", "remediation", "source"}
-        assert rec["status"] in ("OK", "WARN", "FAIL") and rec["source"]
-        assert (rec["remediation"] == "") == (rec["status"] == "OK")
-        json.dumps(rec)  # plain data
+        assert rec.status in ("OK", "WARN", "FAIL") and rec.source
+        assert (rec.remediation == "") == (rec.status == "OK")
+        json.dumps(rec.to_dict())  # plain data
     lo = [i for i in _by_id(records)["host.interfaces"]["values"]["interfaces"] if i["name"] == "lo"]
     assert lo and lo[0]["mtu"] == 65536
+
+
+def test_hostinfo_host_checks_alias_grades_the_same():
+    assert [r.id for r in hostinfo.host_checks({})] == [r.id for r in host_checks({})]
 
 
 # ---------------------------------------------------------------- a real network namespace
@@ -359,8 +359,8 @@ def test_interfaces_inside_netns(netns):
 
 def test_host_checks_inside_netns(netns):
     ns, tag = netns
-    code = ("import json, sys; from helpers.hostinfo import host_checks; "
-            "print(json.dumps({r['id']: r for r in host_checks(json.loads(sys.argv[1]))}))")
+    code = ("import json, sys; from helpers.diagnostics import host_checks; "
+            "print(json.dumps({r.id: r.to_dict() for r in host_checks(json.loads(sys.argv[1]))}))")
     env = {"GLOO_SOCKET_IFNAME": f"hd{tag}", "NCCL_SOCKET_IFNAME": f"hj{tag}"}
     records = _in_netns(ns, code.replace("sys.argv[1]", repr(json.dumps(env))))
     mismatch = records["host.interfaces"]["values"]["mtu_mismatch"]["ether"]

@@ -48,7 +48,7 @@ def test_worst_and_line():
 
 
 def test_bad_records_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="status='MAYBE'.*OK, WARN, FAIL"):
+    with pytest.raises(ValueError, match="status='MAYBE'.*OK, INFO, WARN, FAIL"):
         report.Check("x", "t", "MAYBE")
     with pytest.raises(ValueError, match="duplicate ids"):
         report.write_report(tmp_path, [report.Check("x", "t", "OK")] * 2, {})
