@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from helpers import procs
+from helpers import envvars, launchers, procs
 
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -269,9 +269,7 @@ def launcher_argv(launcher: str, script: str | os.PathLike[str], args: Sequence[
     if launcher == "torchrun":
         if standalone is None:
             standalone = nnodes == 1 and not any(a.split("=")[0] in _RDZV_FLAGS for a in extra)
-        cmd = [exe, f"--nnodes={nnodes}"]
-        cmd += [f"--nproc-per-node={nproc}"] if nproc else []
-        cmd += ["--standalone"] if standalone else []
+        cmd = [exe, *launchers.torchrun_flags("standalone" if standalone else None, nnodes=nnodes, nproc_per_node=nproc)]
         cmd += [f"--log-dir={log_dir}"] if log_dir else []
         return [cmd + extra + body]
     if launcher == "accelerate":
@@ -500,7 +498,7 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
                                       "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext)),
                                       "PATH": path}
     changes.update(env or {})
-    base_env = _apply(dict(os.environ), changes)
+    base_env = envvars.apply(os.environ, changes)
     cmds = [list(map(str, c)) for c in commands]
     (job_dir / "job.json").write_text(json.dumps({"commands": cmds, "env": changes}, indent=1))
     if verbose:
@@ -516,7 +514,7 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     stacks: dict[int, str] = {}
     try:
         for i, cmd in enumerate(cmds):
-            proc_env = _apply(dict(base_env), per_process_env[i]) if per_process_env else base_env
+            proc_env = envvars.apply(base_env, per_process_env[i]) if per_process_env else base_env
             popens.append(subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=proc_env,
                                            cwd=str(cwd or project_root()), start_new_session=True))
         beat = _HeartbeatCounter(job_dir, heartbeat) if heartbeat else None
@@ -571,15 +569,6 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
 def _short(arg: str) -> str:
     root = str(project_root()) + os.sep
     return arg.replace(root, "")
-
-
-def _apply(base: dict[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
-    for key, value in changes.items():
-        if value is None:
-            base.pop(key, None)
-        else:
-            base[key] = str(value)
-    return base
 
 
 def _rank_records(job_dir: Path) -> dict[int, dict]:

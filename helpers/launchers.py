@@ -21,11 +21,22 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+from helpers.validate import positive_int, tcp_port
+
+__all__ = ["DECISION_LAUNCHERS", "DECISION_TABLE", "DEFAULT_MASTER_PORT", "LAUNCHERS", "RDZV_FORMS", "LauncherRow",
+           "build_command", "positive_int", "rank_records", "table_markdown", "tcp_port", "torchrun_flags"]
+
+DECISION_LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+"""The launchers of the D7 decision table and of :func:`build_command` (``jobs.LAUNCHERS`` adds python, srun)."""
+LAUNCHERS = DECISION_LAUNCHERS  # the old name, kept for one release
 DEFAULT_MASTER_PORT = 29500
+"""torchrun's (and accelerate's, deepspeed's) default rendezvous port (D4)."""
+RDZV_FORMS = ("standalone", "static", "c10d")
+"""torchrun's rendezvous forms (:func:`torchrun_flags`): one node private, fixed node ranks, c10d rendezvous (D2, D3)."""
+_NNODES_RANGE = re.compile(r"(\d+):(\d+)")
 
 
 @dataclass(frozen=True)
@@ -91,18 +102,101 @@ def table_markdown(rows: Sequence[LauncherRow] = DECISION_TABLE) -> str:
     return "\n".join(lines)
 
 
-def positive_int(value: object, name: str, minimum: int = 1) -> int:
-    """``value`` when it is an int (not a bool) >= ``minimum``; else ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    return value
+def _flag_value(value: object, name: str, check: Callable[[object, str], object]) -> str:
+    """``value`` as flag text: a non-empty string passes through (shell text such as ``"$SLURM_NODEID"``), else ``check``."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{name}={value!r}: must not be empty")
+        return value
+    check(value, name)
+    return str(value)
 
 
-def tcp_port(value: object, name: str) -> int:
-    """``value`` when it is an int (not a bool) in 1..65535; else ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise ValueError(f"{name}={value!r}: must be an integer in 1..65535")
-    return value
+def torchrun_flags(form: str | None, *, nnodes: int | str, nproc_per_node: int | str | None,
+                   master_addr: str | None = None, master_port: int | str | None = None,
+                   node_rank: int | str | None = None, rdzv_id: str | None = None, rdzv_endpoint: str | None = None,
+                   rdzv_conf: str | None = None, max_restarts: int | None = None) -> list[str]:
+    """torchrun's size and rendezvous flags for one agent: the one place they are spelled (D2, D3, D4).
+
+    Forms (:data:`RDZV_FORMS`):
+
+    * ``standalone``: ``--standalone``, a private rendezvous on a free port; one node only (D2).
+    * ``static``: ``[--node-rank=R] --master-addr=A --master-port=P``; every node has its rank (D3).
+      ``node_rank`` may be left out for one node.
+    * ``c10d``: ``--rdzv-id=ID --rdzv-backend=c10d --rdzv-endpoint=A:P [--rdzv-conf=C]``, identical on
+      every node; the form elastic membership needs (chapter 07).
+    * ``None``: only ``--nnodes``/``--nproc-per-node`` (the caller passes its own rendezvous flags).
+
+    A string value is passed through unchecked, so shell text works (``node_rank='"$SLURM_NODEID"'``;
+    quoting is the caller's); ints are validated.  ``nnodes`` may be a ``"MIN:MAX"`` range (elastic
+    agents, ``--nnodes=1:2``), checked when both are integers.
+
+    Args:
+        form: one of :data:`RDZV_FORMS`, or None.
+        nnodes: nodes, an int >= 1 or a string (``"1:2"``, ``"$SLURM_JOB_NUM_NODES"``).
+        nproc_per_node: ranks per node, an int >= 1 or a string; None leaves the flag out.
+        master_addr: node 0's address (static; c10d's endpoint unless ``rdzv_endpoint``).
+        master_port: the store's TCP port, 1..65535 (static; c10d's endpoint unless ``rdzv_endpoint``).
+        node_rank: this node's index, ``0..nnodes-1`` when both are ints (static).
+        rdzv_id: the job id, same on every node (c10d).
+        rdzv_endpoint: ``HOST:PORT`` as written (c10d), instead of ``master_addr:master_port``.
+        rdzv_conf: ``--rdzv-conf`` value (c10d only), e.g. ``join_timeout=60``.
+        max_restarts: ``--max-restarts``, an int >= 0 (any form).
+
+    Returns:
+        The flags, in the order above (size flags first).
+
+    Raises:
+        ValueError: naming the field: an unknown ``form``; a bad ``nnodes``, ``nproc_per_node``,
+            ``master_port``, ``node_rank`` or ``max_restarts``; ``standalone`` with several nodes;
+            a field the form needs is missing; a field the form does not take is given.
+    """
+    if form is not None and form not in RDZV_FORMS:
+        raise ValueError(f"form={form!r}: accepted values are {', '.join(RDZV_FORMS)}, or None")
+    span = _NNODES_RANGE.fullmatch(nnodes) if isinstance(nnodes, str) else None
+    if span and not 1 <= int(span.group(1)) <= int(span.group(2)):
+        raise ValueError(f"nnodes={nnodes!r}: a range MIN:MAX needs 1 <= MIN <= MAX")
+    flags = [f"--nnodes={_flag_value(nnodes, 'nnodes', positive_int)}"]
+    if nproc_per_node is not None:
+        flags.append(f"--nproc-per-node={_flag_value(nproc_per_node, 'nproc_per_node', positive_int)}")
+    if max_restarts is not None:
+        flags.append(f"--max-restarts={positive_int(max_restarts, 'max_restarts', 0)}")
+    given = {"master_addr": master_addr, "master_port": master_port, "node_rank": node_rank, "rdzv_id": rdzv_id,
+             "rdzv_endpoint": rdzv_endpoint, "rdzv_conf": rdzv_conf}
+    takes = {None: (), "standalone": (), "static": ("master_addr", "master_port", "node_rank"),
+             "c10d": ("master_addr", "master_port", "rdzv_id", "rdzv_endpoint", "rdzv_conf")}[form]
+    extra = [k for k, v in given.items() if v is not None and k not in takes]
+    if extra:
+        raise ValueError(f"{extra[0]}: the {form or 'None'} form does not take it (it takes {', '.join(takes) or 'nothing'})")
+    if form == "standalone":
+        if isinstance(nnodes, int) and nnodes > 1 or span and int(span.group(2)) > 1:
+            raise ValueError(f"nnodes={nnodes!r}: --standalone is one node only (D2); use static or c10d")
+        return flags + ["--standalone"]
+    port = None if master_port is None else _flag_value(master_port, "master_port", tcp_port)
+    if master_addr is not None and not str(master_addr).strip():
+        raise ValueError(f"master_addr={master_addr!r}: must be a non-empty host name or IP address")
+    if form == "static":
+        if master_addr is None or port is None:
+            raise ValueError(f"{'master_addr' if master_addr is None else 'master_port'}: required by the static form")
+        if node_rank is not None:
+            if not isinstance(node_rank, str) and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
+                                                    or node_rank < 0 or isinstance(nnodes, int) and node_rank >= nnodes):
+                top = f"0..{nnodes - 1} (nnodes={nnodes})" if isinstance(nnodes, int) else ">= 0"
+                raise ValueError(f"node_rank={node_rank!r}: must be an integer in {top}")
+            flags.append(f"--node-rank={node_rank}")
+        return flags + [f"--master-addr={master_addr}", f"--master-port={port}"]
+    if form == "c10d":
+        if not rdzv_id or not str(rdzv_id).strip():
+            raise ValueError(f"rdzv_id={rdzv_id!r}: the c10d form needs a job id, the same on every node")
+        if rdzv_endpoint is None:
+            if master_addr is None or port is None:
+                raise ValueError("rdzv_endpoint: the c10d form needs it, or master_addr and master_port")
+            rdzv_endpoint = f"{master_addr}:{port}"
+        elif master_addr is not None or master_port is not None:
+            raise ValueError("rdzv_endpoint: give it or master_addr/master_port, not both")
+        flags += [f"--rdzv-id={rdzv_id}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+        return flags + ([f"--rdzv-conf={rdzv_conf}"] if rdzv_conf is not None else [])
+    return flags
 
 
 def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,
@@ -148,8 +242,8 @@ def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank
             ``master_port`` outside 1..65535; ``script`` missing; ``node_rank`` missing where the
             form needs it.
     """
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
+    if launcher not in DECISION_LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(DECISION_LAUNCHERS)}")
     positive_int(nproc_per_node, "nproc_per_node")
     positive_int(nnodes, "nnodes")
     if node_rank is not None and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
@@ -168,18 +262,18 @@ def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank
     port = master_port if master_port is not None else DEFAULT_MASTER_PORT
 
     if launcher == "torchrun":
-        cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+        size = {"nnodes": nnodes, "nproc_per_node": nproc_per_node}
         if multi and rdzv_id:
-            cmd += [f"--rdzv-id={rdzv_id}", "--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{port}"]
+            flags = torchrun_flags("c10d", **size, master_addr=master_addr, master_port=port, rdzv_id=rdzv_id)
         elif multi:
             if node_rank is None:
                 raise ValueError("node_rank: required for the static multi-node form (or pass rdzv_id for c10d)")
-            cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}"]
+            flags = torchrun_flags("static", **size, master_addr=master_addr, master_port=port, node_rank=node_rank)
         elif master_port is not None:
-            cmd += [f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
+            flags = torchrun_flags("static", **size, master_addr=master_addr or "127.0.0.1", master_port=master_port)
         else:
-            cmd += ["--standalone"]
-        return cmd + tail
+            flags = torchrun_flags("standalone", **size)
+        return ["torchrun", *flags, *tail]
 
     if launcher == "accelerate":
         total = nproc_per_node * nnodes

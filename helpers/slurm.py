@@ -23,10 +23,12 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from helpers.launchers import DEFAULT_MASTER_PORT, positive_int, tcp_port
+from helpers.envvars import shell_lines
+from helpers.launchers import DEFAULT_MASTER_PORT, torchrun_flags
+from helpers.validate import positive_int, tcp_port
 
 RDZV_FORMS = ("static", "c10d")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""The forms of :data:`helpers.launchers.RDZV_FORMS` that span nodes (``standalone`` is one node only)."""
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # SLURM --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 # Commented toggles for the sbatch template (STYLE.md: NCCL variables as commented toggles with a purpose).
@@ -37,15 +39,6 @@ NCCL_TOGGLES = (
     ("NCCL_IB_DISABLE=1", "TCP-only clusters: stop probing for InfiniBand (MN2)"),
     ("TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "a timed-out collective tears the job down (MN3)"),
 )
-
-
-def _env_lines(env: Mapping[str, str | None]) -> list[str]:
-    lines = []
-    for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
-            raise ValueError(f"env: {key!r} is not a valid variable name (letters, digits, _; not starting with a digit)")
-        lines.append(f"unset {key}" if value is None else f"export {key}={shlex.quote(str(value))}")
-    return lines
 
 
 def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_args: Sequence[object] = (), *,
@@ -88,13 +81,15 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     tcp_port(master_port, "master_port")
     if not isinstance(script, str) or not script.strip():
         raise ValueError(f"script={script!r}: the training script's path is required")
-    task_env = _env_lines(env or {})
+    task_env = shell_lines(env or {})
+    # Shell text, double-quoted so that each task expands it: $SLURM_NODEID differs per node.
     if rdzv == "static":
-        form = ['--node-rank="$SLURM_NODEID"', '--master-addr="$MASTER_ADDR"', '--master-port="$MASTER_PORT"']
+        flags = torchrun_flags("static", nnodes=nnodes, nproc_per_node=nproc_per_node, node_rank='"$SLURM_NODEID"',
+                               master_addr='"$MASTER_ADDR"', master_port='"$MASTER_PORT"')
     else:
-        form = ['--rdzv-id="$SLURM_JOB_ID"', "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
-    torchrun = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", *form,
-                shlex.quote(script), *(shlex.quote(str(a)) for a in script_args)]
+        flags = torchrun_flags("c10d", nnodes=nnodes, nproc_per_node=nproc_per_node, rdzv_id='"$SLURM_JOB_ID"',
+                               rdzv_endpoint='"$MASTER_ADDR:$MASTER_PORT"')
+    torchrun = ["torchrun", *flags, shlex.quote(script), *(shlex.quote(str(a)) for a in script_args)]
     body = [*task_env, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
     # The task body is single-quoted, so $SLURM_NODEID expands in each task, not in the batch shell.
     inner = "\n    ".join(body).replace("'", "'\\''")
