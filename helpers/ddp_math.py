@@ -8,7 +8,7 @@ is the usual baseline, from Goyal et al. 2017, "Accurate, Large Minibatch SGD: T
 ImageNet in 1 Hour", https://arxiv.org/abs/1706.02677 (validated there for SGD with
 momentum on ImageNet up to a batch of 8k).
 
-Stdlib only (and :func:`helpers.launchers.positive_int`); nothing runs at import.
+Stdlib only (and :mod:`helpers.validate`, :func:`helpers.report.markdown_table`); nothing runs at import.
 """
 
 from __future__ import annotations
@@ -16,16 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from helpers.launchers import positive_int
+from helpers.report import markdown_table
+from helpers.validate import positive_float, positive_int
 
 GOYAL_MAX_VALIDATED_BATCH = 8192
 """Largest minibatch for which Goyal et al. 2017 report the linear scaling rule matching the baseline."""
-
-
-def _positive_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r}: must be a finite number > 0")
-    return float(value)
 
 
 def effective_batch(per_rank_batch: int, world_size: int, grad_accum_steps: int = 1) -> int:
@@ -60,7 +55,7 @@ def linear_scaled_lr(base_lr: float, base_batch: int, new_batch: int) -> float:
     Raises:
         ValueError: ``base_lr`` not a finite number > 0, or a batch not an integer >= 1.
     """
-    lr = _positive_float("base_lr", base_lr)
+    lr = positive_float(base_lr, "base_lr")
     return lr * positive_int(new_batch, "new_batch") / positive_int(base_batch, "base_batch")
 
 
@@ -77,7 +72,7 @@ def warmup_lr(step: int, warmup_steps: int, target_lr: float, start_lr: float) -
         raise ValueError(f"step={step!r}: must be an integer >= 0")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r}: must be an integer >= 0")
-    target, start = _positive_float("target_lr", target_lr), _positive_float("start_lr", start_lr)
+    target, start = positive_float(target_lr, "target_lr"), positive_float(start_lr, "start_lr")
     if warmup_steps == 0 or step >= warmup_steps:
         return target
     return start + (target - start) * step / warmup_steps
@@ -128,25 +123,8 @@ def lr_scaling_table(base_lr: float, per_rank_batch: int, world_sizes: Iterable[
     return rows
 
 
-def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
-    """Render ``rows`` (dicts with the same keys) as a Markdown table; floats with 4 significant digits.
-
-    Raises:
-        ValueError: ``rows`` is empty, or a column is missing from a row (names it).
-    """
-    if not rows:
-        raise ValueError("rows: nothing to format")
-    cols = list(columns or rows[0].keys())
-    for c in cols:
-        if any(c not in r for r in rows):
-            raise ValueError(f"columns: {c!r} is missing from some rows")
-
-    def cell(v: object) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+format_table = markdown_table
+"""Alias (one release) of :func:`helpers.report.markdown_table`, where the Markdown table now lives."""
 
 
 def compare_grads(reference: Sequence[float], other: Sequence[float], *, rtol: float = 1e-5,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-MIB = 2**20
+from helpers.report import MIB
 
 
 def wrap_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -56,6 +56,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from helpers.report import human_bytes
+from helpers.validate import whole_number
+
 ZERO_PAPER = "ZeRO paper, Rajbhandari et al. 2020, sec. 3.1 and fig. 1: https://arxiv.org/abs/1910.02054"
 ZERO_OFFLOAD_PAPER = "ZeRO-Offload, Ren et al. 2021: https://arxiv.org/abs/2101.06840"
 DS_ESTIMATOR = ("DeepSpeed 0.19.8 deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs, "
@@ -141,15 +144,6 @@ class Estimate:
         return asdict(self)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    return value
-
-
 def _frac(coef: float, sharded: bool, n_sym: str) -> str:
     c = f"{coef:g}Ψ"
     return f"{c}/{n_sym}" if sharded else c
@@ -189,8 +183,8 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
     (Ren et al. 2021) and DeepSpeed's ``offload_optimizer``/``offload_param`` for the host side;
     PyTorch FSDP docs for the FSDP layouts; seed D16.
     """
-    n_params = _check_int("params", params, 0)
-    world = _check_int("world_size", world_size, 1)
+    n_params = whole_number(params, "params", 0)
+    world = whole_number(world_size, "world_size", 1)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}: accepted values are {', '.join(STRATEGIES)}")
     if precision not in PRECISIONS:
@@ -211,7 +205,7 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
     if strategy == "fsdp_hybrid_shard":
         if shard_size is None:
             raise ValueError("shard_size=None: fsdp_hybrid_shard needs shard_size (ranks per replica, e.g. GPUs per node)")
-        shard = _check_int("shard_size", shard_size, 1)
+        shard = whole_number(shard_size, "shard_size", 1)
         if world % shard:
             raise ValueError(f"shard_size={shard}: must divide world_size={world}")
         n_sym = "S"
@@ -371,23 +365,23 @@ def activation_bytes_formula(kind: str, *, batch: int, bytes_per_value: int = 2,
     Raises:
         ValueError: unknown ``kind``, or a missing/invalid field for it (named).
     """
-    b = _check_int("batch", batch, 1)
+    b = whole_number(batch, "batch", 1)
     if bytes_per_value not in (1, 2, 4, 8):
         raise ValueError(f"bytes_per_value={bytes_per_value!r}: accepted values are 1, 2, 4, 8")
     if kind == "mlp":
         if widths is None or len(widths) < 2:
             raise ValueError(f"widths={widths!r}: mlp needs at least [d_in, d_out]")
-        ws = [_check_int("widths", w, 1) for w in widths]
+        ws = [whole_number(w, "widths", 1) for w in widths]
         hidden_sum = sum(ws[1:-1])
         value = b * bytes_per_value * (ws[0] + 2 * hidden_sum)
         formula = (f"b*bytes*(d0 + 2*sum(hidden widths)) = {b}*{bytes_per_value}*({ws[0]} + 2*{hidden_sum})"
                    f" = {value} B")
         return formula, value
     if kind == "transformer":
-        s = _check_int("seq_len", seq_len, 1) if seq_len is not None else None
-        h = _check_int("hidden", hidden, 1) if hidden is not None else None
-        a = _check_int("heads", heads, 1) if heads is not None else None
-        n_layers = _check_int("layers", layers, 1) if layers is not None else None
+        s = whole_number(seq_len, "seq_len", 1) if seq_len is not None else None
+        h = whole_number(hidden, "hidden", 1) if hidden is not None else None
+        a = whole_number(heads, "heads", 1) if heads is not None else None
+        n_layers = whole_number(layers, "layers", 1) if layers is not None else None
         for name, v in (("seq_len", s), ("hidden", h), ("heads", a), ("layers", n_layers)):
             if v is None:
                 raise ValueError(f"{name}=None: transformer needs seq_len, hidden, heads and layers")
@@ -561,16 +555,7 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``'1.50 KiB'``: binary units, as GPU memory is reported."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"  # pragma: no cover
-
-
-def format_table(est: Estimate) -> str:
+def format_estimate(est: Estimate) -> str:
     """A plain-text table of one estimate: component, formula, bytes, GiB and where it lives."""
     where_opt = "host" if est.offload else "device"
     where_p = "host" if est.offload == "cpu+param" else "device"
@@ -601,6 +586,10 @@ def format_table(est: Estimate) -> str:
     for src in est.sources:
         lines.append(f"source: {src}")
     return "\n".join(lines)
+
+
+format_table = format_estimate
+"""Alias (one release) of :func:`format_estimate` (``format_table`` also named the Markdown table of ddp_math)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
