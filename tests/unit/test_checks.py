@@ -1,0 +1,78 @@
+"""Unit tests of helpers.checks: the one finding record, and the modules that now build it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import checks, launch_traps, preflight, report
+from helpers.checks import Check
+
+
+def test_status_scale_and_validation():
+    assert checks.STATUSES == ("OK", "INFO", "WARN", "FAIL")
+    with pytest.raises(ValueError, match=r"status='BAD' in check 'x': accepted values are OK, INFO, WARN, FAIL"):
+        Check("x", "t", "BAD")
+    with pytest.raises(ValueError, match="id"):
+        Check("", "t", "OK")
+
+
+def test_faulty_defaults_to_the_node_only_when_not_ok():
+    assert Check("a", "t", "FAIL", node="n1").faulty == ["n1"]
+    assert Check("a", "t", "WARN", node="n1").faulty == ["n1"]
+    assert Check("a", "t", "INFO", node="n1").faulty == []
+    assert Check("a", "t", "FAIL", node="n1", faulty=["n0"]).faulty == ["n0"]
+    assert Check("a", "t", "FAIL").faulty == []
+
+
+def test_aliases_and_line():
+    c = Check("net.mtu", "black hole", "WARN", remediation="fix the MTU", node="n1", field="env.X")
+    assert (c.severity, c.message, c.fix, c.ok) == ("WARN", "black hole", "fix the MTU", False)
+    assert c.line() == "[WARN] net.mtu @n1 (env.X): black hole\n       -> fix the MTU"
+    assert Check("a", "fine", "OK", remediation="ignored").line() == "[OK]   a: fine"
+
+
+def test_worst_and_faulty_nodes():
+    cs = [Check("a", "t", "OK"), Check("b", "t", "INFO"), Check("c", "t", "WARN", node="n2"),
+          Check("d", "t", "FAIL", node="n1"), Check("e", "t", "FAIL", faulty=["n1", "n3"])]
+    assert checks.worst(cs) == "FAIL" and checks.worst(cs[:2]) == "INFO" and checks.worst([]) == "OK"
+    assert checks.faulty_nodes(cs) == ["n1", "n3"] and checks.faulty_nodes(cs, "WARN") == ["n2"]
+    assert checks.worst_status(["OK", "WARN"]) == "WARN"
+    with pytest.raises(ValueError, match="MAYBE"):
+        checks.worst_status(["MAYBE"])
+
+
+def test_dict_round_trip_and_unknown_keys():
+    c = Check("a", "t", "FAIL", {"x_bytes": 1}, "do", "D4", ["line 1"], "env.A", "n0")
+    data = json.loads(json.dumps(c.to_dict()))
+    assert Check.from_dict(data) == c
+    with pytest.raises(ValueError, match="unknown key"):
+        Check.from_dict({**data, "severity": "FAIL"})
+
+
+def test_report_reexports_the_one_record():
+    assert report.Check is Check and report.worst is checks.worst and report.STATUSES is checks.STATUSES
+
+
+def test_node_check_is_a_check():
+    c = preflight.NodeCheck("net.x.n1", "t", "FAIL", node="n1")
+    assert isinstance(c, Check) and c.faulty == ["n1"]
+
+
+def test_trap_is_a_thin_check():
+    t = launch_traps.Trap("script-in-tmp", "FAIL", "script", "node-local", "use $HOME", "gilbreth 8.12")
+    assert isinstance(t, Check)
+    assert (t.id, t.status, t.title, t.remediation, t.field, t.source) == \
+        ("script-in-tmp", "FAIL", "node-local", "use $HOME", "script", "gilbreth 8.12")
+    assert (t.severity, t.message, t.fix) == ("FAIL", "node-local", "use $HOME")
+    assert t.line() == "[FAIL] script-in-tmp (script): node-local -> use $HOME"
+    with pytest.raises(ValueError, match="severity='OK'"):
+        launch_traps.Trap("x", "OK", "f", "m", "fix", "s")
+
+
+def test_find_traps_returns_checks():
+    spec = launch_traps.LaunchSpec(nnodes=2, script="/tmp/train.py", master_addr="10.0.0.1")
+    traps = launch_traps.find_traps(spec)
+    assert traps and all(isinstance(t, Check) and t.status in ("WARN", "FAIL") for t in traps)
+    assert "standalone-multinode" in [t.id for t in traps]
