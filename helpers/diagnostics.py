@@ -545,7 +545,7 @@ def _check_socket_ifname(env: Mapping[str, str], ifaces: list[dict[str, Any]]) -
     return _record("host.socket_ifname", title, status, values, "; ".join(fixes), src)
 
 
-def host_checks(environ: Mapping[str, str] | None = None, master_port: int = 29500) -> list[dict[str, Any]]:
+def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEFAULT_MASTER_PORT) -> list[Check]:
     """Measure this host (:mod:`helpers.hostinfo`) and grade it: the :class:`helpers.checks.Check` records
     ``host.port``, ``host.shm``, ``host.interfaces``, ``host.socket_ifname``, in that order (``status``
     OK/WARN/FAIL, ``remediation`` empty when OK, sizes in bytes).
