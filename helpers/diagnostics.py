@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import busbw, hostinfo, jobs
+from helpers.netlab import DEFAULT_NAME as DEFAULT_LAB_NAME
 from helpers.report import Check
 
 SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
@@ -362,7 +363,7 @@ def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> 
 
 
 def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[str, str] | None = None,
-                          *, lab_name: str = "rb", timeout_s: float = 15.0) -> list[Check]:
+                          *, lab_name: str = DEFAULT_LAB_NAME, timeout_s: float = 15.0) -> list[Check]:
     """The network pre-flight of ``helpers.preflight`` across the allocation's nodes (issue: multi-node).
 
     Args:
