@@ -68,15 +68,18 @@ class Command(NamedTuple):
     run: Callable[[argparse.Namespace], int]
 
 
-def _parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None, name: str, help: str,
+def _parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None, name: str, summary: str,
             description: str | None = None) -> argparse.ArgumentParser:
-    """The parser of ``runbook <name>``: registered on ``subparsers``, or standalone when it is None."""
-    description = description or help
-    raw = "\n" in description  # a module docstring keeps its line breaks; one sentence is wrapped
-    kw = {"description": description, "formatter_class": argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter}
+    """The parser of ``runbook <name>``: registered on ``subparsers``, or standalone when it is None.
+
+    ``summary`` is the one line of ``runbook --help``; ``description`` (default: ``summary``) heads
+    ``runbook <name> --help`` and keeps its line breaks when it has several lines (a module docstring).
+    """
+    description = description or summary
+    formatter = argparse.RawDescriptionHelpFormatter if "\n" in description else argparse.HelpFormatter
     if subparsers is None:
-        return argparse.ArgumentParser(prog=f"runbook {name}", **kw)  # type: ignore[arg-type]
-    return subparsers.add_parser(name, help=help, **kw)  # type: ignore[arg-type]
+        return argparse.ArgumentParser(prog=f"runbook {name}", description=description, formatter_class=formatter)
+    return subparsers.add_parser(name, help=summary, description=description, formatter_class=formatter)
 
 
 def positive_int_arg(flag: str, minimum: int = 1) -> Callable[[str], int]:
