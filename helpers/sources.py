@@ -29,7 +29,6 @@ REGENERATE = "python -c \"from helpers import sources; print(sources.render_mark
 
 TORCHRUN_DOCS = "https://docs.pytorch.org/docs/stable/elastic/run.html"
 DIST_DEBUG_DOCS = "https://docs.pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications"
-DIST_ENV_DOCS = "https://docs.pytorch.org/docs/stable/distributed.html#environment-variable-initialization"
 NCCL_ENV_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 NCCL_IFNAME_DOCS = NCCL_ENV_DOCS + "#nccl-socket-ifname"
 NCCL_TROUBLESHOOTING = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
