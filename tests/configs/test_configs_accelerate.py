@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FSDP_YAML = ROOT / "configs" / "accelerate_fsdp_gpu.yaml"
 DS_YAML = ROOT / "configs" / "accelerate_deepspeed_gpu.yaml"
 

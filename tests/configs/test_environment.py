@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import tomllib
 
+import tomllib
 import yaml
-from conftest import ROOT
+from support import ROOT
 
 
 def _name(spec: str) -> str:

@@ -6,7 +6,7 @@ import copy
 import json
 import socket
 
-from conftest import SCENARIOS
+from support import SCENARIOS
 
 from helpers import diagnostics as diag
 from helpers import jobs

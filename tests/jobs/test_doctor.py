@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, SCENARIOS
+from support import ROOT, SCENARIOS
 
 from helpers import doctor, jobs, procs
 

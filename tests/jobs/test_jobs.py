@@ -11,7 +11,7 @@ import uuid
 
 import psutil
 import pytest
-from conftest import SCENARIOS
+from support import SCENARIOS
 
 from helpers import jobs
 

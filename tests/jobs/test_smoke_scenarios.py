@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCEN = REPO / "helpers" / "scenarios"
 BIN = Path(sys.executable).parent
 SCRIPTS = {"01": SCEN / "smoke_single.py", "02": SCEN / "smoke_ddp.py", "03": SCEN / "smoke_deepspeed.py"}
@@ -38,23 +38,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def run_env(tmp_path: Path) -> dict[str, str]:
-    """Environment of a launch: TMPDIR under the test's tmp dir, DeepSpeed's JIT cache under build/."""
-    env = dict(os.environ)
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    ext_dir = REPO / "build" / "torch_extensions"
-    ext_dir.mkdir(parents=True, exist_ok=True)
-    env.update(TMPDIR=str(tmpdir), TORCH_EXTENSIONS_DIR=str(ext_dir), PYTHONUNBUFFERED="1")
-    return env
-
-
-def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in the repository root, capturing its output as text."""
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def check_result(proc: subprocess.CompletedProcess, out: Path, test: str, world_size: int) -> dict:
@@ -128,48 +111,3 @@ def test_03_deepspeed_torchrun_batch_override(tmp_path: Path, run_env: dict[str,
     assert result["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 16
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_help(name: str, run_env: dict[str, str]) -> None:
-    """``--help`` answers at once (torch is imported after argparse) and lists the common flags."""
-    proc = run([sys.executable, str(SCRIPTS[name]), "--help"], run_env, 60)
-    assert proc.returncode == 0, proc.stderr
-    for flag in ("--steps", "--hidden", "--batch", "--ckpt-dir", "--out", "--seed", "--timeout-s"):
-        assert flag in proc.stdout
-    assert ("--backend" in proc.stdout) == (name != "01")
-
-
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_steps_zero_rejected(name: str, tmp_path: Path, run_env: dict[str, str]) -> None:
-    """``--steps 0`` is a usage error (exit 2) whose message names ``--steps``; nothing is written."""
-    out = tmp_path / "never.json"
-    proc = run([sys.executable, str(SCRIPTS[name]), "--steps", "0", "--ckpt-dir", str(tmp_path / "ckpt"),
-                "--out", str(out)], run_env, 60)
-    assert proc.returncode == 2
-    assert "--steps" in proc.stderr
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("name", ["ds_zero1_cpu.json", "ds_zero1_gpu.json"])
-def test_deepspeed_configs(name: str) -> None:
-    """The shipped configs: plain JSON, section 7.4's invariants, and accepted by DeepSpeedConfig.
-
-    They leave ``train_batch_size`` out, so DeepSpeed derives it for any world size (micro x
-    accumulation x world size, section 7.4) and the allocation check runs on 2 or 8 ranks alike.
-    The pydantic sections (zero_optimization, bf16) reject unknown keys, the top level ignores
-    them (hence the ``_comment`` key works).
-    """
-    cfg = json.loads((REPO / "configs" / name).read_text())
-    micro, gas = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
-    assert "train_batch_size" not in cfg and gas == 1
-    assert micro == 32  # the smoke scripts' --batch default
-    assert cfg["zero_optimization"]["stage"] == 1
-    assert cfg["bf16"]["enabled"] is True
-    assert cfg["optimizer"]["type"] == "AdamW"  # ZeRO-1 needs one (section 7.5 issue 1)
-    assert cfg["optimizer"]["params"].get("torch_adam", False) is (name == "ds_zero1_cpu.json")
-    assert "deepspeed" in cfg["_comment"]
-
-    from deepspeed.runtime.config import DeepSpeedConfig
-
-    checked = DeepSpeedConfig(cfg)
-    assert checked.zero_optimization_stage == 1
-    assert checked.bfloat16_config.enabled

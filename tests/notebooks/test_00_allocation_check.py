@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, notebook_outputs
+from support import ROOT, notebook_outputs
 
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
 EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "host.port",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import notebook_outputs, execute_notebook
+from support import execute_notebook, notebook_outputs
 
 from helpers import tiers
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from conftest import execute_notebook, notebook_outputs
+from support import execute_notebook, notebook_outputs
+
 
 def test_chapter_04_fsdp(no_leftovers):
     t0 = time.monotonic()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import notebook_outputs, execute_notebook
+from support import execute_notebook, notebook_outputs
 
 
 def test_chapter_05_deepspeed(no_leftovers):
@@ -18,22 +18,9 @@ def test_chapter_05_deepspeed(no_leftovers):
     print(f"chapter 05: {wall:.0f} s")
 
 
-def test_scenarios_answer_help():
-    """Each chapter-05 rank script documents itself without importing torch or DeepSpeed."""
-    import subprocess
-    import sys
-
-    from conftest import SCENARIOS
-
-    for name in ("ds_zero_memory.py", "ds_pitfalls.py", "ds_checkpoint.py", "ds_config_check.py"):
-        proc = subprocess.run([sys.executable, str(SCENARIOS / name), "--help"], capture_output=True, text=True,
-                              timeout=30)
-        assert proc.returncode == 0 and "usage:" in proc.stdout, (name, proc.stderr)
-
-
 def test_pitfall_strict_mode_really_crashes(no_leftovers, tmp_path):
     """Without the notebook's catch-and-continue, a bug case ends every rank with the same error (exit 1)."""
-    from conftest import SCENARIOS
+    from support import SCENARIOS
 
     from helpers import jobs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import execute_notebook, notebook_outputs
+from support import execute_notebook, notebook_outputs
 
 
 def test_chapter_07_elastic_restart(no_leftovers):

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SCENARIOS
+from support import SCENARIOS
 
+CONTRACT = SCENARIOS / "launch_contract.py"
 SCRIPTS = sorted(p.name for p in SCENARIOS.glob("*.py") if not p.name.startswith("_"))
 
 
@@ -44,3 +45,33 @@ def test_scenario_help_answers_without_torch(script):
 def test_scenario_bad_input_names_the_flag(script, argv, flag):
     out = subprocess.run([sys.executable, str(SCENARIOS / script), *argv], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and flag in out.stderr
+
+
+@pytest.mark.parametrize("name, flags", [
+    ("launch_contract.py", ["--hold-s", "--devices-per-node", "--bind", "--local_rank"]),
+    ("launch_accelerate.py", ["--steps", "--cpu"]),
+])
+def test_scenario_help(name, flags):
+    proc = subprocess.run([sys.executable, str(SCENARIOS / name), "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Example" in proc.stdout and all(f in proc.stdout for f in flags)
+
+
+def test_contract_script_rejects_bad_timeout():
+    proc = subprocess.run([sys.executable, str(CONTRACT), "--timeout-s", "0"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--timeout-s" in proc.stderr
+
+
+def test_scenarios_answer_help():
+    """Each chapter-05 rank script documents itself without importing torch or DeepSpeed."""
+    import subprocess
+    import sys
+
+    from support import SCENARIOS
+
+    for name in ("ds_zero_memory.py", "ds_pitfalls.py", "ds_checkpoint.py", "ds_config_check.py"):
+        proc = subprocess.run([sys.executable, str(SCENARIOS / name), "--help"], capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (name, proc.stderr)

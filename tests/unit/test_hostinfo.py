@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from support import record_by_id as _by_id
 
 from helpers import hostinfo
 from helpers.hostinfo import (
-    free_port,
     host_checks,
     interfaces,
     match_ifname,
@@ -28,11 +20,7 @@ from helpers.hostinfo import (
     shm_info,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _by_id(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["id"]: r for r in records}
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- interfaces / shm
@@ -86,75 +74,9 @@ def test_host_shm_record_grades_measured_size():
 # ---------------------------------------------------------------- ports
 
 
-def test_held_port_is_busy_then_free():
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
-    try:
-        assert port_free(port) is False
-        rec = _by_id(host_checks({"MASTER_PORT": str(port)}))["host.port"]
-        assert rec["status"] == "WARN"
-        assert rec["values"]["port"] == port and rec["values"]["port_from"] == "MASTER_PORT"
-        assert any(h["pid"] == os.getpid() and h["status"] == "LISTEN" for h in rec["values"]["holders"])
-        assert f"pid {os.getpid()}" in rec["title"]
-        assert "--master-port" in rec["remediation"] and "localhost:0" in rec["remediation"]
-        assert "D4" in rec["source"]
-    finally:
-        holder.close()
-    assert port_free(port) is True
-    rec = _by_id(host_checks({"MASTER_PORT": str(port)}))["host.port"]
-    assert rec["status"] == "OK" and rec["remediation"] == ""
-    assert isinstance(rec["values"]["ephemeral_port"], int)
-
-
-def test_master_port_argument_used_when_env_unset():
-    port = free_port()
-    rec = _by_id(host_checks({}, master_port=port))["host.port"]
-    assert rec["values"]["port"] == port and rec["values"]["port_from"] == "argument"
-
-
 def test_bad_master_port_in_env_is_a_fail_record():
     rec = _by_id(host_checks({"MASTER_PORT": "http"}))["host.port"]
     assert rec["status"] == "FAIL" and "MASTER_PORT" in rec["title"]
-
-
-def _time_wait_port(listener_reuse: bool) -> int:
-    """A port whose server side is in TIME_WAIT (the server closes first), listener with/without SO_REUSEADDR."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(listener_reuse))
-    srv.bind(("0.0.0.0", 0))
-    srv.listen()
-    port = srv.getsockname()[1]
-    cli = socket.create_connection(("127.0.0.1", port))
-    conn, _ = srv.accept()
-    conn.close()
-    time.sleep(0.1)
-    cli.close()
-    srv.close()
-    time.sleep(0.1)
-    states = {c.status for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port}
-    assert psutil.CONN_TIME_WAIT in states
-    return port
-
-
-def _tcpstore_binds(port: int) -> bool:
-    dist = pytest.importorskip("torch.distributed")
-    try:
-        store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=5))
-    except Exception as exc:  # DistNetworkError: "Address already in use"
-        assert "already in use" in str(exc).lower() or "EADDRINUSE" in str(exc)
-        return False
-    del store
-    return True
-
-
-@pytest.mark.parametrize("listener_reuse", [True, False], ids=["reuseaddr-listener", "plain-listener"])
-def test_time_wait_port_verdict_matches_tcpstore(listener_reuse):
-    port = _time_wait_port(listener_reuse)
-    verdict = port_free(port)
-    assert verdict is listener_reuse  # TIME_WAIT blocks only when the old socket lacked SO_REUSEADDR
-    assert _tcpstore_binds(_time_wait_port(listener_reuse)) is verdict
 
 
 @pytest.mark.parametrize("bad", [0, 65536, -1, "29500", 29500.0, True])
@@ -166,15 +88,6 @@ def test_port_validation_names_port(bad):
 def test_host_checks_bad_master_port_names_field():
     with pytest.raises(ValueError, match="master_port"):
         host_checks({}, master_port=70000)
-
-
-def test_free_port_is_bindable():
-    assert port_free(free_port(), "127.0.0.1")
-
-
-def test_free_ports_are_distinct_and_bindable():
-    ports = hostinfo.free_ports(3)
-    assert len(set(ports)) == 3 and all(port_free(p, "127.0.0.1") for p in ports)
 
 
 @pytest.mark.parametrize("count", [0, -1, 1.5, True, "2"])
@@ -299,73 +212,3 @@ def test_record_shape():
         json.dumps(rec)  # plain data
     lo = [i for i in _by_id(records)["host.interfaces"]["values"]["interfaces"] if i["name"] == "lo"]
     assert lo and lo[0]["mtu"] == 65536
-
-
-# ---------------------------------------------------------------- a real network namespace
-
-
-def _netns_usable() -> str:
-    if os.geteuid() != 0:
-        return "needs root to create a network namespace"
-    if shutil.which("ip") is None:
-        return "iproute2 missing"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    return "" if probe.returncode == 0 else f"`ip netns` unavailable: {probe.stderr.strip()}"
-
-
-@pytest.fixture
-def netns():
-    """A namespace with lo, a 9000-MTU veth pair (10.77.201.x), a 1500 one, and a DOWN veth; deleted after."""
-    reason = _netns_usable()
-    if reason:
-        pytest.skip(reason)
-    tag = uuid.uuid4().hex[:6]
-    name = f"hostinfo-test-{tag}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        for cmd in (
-            "link set lo up",
-            f"link add hj{tag} mtu 9000 type veth peer name hk{tag} mtu 9000",
-            f"addr add 10.77.201.1/24 dev hj{tag}",
-            f"link set hj{tag} up", f"link set hk{tag} up",
-            f"link add hm{tag} type veth peer name hn{tag}",
-            f"addr add 10.77.202.1/24 dev hm{tag}",
-            f"link set hm{tag} up", f"link set hn{tag} up",
-            f"link add hd{tag} type veth peer name he{tag}",
-            f"addr add 10.77.203.1/24 dev hd{tag}",
-        ):
-            subprocess.run(["ip", "-n", name, *cmd.split()], check=True, capture_output=True)
-        yield name, tag
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
-
-
-def _in_netns(ns: str, code: str) -> Any:
-    proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def test_interfaces_inside_netns(netns):
-    ns, tag = netns
-    seen = {i["name"]: i for i in _in_netns(ns, "import json; from helpers.hostinfo import interfaces; "
-                                                "print(json.dumps(interfaces()))")}
-    assert seen[f"hj{tag}"]["mtu"] == 9000 and "10.77.201.1/24" in seen[f"hj{tag}"]["ipv4"]
-    assert seen[f"hj{tag}"]["up"] and seen[f"hj{tag}"]["state"] == "UP"
-    assert seen[f"hd{tag}"]["up"] is False and seen[f"hd{tag}"]["state"] == "DOWN"
-    assert "eth0" not in seen  # the host's interfaces stay outside
-
-
-def test_host_checks_inside_netns(netns):
-    ns, tag = netns
-    code = ("import json, sys; from helpers.hostinfo import host_checks; "
-            "print(json.dumps({r['id']: r for r in host_checks(json.loads(sys.argv[1]))}))")
-    env = {"GLOO_SOCKET_IFNAME": f"hd{tag}", "NCCL_SOCKET_IFNAME": f"hj{tag}"}
-    records = _in_netns(ns, code.replace("sys.argv[1]", repr(json.dumps(env))))
-    mismatch = records["host.interfaces"]["values"]["mtu_mismatch"]["ether"]
-    assert records["host.interfaces"]["status"] == "WARN"
-    assert mismatch[f"hj{tag}"] == 9000 and mismatch[f"hm{tag}"] == 1500
-    sock = records["host.socket_ifname"]
-    assert sock["status"] == "WARN" and "DOWN" in sock["title"]
-    assert sock["values"]["NCCL_SOCKET_IFNAME"]["matched"] == [f"hj{tag}"]

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCENARIOS
+from support import SCENARIOS
 
-from helpers import jobs, launchers
+from helpers import launchers
 
 CONTRACT = SCENARIOS / "launch_contract.py"
-YAMLS = {"cpu": ROOT / "configs" / "accelerate_ddp_cpu.yaml", "gpu": ROOT / "configs" / "accelerate_ddp_gpu.yaml"}
-
-
 # --- build_command -------------------------------------------------------------------------------------------
 
 def test_torchrun_single_node_is_standalone_unless_a_port_is_given():
@@ -79,16 +73,6 @@ def test_bad_input_names_the_field(kwargs, field):
         launchers.build_command(args.pop("launcher"), args.pop("nproc_per_node"), **args)
 
 
-def test_built_command_really_runs(no_leftovers):
-    """The argv from build_command starts a real job (torchrun on PATH via the runner) with the D1 contract."""
-    cmd = launchers.build_command("torchrun", 2, script=jobs.SHIM, script_args=[CONTRACT, "--timeout-s", 20])
-    run = jobs.run_commands([cmd], name="test-build-command", timeout_s=60, verbose=False)
-    assert run.ok, run.summary()
-    contracts = launchers.rank_records(run.output, "contract")
-    assert sorted(c["RANK"] for c in contracts) == ["0", "1"] and {c["WORLD_SIZE"] for c in contracts} == {"2"}
-    assert {g["world_size"] for g in launchers.rank_records(run.output, "group")} == {2}
-
-
 # --- the decision table and the record parser ----------------------------------------------------------------
 
 def test_decision_table_rows_are_complete_and_render():
@@ -118,68 +102,5 @@ def test_rank_records_parses_prefixed_and_plain_lines():
 
 # --- the scenario scripts ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, flags", [
-    ("launch_contract.py", ["--hold-s", "--devices-per-node", "--bind", "--local_rank"]),
-    ("launch_accelerate.py", ["--steps", "--cpu"]),
-])
-def test_scenario_help(name, flags):
-    proc = subprocess.run([sys.executable, str(SCENARIOS / name), "--help"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "Example" in proc.stdout and all(f in proc.stdout for f in flags)
-
-
-def test_contract_script_rejects_bad_timeout():
-    proc = subprocess.run([sys.executable, str(CONTRACT), "--timeout-s", "0"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 2 and "--timeout-s" in proc.stderr
-
-
 # --- Accelerate configs, checked with Accelerate's own loader ----------------------------------------------
 
-@pytest.mark.parametrize("which", sorted(YAMLS))
-def test_accelerate_yaml_loads_with_accelerate(which):
-    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
-    from accelerate.utils import DistributedType
-
-    path = YAMLS[which]
-    cfg = ClusterConfig.from_yaml_file(yaml_file=str(path))  # raises ValueError on unknown keys
-    assert isinstance(load_config_from_file(str(path)), ClusterConfig)
-    assert cfg.distributed_type == DistributedType.MULTI_GPU and cfg.num_machines == 1 and cfg.machine_rank == 0
-    if which == "cpu":
-        assert cfg.use_cpu is True and cfg.num_processes == 2 and cfg.mixed_precision == "no"
-    else:
-        assert cfg.use_cpu is False and cfg.num_processes >= 2 and cfg.mixed_precision == "bf16"
-    text = path.read_text()
-    header = [line for line in text.splitlines() if line.startswith("#")][:6]
-    assert any(f"accelerate launch --config_file configs/{path.name}" in line for line in header)
-    assert re.search(r"^num_processes: \d+ +# EDIT", text, re.M)
-
-
-@pytest.mark.parametrize("which, nproc", [("cpu", 2), ("gpu", 8)])
-def test_accelerate_yaml_selects_the_multi_process_launcher(which, nproc):
-    """What `accelerate launch --config_file X` decides, without launching (accelerate's own validation)."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-
-    args = launch_command_parser().parse_args(["--config_file", str(YAMLS[which]), "train.py"])
-    args, _, _ = _validate_launch_command(args)
-    assert args.multi_gpu and not args.cpu and args.num_processes == nproc  # torchrun path: N processes (D5)
-
-
-def test_accelerate_loader_rejects_unknown_keys(tmp_path: Path):
-    from accelerate.commands.config.config_args import ClusterConfig
-
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(YAMLS["cpu"].read_text() + "multi_cpu: true\n")
-    with pytest.raises(ValueError, match="unknown keys"):
-        ClusterConfig.from_yaml_file(yaml_file=str(bad))
-
-
-def test_hostfile_example_parses_with_deepspeed():
-    from deepspeed.launcher.runner import _parse_hostfile
-
-    text = (ROOT / "configs" / "hostfile.example").read_text()
-    assert _parse_hostfile(text.splitlines()) == {"worker-1": 8, "worker-2": 8}
-    assert "deepspeed --hostfile=configs/hostfile.example" in text and text.count("# EDIT") == 2
-    with pytest.raises(ValueError, match="bad entry"):
-        _parse_hostfile(["worker-1 gpus=8"])

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import SCENARIOS
+from support import SCENARIOS
 
 from helpers import memory
 

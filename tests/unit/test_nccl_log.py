@@ -16,7 +16,7 @@ import pytest
 
 from helpers import nccl_log as nl
 
-DATA = Path(__file__).parent / "data" / "nccl"
+DATA = Path(__file__).parents[1] / "data" / "nccl"
 
 
 def load(name: str) -> nl.NcclLog:
@@ -389,7 +389,7 @@ def test_long_lines_stay_fast() -> None:
 def test_runbook_cli_wires_nccl_log(capsys):
     from helpers import cli
 
-    data = Path(__file__).parent / "data" / "nccl"
+    data = Path(__file__).parents[1] / "data" / "nccl"
     assert cli.main(["nccl-log", str(data / "single_node_net_ib.log")]) == 1
     assert "[FAIL] single-node-net-transport" in capsys.readouterr().out
     assert cli.main(["nccl-log", str(data / "healthy_multinode_ib.log")]) == 0
