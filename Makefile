@@ -1,4 +1,5 @@
-# distributed-runbook: `make diagnose` runs the allocation check, `make test` the test suite.
+# distributed-runbook: `make diagnose` runs the allocation check, `make test` the test suite (ruff first,
+# then every layer); `make test-unit` etc. run one layer (tests/README.md).
 # Both create .venv when missing and install what they need first.
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools test diagnose lab bench clean
+.PHONY: setup system-tools lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs diagnose lab bench clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -37,9 +38,19 @@ system-tools:
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# pyflakes, pycodestyle errors and import order ([tool.ruff] in pyproject.toml); no reformatting.
+lint-code: $(STAMP)
+	$(BIN)/ruff check helpers tests benchmarks
+
+test: lint-code
 	@mkdir -p build/tmp
 	$(BIN)/python -m pytest -q tests
+
+# One layer each (tests/README.md: what each checks, how long it takes).  test-lab needs root or user namespaces.
+LAYER_TARGETS := test-unit test-jobs test-lab test-notebooks test-scenarios test-configs
+$(LAYER_TARGETS): test-%: $(STAMP)
+	@mkdir -p build/tmp
+	$(BIN)/python -m pytest -q tests/$*
 
 diagnose: $(STAMP)
 	@mkdir -p build/tmp

@@ -384,8 +384,8 @@ def df_ping(runner: Runner, node: str, dst: str, size: int, timeout_s: float = 1
     argv = _ping_argv(facts, dst, size, None)
     shown = shlex.join(argv) if have else f"python3 <icmp probe> {dst} {size} df=1"
     ans = _call(runner, node, argv, timeout_s)
-    said = " | ".join(l.strip() for l in (ans.stdout + ans.stderr).splitlines()
-                      if "packet" in l or l.startswith(("ping:", "local error")))
+    said = " | ".join(line.strip() for line in (ans.stdout + ans.stderr).splitlines()
+                      if "packet" in line or line.startswith(("ping:", "local error")))
     return ans.returncode, shown, said
 
 

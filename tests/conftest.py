@@ -1,4 +1,10 @@
-"""Shared fixtures: every test must leave no launcher, rank, listener or temp dir behind."""
+"""Fixtures shared by every layer, and the layer markers.
+
+Every test must leave no launcher, rank, listener or temp dir behind (``no_leftovers``).  Each test gets
+the marker of its folder (``tests/unit/`` -> ``unit``, ...; see ``LAYERS``), so ``pytest -m unit`` selects
+a layer.  Plain helpers (``execute_notebook``, ``SCENARIOS``...) are in ``support.py``; tests/README.md says
+what each layer checks and how to run it.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,31 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import ROOT, lab_status
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "helpers" / "scenarios"
+# folder under tests/ -> marker (registered in pyproject.toml's [tool.pytest.ini_options] markers)
+LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios", "configs": "configs",
+          "notebooks": "notebook"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its layer, taken from the folder it lives in (``tests/<layer>/test_*.py``)."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        if folder in LAYERS:
+            item.add_marker(LAYERS[folder])
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test marked ``needs_lab`` (``support.needs_lab``) where the network lab cannot be built, saying why."""
+    if item.get_closest_marker("needs_lab"):
+        available, why = lab_status()
+        if not available:
+            pytest.skip(f"network lab unavailable: {why}")
 
 
 def job_processes(test_id: str) -> list[psutil.Process]:
@@ -51,27 +79,13 @@ def _python_path(monkeypatch):
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def execute_notebook(name: str, parameters: dict | None = None, timeout_s: float = 600) -> Path:
-    """Execute ``notebooks/<name>`` with papermill into ``build/executed/`` and return the executed copy.
-
-    Raises papermill's ``PapermillExecutionError`` when a cell fails (the test then fails with
-    the cell's error).  The source notebook is never written to.
-    """
-    import papermill
-
-    out = ROOT / "build" / "executed" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(ROOT / "notebooks" / name), str(out), parameters=parameters or {},
-                               cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
-                               execution_timeout=timeout_s)
-    return out
-
-
-def notebook_outputs(path: Path) -> tuple[list[str], str]:
-    """``(error names, all text output)`` of an executed notebook's code cells."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    errors = [o.get("ename", "") for o in outputs if o.get("output_type") == "error"]
-    return errors, "".join(o.get("text", "") for o in outputs)
+@pytest.fixture
+def run_env(tmp_path: Path) -> dict[str, str]:
+    """Environment of a launch: TMPDIR under the test's tmp dir, DeepSpeed's JIT cache under build/."""
+    env = dict(os.environ)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    ext_dir = ROOT / "build" / "torch_extensions"
+    ext_dir.mkdir(parents=True, exist_ok=True)
+    env.update(TMPDIR=str(tmpdir), TORCH_EXTENSIONS_DIR=str(ext_dir), PYTHONUNBUFFERED="1")
+    return env

@@ -164,9 +164,8 @@ class CollectiveTrace:
         self._prof: Any = None
 
     def __enter__(self) -> CollectiveTrace:
-        from torch.profiler import ProfilerActivity, profile
-
         import torch.distributed as dist
+        from torch.profiler import ProfilerActivity, profile
 
         original = dist.all_reduce
 

@@ -1,0 +1,218 @@
+"""Tests of helpers.hostinfo: real interfaces, real sockets, real /dev/shm, a real network namespace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from helpers import diagnostics, hostinfo
+from helpers.checks import Check
+from helpers.diagnostics import host_checks
+from helpers.hostinfo import free_port, interfaces, port_free, shm_info
+from helpers.ifnames import match as match_ifname
+from helpers.ifnames import parse as parse_socket_ifname
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _by_id(records: list[Check]) -> dict[str, dict[str, Any]]:
+    return {r.id: r.to_dict() for r in records}
+
+
+# ---------------------------------------------------------------- interfaces / shm
+
+
+def test_interfaces_lists_loopback():
+    lo = {i["name"]: i for i in interfaces()}["lo"]
+    assert lo["mtu"] == 65536
+    assert "127.0.0.1/8" in lo["ipv4"]
+    assert lo["loopback"] and lo["up"] and lo["state"] in ("UNKNOWN", "UP")
+
+
+def test_interfaces_agrees_with_psutil():
+    ours = {i["name"]: i["mtu"] for i in interfaces()}
+    theirs = {name: st.mtu for name, st in psutil.net_if_stats().items()}
+    assert ours == theirs
+
+
+def test_interfaces_without_ip_raises(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no `ip` anywhere
+    with pytest.raises(RuntimeError, match="iproute2"):
+        interfaces()
+
+
+def test_shm_info_matches_psutil():
+    info = shm_info()
+    usage = psutil.disk_usage("/dev/shm")
+    assert info["path"] == "/dev/shm"
+    assert info["total_bytes"] == usage.total > 0
+    assert 0 <= info["free_bytes"] <= info["total_bytes"]
+
+
+def test_shm_info_missing_path_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        shm_info(str(tmp_path / "nope"))
+
+
+def test_host_shm_record_grades_measured_size():
+    rec = _by_id(host_checks({}))["host.shm"]
+    total, free = rec["values"]["total_bytes"], rec["values"]["free_bytes"]
+    if total < diagnostics.SHM_FAIL_BYTES:
+        assert rec["status"] == "FAIL"
+    elif total < diagnostics.SHM_WARN_BYTES or free < diagnostics.SHM_WARN_BYTES:
+        assert rec["status"] == "WARN"
+        assert "--shm-size" in rec["remediation"] or "/dev/shm" in rec["remediation"]
+    else:
+        assert rec["status"] == "OK" and rec["remediation"] == ""
+    assert "nvidia.com" in rec["source"]
+
+
+# ---------------------------------------------------------------- ports
+
+
+def test_bad_master_port_in_env_is_a_fail_record():
+    rec = _by_id(host_checks({"MASTER_PORT": "http"}))["host.port"]
+    assert rec["status"] == "FAIL" and "MASTER_PORT" in rec["title"]
+
+
+@pytest.mark.parametrize("bad", [0, 65536, -1, "29500", 29500.0, True])
+def test_port_validation_names_port(bad):
+    with pytest.raises(ValueError, match="port"):
+        port_free(bad)
+
+
+def test_host_checks_bad_master_port_names_field():
+    with pytest.raises(ValueError, match="master_port"):
+        host_checks({}, master_port=70000)
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2"])
+def test_free_ports_bad_count_names_the_field(count):
+    with pytest.raises(ValueError, match="count"):
+        hostinfo.free_ports(count)
+
+
+# ---------------------------------------------------------------- *_SOCKET_IFNAME parsing and matching
+
+
+@pytest.mark.parametrize(
+    "value, flavor, exclude, exact, names, supported",
+    [
+        ("eth", "nccl", False, False, ["eth"], True),
+        ("^docker,lo", "nccl", True, False, ["docker", "lo"], True),
+        ("=eth0", "nccl", False, True, ["eth0"], True),
+        ("^=docker0", "nccl", True, True, ["docker0"], True),
+        ("eth0:1,ib", "nccl", False, False, ["eth0", "ib"], True),
+        ("e", "nccl", False, False, [], True),
+        ("eth0,lo", "gloo", False, True, ["eth0", "lo"], True),
+        ("lo,", "gloo", False, True, ["lo"], True),
+        ("^docker0", "gloo", False, True, ["^docker0"], False),
+        ("=lo", "gloo", False, True, ["=lo"], False),
+        (",lo", "gloo", False, True, ["", "lo"], False),
+    ],
+)
+def test_parse_socket_ifname_table(value, flavor, exclude, exact, names, supported):
+    spec = parse_socket_ifname(value, flavor)
+    assert set(spec) == {"exclude", "exact", "names", "supported", "note"}
+    assert (spec["exclude"], spec["exact"], spec["names"], spec["supported"]) == (exclude, exact, names, supported)
+    assert isinstance(spec["note"], str) and spec["note"]
+
+
+def test_gloo_caret_note_names_the_error():
+    assert "Unable to find address for: ^docker0" in parse_socket_ifname("^docker0", "gloo")["note"]
+
+
+def test_bad_flavor_names_field_and_values():
+    with pytest.raises(ValueError, match=r"flavor.*nccl.*gloo"):
+        parse_socket_ifname("eth0", "mpi")
+
+
+def _iface(name: str, ipv4: list[str], up: bool = True, loopback: bool = False) -> dict[str, Any]:
+    return {"name": name, "state": "UP" if up else "DOWN", "mtu": 1500, "flags": [], "link_type": "ether",
+            "loopback": loopback, "up": up, "ipv4": ipv4, "ipv6": []}
+
+
+IFACES = [_iface("lo", ["127.0.0.1/8"], loopback=True), _iface("eth0", ["10.0.0.2/24"]),
+          _iface("eth10", ["10.1.0.2/24"]), _iface("docker0", ["172.17.0.1/16"]), _iface("ib0", [])]
+
+
+@pytest.mark.parametrize(
+    "value, flavor, expected",
+    [
+        ("eth", "nccl", ["eth0", "eth10"]),
+        ("=eth1", "nccl", []),
+        ("eth1", "nccl", ["eth10"]),
+        ("^docker,lo", "nccl", ["eth0", "eth10"]),
+        ("^=eth0", "nccl", ["lo", "eth10", "docker0"]),
+        ("ib", "nccl", []),  # ib0 has no address: NCCL and gloo skip it
+        ("eth0,lo", "gloo", ["lo", "eth0"]),
+        ("eth", "gloo", []),
+        ("^docker0", "gloo", []),
+    ],
+)
+def test_match_ifname(value, flavor, expected):
+    assert match_ifname(parse_socket_ifname(value, flavor), IFACES) == expected
+
+
+# ---------------------------------------------------------------- host.socket_ifname / host.interfaces on this host
+
+
+def test_gloo_ifname_missing_interface_fails_with_autodetect_advice():
+    rec = _by_id(host_checks({"GLOO_SOCKET_IFNAME": "ibp65s0"}))["host.socket_ifname"]
+    assert rec["status"] == "FAIL"
+    assert "Unable to find address for: ibp65s0" in rec["title"]
+    assert "auto-detect" in rec["remediation"]
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["matched"] == []
+
+
+def test_gloo_ifname_lo_single_node_ok():
+    rec = _by_id(host_checks({"GLOO_SOCKET_IFNAME": "lo"}))["host.socket_ifname"]
+    assert rec["status"] == "OK" and rec["remediation"] == ""
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["matched"] == ["lo"]
+
+
+def test_gloo_ifname_lo_multi_node_warns():
+    env = {"GLOO_SOCKET_IFNAME": "lo", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    rec = _by_id(host_checks(env))["host.socket_ifname"]
+    assert rec["status"] == "WARN" and "loopback" in rec["title"]
+    assert _by_id(host_checks({"GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_NUM_NODES": "2"}))["host.socket_ifname"]["status"] == "WARN"
+
+
+def test_gloo_caret_fails_and_nccl_caret_is_fine():
+    rec = _by_id(host_checks({"GLOO_SOCKET_IFNAME": "^docker0", "NCCL_SOCKET_IFNAME": "^docker0"}))["host.socket_ifname"]
+    assert rec["status"] == "FAIL"
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["spec"]["supported"] is False
+    assert "lo" in rec["values"]["NCCL_SOCKET_IFNAME"]["matched"]
+
+
+def test_nccl_ifname_no_match_fails():
+    rec = _by_id(host_checks({"NCCL_SOCKET_IFNAME": "=ibp65s0"}))["host.socket_ifname"]
+    assert rec["status"] == "FAIL" and "no socket interface found" in rec["title"]
+
+
+def test_unset_ifname_is_ok():
+    rec = _by_id(host_checks({}))["host.socket_ifname"]
+    assert rec["status"] == "OK" and "auto-detect" in rec["title"]
+    rec = _by_id(host_checks({"NCCL_SOCKET_IFNAME": "e", "GLOO_SOCKET_IFNAME": "x"}))["host.socket_ifname"]
+    assert rec["status"] == "OK"  # one character: both libraries ignore it and auto-detect
+    assert rec["values"]["GLOO_SOCKET_IFNAME"]["matched"] == [] and "auto" in rec["title"]
+
+
+def test_record_shape():
+    records = host_checks({})
+    assert all(type(r) is Check for r in records)
+    assert [r.id for r in records] == ["host.port", "host.shm", "host.interfaces", "host.socket_ifname"]
+    for rec in records:
+        assert rec.status in ("OK", "WARN", "FAIL") and rec.source
+        assert (rec.remediation == "") == (rec.status == "OK")
+        json.dumps(rec.to_dict())  # plain data
+    lo = [i for i in _by_id(records)["host.interfaces"]["values"]["interfaces"] if i["name"] == "lo"]
+    assert lo and lo[0]["mtu"] == 65536
+
+
+def test_hostinfo_host_checks_alias_grades_the_same():
+    assert [r.id for r in hostinfo.host_checks({})] == [r.id for r in host_checks({})]

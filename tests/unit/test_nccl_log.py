@@ -1,0 +1,395 @@
+"""Tests of helpers.nccl_log on the sample logs under tests/data/nccl/ and on inline lines.
+
+Pure parsing: no torch, no subprocess.  The gilbreth_* samples are verbatim excerpts of
+/work/shared/seeds/gilbreth-hpc-guide.md (section named in each file's header); the others
+are hand-written in real NCCL formats (sources in their headers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import nccl_log as nl
+
+DATA = Path(__file__).parents[1] / "data" / "nccl"
+
+
+def load(name: str) -> nl.NcclLog:
+    return nl.parse_files([DATA / name])
+
+
+def verdicts(name: str) -> dict[str, nl.Verdict]:
+    return {v.id: v for v in nl.interpret(load(name))}
+
+
+def severities(vs) -> set[str]:
+    return {v.severity for v in (vs.values() if isinstance(vs, dict) else vs)}
+
+
+# ------------------------------------------------------------------------------- per sample log
+
+# sample -> (verdict id that must be present, its severity, CLI exit status)
+EXPECTED = {
+    "healthy_multinode_ib.log": (None, None, 0),
+    "gilbreth_6_7_shm_single_node.log": (None, None, 0),
+    "gilbreth_8_9_multinode_ib.log": (None, None, 0),
+    "gilbreth_6_3_incorrect_single_node.log": ("single-node-ib-loaded", "INFO", 0),
+    "gilbreth_8_12_no_socket_interface.log": ("no-interface", "FAIL", 1),
+    "no_socket_interface.log": ("no-interface", "FAIL", 1),
+    "bridge_virbr0_bootstrap.log": ("bad-interface", "FAIL", 1),
+    "lo_socket_ifname.log": ("bad-interface", "FAIL", 1),
+    "single_node_net_ib.log": ("single-node-net-transport", "FAIL", 1),
+    "ib_fallback_socket.log": ("ib-fallback-socket", "WARN", 0),
+    "connect_no_route.log": ("connect-failed", "FAIL", 1),
+    "mn1_stuck_host.log": ("init-incomplete", "FAIL", 1),
+    "mixed_versions.log": ("mixed-nccl-version", "FAIL", 1),
+}
+
+
+def test_every_sample_is_covered() -> None:
+    assert sorted(p.name for p in DATA.glob("*.log")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_sample_verdict_and_exit_status(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    vid, severity, status = EXPECTED[name]
+    found = verdicts(name)
+    if vid is None:
+        assert not severities(found) & {"FAIL", "WARN"}, found
+    else:
+        assert found[vid].severity == severity
+        assert found[vid].evidence and found[vid].fix
+    assert nl.main([str(DATA / name)]) == status
+    out = capsys.readouterr().out
+    if vid is not None:
+        assert f"[{severity}] {vid}: " in out
+
+
+def test_healthy_multinode_fields() -> None:
+    log = load("healthy_multinode_ib.log")
+    assert log.topology() == "multi-node"
+    assert log.hosts == ["gpu-a01", "gpu-a02"]
+    assert list(log.ranks) == ["gpu-a01:41021[0]", "gpu-a01:41022[1]", "gpu-a02:38817[0]", "gpu-a02:38818[1]"]
+    r0 = log.ranks["gpu-a01:41021[0]"]
+    assert (r0.host, r0.pid, r0.cuda_dev, r0.rank) == ("gpu-a01", 41021, 0, 0)
+    assert r0.nccl_version == "2.21.5+cuda12.4"          # the bare "NCCL version" line after its own line
+    assert [str(i) for i in r0.bootstrap] == ["ens8f0:10.20.0.11<0>"]
+    assert r0.net == "IB" and r0.network == "IB"
+    assert r0.net_devices == ["[0]mlx5_0:1/IB", "[1]mlx5_1:1/IB"] and r0.oob.name == "ens8f0"
+    assert r0.connections() == {(0, 1): ["P2P/CUMEM/read"], (3, 0): ["NET/IB/0/GDRDMA"]}
+    assert r0.transports() == ["NET/IB", "P2P/CUMEM"]
+    done = r0.init_complete[0]
+    assert (done.rank, done.nranks, done.cuda_dev) == (0, 4, 0)
+    assert (r0.n_nodes, r0.local_ranks) == (2, 2)
+    assert [r.rank for r in log.ranks.values()] == [0, 1, 2, 3]
+    assert all(r.completed for r in log.ranks.values())
+    assert log.lines_seen == 64 and log.nccl_lines == 57 and 0 < log.unparsed_count < log.nccl_lines
+
+
+# -------------------------------------------------------------------- Gilbreth guide excerpts
+
+def test_gilbreth_6_7_correct_output() -> None:
+    log = load("gilbreth_6_7_shm_single_node.log")
+    assert set(log.ranks) == {"rank0", "rank1"}
+    assert log.ranks["rank0"].connections() == {(0, 1): ["SHM/direct/direct"]}
+    assert [c.nranks for r in log.ranks.values() for c in r.init_complete] == [2, 2]
+    assert log.unattributed.lines == 2                   # "Connected all rings/trees"
+
+
+def test_gilbreth_6_3_incorrect_output() -> None:
+    log = load("gilbreth_6_3_incorrect_single_node.log")
+    assert log.unattributed.network == "IB"
+    assert log.ranks["rank0"].connections() == {(0, 1): ["P2P/CUMEM"]}
+    assert "§6.3" in verdicts("gilbreth_6_3_incorrect_single_node.log")["single-node-ib-loaded"].message
+
+
+def test_gilbreth_8_9_multinode() -> None:
+    log = load("gilbreth_8_9_multinode_ib.log")
+    assert log.topology() == "multi-node"
+    assert log.ranks["gilbreth-i004"].net_devices == ["[0]ibp161s0:1/RoCE/DETH"]
+    assert log.ranks["gilbreth-k025"].net == "IB"
+    assert log.ranks["rank0"].connections() == {(0, 2): ["NET/IB/0"], (0, 4): ["P2P/CUMEM"]}
+
+
+def test_gilbreth_8_12_fix_cites_the_guide() -> None:
+    v = verdicts("gilbreth_8_12_no_socket_interface.log")["no-interface"]
+    assert v.evidence == ["Bootstrap : no socket interface found"]
+    assert "unset NCCL_SOCKET_IFNAME" in v.fix and "§8.12" in v.fix
+
+
+# -------------------------------------------------------------------------- one verdict each
+
+def test_bridge_bootstrap_and_refused() -> None:
+    log = load("bridge_virbr0_bootstrap.log")
+    assert list(log.ranks) == ["node-a:9120[0]", "node-b:7731[0]"]   # [rank1]: lines folded into node-b's key
+    found = {v.id: v for v in nl.interpret(log)}
+    bad = found["bad-interface"]
+    assert "virbr0 (libvirt bridge)" in bad.message and bad.hosts == ["node-a", "node-b"]
+    assert "NCCL_SOCKET_IFNAME=^docker0,lo" in bad.fix and "MN2" in bad.fix
+    conn = found["connect-failed"]
+    assert conn.severity == "FAIL" and conn.ranks == ["node-b:7731[0]"]
+    assert "192.168.122.1:35547" in conn.message and "Connection refused" in conn.message
+    assert found["ib-fallback-socket"].severity == "WARN"
+
+
+def test_lo_names_the_environment_variable() -> None:
+    bad = verdicts("lo_socket_ifname.log")["bad-interface"]
+    assert "lo (loopback)" in bad.message
+    assert bad.fix.startswith("NCCL_SOCKET_IFNAME is set to lo by the environment")
+    assert load("lo_socket_ifname.log").ranks["node2:4410[0]"].env == {"NCCL_SOCKET_IFNAME": "lo",
+                                                                       "NCCL_IB_DISABLE": "1"}
+
+
+def test_single_node_net_is_the_gilbreth_trap() -> None:
+    log = load("single_node_net_ib.log")
+    assert log.topology() == "single-node" and list(log.ranks) == ["gpu-node-07:18211[0]", "gpu-node-07:18212[1]"]
+    v = {v.id: v for v in nl.interpret(log)}["single-node-net-transport"]
+    assert v.hosts == ["gpu-node-07"] and "NET/IB" in v.message
+    assert "NCCL_P2P_DISABLE=1" in v.message
+    # the four settings of gilbreth-hpc-guide §6.3 "Required Environment Variables", verbatim
+    for setting in ("NCCL_IB_DISABLE=1", "NCCL_NET_DISABLE=1", "NCCL_P2P_LEVEL=NVL", "NCCL_SHM_DISABLE=0"):
+        assert setting in v.fix
+    assert "§6.3" in v.fix
+
+
+def test_ib_fallback_is_warn_only() -> None:
+    found = verdicts("ib_fallback_socket.log")
+    assert severities(found) == {"WARN"}
+    assert "ens5" in found["ib-fallback-socket"].message
+
+
+def test_no_route_names_the_address_and_its_host() -> None:
+    v = verdicts("connect_no_route.log")["connect-failed"]
+    assert v.hosts == ["node5"] and v.ranks == ["node5:240[0]", "node5:241[1]"]
+    assert "10.0.0.4:56849 (advertised by node4)" in v.message and "No route to host" in v.message
+
+
+def test_no_interface_names_the_variable_and_host() -> None:
+    found = verdicts("no_socket_interface.log")
+    v = found["no-interface"]
+    assert v.hosts == ["gilbreth-i004"] and "NCCL_SOCKET_IFNAME=ibp65s0" in v.message
+    assert "init-incomplete" not in found                 # already explained by the FAIL above
+
+
+def test_mn1_names_the_stuck_host() -> None:
+    log = load("mn1_stuck_host.log")
+    assert log.ranks["node-a:1201[0]"].nccl_version == "2.20.5+cuda12.4"   # [default0]: bare line -> node-a
+    assert log.ranks["node-a:1201[0]"].label == "default0"
+    found = {v.id: v for v in nl.interpret(log)}
+    v = found["init-incomplete"]
+    assert v.severity == "FAIL" and v.hosts == ["node-b"]
+    assert v.ranks == ["node-b:3377[0]", "node-b:3378[1]"] and "MN1" in v.message
+    assert [f.id for f in found.values() if f.severity == "FAIL"] == ["init-incomplete"]
+
+
+def test_mixed_versions() -> None:
+    v = verdicts("mixed_versions.log")["mixed-nccl-version"]
+    assert "2.18.3 on node-b" in v.message and "2.21.5 on node-a" in v.message
+    assert "rank 0 runs 2.21.5, rank 2 runs 2.18.3" in v.message
+
+
+# -------------------------------------------------------------------------------- line formats
+
+@pytest.mark.parametrize("line, rank, nranks, dev", [
+    ("h:1:2 [7] NCCL INFO comm 0x7fdf08000d00 rank 15 nranks 16 cudaDev 7 busId e7000 - Init COMPLETE", 15, 16, 7),
+    ("h:1:2 [4] NCCL INFO comm 0x557fe785f7a0 rank 36 nranks 64 cudaDev 4 nvmlDev 4 busId 9b000 "
+     "commId 0x5ae77eb5ea4ec1ee - Init COMPLETE", 36, 64, 4),
+    ("h:1:2 [6] NCCL INFO ncclCommInitRank comm 0x55555b0ba430 rank 6 nranks 8 cudaDev 6 nvmlDev 6 busId bb000 "
+     "commId 0xb1a317b2c0f1498c - Init COMPLETE", 6, 8, 6),
+    ("h:1:2 [1] NCCL INFO ncclCommSplit comm 0x5591 rank 1 nranks 2 cudaDev 1 nvmlDev 1 busId 2a000 parent 0x5581 "
+     "splitCount 1 color 7 key 1 - Init COMPLETE", 1, 2, 1),
+    ("NCCL INFO comm 0x... rank 1 nranks 2 - Init COMPLETE", 1, 2, None),
+])
+def test_init_complete_forms(line: str, rank: int, nranks: int, dev: int | None) -> None:
+    (info,) = nl.parse(line).ranks.values()
+    done = info.init_complete[0]
+    assert (done.rank, done.nranks, done.cuda_dev) == (rank, nranks, dev)
+    assert info.completed and info.rank == rank
+
+
+@pytest.mark.parametrize("msg, src, dst, direction, via, own", [
+    ("Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer", 0, 1, None, "P2P/direct pointer", 0),
+    ("Channel 01/0 : 26[2] -> 33[1] [receive] via NET/IBext_v8/4", 26, 33, "receive", "NET/IBext_v8/4", 33),
+    ("Ring 00 : 3[b01000] -> 4[201000] [send] via NET/Socket/0", 3, 4, "send", "NET/Socket/0", 3),
+    ("Channel 00 : 0[0] -> 1[1] via SHM/direct/direct", 0, 1, None, "SHM/direct/direct", 0),
+])
+def test_channel_forms(msg: str, src: int, dst: int, direction: str | None, via: str, own: int) -> None:
+    (info,) = nl.parse(f"gpu1:10:11 [0] NCCL INFO {msg}").ranks.values()
+    ch = info.channels[0]
+    assert (ch.src, ch.dst, ch.direction, ch.via, ch.own_rank) == (src, dst, direction, via, own)
+
+
+@pytest.mark.parametrize("prefix, key, rank, label", [
+    ("[rank3]:", "n1:70[3]", 3, "rank3"),                  # torchrun >= 2.2 --tee
+    ("[default1]:", "n1:70[3]", None, "default1"),         # older torchrun: local rank label
+    ("[rank 2] ", "n1:70[3]", 2, "rank2"),                 # helpers.jobs merged output
+    ("2025-03-04T10:15:01.102Z ", "n1:70[3]", None, None),
+    ("\x1b[0m ", "n1:70[3]", None, None),                  # ANSI colour (pytorch/pytorch#68893)
+    ("(worker3, rank=3, pid=70, ip=10.1.0.7) ", "n1:70[3]", None, None),   # Ray
+])
+def test_prefixes(prefix: str, key: str, rank: int | None, label: str | None) -> None:
+    log = nl.parse(f"{prefix}n1:70:71 [3] NCCL INFO Bootstrap : Using eth0:10.1.0.7<0>")
+    info = log.ranks[key]
+    assert (info.rank, info.label, info.bootstrap[0].name) == (rank, label, "eth0")
+
+
+@pytest.mark.parametrize("name, address, reason", [
+    ("lo", "127.0.0.1<0>", "loopback"), ("eno9", "127.0.1.1<0>", "loopback"),
+    ("docker0", "172.17.0.1<0>", "Docker bridge"), ("br-3f2a1b9c", "172.18.0.1<0>", "Docker bridge"),
+    ("virbr0", "192.168.122.1<0>", "libvirt bridge"),
+    ("veth75fa783", "fe80::14ad:64ff:fe64:b31e%veth75fa783<0>", "container veth pair"),
+    ("eth0", "10.0.0.1<0>", None), ("ibp65s0", "172.18.37.23<0>", None), ("bond0", "10.8.0.21<0>", None),
+])
+def test_bad_interface_reason(name: str, address: str, reason: str | None) -> None:
+    assert nl.bad_interface_reason(nl.Iface(name, address)) == reason
+
+
+TWO_HOSTS = ("a:1:1 [0] NCCL INFO Bootstrap : Using ens5:10.0.0.1<0>\n"
+             "b:2:2 [0] NCCL INFO Bootstrap : Using ens5:10.0.0.2<0>\n")
+
+
+def test_veth_second_in_socket_list_fails_multinode() -> None:
+    # NCCL uses every listed NET/Socket device (the list format of pytorch/pytorch#68893)
+    text = TWO_HOSTS + ("a:1:1 [0] NCCL INFO NET/Socket : Using [0]ens5:10.0.0.1<0> "
+                        "[1]veth75fa783:fe80::14ad:64ff:fe64:b31e%veth75fa783<0>\n")
+    v = {v.id: v for v in nl.interpret(nl.parse(text))}["bad-interface"]
+    assert v.severity == "FAIL" and "NET/Socket on veth75fa783" in v.message and v.hosts == ["a"]
+
+
+def test_docker0_and_same_address_on_two_hosts() -> None:
+    text = ("a:1:1 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to docker0\n"
+            "a:1:1 [0] NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>\n"
+            "b:2:2 [0] NCCL INFO Bootstrap : Using cni0:10.244.0.1<0>\n"
+            "c:3:3 [0] NCCL INFO Bootstrap : Using cni0:10.244.0.1<0>\n")
+    v = {v.id: v for v in nl.interpret(nl.parse(text))}["bad-interface"]
+    assert "docker0 (Docker bridge)" in v.message and "advertised by 2 hosts" in v.message
+    assert v.hosts == ["a", "b", "c"] and "set to docker0" in v.fix
+
+
+def test_loopback_on_one_node_is_only_info() -> None:
+    text = ("a:1:1 [0] NCCL INFO Bootstrap : Using lo:127.0.0.1<0>\n"
+            "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0\n")
+    v = {v.id: v for v in nl.interpret(nl.parse(text))}["bad-interface"]
+    assert v.severity == "INFO"
+
+
+def test_connect_retry_then_complete_is_transient_warn() -> None:
+    text = TWO_HOSTS + (
+        "b:2:2 [0] NCCL INFO socketPollConnect: connect to 10.0.0.1<4000> returned Connection refused, "
+        "retrying (1/34) after sleep for 100 msec\n"
+        "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        "b:2:2 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n")
+    found = {v.id: v for v in nl.interpret(nl.parse(text))}
+    assert found["connect-failed"].severity == "WARN" and "transient" in found["connect-failed"].message
+    assert "10.0.0.1:4000 (advertised by a)" in found["connect-failed"].message
+
+
+def test_pre_init_lines_of_another_cuda_dev_fold_into_the_process() -> None:
+    # Bootstrap printed before torch.cuda.set_device (dev 0), the rest on dev 1: one rank, not a stuck one
+    text = ("a:1:1 [0] NCCL INFO Bootstrap : Using ens5:10.0.0.1<0>\n"
+            "a:1:9 [1] NCCL INFO comm 0x1 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE\n"
+            "a:2:8 [0] NCCL INFO comm 0x2 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n")
+    log = nl.parse(text)
+    assert list(log.ranks) == ["a:1[1]", "a:2[0]"] and log.ranks["a:1[1]"].bootstrap[0].name == "ens5"
+    assert not [v for v in nl.interpret(log) if v.severity != "INFO"]
+
+
+def test_warn_lines_are_kept() -> None:
+    text = "a:1:1 [0] enqueue.cc:100 NCCL WARN Cuda failure 'out of memory'\n"
+    log = nl.parse(text)
+    assert log.ranks["a:1[0]"].warns == [text.strip()]
+    assert {v.id for v in nl.interpret(log)} >= {"other-warnings"}
+
+
+# ----------------------------------------------------------------------------- bad input, CLI
+
+def test_no_nccl_lines_names_the_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match=r"<text>: no NCCL lines"):
+        nl.parse("just\nsome text\n")
+    empty = tmp_path / "train.out"
+    empty.write_text("epoch 1 loss 0.3\n")
+    with pytest.raises(ValueError, match="train.out: no NCCL lines"):
+        nl.parse_files([empty])
+    assert nl.main([str(empty)]) == 2
+    assert "train.out: no NCCL lines" in capsys.readouterr().err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.log"
+    with pytest.raises(ValueError, match="nope.log: cannot read"):
+        nl.parse_files([missing])
+    assert nl.main([str(missing)]) == 2
+    assert "nope.log: cannot read the log" in capsys.readouterr().err
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="text"):
+        nl.parse(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="log"):
+        nl.interpret("not a log")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="severity='BAD'"):
+        nl.Verdict("x", "BAD", "m")
+    with pytest.raises(ValueError, match="paths"):
+        nl.parse_files([])
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nl.main([str(DATA / "mn1_stuck_host.log"), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["topology"] == "multi-node" and set(data["ranks"]) == {
+        "node-a:1201[0]", "node-a:1202[1]", "node-b:3377[0]", "node-b:3378[1]"}
+    assert data["ranks"]["node-a:1201[0]"]["connections"]["0->1"] == ["P2P/CUMEM/read"]
+    (v,) = [v for v in data["verdicts"] if v["id"] == "init-incomplete"]
+    assert v["hosts"] == ["node-b"] and v["severity"] == "FAIL"
+
+
+def test_several_files_make_one_job(capsys: pytest.CaptureFixture[str]) -> None:
+    files = [str(DATA / "ib_fallback_socket.log"), str(DATA / "healthy_multinode_ib.log")]
+    log = nl.parse_files(files)
+    assert len(log.ranks) == 6 and log.sources == files
+
+
+def test_render_rows_and_verdict_lines() -> None:
+    log = load("connect_no_route.log")
+    vs = nl.interpret(log)
+    text = nl.render(log, vs)
+    lines = text.splitlines()
+    for key in log.ranks:
+        assert sum(line.startswith(key + " ") for line in lines) == 1
+    v = vs[0]
+    assert f"[{v.severity}] {v.id}: {v.message} -> {v.fix}" in lines
+    assert nl.render(load("healthy_multinode_ib.log"), []).rstrip().endswith("[OK] no finding")
+
+
+def test_add_cli_registers_the_same_command(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="runbook")
+    sub = parser.add_subparsers(dest="command", required=True)
+    nl.add_cli(sub)
+    args = parser.parse_args(["nccl-log", str(DATA / "single_node_net_ib.log")])
+    assert args.func(args) == 1
+    assert "[FAIL] single-node-net-transport:" in capsys.readouterr().out
+
+
+def test_long_lines_stay_fast() -> None:
+    t0 = time.monotonic()
+    for junk in ("x" * 1_000_000, "NCCL INFO Bootstrap : Using " + "y" * 1_000_000,
+                 "NCCL " + "comm 0x1 rank 1 nranks 2 " * 40_000, "[rank1]:" * 100_000 + "NCCL INFO z"):
+        try:
+            nl.parse(junk)
+        except ValueError:
+            pass
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_runbook_cli_wires_nccl_log(capsys):
+    from helpers import cli
+
+    data = Path(__file__).parents[1] / "data" / "nccl"
+    assert cli.main(["nccl-log", str(data / "single_node_net_ib.log")]) == 1
+    assert "[FAIL] single-node-net-transport" in capsys.readouterr().out
+    assert cli.main(["nccl-log", str(data / "healthy_multinode_ib.log")]) == 0
