@@ -42,7 +42,6 @@ Nothing runs at import.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import ipaddress
 import json

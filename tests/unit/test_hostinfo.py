@@ -12,7 +12,7 @@ import pytest
 from helpers import diagnostics, hostinfo
 from helpers.checks import Check
 from helpers.diagnostics import host_checks
-from helpers.hostinfo import free_port, interfaces, port_free, shm_info
+from helpers.hostinfo import interfaces, port_free, shm_info
 from helpers.ifnames import match as match_ifname
 from helpers.ifnames import parse as parse_socket_ifname
 
