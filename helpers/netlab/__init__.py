@@ -61,11 +61,12 @@ from helpers.netlab.faults import DATA_IFACE, DECOY_NET, SIDES, FaultsMixin, Fau
 from helpers.netlab.lab import (BRIDGE, DEFAULT_NAME, DEFAULT_SUBNET, FIRST_HOST, MAX_NODES, Lab, down, format_status,
                                 status, up)
 from helpers.netlab.multinode import FORMS, MultiNodeMixin, node_output, rendezvous_flags
+from helpers.netlab.slurmlab import HEAD, slurm_available
 
 __all__ = ["BRIDGE", "DATA_IFACE", "DECOY_NET", "DEFAULT_NAME", "DEFAULT_SUBNET", "FIRST_HOST", "FORMS", "HOLDER_PREFIX",
-           "LAB_ROOT", "MAX_NODES", "NETNS_DIR", "SIDES", "FaultWatch", "FaultsMixin", "Host", "Lab", "MultiNodeMixin",
+           "LAB_ROOT", "MAX_NODES", "NETNS_DIR", "SIDES", "HEAD", "FaultWatch", "FaultsMixin", "Host", "Lab", "MultiNodeMixin",
            "RootlessHost", "add_cli", "down", "format_status", "inject_when", "lab_available", "lab_names",
-           "node_output", "rendezvous_flags", "status", "up"]
+           "node_output", "rendezvous_flags", "slurm_available", "status", "up"]
 
 
 # --------------------------------------------------------------------------- the CLI (moving to helpers/cli.py)

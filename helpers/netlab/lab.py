@@ -24,7 +24,9 @@ from typing import Any
 from helpers import envvars, jobs, procs
 from helpers.netlab._host import LAB_ROOT, NAME_RX, NETNS_DIR, host_for, lab_available, lab_names, run_cmd
 from helpers.netlab.faults import DATA_IFACE, DECOY_NET, FaultsMixin
+from helpers.netlab import slurmlab
 from helpers.netlab.multinode import MultiNodeMixin
+from helpers.netlab.slurmlab import HEAD
 
 DEFAULT_NAME = "rb"
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -57,6 +59,9 @@ class Lab(FaultsMixin, MultiNodeMixin):
         private_tmp: give each node its own tmpfs on ``/tmp`` (the project, build and venv
             folders stay visible even when they live under ``/tmp``), so that a file written to
             ``/tmp`` on one node is absent on the others (Gilbreth guide 8.12, failure mode 1).
+        slurm: also run a real SLURM cluster (:mod:`helpers.netlab.slurmlab`): a head node
+            ``head`` (host ``.9`` of the subnet) with munged + slurmctld, one slurmd per
+            node; implies ``private_tmp`` (node-local ``/tmp``, shared project folder).
 
     Raises:
         ValueError: a bad argument, naming it.
@@ -66,7 +71,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
     """
 
     def __init__(self, nodes: int = 2, subnet: str = DEFAULT_SUBNET, name: str = DEFAULT_NAME,
-                 private_tmp: bool = False) -> None:
+                 private_tmp: bool = False, slurm: bool = False) -> None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes={nodes!r}: must be an integer in 1..{MAX_NODES}")
         if not isinstance(name, str) or not NAME_RX.fullmatch(name):
@@ -83,14 +88,16 @@ class Lab(FaultsMixin, MultiNodeMixin):
         self.nodes = nodes
         self.subnet = net
         self.name = name
-        self.private_tmp = bool(private_tmp)
+        self.has_slurm = bool(slurm)
+        self.private_tmp = bool(private_tmp) or self.has_slurm
         self.state_dir = LAB_ROOT / name  # as seen from the lab's side (inside the holder when rootless)
         self.host = host_for(name)
 
     # ------------------------------------------------------------------ naming
 
     def __repr__(self) -> str:
-        return f"Lab(nodes={self.nodes}, subnet={str(self.subnet)!r}, name={self.name!r}, private_tmp={self.private_tmp})"
+        return (f"Lab(nodes={self.nodes}, subnet={str(self.subnet)!r}, name={self.name!r}, private_tmp={self.private_tmp}"
+                f"{', slurm=True' if self.has_slurm else ''})")
 
     @property
     def rootless(self) -> bool:
@@ -103,8 +110,17 @@ class Lab(FaultsMixin, MultiNodeMixin):
         return f"{self.name}-sw"
 
     def ns(self, node: int | str) -> str:
-        """Network namespace name of ``node`` (``<name>-nodeI``)."""
-        return f"{self.name}-node{self.index(node)}"
+        """Network namespace name of ``node`` (``<name>-nodeI``; ``<name>-head`` for a SLURM lab's head node)."""
+        return f"{self.name}-{self._member(node)}"
+
+    @property
+    def members(self) -> list[int | str]:
+        """Every machine of the lab: the node indexes, then ``"head"`` for a SLURM lab."""
+        return [*range(self.nodes), *([HEAD] if self.has_slurm else [])]
+
+    def _member(self, node: int | str) -> str:
+        """``"nodeI"``, or ``"head"`` (SLURM labs only): the name of a machine in hostnames and file names."""
+        return HEAD if self.has_slurm and node == HEAD else f"node{self.index(node)}"
 
     @property
     def hostnames(self) -> list[str]:
@@ -112,16 +128,17 @@ class Lab(FaultsMixin, MultiNodeMixin):
         return [f"node{i}" for i in range(self.nodes)]
 
     def hostname(self, node: int | str) -> str:
-        """Hostname of ``node`` (``nodeI``)."""
-        return f"node{self.index(node)}"
+        """Hostname of ``node`` (``nodeI``, or ``head``)."""
+        return self._member(node)
 
     def address(self, node: int | str) -> str:
-        """IPv4 address of ``node`` on the lab network, without prefix (``10.77.0.10`` for node 0)."""
-        return str(self.subnet.network_address + FIRST_HOST + self.index(node))
+        """IPv4 address of ``node`` on the lab network, without prefix (``10.77.0.10`` for node 0, ``.9`` for head)."""
+        offset = -1 if self._member(node) == HEAD else self.index(node)
+        return str(self.subnet.network_address + FIRST_HOST + offset)
 
     def port_name(self, node: int | str) -> str:
-        """Name of ``node``'s veth end on the bridge side, in the switch namespace (``pI``)."""
-        return f"p{self.index(node)}"
+        """Name of ``node``'s veth end on the bridge side, in the switch namespace (``pI``, ``ph`` for head)."""
+        return "ph" if self._member(node) == HEAD else f"p{self.index(node)}"
 
     def index(self, node: int | str) -> int:
         """Node index from an index, a hostname (``node1``) or a namespace name (``rb-node1``).
@@ -145,24 +162,24 @@ class Lab(FaultsMixin, MultiNodeMixin):
     def _nodes_arg(self, node: int | str) -> list[int]:
         return list(range(self.nodes)) if node == "all" else [self.index(node)]
 
-    def _lab_namespaces(self, present: Iterable[str], kinds: str = r"sw|node\d+") -> list[str]:
-        """The names in ``present`` that belong to this lab (``<name>-sw``, ``<name>-nodeI``)."""
+    def _lab_namespaces(self, present: Iterable[str], kinds: str = r"sw|node\d+|head") -> list[str]:
+        """The names in ``present`` that belong to this lab (``<name>-sw``, ``<name>-nodeI``, ``<name>-head``)."""
         return [n for n in present if re.fullmatch(rf"{re.escape(self.name)}-({kinds})", n)]
 
-    def _uts_file(self, i: int) -> Path:
-        return self.state_dir / f"node{i}.uts"
+    def _uts_file(self, i: int | str) -> Path:
+        return self.state_dir / f"{self._member(i)}.uts"
 
-    def _mnt_file(self, i: int) -> Path:
-        return self.state_dir / f"node{i}.mnt"
+    def _mnt_file(self, i: int | str) -> Path:
+        return self.state_dir / f"{self._member(i)}.mnt"
 
     def hosts_file(self, node: int | str) -> Path:
         """The file bind-mounted on ``/etc/hosts`` inside ``node`` (edit it in place, never replace it)."""
-        return self.state_dir / f"hosts-node{self.index(node)}"
+        return self.state_dir / f"hosts-{self._member(node)}"
 
     def hosts_text(self) -> str:
         """The ``/etc/hosts`` every node starts with: localhost, then every node's lab address."""
         lines = ["127.0.0.1\tlocalhost", f"# runbook network lab {self.name!r}: every node, by its lab address"]
-        lines += [f"{self.address(i)}\t{self.hostname(i)}" for i in range(self.nodes)]
+        lines += [f"{self.address(i)}\t{self.hostname(i)}" for i in self.members]
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------------ the mode object, under the old names
@@ -194,8 +211,9 @@ class Lab(FaultsMixin, MultiNodeMixin):
         self.down()
 
     def _spec(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "subnet": str(self.subnet), "private_tmp": self.private_tmp,
+        spec = {"nodes": self.nodes, "subnet": str(self.subnet), "private_tmp": self.private_tmp,
                 "shared_dirs": self._shared_dirs() if self.private_tmp else []}
+        return {**spec, "slurm": True} if self.has_slurm else spec
 
     def up(self) -> "Lab":
         """Build the lab, idempotently; return ``self``.
@@ -203,7 +221,8 @@ class Lab(FaultsMixin, MultiNodeMixin):
         A complete lab with the same spec (nodes, subnet, private_tmp) is left as it is (faults
         injected into it stay); anything else carrying this lab's name (a half-built lab from a
         crashed run, or one of another size) is torn down first, then the lab is rebuilt.
-        Measured here: ~0.1-0.3 s for 2-4 nodes (budget 10 s).
+        Measured here: ~0.1-0.3 s for 2-4 nodes (budget 10 s); with ``slurm=True`` see
+        :func:`helpers.netlab.slurmlab.start`.
 
         Raises:
             RuntimeError: :func:`lab_available` says no (the reason is in the message), or a
@@ -212,6 +231,9 @@ class Lab(FaultsMixin, MultiNodeMixin):
         ok, why = lab_available()
         if not ok:
             raise RuntimeError(f"cannot build the network lab: {why}")
+        ok, why = slurmlab.slurm_available() if self.has_slurm else (True, "")
+        if not ok:
+            raise RuntimeError(f"cannot start SLURM on the lab: {why}")
         with self.host.lock():
             if self._complete():
                 return self
@@ -219,6 +241,8 @@ class Lab(FaultsMixin, MultiNodeMixin):
             try:
                 self.host.start()
                 self._build()
+                if self.has_slurm:
+                    slurmlab.start(self)
             except BaseException:
                 self._down_locked()
                 raise
@@ -233,18 +257,20 @@ class Lab(FaultsMixin, MultiNodeMixin):
         if spec != self._spec():
             return False
         present = set(self._netns())
-        wanted = {self.switch_ns, *(self.ns(i) for i in range(self.nodes))}
+        wanted = {self.switch_ns, *(self.ns(i) for i in self.members)}
         extra = set(self._lab_namespaces(present, r"node\d+")) - wanted
         if not wanted <= present or extra:
             return False
         mounts = set(self._mounts(self.state_dir))
-        for i in range(self.nodes):
+        for i in self.members:
             if not {str(self._uts_file(i)), str(self._mnt_file(i))} <= mounts:
                 return False
         links = self._links(self.switch_ns)
-        if BRIDGE not in links or any(self.port_name(i) not in links for i in range(self.nodes)):
+        if BRIDGE not in links or any(self.port_name(i) not in links for i in self.members):
             return False
-        for i in range(self.nodes):
+        if self.has_slurm and not self.node_pids(HEAD):  # slurmctld and munged live on the head node
+            return False
+        for i in self.members:
             addrs = [a for link in self._addrs(self.ns(i)) for a in link.get("addr_info", [])]
             if not any(a.get("local") == self.address(i) for a in addrs):
                 return False
@@ -260,25 +286,25 @@ class Lab(FaultsMixin, MultiNodeMixin):
 
     def _build(self) -> None:
         self._make_state_dir()
-        names = [self.switch_ns, *(self.ns(i) for i in range(self.nodes))]
+        names = [self.switch_ns, *(self.ns(i) for i in self.members)]
         run_cmd(self._sys(["ip", "-batch", "-"]), input_text="".join(f"netns add {n}\n" for n in names))
         for ns in names:  # no IPv6 at all: only lab-subnet (and decoy) addresses inside the lab
             self._nsexec(ns, ["sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6; "
                                           "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6"], check=False)
         cmds = [f"link add {BRIDGE} type bridge", f"link set {BRIDGE} up", "link set lo up"]
-        for i in range(self.nodes):
+        for i in self.members:
             p = self.port_name(i)
             cmds += [f"link add {p} type veth peer name {DATA_IFACE} netns {self.ns(i)}",
                      f"link set {p} master {BRIDGE}", f"link set {p} up"]
         self._ip_batch(self.switch_ns, cmds)
-        for i in range(self.nodes):
+        for i in self.members:
             self._ip_batch(self.ns(i), ["link set lo up",
                                         f"addr add {self.address(i)}/{self.subnet.prefixlen} dev {DATA_IFACE}",
                                         f"link set {DATA_IFACE} up"])
-        for i in range(self.nodes):
+        for i in self.members:
             self._offloads_off(self.ns(i), [DATA_IFACE])
-        self._offloads_off(self.switch_ns, [self.port_name(i) for i in range(self.nodes)])
-        for i in range(self.nodes):
+        self._offloads_off(self.switch_ns, [self.port_name(i) for i in self.members])
+        for i in self.members:
             self._make_node_namespaces(i)
         self._host_path(self.state_dir / "lab.json").write_text(json.dumps(self._spec(), indent=1))
 
@@ -290,7 +316,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
             run_cmd(self._sys(["mount", "--bind", str(self.state_dir), str(self.state_dir)]))
         run_cmd(self._sys(["mount", "--make-private", str(self.state_dir)]))
 
-    def _make_node_namespaces(self, i: int) -> None:
+    def _make_node_namespaces(self, i: int | str) -> None:
         hosts = self.hosts_file(i)
         self._host_path(hosts).write_text(self.hosts_text())
         for f in (self._uts_file(i), self._mnt_file(i)):
@@ -298,7 +324,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
         q = shlex.quote
         script = ["set -e", f"hostname {q(self.hostname(i))}", f"mount --bind {q(str(hosts))} /etc/hosts"]
         if self.private_tmp:
-            stage = self.state_dir / f"stage-node{i}"
+            stage = self.state_dir / f"stage-{self._member(i)}"
             self._host_path(stage).mkdir(exist_ok=True)
             script += [f"mount --rbind /tmp {q(str(stage))}",
                        "mount -t tmpfs -o mode=1777,size=1g runbook-lab-tmp /tmp"]
@@ -318,7 +344,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
                 return
             if "Invalid argument" not in proc.stderr:
                 break
-        raise RuntimeError(f"node{i}: creating its UTS/mount namespaces failed: {proc.stderr.strip()}")
+        raise RuntimeError(f"{self._member(i)}: creating its UTS/mount namespaces failed: {proc.stderr.strip()}")
 
     def down(self) -> dict[str, Any]:
         """Remove everything of this lab: processes, namespaces (and so the bridge and veths), mounts, files.
@@ -339,6 +365,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
         namespaces = self._lab_namespaces(self._netns())
         killed = procs.kill_in_namespaces(self._ns_inodes(namespaces), grace_s=1.0)
         self.host.teardown(self.state_dir, namespaces)
+        slurmlab.remove(self.name)  # config, key, socket, state, spool, logs (the daemons died with the namespaces)
         return {"killed": killed, "namespaces": namespaces, "seconds": round(time.monotonic() - t0, 3)}
 
     def leftovers(self) -> list[str]:
@@ -346,6 +373,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
         left = self._lab_namespaces(self._netns())
         left += self._mounts(self.state_dir)
         left += [str(self.state_dir)] if self._host_path(self.state_dir).exists() else []
+        left += [str(slurmlab.slurm_dir(self.name))] if slurmlab.slurm_dir(self.name).exists() else []
         return left + self.host.leftovers()
 
     def _ns_inodes(self, namespaces: Iterable[str]) -> dict[str, set[int]]:
@@ -381,7 +409,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
         probe = cls(1, name=name)
         try:
             spec = json.loads(probe._host_path(probe.state_dir / "lab.json").read_text())
-            return cls(spec["nodes"], spec["subnet"], name, spec["private_tmp"])
+            return cls(spec["nodes"], spec["subnet"], name, spec["private_tmp"], spec.get("slurm", False))
         except (OSError, json.JSONDecodeError, KeyError):
             pass
         count = len(probe._lab_namespaces(probe._netns(), r"node\d+"))
@@ -472,7 +500,8 @@ class Lab(FaultsMixin, MultiNodeMixin):
                 "mode": self.host.mode, "holder_pid": self.holder_pid(),
                 "switch": {"namespace": self.switch_ns if self.switch_ns in present else None,
                            "bridge_mtu": sw_links.get(BRIDGE, {}).get("mtu")},
-                "nodes": nodes}
+                "nodes": nodes,
+                "slurm": slurmlab.status(self) if self.has_slurm and self.ns(HEAD) in present else None}
 
     # ------------------------------------------------------------------ running things on a node
 
@@ -490,6 +519,9 @@ class Lab(FaultsMixin, MultiNodeMixin):
         a relative and an absolute path fails with ``EXDEV`` (measured: ``nsenter --wd=.`` broke
         ``write_json_atomic`` with ``Invalid cross-device link``).
 
+        On a SLURM lab, ``SLURM_CONF`` is set too, so ``srun``/``sbatch``/``scontrol`` work on
+        every node (and ``node`` may be ``"head"``).
+
         Args:
             node: index or hostname.
             argv: the command.
@@ -499,12 +531,12 @@ class Lab(FaultsMixin, MultiNodeMixin):
             ValueError: unknown node, or empty ``argv``.
             RuntimeError: rootless lab not up.
         """
-        i = self.index(node)
         argv = [str(a) for a in argv]
         if not argv:
             raise ValueError("argv: give the command to run inside the node")
-        prefix = self.host.enter_argv(NETNS_DIR / self.ns(i), self._uts_file(i), self._mnt_file(i))
-        return [*prefix, "env", f"--chdir={os.fspath(cwd) if cwd is not None else os.getcwd()}", *argv]
+        prefix = self.host.enter_argv(NETNS_DIR / self.ns(node), self._uts_file(node), self._mnt_file(node))
+        conf = [f"SLURM_CONF={slurmlab.conf_path(self.name)}"] if self.has_slurm else []
+        return [*prefix, "env", f"--chdir={os.fspath(cwd) if cwd is not None else os.getcwd()}", *conf, *argv]
 
     def run(self, node: int | str, argv: Sequence[str], timeout_s: float = 30.0, *,
             env: Mapping[str, str | None] | None = None, input_text: str | None = None,
@@ -535,6 +567,22 @@ class Lab(FaultsMixin, MultiNodeMixin):
             err = (err or "") + f"\n[netlab] killed after {timeout_s:g} s\n"
         return subprocess.CompletedProcess(cmd, rc, out, err)
 
+    def slurm(self, argv: Sequence[str], timeout_s: float = 60.0, *,
+                  env: Mapping[str, str | None] | None = None,
+                  cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a SLURM client command (``sbatch``, ``srun``, ``squeue``, ``sinfo``, ``scancel``, ``scontrol``...) on the head node.
+
+        As a user on a cluster's login node would: ``SLURM_CONF`` set, working directory the
+        project root (the shared filesystem) unless ``cwd`` is given.  See :meth:`run` for
+        ``timeout_s`` and ``env``.
+
+        Raises:
+            ValueError: this lab was made without ``slurm=True``.
+        """
+        if not self.has_slurm:
+            raise ValueError(f"lab {self.name!r}: made without slurm=True, it has no SLURM (Lab(..., slurm=True))")
+        return self.run(HEAD, argv, timeout_s, env=env, cwd=jobs.project_root() if cwd is None else cwd)
+
     def runner(self) -> Callable[[str, Sequence[str], float], subprocess.CompletedProcess[str]]:
         """A ``runner(node, argv, timeout_s)`` for :func:`helpers.preflight.run_preflight` (nodes by hostname)."""
         def run(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -544,9 +592,10 @@ class Lab(FaultsMixin, MultiNodeMixin):
 
 # --------------------------------------------------------------------------- module API (the CLI's verbs)
 
-def up(nodes: int = 2, name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, private_tmp: bool = False) -> Lab:
-    """Build (or keep) the lab ``name``; see :meth:`Lab.up`."""
-    return Lab(nodes, subnet, name, private_tmp).up()
+def up(nodes: int = 2, name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, private_tmp: bool = False,
+       slurm: bool = False) -> Lab:
+    """Build (or keep) the lab ``name`` (with a SLURM cluster when ``slurm``); see :meth:`Lab.up`."""
+    return Lab(nodes, subnet, name, private_tmp, slurm).up()
 
 
 def down(name: str = DEFAULT_NAME) -> dict[str, Any]:
@@ -577,4 +626,9 @@ def format_status(st: Mapping[str, Any]) -> str:
         lines.append(f"  {n['hostname']:6} ns {n['namespace']:10} {n['iface']} {n['address']} mtu {n['mtu']} "
                      f"{n['state']} | bridge port {port['name']} mtu {port['mtu']} {port['state']} | "
                      f"{n['pids']} process(es){extra}")
+    slurm = st.get("slurm")
+    if slurm:
+        nodes = ", ".join(f"{node} {state}" for node, state in slurm["nodes"].items()) or "slurmctld does not answer"
+        lines.append(f"  SLURM (head node, SLURM_CONF={slurm['conf']}): {nodes}; {len(slurm['queue'])} job(s) queued")
+        lines += [f"    {job}" for job in slurm["queue"]]
     return "\n".join(lines)
