@@ -1,24 +1,17 @@
-"""helpers.slurm: the srun + torchrun form and the sbatch script, rendered, checked with bash -n, and run for real.
+"""helpers.slurm: the srun + torchrun form and the sbatch script, rendered and checked with bash -n.
 
-The run goes through the job runner (bounded, process tree killed) with stand-in ``srun``/``scontrol``
-(``tests/fake_slurm/``) that start one local torchrun agent per "node": two agents x two ranks form
-one gloo group of four, exactly as the script's static or c10d form would across two real nodes.
+The rendered script runs for real, both rendezvous forms, on the SLURM lab (real slurmctld + slurmd
+per network-namespace node): tests/lab/test_slurm_lab.py.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCENARIOS
 
-from helpers import hostinfo, jobs, launchers, slurm
-
-FAKE = ROOT / "tests" / "fake_slurm"
+from helpers import slurm
 
 
 def test_srun_torchrun_static_form_follows_gilbreth_4_3():
@@ -74,26 +67,3 @@ def test_sbatch_script_header_and_syntax(tmp_path):
     if shutil.which("shellcheck"):
         out = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout
-
-
-@pytest.mark.parametrize("rdzv", slurm.RDZV_FORMS)
-def test_rendered_sbatch_runs_a_two_node_job(tmp_path, no_leftovers, rdzv):
-    port = hostinfo.free_port()
-    script = slurm.sbatch_script("t", 2, 2, str(jobs.SHIM), [SCENARIOS / "launch_contract.py", "--timeout-s", 20],
-                                 gpus_per_node=0, rdzv=rdzv, master_port=port, log_dir=str(tmp_path),
-                                 env={"GLOO_SOCKET_IFNAME": None, "RUNBOOK_BACKEND": "gloo"})
-    job = tmp_path / "job.sbatch"
-    job.write_text(script)
-    env = {"PATH": os.pathsep.join([str(FAKE), str(Path(sys.executable).parent), os.environ["PATH"]]),
-           "SLURM_JOB_NODELIST": "127.0.0.1,127.0.0.1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242",
-           "SLURM_SUBMIT_DIR": str(tmp_path)}
-    run = jobs.run_commands([["bash", str(job)]], env=env, timeout_s=120, name=f"sbatch-{rdzv}", verbose=False)
-    assert run.ok, run.summary() + run.output[-3000:]
-    seen = launchers.rank_records(run.output, "contract")
-    assert sorted(int(r["RANK"]) for r in seen) == [0, 1, 2, 3], run.output[-3000:]
-    assert {r["WORLD_SIZE"] for r in seen} == {"4"} and len({r["MASTER_PORT"] for r in seen}) == 1
-    if rdzv == "static":  # c10d hands the ranks a store port of its own choosing, not the rendezvous port
-        assert {r["MASTER_PORT"] for r in seen} == {str(port)}
-    assert sorted(r["GROUP_RANK"] for r in seen) == ["0", "0", "1", "1"]
-    groups = launchers.rank_records(run.output, "group")
-    assert len(groups) == 4 and {g["world_size"] for g in groups} == {4}

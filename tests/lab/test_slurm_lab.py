@@ -112,9 +112,10 @@ def test_srun_gives_each_node_its_identity_and_a_local_tmp(cluster):
 @pytest.mark.parametrize("rdzv", slurm.RDZV_FORMS)
 def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     work = jobs.new_job_dir(f"slurmlab-{rdzv}")  # the shared filesystem (never /tmp: node-local here)
+    port = hostinfo.free_port()
     script = slurm.sbatch_script("lab", 2, 2, str(jobs.SHIM), [SCENARIOS / "launch_contract.py", "--timeout-s", 30],
                                  gpus_per_node=0, cpus_per_task=1, partition=slurmlab.PARTITION, account="lab",
-                                 time="00:05:00", rdzv=rdzv, master_port=hostinfo.free_port(), log_dir=str(work),
+                                 time="00:05:00", rdzv=rdzv, master_port=port, log_dir=str(work),
                                  env={"GLOO_SOCKET_IFNAME": "eth0", "RUNBOOK_BACKEND": "gloo"})
     (work / "job.sbatch").write_text(script)
     env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]), "RUNBOOK_JOB_DIR": str(work)}
@@ -128,9 +129,14 @@ def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     assert f"job {job_id} on 2 node(s): node[0-1]" in out
     seen = launchers.rank_records(out, "contract")
     assert sorted(int(r["RANK"]) for r in seen) == [0, 1, 2, 3], out[-3000:]
-    assert {r["WORLD_SIZE"] for r in seen} == {"4"} and {r["MASTER_ADDR"] for r in seen} <= {"node0"} | {None}
+    assert {r["WORLD_SIZE"] for r in seen} == {"4"} and len({r["MASTER_PORT"] for r in seen}) == 1
+    assert {r["MASTER_ADDR"] for r in seen} == {"node0"}  # scontrol show hostnames | head -n 1, exported
+    if rdzv == "static":  # c10d hands the ranks a store port of its own choosing, not the rendezvous port
+        assert {r["MASTER_PORT"] for r in seen} == {str(port)}
+    assert sorted(r["GROUP_RANK"] for r in seen) == ["0", "0", "1", "1"]
     by_host = {(r["hostname"], r["GROUP_RANK"]) for r in seen}
     assert {h for h, _ in by_host} == {"node0", "node1"} and len(by_host) == 2  # one node rank per host
     if rdzv == "static":  # static form: the node rank is SLURM_NODEID
         assert by_host == {("node0", "0"), ("node1", "1")}
-    assert len(launchers.rank_records(out, "group")) == 4
+    groups = launchers.rank_records(out, "group")
+    assert len(groups) == 4 and {g["world_size"] for g in groups} == {4}
