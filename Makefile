@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml
 
 # Debian tools the network lab and the pre-flight check use when present (chapter 06 shows a real
 # `ping -M do`): installed only as root, only when missing; without them the checks fall back to
-# Python (a raw ICMP probe, ioctls), so a failure here is a warning, never an error.
-SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2
+# Python (a raw ICMP probe, ioctls), so a failure here is a warning, never an error; without
+# slurm-wlm/munge the SLURM lab tests (Lab(..., slurm=True)) skip with the reason.
+SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2 slurmctld:slurm-wlm munged:munge
 system-tools:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \

@@ -216,7 +216,8 @@ def nccl_log(args: argparse.Namespace) -> int:
 
 def lab_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
                ) -> argparse.ArgumentParser:
-    """The ``runbook lab`` parser: ``up [--nodes N] [--subnet S] [--private-tmp] | down | status``, each ``--name``."""
+    """The ``runbook lab`` parser: ``up [--nodes N] [--subnet S] [--private-tmp] [--slurm] | down | status |
+    exec NODE -- CMD...``, each with ``--name``."""
     from helpers import netlab
 
     p = _parser(subparsers, "lab", "the network lab: N namespace 'nodes' behind one bridge (root)", netlab.__doc__)
@@ -226,8 +227,14 @@ def lab_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] |
                    metavar=f"1..{netlab.MAX_NODES}")
     u.add_argument("--subnet", default=netlab.DEFAULT_SUBNET)
     u.add_argument("--private-tmp", action="store_true", help="a private tmpfs on /tmp in each node")
+    u.add_argument("--slurm", action="store_true",
+                   help="also start SLURM: slurmctld + munged on a head node, one slurmd per node (needs slurm-wlm, munge)")
     sub.add_parser("down", help="remove the lab, its processes and mounts")
     sub.add_parser("status", help="show what exists")
+    e = sub.add_parser("exec", help="run a command inside a lab node (head = the SLURM head node): exec NODE -- CMD ...")
+    e.add_argument("node", help="node0, node1, ... (or head with --slurm), or the node's index")
+    e.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --)")
+    e.add_argument("--timeout-s", type=float, default=600.0, help="kill the command after this many seconds")
     for action_parser in sub.choices.values():
         action_parser.add_argument("--name", default=netlab.DEFAULT_NAME, help=f"lab name (default {netlab.DEFAULT_NAME})")
     return p
@@ -243,11 +250,25 @@ def lab(args: argparse.Namespace) -> int:
             print(f"runbook lab: {why}", file=sys.stderr)
             return 2
         t0 = time.monotonic()
-        built = netlab.up(args.nodes, args.name, args.subnet, args.private_tmp)
+        built = netlab.up(args.nodes, args.name, args.subnet, args.private_tmp, slurm=args.slurm)
         print(f"lab {built.name!r} up in {time.monotonic() - t0:.2f} s; enter a node with: "
               f"{shlex.join(built.node_argv(0, ['bash']))}")
         print(netlab.format_status(built.status()))
         return 0
+    if args.lab_command == "exec":
+        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not argv:
+            print("runbook lab exec: give the command after --, e.g. runbook lab exec head -- sinfo", file=sys.stderr)
+            return 2
+        node: int | str = int(args.node) if args.node.isdigit() else args.node
+        try:
+            res = netlab.Lab.attach(args.name).run(node, argv, timeout_s=args.timeout_s)
+        except (ValueError, RuntimeError) as exc:
+            print(f"runbook lab exec: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.write(res.stdout)
+        sys.stderr.write(res.stderr)
+        return res.returncode
     if args.lab_command == "down":
         res = netlab.down(args.name)
         print(f"lab {args.name!r} down in {res['seconds']:.2f} s: removed {len(res['namespaces'])} namespace(s), "

@@ -1,4 +1,4 @@
-"""Process trees and Python stacks: py-spy for stacks, psutil for trees and kills."""
+"""Process trees and Python stacks: py-spy for stacks, psutil for trees and kills (by tree, by session, by namespace)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -124,3 +125,94 @@ def kill_tree(root_pids: Iterable[int], *, sessions: Iterable[int] = (), grace_s
             pass
     psutil.wait_procs(list(late.values()), timeout=5)
     return sorted(late)
+
+
+# --------------------------------------------------------------------------- processes by namespace
+# (the network lab's killer: every process inside a lab node, whatever its parent or session)
+
+def process_or_none(pid: int) -> psutil.Process | None:
+    """``psutil.Process(pid)``, or None when it is gone or not visible."""
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def wait_gone(victims: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait up to ``timeout_s`` seconds until each process has exited (a zombie counts); return those still alive.
+
+    Unlike ``psutil.wait_procs`` this never reaps: a caller's ``Popen`` keeps its child's real
+    exit status (e.g. ``-9``).
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = list(victims)
+    while alive:
+        still = []
+        for p in alive:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    still.append(p)
+            except psutil.Error:
+                pass
+        alive = still
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return alive
+
+
+def ns_inode(path: str | os.PathLike[str]) -> int | None:
+    """Inode of a namespace file (``/proc/PID/ns/net``, ``/run/netns/X``): the namespace's id; None if unreadable."""
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def pids_in_namespaces(inodes: Mapping[str, set[int]]) -> set[int]:
+    """Pids of the processes in any of the given namespaces, this process excluded.
+
+    Args:
+        inodes: namespace inodes by kind, e.g. ``{"net": {ino}, "mnt": {...}, "uts": {...}}``
+            (the kinds of ``/proc/PID/ns/``).
+    """
+    found = set()
+    me = os.getpid()
+    for pid in psutil.pids():
+        if pid == me:
+            continue
+        for kind, inos in inodes.items():
+            if inos and ns_inode(f"/proc/{pid}/ns/{kind}") in inos:
+                found.add(pid)
+                break
+    return found
+
+
+def kill_in_namespaces(inodes: Mapping[str, set[int]], grace_s: float) -> list[int]:
+    """SIGTERM every process in the namespaces, SIGKILL the survivors (and late arrivals) after ``grace_s`` seconds.
+
+    Args:
+        inodes: see :func:`pids_in_namespaces`.
+        grace_s: seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        Every pid signalled, sorted.
+    """
+    pids = pids_in_namespaces(inodes)
+    if not pids:
+        return []
+    victims = [p for p in (process_or_none(pid) for pid in pids) if p]
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    alive = wait_gone(victims, grace_s)
+    late = alive + [p for p in (process_or_none(pid) for pid in pids_in_namespaces(inodes) - pids) if p]
+    for p in late:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    wait_gone(late, 3.0)
+    return sorted(pids | {p.pid for p in late})

@@ -20,7 +20,7 @@ A collective that fails prints ``step N all_reduce SIZE FAILED after S s: <error
 rank exits 1 with the traceback, so the time from the start of the collective to the first
 error is in the rank's own log.  ``--out`` writes one JSON record per rank (directory).
 
-Example (two lab nodes, one rank each; see helpers/netlab.py)::
+Example (two lab nodes, one rank each; see helpers/netlab/)::
 
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
         helpers/scenarios/net_allreduce.py --sizes 4KiB,64MiB --timeout-s 5

@@ -149,7 +149,7 @@ def test_private_tmp_is_per_node(lab_name):
         assert missing.returncode != 0 and "No such file" in missing.stderr
         assert not Path("/tmp/train.py").exists()
         assert sh(lab, 0, "cat /tmp/train.py").stdout.strip() == "from-node0"  # persists on its node
-        assert sh(lab, 1, f"test -f {jobs.project_root() / 'helpers' / 'netlab.py'} && echo seen").stdout.strip() == "seen"
+        assert sh(lab, 1, f"test -f {jobs.project_root() / 'helpers' / 'netlab' / '__init__.py'} && echo seen").stdout.strip() == "seen"
 
 
 @needs_lab
@@ -221,6 +221,67 @@ def test_kill_node_kills_only_that_node(lab):
     assert lab.kill_node(1) == [procs[1].pid]
     assert procs[1].wait(timeout=5) == -9  # the caller still sees the real exit status
     assert procs[0].poll() is None
+
+
+# ---------------------------------------------------------------- faults at a point of a running job
+
+
+def test_inject_when_fires_once_on_a_complete_matching_line(tmp_path):
+    ranks = tmp_path / "job" / "ranks"
+    calls: list[float] = []
+    with netlab.inject_when(tmp_path / "job", r"step 3 ", lambda: calls.append(time.time()), timeout_s=10) as watch:
+        ranks.mkdir(parents=True)  # the job directory appears after the watch starts
+        log = ranks / "rank1.stdout"
+        with open(log, "w") as fh:
+            for step in range(3):
+                fh.write(f"step {step} ok\n")
+                fh.flush()
+            fh.write("step 3 ")  # half a line: not a line yet
+            fh.flush()
+            time.sleep(0.3)
+            assert not calls
+            fh.write("ok\nstep 4 ok\nstep 3 again\n")
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert len(calls) == 1 and watch.fired and watch.line == "step 3 ok" and watch.fired_at <= calls[0]
+
+
+def test_inject_when_finds_the_next_job_of_a_name_and_gives_up_at_its_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNBOOK_BUILD_DIR", str(tmp_path))
+    old = jobs.new_job_dir("injname")
+    (old / "ranks").mkdir()
+    (old / "ranks" / "rank0.stdout").write_text("step 3 old job\n")  # an older job of that name never counts
+    watch = netlab.inject_when("injname", "step 3", lambda: None, timeout_s=0.5)
+    time.sleep(0.8)
+    assert not watch.stop().fired and watch.job_dir is None
+    with pytest.raises(ZeroDivisionError):  # the fault's own error reaches the caller when the block ends
+        with netlab.inject_when("injname", "boom", lambda: 1 / 0, timeout_s=10) as watch:
+            new = jobs.new_job_dir("injname")
+            (new / "ranks").mkdir()
+            (new / "ranks" / "rank0.stdout").write_text("boom\n")
+            time.sleep(0.5)
+    assert watch.job_dir == new and watch.fired
+
+
+@pytest.mark.parametrize("kwargs, field", [({"pattern": "("}, "pattern"), ({"fault": None}, "fault"),
+                                           ({"timeout_s": 0}, "timeout_s"), ({"job_or_dir": 3}, "job_or_dir")])
+def test_inject_when_names_the_bad_argument(kwargs, field):
+    args = {"job_or_dir": "x", "pattern": "step", "fault": lambda: None, "timeout_s": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=field):
+        netlab.inject_when(**args)
+
+
+@needs_lab
+def test_inject_when_cuts_a_cable_in_a_real_job(lab, no_leftovers):
+    args = ["--backend", "gloo", "--sizes", "1KiB", "--steps", "200", "--interval-s", "0.1", "--timeout-s", "3"]
+    with netlab.inject_when("lab-inject", r"step 3 ", lambda: lab.cut_link(1), timeout_s=60) as watch:
+        r = lab.launch(SCENARIOS / "net_allreduce.py", args, form="static", timeout_s=60, name="lab-inject",
+                       verbose=False)
+    assert watch.fired and "step 3" in watch.line and watch.job_dir == r.job_dir
+    assert not r.ok and lab.status()["nodes"][1]["bridge_port"]["state"] == "DOWN"
+    ends = [rr.end for rr in r.ranks.values() if rr.end and rr.exit_code not in (0, None)]
+    assert ends and 2 < min(ends) - watch.fired_at < 15  # the 3 s recv timeout, counted from the cut
 
 
 # ---------------------------------------------------------------- CLI

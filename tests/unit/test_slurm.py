@@ -1,8 +1,7 @@
-"""helpers.slurm: the srun + torchrun form and the sbatch script, rendered, checked with bash -n, and run for real.
+"""helpers.slurm: the srun + torchrun form and the sbatch script, rendered and checked with bash -n.
 
-The run goes through the job runner (bounded, process tree killed) with stand-in ``srun``/``scontrol``
-(``tests/fake_slurm/``) that start one local torchrun agent per "node": two agents x two ranks form
-one gloo group of four, exactly as the script's static or c10d form would across two real nodes.
+The rendered script runs for real, both rendezvous forms, on the SLURM lab (real slurmctld + slurmd
+per network-namespace node): tests/lab/test_slurm_lab.py.
 """
 
 from __future__ import annotations
@@ -11,11 +10,8 @@ import shutil
 import subprocess
 
 import pytest
-from support import ROOT
 
 from helpers import slurm
-
-FAKE = ROOT / "tests" / "fake_slurm"
 
 
 def test_srun_torchrun_static_form_follows_gilbreth_4_3():
@@ -71,5 +67,3 @@ def test_sbatch_script_header_and_syntax(tmp_path):
     if shutil.which("shellcheck"):
         out = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout
-
-
