@@ -54,8 +54,7 @@ import shutil  # noqa: F401  (tests patch netlab.shutil.which)
 
 from helpers.netlab._host import HOLDER_PREFIX, LAB_ROOT, NETNS_DIR, Host, RootlessHost, lab_available, lab_names
 from helpers.netlab.faults import DATA_IFACE, DECOY_NET, SIDES, FaultsMixin, FaultWatch, inject_when
-from helpers.netlab.lab import (BRIDGE, DEFAULT_NAME, DEFAULT_SUBNET, FIRST_HOST, MAX_NODES, Lab, down, format_status,
-                                status, up)
+from helpers.netlab.lab import BRIDGE, DEFAULT_NAME, DEFAULT_SUBNET, FIRST_HOST, MAX_NODES, Lab, down, format_status, status, up
 from helpers.netlab.multinode import FORMS, MultiNodeMixin, node_output, rendezvous_flags
 from helpers.netlab.slurmlab import HEAD, slurm_available
 

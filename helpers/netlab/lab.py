@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from helpers import envvars, jobs, procs
+from helpers.netlab import slurmlab
 from helpers.netlab._host import LAB_ROOT, NAME_RX, NETNS_DIR, host_for, lab_available, lab_names, run_cmd
 from helpers.netlab.faults import DATA_IFACE, DECOY_NET, FaultsMixin
-from helpers.netlab import slurmlab
 from helpers.netlab.multinode import MultiNodeMixin
 from helpers.netlab.slurmlab import HEAD
 
