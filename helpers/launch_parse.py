@@ -284,6 +284,8 @@ def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dic
         got = _launcher_argv(task)
         if got and got[0] == "torchrun":
             spec = _torchrun(got[1], early)
+    if not spec.get("script"):
+        return {}  # the task is not a launcher we can read (a variable, a wrapper script): no spec
     spec["kind"] = "srun+torchrun"
     nodes = _int(opts.get("--nodes"))
     if nodes:
@@ -333,6 +335,8 @@ def _parse_lines(text: str, env: dict[str, str | None], early: dict[str, Any], *
             local_early["node_rank_early"] = True
         if launcher == "srun":
             spec = _srun(args, stripped, env, local_early)
+            if not spec:
+                continue
         elif launcher == "torchrun":
             spec = _torchrun(args, local_early)
         elif launcher == "accelerate":

@@ -60,6 +60,9 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
                 "files)", "D5")
         else:
             known = {k: v for k, v in data.items() if k in fields}
+            for key, default in (("mixed_precision", "no"), ("use_cpu", False), ("debug", False),
+                                 ("compute_environment", "LOCAL_MACHINE"), ("distributed_type", "NO")):
+                known.setdefault(key, default)  # the defaults ClusterConfig.from_yaml_file fills in
             ClusterConfig(**known)
     except ImportError:
         pass

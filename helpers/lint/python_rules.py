@@ -126,6 +126,27 @@ class _Taint:
                 return True
         return False
 
+    def is_rank_value(self, node: ast.AST | None) -> bool:
+        """The value itself is rank-dependent (not merely built with a rank somewhere inside, like DDP(model, device_ids=[r]))."""
+        if node is None:
+            return False
+        if isinstance(node, ast.Name):
+            return node.id in self.rank or node.id in RANK_NAMES
+        if isinstance(node, ast.Attribute):
+            return node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS
+        key = _env_key(node)
+        if key is not None:
+            return key in RANK_ENV
+        if isinstance(node, ast.Call):
+            _, name = _call_name(node)
+            if name in RANK_CALLS:
+                return True
+            return name in ("int", "str", "float", "bool") and bool(node.args) and self.is_rank_value(node.args[0])
+        if isinstance(node, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.JoinedStr, ast.FormattedValue,
+                             ast.Tuple)):
+            return any(self.is_rank_value(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+        return False
+
     def is_global_rank(self, node: ast.AST) -> bool:
         """A value that is the global rank itself (not ``rank % ngpus``, not ``local_rank``)."""
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
@@ -158,12 +179,12 @@ class _Taint:
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 attrs = [t.attr for t in targets if isinstance(t, ast.Attribute)]
-                if attrs and self.is_rank(n.value):
+                if attrs and self.is_rank_value(n.value):
                     self.rank_attrs.update(attrs)
                 names += [e.id for t in targets if isinstance(t, ast.Tuple) for e in t.elts if isinstance(e, ast.Name)]
                 if not names:
                     continue
-                if self.is_rank(n.value):
+                if self.is_rank_value(n.value):
                     self.rank.update(names)
                 if self.is_global_rank(n.value):
                     self.global_rank.update(names)
@@ -461,9 +482,14 @@ class PythonLinter:
 
     def rule_sampler_set_epoch(self) -> None:
         """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``."""
-        if ".set_epoch(" in self.text or "set_epoch" in self.text:
+        if any(_call_name(c)[1] == "set_epoch" for c in self._calls()):
             return
-        samplers = [c for c in self._calls() if _call_name(c)[1] == "DistributedSampler"
+        classes = {"DistributedSampler"}
+        for node in ast.walk(self.tree):  # sampler_cls = RandomSampler if ... else DistributedSampler
+            if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Call) and \
+                    any(isinstance(n, ast.Name) and n.id == "DistributedSampler" for n in ast.walk(node.value)):
+                classes.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        samplers = [c for c in self._calls() if _call_name(c)[1] in classes
                     and not any(k.arg == "shuffle" and isinstance(k.value, ast.Constant) and k.value.value is False
                                 for k in c.keywords)]
         if not samplers:
@@ -634,7 +660,8 @@ class PythonLinter:
                 continue
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
                 continue
-            if any(self.taint.is_rank(a) for a in [*call.args, *(k.value for k in call.keywords)]):
+            path_args = call.args[1:] if name in ("save", "dump") else call.args[:1]
+            if any(self.taint.is_rank(a) for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
                 continue  # a per-rank file name
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
