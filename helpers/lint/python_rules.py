@@ -271,6 +271,10 @@ class PythonLinter:
         recv, name = _call_name(call)
         if name in ("send", "recv", "isend", "irecv"):
             return None
+        if (not recv or recv in ("self", "cls")) and name in self.functions:
+            if name in self.collective_funcs and depth < 3:
+                return f"{name}() -> {self.collective_funcs[name]}"
+            return None
         if name in ("save_checkpoint", "load_checkpoint") and recv in self.module_aliases and recv != "deepspeed":
             return None  # a module's own save_checkpoint function, not an engine method
         if name in STRONG_COLLECTIVES and not (not recv and name in self.functions):

@@ -71,7 +71,8 @@ def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
             continue
         if not re.search(r"^[ \t]*srun\b", text[assign.end():], re.M):
             continue
-        uses = [m.start() for m in re.finditer(r"\$\{?" + var + r"\b", text) if m.start() > assign.end()]
+        uses = [m.start() for m in re.finditer(r"\$\{?" + var + r"\b", text)
+                if m.start() > assign.end() and text[m.start() - 1] != "\\"]  # \$VAR: expanded later, per task
         if uses and any(not any(a0 <= u < b0 for a0, b0 in quoted) for u in uses):
             continue  # expanded by the batch shell before srun: no export needed
         line_no = text.count("\n", 0, assign.start()) + 1
