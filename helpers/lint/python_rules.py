@@ -77,11 +77,29 @@ def _src(node: ast.AST) -> str:
         return ""
 
 
+def _dotted(node: ast.AST) -> str:
+    """``a.b.c`` for a Name/Attribute chain (cheap), else the unparsed source."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return _src(node) + ("." + ".".join(reversed(parts)) if parts else "")
+
+
+_NAMES: dict[int, tuple[str, str]] = {}
+
+
 def _call_name(call: ast.Call) -> tuple[str, str]:
     """(receiver source, function name) of a call: ``dist.barrier()`` -> ("dist", "barrier")."""
     f = call.func
     if isinstance(f, ast.Attribute):
-        return _src(f.value), f.attr
+        key = id(call)
+        got = _NAMES.get(key)
+        if got is None or got[1] != f.attr:
+            got = _NAMES[key] = (_dotted(f.value), f.attr)
+        return got
     if isinstance(f, ast.Name):
         return "", f.id
     return "", ""
@@ -171,9 +189,9 @@ class _Taint:
             return any(isinstance(v, ast.FormattedValue) and self.is_global_rank(v.value) for v in node.values)
         return False
 
-    def learn(self, tree: ast.AST) -> None:
+    def learn(self, tree: ast.AST | list[ast.AST]) -> None:
         """Propagate taint through assignments (a few passes: order-insensitive)."""
-        assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
+        assigns = [n for n in (tree if isinstance(tree, list) else ast.walk(tree)) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
         for _ in range(3):
             for n in assigns:
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
@@ -217,11 +235,14 @@ class PythonLinter:
         self.uses_torchmetrics = "torchmetrics" in text
         self.uses_fsdp = bool(re.search(r"FullyShardedDataParallel|\bFSDP\b|fully_shard", text))
         self.parents: dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(self.tree):
+        self.nodes: list[ast.AST] = [self.tree]
+        self._all_calls: list[ast.Call] | None = None
+        for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                self.nodes.append(child)
         self.module_aliases: set[str] = set()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 self.module_aliases.update((a.asname or a.name).split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -233,9 +254,9 @@ class PythonLinter:
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
-        self.taint.learn(self.tree)
+        self.taint.learn(self.nodes)
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
         self.collective_funcs: dict[str, str] = {}
@@ -244,10 +265,16 @@ class PythonLinter:
 
     # --- helpers -------------------------------------------------------------------------
     def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
-        return [n for n in ast.walk(node or self.tree) if isinstance(n, ast.Call)]
+        if node is None:
+            if self._all_calls is None:
+                self._all_calls = [n for n in self.nodes if isinstance(n, ast.Call)]
+            return self._all_calls
+        return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
 
     def _suppressions(self) -> dict[int, set[str]]:
         out: dict[int, set[str]] = {}
+        if "runbook-lint" not in self.text:
+            return out
         try:
             for tok in tokenize.generate_tokens(io.StringIO(self.text).readline):
                 if tok.type == tokenize.COMMENT:
@@ -315,15 +342,20 @@ class PythonLinter:
         return False
 
     def _find_collective_functions(self) -> None:
+        calls = {name: self._calls(fn) for name, fn in self.functions.items()}
         for _ in range(3):  # a helper calling a helper calling a collective (bounded depth)
+            changed = False
             for name, fn in self.functions.items():
                 if name in self.collective_funcs:
                     continue
-                for call in self._calls(fn):
+                for call in calls[name]:
                     c = self.collective_name(call, depth=1)
                     if c and not self._gated_within(call, fn):
                         self.collective_funcs[name] = c
+                        changed = True
                         break
+            if not changed:
+                break
 
     def _gated_within(self, node: ast.AST, stop: ast.AST) -> bool:
         p, child = self.parents.get(node), node
@@ -399,7 +431,7 @@ class PythonLinter:
 
     def rule_rank_early_exit(self) -> None:
         """D21/D20: ``if rank ...: return/break/continue`` before a collective in the same block."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             for fld in ("body", "orelse"):
                 block = getattr(node, fld, None)
                 if not isinstance(block, list):
@@ -489,7 +521,7 @@ class PythonLinter:
         if any(_call_name(c)[1] == "set_epoch" for c in self._calls()):
             return
         classes = {"DistributedSampler"}
-        for node in ast.walk(self.tree):  # sampler_cls = RandomSampler if ... else DistributedSampler
+        for node in self.nodes:  # sampler_cls = RandomSampler if ... else DistributedSampler
             if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Call) and \
                     any(isinstance(n, ast.Name) and n.id == "DistributedSampler" for n in ast.walk(node.value)):
                 classes.update(t.id for t in node.targets if isinstance(t, ast.Name))
@@ -499,7 +531,7 @@ class PythonLinter:
         if not samplers:
             return
         epoch_loop = any(isinstance(n, ast.For) and ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower())
-                         for n in ast.walk(self.tree))
+                         for n in self.nodes)
         if epoch_loop:
             self.add("sampler-no-set-epoch", "warning", samplers[0],
                      "DistributedSampler shuffles with a seed fixed by its epoch, and set_epoch is never called: every "
@@ -510,7 +542,7 @@ class PythonLinter:
         """D9/D22: each rank slices its own share (uneven lengths) without a sampler or Join."""
         if "Join(" in self.text:
             return
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
                 parts = [p for p in (node.slice.lower, node.slice.upper, node.slice.step) if p is not None]
                 if parts and any(self.taint.is_rank(p) for p in parts) and self._in_loop_scope_with_collective() \
@@ -525,7 +557,7 @@ class PythonLinter:
         """The sliced value (or the name it is assigned to) is looped over (a for loop or a comprehension)."""
         parent = self.parents.get(node)
         names = {t.id for t in getattr(parent, "targets", []) if isinstance(t, ast.Name)} if isinstance(parent, ast.Assign) else set()
-        for loop in ast.walk(self.tree):
+        for loop in self.nodes:
             it = loop.iter if isinstance(loop, (ast.For, ast.comprehension)) else None
             if it is None:
                 continue
@@ -541,7 +573,7 @@ class PythonLinter:
         """D18: ``loss.backward()`` / ``optimizer.step()`` next to a raw ``deepspeed.initialize`` engine."""
         engines: set[str] = set()
         optims: set[str] = set()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
                     _src(node.value.func) in ("deepspeed.initialize", "initialize"):
                 t = node.targets[0]
@@ -684,7 +716,7 @@ class PythonLinter:
 
     def rule_master_port_and_timeout(self) -> None:
         """D4 (hard-coded MASTER_PORT) and MN3 (init_process_group without timeout)."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and _env_key(node.targets[0]) == "MASTER_PORT" \
                     and isinstance(node.value, ast.Constant):
                 self.add("hardcoded-master-port", "warning", node,
