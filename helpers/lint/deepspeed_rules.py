@@ -8,6 +8,8 @@ validation (the HF integration fills them in; a raw ``deepspeed.initialize`` doe
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from typing import Any
@@ -101,7 +103,7 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             continue
         if key in ZERO_KEYS:
             add("ds-misplaced-key", "error", key, f'"{key}" belongs inside "zero_optimization": at the top level '
-                "DeepSpeed ignores it silently (ZeRO stays at its default, stage 0)",
+                "DeepSpeed ignores it silently" + (" (ZeRO stays at stage 0)" if key == "stage" else ""),
                 f'move it into "zero_optimization": {{"{key}": ...}}', "D17")
         elif key in SECTION_KEYS:
             add("ds-misplaced-key", "error", key, f'"{key}" belongs inside "{SECTION_KEYS[key]}": at the top level it is '
@@ -113,8 +115,9 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
     zero = data.get("zero_optimization")
     if isinstance(zero, dict):
         try:
-            from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-            DeepSpeedZeroConfig(**_drop_auto(zero))
+            with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout: keep --json output clean
+                from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+                DeepSpeedZeroConfig(**_drop_auto(zero))
         except ImportError:
             pass
         except Exception as exc:  # noqa: BLE001 - pydantic ValidationError, reported with its own words

@@ -78,7 +78,7 @@ def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
         line_no = text.count("\n", 0, assign.start()) + 1
         out.append(Finding.make("master-addr-not-exported", "error", path, line_no,
                                 f"{var} is assigned but not exported, and the srun tasks read it later (env:// "
-                                "rendezvous, or $" + var + " inside the single-quoted task): they see it empty "
+                                "rendezvous, or $" + var + " deferred to the task by single quotes or \\$): they see it empty "
                                 "('The hostname of the rendezvous endpoint ':29500' ...')",
                                 f"export {var}=...", "Gilbreth 4.3"))
     del lines

@@ -227,3 +227,11 @@ def test_the_scenarios_buggy_modes_are_found():
     assert ("ds_checkpoint.py", "rank-gated-collective") in got  # engine.save_checkpoint under rank == 0 (Gilbreth 7.5)
     assert ("fsdp_checkpoint.py", "rank-gated-collective") in got  # get_model_state_dict on rank 0 only (D21)
     assert ("fsdp_checkpoint.py", "fsdp-full-state-dict-all-ranks") in got  # the offload_to_cpu demo (D15)
+
+
+def test_json_output_stays_json_when_deepspeed_is_imported(tmp_path, capsys):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": True},
+                               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}))
+    assert _run_cli([str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"findings": []}
