@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helpers.lint import lint_paths, lint_texts  # noqa: E402
+from helpers.lint import lint_paths, lint_texts
 
 DATA = ROOT / "tests" / "data" / "lint"
 

@@ -137,4 +137,4 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = No
     return bad + lint_texts(files, command)
 
 
-__all__ = ["Finding", "UNREADABLE", "lint_paths", "lint_texts"]
+__all__ = ["UNREADABLE", "Finding", "lint_paths", "lint_texts"]

@@ -50,7 +50,7 @@ WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "l
                     "get_state_dict", "optim_state_dict", "save", "load", "compute", "sync"}
 WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*accelerator|self\.accelerator|hvd|dcp|"
                             r"dist_cp|torch\.distributed\.checkpoint|FSDP|FullyShardedDataParallel|trainer|"
-                            r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.I)
+                            r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.IGNORECASE)
 WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes"}
 FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
 
@@ -107,15 +107,15 @@ def _call_name(call: ast.Call) -> tuple[str, str]:
 
 def _env_key(node: ast.AST) -> str | None:
     """``"RANK"`` for ``os.environ["RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("RANK", ...)``."""
-    if isinstance(node, ast.Subscript) and _src(node.value) in ("os.environ", "environ"):
-        if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
-            return node.slice.value
-    if isinstance(node, ast.Call):
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+            and _dotted(node.value) in ("os.environ", "environ"):
+        return node.slice.value
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
         recv, name = _call_name(node)
         if (recv in ("os.environ", "environ") and name in ("get", "setdefault")) or (recv == "os" and name == "getenv") \
                 or (not recv and name == "getenv"):
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                return node.args[0].value
+            return node.args[0].value
     return None
 
 
@@ -170,7 +170,7 @@ class _Taint:
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
             return False
         if isinstance(node, ast.Call):
-            recv, name = _call_name(node)
+            _recv, name = _call_name(node)
             if name in GLOBAL_RANK_CALLS:
                 return True
             if name in ("int", "str") and node.args:
@@ -249,7 +249,7 @@ class PythonLinter:
                 self.module_aliases.update(a.asname or a.name for a in node.names)
         spawned = set()
         for call in self._calls():
-            recv, name = _call_name(call)
+            _recv, name = _call_name(call)
             if name in ("spawn", "start_processes") and call.args and isinstance(call.args[0], ast.Name):
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
@@ -322,9 +322,7 @@ class PythonLinter:
         if name == "state_dict" and self.uses_fsdp and self._under_full_state_dict_ctx(call):
             return f"{recv}.state_dict (FULL_STATE_DICT gather)"
         target = None
-        if not recv and name in self.functions:
-            target = name
-        elif recv in ("self", "cls") and name in self.functions:
+        if not recv and name in self.functions or recv in ("self", "cls") and name in self.functions:
             target = name
         if target and target in self.collective_funcs and depth < 3:
             return f"{target}() -> {self.collective_funcs[target]}"
@@ -594,11 +592,11 @@ class PythonLinter:
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): the engine's loss "
                          "scaling, gradient reduction and accumulation are skipped",
-                         f"{sorted(engines)[0]}.backward(loss); {sorted(engines)[0]}.step()", "D18")
+                         f"{min(engines)}.backward(loss); {min(engines)}.step()", "D18")
             if name == "step" and recv in optims and recv not in engines:
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.step() bypasses the DeepSpeed engine (gradient accumulation boundary, clipping, "
-                         "ZeRO partitions)", f"{sorted(engines)[0]}.step()", "D18")
+                         "ZeRO partitions)", f"{min(engines)}.step()", "D18")
 
     def rule_ddp_fsdp_options(self) -> None:
         """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""
@@ -606,7 +604,7 @@ class PythonLinter:
         fsdp_calls = [c for c in calls if _call_name(c)[1] in ("FullyShardedDataParallel", "FSDP")]
         fully_shard = [c for c in calls if _call_name(c)[1] == "fully_shard"]
         for c in calls:
-            recv, name = _call_name(c)
+            _recv, name = _call_name(c)
             kws = {k.arg: k.value for k in c.keywords if k.arg}
             if name in ("DistributedDataParallel", "DDP") or "DistributedDataParallelKwargs" in name:
                 v = kws.get("find_unused_parameters")
@@ -622,13 +620,12 @@ class PythonLinter:
                              f"MixedPrecision leaves {', '.join(missing)} unset: those tensors stay fp32 (buffers) or "
                              "reduce in a dtype you did not choose",
                              "set param_dtype, reduce_dtype and buffer_dtype explicitly", "D14")
-            if name == "FullStateDictConfig":
-                if not all(isinstance(kws.get(k), ast.Constant) and kws[k].value is True
-                           for k in ("rank0_only", "offload_to_cpu")):
-                    self.add("fsdp-full-state-dict-all-ranks", "warning", c,
-                             "a full state dict without rank0_only=True, offload_to_cpu=True is gathered on every rank's "
-                             "GPU: N copies of the whole model (OOM)",
-                             "FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
+            if name == "FullStateDictConfig" and not all(isinstance(kws.get(k), ast.Constant) and kws[k].value is True
+                       for k in ("rank0_only", "offload_to_cpu")):
+                self.add("fsdp-full-state-dict-all-ranks", "warning", c,
+                         "a full state dict without rank0_only=True, offload_to_cpu=True is gathered on every rank's "
+                         "GPU: N copies of the whole model (OOM)",
+                         "FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
             if name == "StateDictOptions":
                 fsd = kws.get("full_state_dict")
                 if isinstance(fsd, ast.Constant) and fsd.value is True and not (
@@ -725,7 +722,7 @@ class PythonLinter:
                          "let the launcher choose (torchrun --standalone / --rdzv-endpoint=localhost:0) or take a free "
                          "port per job", "D4")
         for call in self._calls():
-            recv, name = _call_name(call)
+            _recv, name = _call_name(call)
             if name == "init_process_group":
                 for kw in call.keywords:
                     if kw.arg == "init_method" and isinstance(kw.value, ast.Constant) and \

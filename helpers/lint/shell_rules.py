@@ -63,13 +63,12 @@ def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
     line = launch_parse.launch_line(text)
     if spec is not None:
         out += traps_as_findings(spec, path, line)
-    lines = text.splitlines()
     quoted = _single_quoted_spans(text)
     for var in ("MASTER_ADDR", "MASTER_PORT"):
-        assign = re.search(rf"^[ \t]*{var}=", text, re.M)
-        if not assign or re.search(rf"^[ \t]*export\s+(.*\s)?{var}\b", text, re.M):
+        assign = re.search(rf"^[ \t]*{var}=", text, re.MULTILINE)
+        if not assign or re.search(rf"^[ \t]*export\s+(.*\s)?{var}\b", text, re.MULTILINE):
             continue
-        if not re.search(r"^[ \t]*srun\b", text[assign.end():], re.M):
+        if not re.search(r"^[ \t]*srun\b", text[assign.end():], re.MULTILINE):
             continue
         uses = [m.start() for m in re.finditer(r"\$\{?" + var + r"\b", text)
                 if m.start() > assign.end() and text[m.start() - 1] != "\\"]  # \$VAR: expanded later, per task
@@ -81,5 +80,4 @@ def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
                                 "rendezvous, or $" + var + " deferred to the task by single quotes or \\$): they see it empty "
                                 "('The hostname of the rendezvous endpoint ':29500' ...')",
                                 f"export {var}=...", "Gilbreth 4.3"))
-    del lines
     return out, spec
