@@ -754,7 +754,9 @@ class PythonLinter:
                 for k in call.keywords:
                     if k.arg == "gradient_accumulation_steps":
                         f.accelerator_grad_accum = (call.lineno, _src(k.value))
-            if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and \
+            parent = self.parents.get(call)
+            cast = isinstance(parent, ast.Attribute) and parent.attr in ("to", "half", "bfloat16", "type", "double")
+            if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and not cast and \
                     not any(k.arg == "dtype" for k in call.keywords):
                 f.float_inputs.append(call.lineno)
 
