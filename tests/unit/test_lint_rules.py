@@ -182,6 +182,9 @@ def test_parse_command_forms():
                       "--nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=n0:29400 /tmp/train.py")
     assert s.srun_ntasks_per_node == 2 and s.env == {"NCCL_SOCKET_IFNAME": "ibp65s0"}
     assert {t.id for t in launch_traps.find_traps(s)} >= {"srun-tasks-per-node", "script-in-tmp", "ifname-node-specific"}
+    s = parse_command("torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=n0:29400 "
+                      "train.py --deepspeed_config /tmp/ds.json")
+    assert [t.id for t in launch_traps.find_traps(s)] == ["args-in-tmp"]
     with pytest.raises(ValueError, match="no launcher"):
         parse_command("python train.py")
 
