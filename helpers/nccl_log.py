@@ -382,6 +382,10 @@ class NcclLog:
         hosts = self.hosts
         if len(hosts) > 1 or (n_nodes or 0) > 1 or self.machine_count() > 1:
             return "multi-node"
+        # a NET connection to a rank this log does not show: the peer lives on another node
+        known = {r.rank for r in infos if r.rank is not None}
+        if any(ch.kind == "NET" and not {ch.src, ch.dst} <= known for r in infos for ch in r.channels):
+            return "multi-node"
         if n_nodes == 1:
             return "single-node"
         if len(hosts) == 1:
@@ -1263,7 +1267,7 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[V
     for r in ranks:
         if r.host:
             by_host[r.host] = max(by_host.get(r.host, 0), r.stage)
-    if len(by_host) >= 2 and len(set(by_host.values())) > 1:
+    if len(by_host) >= 2 and len(set(by_host.values())) > 1 and max(by_host.values()) >= STAGES.index("init-start"):
         low = min(by_host.values())
         first = sorted(h for h, s in by_host.items() if s == low)
         high = STAGES[max(by_host.values())]
