@@ -75,6 +75,8 @@ _SCAN_MAX = 4000         # regexes look at most at this many characters of a mes
 _READ_MAX = 20000        # input lines are cut to this many characters
 _KEEP_MAX = 20           # per rank, at most this many lines of each kind are kept (counters count all)
 _CHANNELS_MAX = 4096     # distinct channel lines kept per rank
+_MEMO_MAX = 50000        # entries per memo table of the parser
+_VERDICT_LIST_MAX = 32   # ranks/hosts a verdict lists (values ranks_total/hosts_total count them all)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MARK = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b ?")
@@ -492,9 +494,12 @@ class Verdict(Check):
                  source: str = "", values: dict[str, Any] | None = None) -> None:
         if severity not in SEVERITIES:
             raise ValueError(f"severity={severity!r}: accepted values are {', '.join(SEVERITIES)}")
-        self.ranks = list(ranks or [])
-        self.hosts = list(hosts or [])
+        all_ranks, all_hosts = list(ranks or []), list(hosts or [])
+        self.ranks = all_ranks[:_VERDICT_LIST_MAX]
+        self.hosts = all_hosts[:_VERDICT_LIST_MAX]
         vals = {"ranks": self.ranks, "hosts": self.hosts, **(values or {})}
+        if len(all_ranks) > len(self.ranks) or len(all_hosts) > len(self.hosts):
+            vals.update(ranks_total=len(all_ranks), hosts_total=len(all_hosts))
         super().__init__(id=id, title=message, status=severity, values=vals, remediation=fix, source=source,
                          evidence=list(evidence or []), node=self.hosts[0] if len(self.hosts) == 1 else "",
                          faulty=list(self.hosts) if severity in NOT_OK else [])
@@ -569,6 +574,10 @@ class _Parser:
         self._label_to_key: dict[int, str] = {}
         self._local_label_last: dict[str, str] = {}
         self._best_nranks: dict[str, int] = {}
+        # memo tables (bounded): big logs repeat the same heads and messages millions of times
+        self._heads: dict[str, tuple] = {}
+        self._events: dict[str, list[tuple]] = {}
+        self._hits: dict[str, tuple[int | None, tuple[str, str, bool] | None]] = {}
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
               dev: int | None = None) -> RankInfo:
@@ -602,13 +611,25 @@ class _Parser:
             if _RECONSTRUCTED in line:
                 line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
                 log.reconstructed += 1
-            hit = None
-            if any(k in line for k in _CATALOG_KEYS):
-                m = catalog.search(line[:_SCAN_MAX])
-                hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
-            split = None
-            if "NCCL" in line or "WARN " in line or _BARE_HEAD.search(line[:600]):
-                split = self._split(line)
+            k = line.find("] ", 0, 200)
+            if k >= 0 and ("NCCL" in line[:k] or " : " in line[:k] or " [" not in line[:k]):
+                k = -1          # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
+            ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
+            memo = self._hits.get(ckey)
+            if memo is None:
+                # the line after its "host:pid:tid [dev] " prefix repeats across ranks: work it out once
+                hit = None
+                if any(word in ckey for word in _CATALOG_KEYS):
+                    m = catalog.search(ckey)
+                    hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
+                rel = None
+                if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
+                    rel = self._split(ckey)
+                if len(self._hits) >= _MEMO_MAX:
+                    self._hits.clear()
+                memo = self._hits[ckey] = (hit, rel)
+            hit, rel = memo
+            split = None if rel is None else ((line[:k + 2] + rel[0] if k >= 0 else rel[0]), rel[1], rel[2])
             if split is None:
                 if hit is not None:
                     count += 1
@@ -660,30 +681,36 @@ class _Parser:
               warn: bool = False) -> tuple[str | None, RankInfo]:
         """Attribute one NCCL line to a rank and record what it says; return the key used and its record."""
         tail = head[-300:]
-        pm = _PREFIX.search(tail)
-        label_part = tail[:pm.start()] if pm else tail
-        lr = _LABEL_RANK.search(label_part)
-        label_rank = int(lr.group(1) or lr.group(2)) if lr else None
-        ll = _LABEL_LOCAL.search(label_part)
-        lh = None if (pm or lr or ll) else _LABEL_HOST.search(label_part)
-        events = _classify(msg)
+        parsed = self._heads.get(tail)
+        if parsed is None:
+            parsed = _parse_head(tail)
+            if len(self._heads) >= _MEMO_MAX:
+                self._heads.clear()
+            self._heads[tail] = parsed
+        pm, label_rank, ll, lh = parsed
+        events = self._events.get(msg)
+        if events is None:
+            events = _classify(msg)
+            if len(self._events) >= _MEMO_MAX:
+                self._events.clear()
+            self._events[msg] = events
         host = pid = dev = None
         content_rank: int | None = None
         if pm:
-            host, pid, dev = pm["host"], int(pm["pid"]), int(pm["dev"])
+            host, pid, dev = pm
             key: str | None = f"{host}:{pid}[{dev}]"
             if label_rank is not None:
                 self._label_to_key.setdefault(label_rank, key)
             if ll:
-                self._local_label_last[ll.group(1)] = key
+                self._local_label_last[ll] = key
         elif label_rank is not None:
             key = self._label_to_key.get(label_rank, f"rank{label_rank}")
         elif ll:
             # torchrun's [defaultN] is a local rank, repeated on every node: a line without
             # NCCL's prefix goes to the process that last printed under the same label.
-            key = self._local_label_last.get(ll.group(1), ll.group(1))
+            key = self._local_label_last.get(ll, ll)
         elif lh:
-            host = key = lh.group(1)
+            host = key = lh
         else:
             key = _content_key(events)
             if key is not None:
@@ -698,7 +725,7 @@ class _Parser:
             info.label = info.label or f"rank{label_rank}"
             self._rank_from_label[info.key] = label_rank
         elif ll and info.label is None:
-            info.label = ll.group(1)
+            info.label = ll
         info.lines += 1
         info.last_line = _cut(line)
         if warn:
@@ -828,6 +855,18 @@ class _Parser:
                 _merge(main, other)
                 del self.log.ranks[other.key]
         return self.log
+
+
+def _parse_head(tail: str) -> tuple:
+    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None)."""
+    pm = _PREFIX.search(tail)
+    label_part = tail[:pm.start()] if pm else tail
+    lr = _LABEL_RANK.search(label_part)
+    label_rank = int(lr.group(1) or lr.group(2)) if lr else None
+    ll = _LABEL_LOCAL.search(label_part)
+    lh = None if (pm or lr or ll) else _LABEL_HOST.search(label_part)
+    prefix = (pm["host"], int(pm["pid"]), int(pm["dev"])) if pm else None
+    return prefix, label_rank, ll.group(1) if ll else None, lh.group(1) if lh else None
 
 
 def _merge(into: RankInfo, other: RankInfo) -> None:
@@ -1025,15 +1064,20 @@ def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
 
 # ---------------------------------------------------------------------------------------- verdicts
 
+_WHO_MAX = 6
+
+
 def _who(infos: Iterable[RankInfo]) -> str:
+    infos = list(infos)
+    more = len(infos) - _WHO_MAX
     parts = []
-    for r in infos:
+    for r in infos[:_WHO_MAX]:
         if r.key == "?":
             parts.append("lines naming no rank")
             continue
         parts.append(f"rank {r.rank} ({r.key})" if r.rank is not None and r.key != f"rank{r.rank}" else
                      (f"rank {r.rank}" if r.rank is not None else r.key))
-    return ", ".join(parts)
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
 
 
 def _hosts(infos: Iterable[RankInfo]) -> list[str]:
@@ -1081,6 +1125,7 @@ def _check_interfaces(log: NcclLog, topology: str) -> list[Verdict]:
     if not found:
         return []
     infos = list({id(f[0]): f[0] for f in found}.values())
+    names = {iface.name for _, _, iface, _ in found}
     what = sorted({f"{role} on {iface.name} ({reason})" for _, role, iface, reason in found})
     envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
     severity = _by_topology(topology, "FAIL", "WARN", "INFO")
@@ -1094,7 +1139,7 @@ def _check_interfaces(log: NcclLog, topology: str) -> list[Verdict]:
            f"NCCL_SOCKET_IFNAME=^docker0,lo identically on every node, then check each rank's Bootstrap/NET line "
            f"names that NIC (multinode.md MN2)")
     evidence = _evidence(line for i in infos for line in i.evidence_lines
-                         if "NCCL_SOCKET_IFNAME" in line or any(f"{iface.name}:" in line for _, _, iface, _ in found))
+                         if "NCCL_SOCKET_IFNAME" in line or any(f"{n}:" in line for n in names))
     return [Verdict("bad-interface", severity, message, [i.key for i in infos], _hosts(infos), evidence, fix)]
 
 
@@ -1363,10 +1408,11 @@ def _check_cross_host(log: NcclLog) -> list[Verdict]:
     if "IB" in nets and "Socket" in nets and nets["IB"] != nets["Socket"]:
         ib, sock = sorted(nets["IB"] - nets["Socket"]), sorted(nets["Socket"] - nets["IB"])
         if ib and sock:
+            both = set(ib) | set(sock)
             out.append(Verdict(
                 "mixed-network", "FAIL",
                 f"{', '.join(ib)} use InfiniBand while {', '.join(sock)} use TCP sockets: the hosts cannot connect "
-                f"(NCCL fails with 'wrong type' or hangs)", [r.key for r in ranks if r.host in set(ib) | set(sock)],
+                f"(NCCL fails with 'wrong type' or hangs)", [r.key for r in ranks if r.host in both],
                 ib + sock, _evidence(line for r in ranks for line in r.evidence_lines if "Using network" in line
                                      or "NET/" in line),
                 "confirm with 'ibv_devinfo' on every node (same HCAs, PORT_ACTIVE, devices visible in the container); "
@@ -1391,8 +1437,9 @@ def _check_cross_host(log: NcclLog) -> list[Verdict]:
                 "give each machine its own hostname (hostnamectl set-hostname) so logs and NCCL's host hash tell them apart",
                 "issue 15"))
     owners = _address_owners(log)
+    bad_ips = {i.ip for r in ranks for i in r.bootstrap if bad_interface_reason(i)}
     for ip, hosts in sorted(owners.items()):
-        if len(hosts) > 1 and not any(bad_interface_reason(i) for r in ranks for i in r.bootstrap if i.ip == ip):
+        if len(hosts) > 1 and ip not in bad_ips:
             out.append(Verdict(
                 "containers-share-host", "INFO",
                 f"{', '.join(sorted(hosts))} announce the same address {ip}: containers sharing one machine's network; "
