@@ -275,6 +275,7 @@ class RankInfo:
     last_line: str = ""
     evidence_lines: list[str] = field(default_factory=list)
     warn_count: int = 0
+    init_complete_count: int = 0
     net_plugin: bool | None = None
     catalog: dict[str, int] = field(default_factory=dict)
     _channel_keys: set[tuple] = field(default_factory=set, repr=False, compare=False)
@@ -309,7 +310,8 @@ class RankInfo:
             "net": self.net, "net_devices": self.net_devices, "oob": str(self.oob) if self.oob else None,
             "network": self.network, "ib_no_device": self.ib_no_device,
             "connections": {f"{a}->{b}": v for (a, b), v in self.connections().items()},
-            "init_starts": self.init_starts, "init_complete": [asdict(c) for c in self.init_complete],
+            "init_starts": self.init_starts, "init_complete": [asdict(c) for c in self.init_complete[:3]],
+            "init_complete_count": self.init_complete_count,
             "nranks": self.nranks, "n_nodes": self.n_nodes, "local_ranks": self.local_ranks,
             "warns": self.warns[:3], "warn_count": self.warn_count, "net_plugin": self.net_plugin,
             "catalog": self.catalog, "stage": self.stage_name, "lines": self.lines, "last_line": self.last_line,
@@ -794,7 +796,9 @@ class _Parser:
         elif kind == "complete":
             done: InitComplete = event[1]
             done = InitComplete(done.comm, done.rank, done.nranks, done.cuda_dev, done.local_ranks, done.n_nodes, cut)
-            info.init_complete.append(done)
+            info.init_complete_count += 1
+            if len(info.init_complete) < _KEEP_MAX:
+                info.init_complete.append(done)
             self._set_rank(info, done.rank, done.nranks)
             info.nranks = max(info.nranks or 0, done.nranks)
             if done.local_ranks:
@@ -885,6 +889,7 @@ def _merge(into: RankInfo, other: RankInfo) -> None:
         getattr(into, name).extend(getattr(other, name))
     into.init_starts += other.init_starts
     into.warn_count += other.warn_count
+    into.init_complete_count += other.init_complete_count
     if other.net_plugin is not None:
         into.net_plugin = bool(into.net_plugin) or other.net_plugin
     for cid, n in other.catalog.items():
@@ -1067,6 +1072,12 @@ def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
 _WHO_MAX = 6
 
 
+def _names(items: Sequence[str]) -> str:
+    """``a, b, c`` for at most :data:`_WHO_MAX` items, then ``and N more``."""
+    more = len(items) - _WHO_MAX
+    return ", ".join(items[:_WHO_MAX]) + (f" and {more} more" if more > 0 else "")
+
+
 def _who(infos: Iterable[RankInfo]) -> str:
     infos = list(infos)
     more = len(infos) - _WHO_MAX
@@ -1217,7 +1228,7 @@ def _check_ib_fallback(log: NcclLog, topology: str) -> list[Verdict]:
         return []
     ifaces = sorted({f.name for i in infos for f in i.socket_ifaces})
     severity = _by_topology(topology, "WARN", "WARN", "INFO")
-    message = (f"NET/IB found no usable device on {', '.join(_hosts(infos)) or _who(infos)}; NCCL fell back to TCP "
+    message = (f"NET/IB found no usable device on {_names(_hosts(infos)) or _who(infos)}; NCCL fell back to TCP "
                f"sockets{' on ' + ', '.join(ifaces) if ifaces else ''}: inter-node collectives run over TCP, "
                f"often ~10x slower than InfiniBand (MN2)")
     fix = ("if the nodes have InfiniBand/RoCE, make the HCA visible (ibv_devinfo lists it; in containers pass "
@@ -1273,7 +1284,7 @@ def _check_no_interface(log: NcclLog) -> list[Verdict]:
     if not infos:
         return []
     envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
-    where = ", ".join(_hosts(infos)) or "this host"
+    where = _names(_hosts(infos)) or "this host"
     listening = any("listening" in line or "same subnet" in line for i in infos for line in i.iface_errors)
     if envs:
         message = f"NCCL_SOCKET_IFNAME={','.join(envs)} matches no interface on {where}: NCCL cannot bootstrap"
@@ -1300,7 +1311,7 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[V
            "GPU errors; restart the service or relaunch without that node (multinode.md MN1)")
     if done and stuck:
         stages = sorted({r.stage_name for r in stuck})
-        message = (f"{_who(stuck)} on {', '.join(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
+        message = (f"{_who(stuck)} on {_names(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
                    f"(last stage: {', '.join(stages)}) while {len(done)} rank(s) completed: "
                    f"that host is the culprit (MN1)")
         evidence = _evidence([f"last line of {r.key}: {r.last_line}" for r in stuck] +
@@ -1340,7 +1351,7 @@ def _check_versions(log: NcclLog) -> list[Verdict]:
     mismatch = [i for i in log.all_infos() if i.mismatch_lines]
     if len(versions) < 2 and not mismatch:
         return []
-    parts = [f"{v} on {', '.join(_hosts(infos)) or _who(infos)}" for v, infos in sorted(versions.items())]
+    parts = [f"{v} on {_names(_hosts(infos)) or _who(infos)}" for v, infos in sorted(versions.items())]
     pairs: set[tuple[tuple[int, str], ...]] = set()
     for info in mismatch:
         for line in info.mismatch_lines:
@@ -1411,7 +1422,7 @@ def _check_cross_host(log: NcclLog) -> list[Verdict]:
             both = set(ib) | set(sock)
             out.append(Verdict(
                 "mixed-network", "FAIL",
-                f"{', '.join(ib)} use InfiniBand while {', '.join(sock)} use TCP sockets: the hosts cannot connect "
+                f"{_names(ib)} use InfiniBand while {_names(sock)} use TCP sockets: the hosts cannot connect "
                 f"(NCCL fails with 'wrong type' or hangs)", [r.key for r in ranks if r.host in both],
                 ib + sock, _evidence(line for r in ranks for line in r.evidence_lines if "Using network" in line
                                      or "NET/" in line),
@@ -1422,7 +1433,7 @@ def _check_cross_host(log: NcclLog) -> list[Verdict]:
     if loaded and missing:
         out.append(Verdict(
             "net-plugin-partial", "WARN",
-            f"a net plugin (libnccl-net.so / IBext) is loaded on {', '.join(loaded)} but not on {', '.join(missing)}: "
+            f"a net plugin (libnccl-net.so / IBext) is loaded on {_names(loaded)} but not on {_names(missing)}: "
             f"the hosts run different network code", [r.key for r in ranks if r.host in set(loaded) | set(missing)],
             loaded + missing, _evidence(r.last_line for r in ranks if r.host in missing),
             "confirm with 'ldconfig -p | grep nccl-net' and 'echo $LD_LIBRARY_PATH' on each node (or the container image); "
@@ -1546,7 +1557,8 @@ def to_json(log: NcclLog, verdicts: Sequence[Verdict]) -> dict:
     6 evidence lines, and ``catalog`` gives the line count per catalog id.
     """
     keys = list(log.ranks)[:_JSON_RANKS_MAX]
-    return {"sources": log.sources, "problems": log.problems, "topology": log.topology(), "hosts": log.hosts,
+    return {"sources": log.sources, "problems": log.problems, "topology": log.topology(),
+            "hosts": log.hosts[:_JSON_RANKS_MAX], "hosts_total": len(log.hosts),
             "lines_seen": log.lines_seen, "nccl_lines": log.nccl_lines, "unparsed_count": log.unparsed_count,
             "reconstructed_lines": log.reconstructed,
             "catalog": {cid: hit.count for cid, hit in log.catalog.items()},
