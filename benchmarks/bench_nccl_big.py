@@ -55,14 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.run([sys.executable, "-m", "helpers.nccl_log", str(path), "--json"], capture_output=True,
                           text=True, env=env, check=False)
     wall = time.monotonic() - t0
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_mb, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
     if not args.keep:
         path.unlink()
-    print(f"log {size / 2**20:.0f} MB: exit {proc.returncode}, {wall:.1f} s, peak RSS {peak_mb:.0f} MB, "
+    print(f"log {size / 2**20:.0f} MB: exit {proc.returncode}, {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {peak_mb:.0f} MB, "
           f"--json output {len(proc.stdout) / 1024:.0f} KiB")
     if proc.returncode not in (0, 1):
         print(proc.stderr[-2000:])
         return 1
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall time grows with the load)")
     return 0 if wall <= 10 and peak_mb <= 200 else 1
 
 

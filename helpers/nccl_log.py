@@ -608,14 +608,16 @@ class _Parser:
                 continue
             if "\x1b" in line:
                 line = _ANSI.sub("", line)
-            if line.lstrip().startswith("#"):
+            if line[0] == "#" or (line[0] in " \t" and line.lstrip().startswith("#")):
                 continue
             if _RECONSTRUCTED in line:
                 line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
                 log.reconstructed += 1
             k = line.find("] ", 0, 200)
-            if k >= 0 and ("NCCL" in line[:k] or " : " in line[:k] or " [" not in line[:k]):
-                k = -1          # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
+            if k >= 0:
+                pre = line[:k]
+                if "NCCL" in pre or " : " in pre or " [" not in pre:
+                    k = -1      # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
             ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
             memo = self._hits.get(ckey)
             if memo is None:
