@@ -691,7 +691,7 @@ class _Parser:
             if len(self._heads) >= _MEMO_MAX:
                 self._heads.clear()
             self._heads[tail] = parsed
-        pm, label_rank, ll, lh = parsed
+        pm, label_rank, ll, lh, pkey = parsed
         events = self._events.get(msg)
         if events is None:
             events = _classify(msg)
@@ -702,7 +702,7 @@ class _Parser:
         content_rank: int | None = None
         if pm:
             host, pid, dev = pm
-            key: str | None = f"{host}:{pid}[{dev}]"
+            key: str | None = pkey
             if label_rank is not None:
                 self._label_to_key.setdefault(label_rank, key)
             if ll:
@@ -721,7 +721,9 @@ class _Parser:
                 content_rank = int(key[4:])
             elif any(e[0] == "version" for e in events):
                 key = previous
-        info = self._info(key, host, pid, dev)
+        info = self.log.ranks.get(key) if key is not None else None
+        if info is None:
+            info = self._info(key, host, pid, dev)
         if content_rank is not None and info.rank is None:
             info.rank = content_rank
         if label_rank is not None:
@@ -731,14 +733,16 @@ class _Parser:
         elif ll and info.label is None:
             info.label = ll
         info.lines += 1
-        info.last_line = _cut(line)
+        cut = line if len(line) <= _LINE_MAX else _cut(line)
+        info.last_line = cut
         if warn:
             info.warn_count += 1
-            _keep(info.warns, _cut(line))
+            if len(info.warns) < _KEEP_MAX:
+                info.warns.append(cut)
         if not events:
             self.log.unparsed_count += 1
         for event in events:
-            self._apply(info, event, line)
+            self._apply(info, event, cut)
         return key, info
 
     def _stage(self, info: RankInfo, name: str) -> None:
@@ -752,8 +756,9 @@ class _Parser:
             info.rank = rank
 
     def _apply(self, info: RankInfo, event: tuple, line: str) -> None:
+        """Record one event of a line (``line`` already cut to ``_LINE_MAX``)."""
         kind = event[0]
-        cut = _cut(line)
+        cut = line
         if kind == "version":
             info.nccl_version = event[1]
             self._stage(info, "bootstrap")
@@ -872,7 +877,8 @@ def _parse_head(tail: str) -> tuple:
     ll = _LABEL_LOCAL.search(label_part)
     lh = None if (pm or lr or ll) else _LABEL_HOST.search(label_part)
     prefix = (pm["host"], int(pm["pid"]), int(pm["dev"])) if pm else None
-    return prefix, label_rank, ll.group(1) if ll else None, lh.group(1) if lh else None
+    key = f"{pm['host']}:{int(pm['pid'])}[{int(pm['dev'])}]" if pm else None
+    return prefix, label_rank, ll.group(1) if ll else None, lh.group(1) if lh else None, key
 
 
 def _merge(into: RankInfo, other: RankInfo) -> None:
