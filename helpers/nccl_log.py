@@ -36,7 +36,15 @@ https://github.com/pytorch/pytorch/issues/68893, https://github.com/sgl-project/
 and https://github.com/espnet/espnet/issues/1940.  Verdicts and fixes cite the seeds
 ``multinode.md`` MN1/MN2 and ``gilbreth-hpc-guide.md`` sections 4.1, 6.3, 8.3, 8.12, 9.2, 9.4.
 
-Nothing runs at import; the standard library only.
+Known failure messages (``/dev/shm`` full, ``Duplicate GPU detected``, NVLS/fabric manager, CUDA
+802, ``AF_INET`` family errors, IB completion errors, ``wrong type 4 != 3``...) come from a catalog
+in data, ``helpers/data/nccl_catalog.yaml`` (:func:`load_catalog`), each entry backed by a public
+issue whose cause was confirmed; cross-host verdicts compare networks, net plugins, announced and
+dialled addresses, hostnames (hosts are told apart by host + pid + bootstrap address) and
+``NCCL_HOSTID``.  Inputs are streamed (``-`` is stdin) with bounded memory; an unreadable input is
+reported in one line while the others are read (issue 15; docs/nccl-log.md has the scored corpus).
+
+Nothing runs at import; the standard library only, plus PyYAML when the catalog is first loaded.
 """
 
 from __future__ import annotations
@@ -235,6 +243,7 @@ class RankInfo:
             cleanup).
         stage: furthest index in :data:`STAGES` the log reached; lines: NCCL lines of this rank;
         last_line: the last of them; evidence_lines: bootstrap/network lines kept for verdicts.
+        init_complete_count: ``Init COMPLETE`` lines seen (``init_complete`` keeps the first few).
         warn_count: WARN lines seen (``warns`` and the other line lists keep the first few only, so a
             200 MB log stays in bounded memory); net_plugin: True when a net plugin (``libnccl-net.so``,
             IBext) was loaded, False when NCCL said none was found, None when not printed.
@@ -440,7 +449,7 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
         ValueError: the file is not a list of entries with those keys, a severity is not one of
             :data:`SEVERITIES`, a pattern does not compile, or an id repeats (names the entry).
     """
-    import yaml  # noqa: PLC0415 - only when a log is interpreted
+    import yaml  # only when a log is interpreted
 
     data = yaml.safe_load(Path(path or CATALOG_PATH).read_text(encoding="utf-8"))
     if not isinstance(data, list):
