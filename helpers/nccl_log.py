@@ -36,20 +36,33 @@ https://github.com/pytorch/pytorch/issues/68893, https://github.com/sgl-project/
 and https://github.com/espnet/espnet/issues/1940.  Verdicts and fixes cite the seeds
 ``multinode.md`` MN1/MN2 and ``gilbreth-hpc-guide.md`` sections 4.1, 6.3, 8.3, 8.12, 9.2, 9.4.
 
-Nothing runs at import; the standard library only.
+Known failure messages (``/dev/shm`` full, ``Duplicate GPU detected``, NVLS/fabric manager, CUDA
+802, ``AF_INET`` family errors, IB completion errors, ``wrong type 4 != 3``...) come from a catalog
+in data, ``helpers/data/nccl_catalog.yaml`` (:func:`load_catalog`), each entry backed by a public
+issue whose cause was confirmed; cross-host verdicts compare networks, net plugins, announced and
+dialled addresses, hostnames (hosts are told apart by host + pid + bootstrap address) and
+``NCCL_HOSTID``.  Inputs are streamed (``-`` is stdin) with bounded memory; an unreadable input is
+reported in one line while the others are read (issue 15; docs/nccl-log.md has the scored corpus).
+
+Nothing runs at import; the standard library only, plus PyYAML when the catalog is first loaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import IO, Any
 
-SEVERITIES = ("FAIL", "WARN", "INFO")
+from helpers.checks import NOT_OK, Check
+
+SEVERITIES = ("FAIL", "WARN", "INFO", "OK")
 TOPOLOGIES = ("single-node", "multi-node", "unknown")
 
 # Stages of communicator setup a rank's log can reach, in order (used to find the rank
@@ -67,14 +80,23 @@ quote the guide verbatim."""
 _EVIDENCE_MAX = 6
 _LINE_MAX = 400          # evidence lines are cut to this many characters
 _SCAN_MAX = 4000         # regexes look at most at this many characters of a message
+_READ_MAX = 20000        # input lines are cut to this many characters
+_KEEP_MAX = 20           # per rank, at most this many lines of each kind are kept (counters count all)
+_CHANNELS_MAX = 4096     # distinct channel lines kept per rank
+_MEMO_MAX = 50000        # entries per memo table of the parser
+_VERDICT_LIST_MAX = 32   # ranks/hosts a verdict lists (values ranks_total/hosts_total count them all)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MARK = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b ?")
+# NCCL <= 2.3 printed WARN lines without the NCCL marker: "include/socket.h:344 WARN Socket creation failed"
+_OLD_WARN = re.compile(r"(?:^|\s)[\w/.\-]+\.(?:cc|cu|h|c|cpp):\d+ WARN ")
+_RECONSTRUCTED = "  # reconstructed"
 _PREFIX = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?$")
 _BARE_HEAD = re.compile(
     r"(?:(?<=\s)|(?<=:)|^)(?:Bootstrap ?: |NET/[\w.\-]+ ?: |(?:Channel|Ring) \d+(?:/\d+)? : \d+\[|"
     r"(?:\w+ )?comm \S+ rank \d+ n[Rr]anks \d+|NCCL version \d|socket\w+: |Call to connect |"
     r"Mismatched NCCL version )")
+_PREFIX_ANY = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 _LABEL_RANK = re.compile(r"\[rank(\d+)\]:|\[rank (\d+)\]")
 _LABEL_LOCAL = re.compile(r"\[(default\d+)\]:")
 _LABEL_HOST = re.compile(r"(?:^|\s)([A-Za-z][\w.\-]*): *$")
@@ -83,7 +105,12 @@ _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+[\w.]+)?)")
 _DRIVER = re.compile(r"^cudaDriverVersion (\d+)")
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (\S+?)\.?$")
 _BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (.+)$")
-_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using (?P<devs>.+)$")
+_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using (?!interface )(?P<devs>.+)$")
+_OLD_SIDEBAND = re.compile(r"^NET/IB ?: Using interface (\S+) for sideband")
+_OLD_NET_IFACE = re.compile(r"^NET ?: Using interface (\S+)")
+_OLD_INTERNAL = re.compile(r"^Using internal Network (\w+)")
+_PLUGIN_OK = re.compile(r"^NET/Plugin ?: ?(?:Loaded|Plugin loaded|Using) (?!internal)|^Using network (?:IBext|AWS|Libfabric|COLLNET)")
+_PLUGIN_NONE = re.compile(r"^NET/Plugin ?: ?(?:No plugin found|Plugin load \(?\S*\)? ?returned|Failed to find|dlerror)")
 _IB_NODEV = re.compile(r"^NET/IB ?: No device found")
 _NETWORK = re.compile(r"^Using network (\S+)")
 _IFACE = re.compile(r"(?<!\S)(?:\[(?P<idx>\d+)\])?(?P<name>[^\s:\[\];]+):(?P<addr>\S+)")
@@ -101,7 +128,7 @@ _CONNECT_REASONS = ("Connection refused", "No route to host", "Network is unreac
                     "Software caused connection abort")
 _CONNECT_ANY = re.compile("|".join(re.escape(r) for r in _CONNECT_REASONS) + r"|[Cc]onnect to \S+ failed")
 _DIALED = re.compile(r"[Cc]onnect to (\S+?)<(\d+)>")
-_NO_IFACE = re.compile(r"Bootstrap ?: no socket interface found|NET/Socket ?: No usable listening interface found|"
+_NO_IFACE = re.compile(r"Socket creation failed : Address family not supported|Bootstrap ?: no socket interface found|NET/Socket ?: No usable listening interface found|"
                        r"NET/Socket ?: no interface found|No interface found in the same subnet")
 _IBVERBS = re.compile(r"Failed to open libibverbs")
 _ABORT = re.compile(r"Abort COMPLETE")
@@ -216,6 +243,11 @@ class RankInfo:
             cleanup).
         stage: furthest index in :data:`STAGES` the log reached; lines: NCCL lines of this rank;
         last_line: the last of them; evidence_lines: bootstrap/network lines kept for verdicts.
+        init_complete_count: ``Init COMPLETE`` lines seen (``init_complete`` keeps the first few).
+        warn_count: WARN lines seen (``warns`` and the other line lists keep the first few only, so a
+            200 MB log stays in bounded memory); net_plugin: True when a net plugin (``libnccl-net.so``,
+            IBext) was loaded, False when NCCL said none was found, None when not printed.
+        catalog: catalog id -> lines of this rank that matched it (see :func:`load_catalog`).
     """
 
     key: str
@@ -251,6 +283,11 @@ class RankInfo:
     lines: int = 0
     last_line: str = ""
     evidence_lines: list[str] = field(default_factory=list)
+    warn_count: int = 0
+    init_complete_count: int = 0
+    net_plugin: bool | None = None
+    catalog: dict[str, int] = field(default_factory=dict)
+    _channel_keys: set[tuple] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def completed(self) -> bool:
@@ -282,9 +319,11 @@ class RankInfo:
             "net": self.net, "net_devices": self.net_devices, "oob": str(self.oob) if self.oob else None,
             "network": self.network, "ib_no_device": self.ib_no_device,
             "connections": {f"{a}->{b}": v for (a, b), v in self.connections().items()},
-            "init_starts": self.init_starts, "init_complete": [asdict(c) for c in self.init_complete],
+            "init_starts": self.init_starts, "init_complete": [asdict(c) for c in self.init_complete[:3]],
+            "init_complete_count": self.init_complete_count,
             "nranks": self.nranks, "n_nodes": self.n_nodes, "local_ranks": self.local_ranks,
-            "warns": self.warns, "stage": self.stage_name, "lines": self.lines, "last_line": self.last_line,
+            "warns": self.warns[:3], "warn_count": self.warn_count, "net_plugin": self.net_plugin,
+            "catalog": self.catalog, "stage": self.stage_name, "lines": self.lines, "last_line": self.last_line,
         }
 
 
@@ -299,6 +338,10 @@ class NcclLog:
         lines_seen: input lines read (all files); nccl_lines: those recognised as NCCL output.
         unparsed_count: NCCL lines none of the patterns above used (topology dumps, tuning...).
         sources: names of the inputs (file paths, or ``<text>``).
+        catalog: catalog id -> :class:`CatalogHit` (every input line a catalog pattern matched,
+            NCCL-prefixed or not: ``Last error:`` quotes and nccl-tests CUDA errors count too).
+        problems: one line per input that could not be read (``parse_files(..., problems=[])``).
+        reconstructed: lines that carried the corpus's ``  # reconstructed`` marker (stripped).
     """
 
     ranks: dict[str, RankInfo] = field(default_factory=dict)
@@ -307,6 +350,9 @@ class NcclLog:
     nccl_lines: int = 0
     unparsed_count: int = 0
     sources: list[str] = field(default_factory=list)
+    catalog: dict[str, CatalogHit] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    reconstructed: int = 0
 
     def all_infos(self) -> list[RankInfo]:
         """The ranks plus :attr:`unattributed` when it holds anything."""
@@ -317,6 +363,24 @@ class NcclLog:
     def hosts(self) -> list[str]:
         """Distinct hosts named by the ranks, sorted."""
         return sorted({r.host for r in self.ranks.values() if r.host})
+
+    def machines(self) -> dict[str, set[str]]:
+        """Hostname -> the distinct routable bootstrap addresses its ranks announced.
+
+        Two machines can share a hostname (both called ``user``): their ranks differ by bootstrap
+        address, so a hostname with two addresses is two machines (issue 15).  Node-local
+        interfaces (:func:`bad_interface_reason`) do not count.
+        """
+        out: dict[str, set[str]] = {}
+        for r in self.ranks.values():
+            if r.host:
+                ips = {i.ip for i in r.bootstrap[:1] if not bad_interface_reason(i)}
+                out.setdefault(r.host, set()).update(ips)
+        return out
+
+    def machine_count(self) -> int:
+        """Distinct machines: hostnames, counting a hostname announced from several addresses once per address."""
+        return sum(max(1, len(ips)) for ips in self.machines().values())
 
     def topology(self) -> str:
         """``single-node``, ``multi-node`` or ``unknown``, from what the lines prove.
@@ -329,7 +393,11 @@ class NcclLog:
         infos = list(self.ranks.values())
         n_nodes = max((r.n_nodes for r in infos if r.n_nodes), default=None)
         hosts = self.hosts
-        if len(hosts) > 1 or (n_nodes or 0) > 1:
+        if len(hosts) > 1 or (n_nodes or 0) > 1 or self.machine_count() > 1:
+            return "multi-node"
+        # a NET connection to a rank this log does not show: the peer lives on another node
+        known = {r.rank for r in infos if r.rank is not None}
+        if any(ch.kind == "NET" and not {ch.src, ch.dst} <= known for r in infos for ch in r.channels):
             return "multi-node"
         if n_nodes == 1:
             return "single-node"
@@ -344,33 +412,114 @@ class NcclLog:
 
 
 @dataclass
-class Verdict:
-    """One finding.
+class CatalogHit:
+    """Lines of a log that matched one catalog entry.
 
     Attributes:
-        id: stable identifier (``bad-interface``, ``single-node-net-transport``, ``ib-fallback-socket``,
-            ``connect-failed``, ``no-interface``, ``init-incomplete``, ``mixed-nccl-version``,
-            ``single-node-ib-loaded``, ``no-init-complete``, ``other-warnings``).
-        severity: ``FAIL`` (the job cannot work), ``WARN`` (works badly / suspect), ``INFO``.
-        message: one line saying what the log shows.
-        ranks: keys of the :class:`RankInfo` involved; hosts: their hosts.
-        evidence: log lines that show it (at most a few, cut to 400 characters).
-        fix: one line: what to change, with the source.
-    Raises:
-        ValueError: ``severity`` not one of :data:`SEVERITIES`.
+        entry: the catalog entry (``id``, ``severity``, ``pattern``, ``cause``, ``fix``, ``source``).
+        count: matching lines; evidence: the first few of them; keys: rank keys (``?`` when none);
+        hosts: their hosts.
     """
 
-    id: str
-    severity: str
-    message: str
-    ranks: list[str] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
+    entry: dict[str, str]
+    count: int = 0
     evidence: list[str] = field(default_factory=list)
-    fix: str = ""
+    keys: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"severity={self.severity!r}: accepted values are {', '.join(SEVERITIES)}")
+
+CATALOG_PATH = Path(__file__).parent / "data" / "nccl_catalog.yaml"
+"""The catalog of known NCCL/CUDA failure messages (package data, YAML)."""
+
+_CATALOG_FIELDS = ("id", "severity", "pattern", "cause", "fix", "source")
+# Cheap substring filter: a line is matched against the catalog only if it holds one of these.
+_CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
+                 "AF_INET", "wrong type", "vendor err", "NVLS", "nvls")
+
+
+@lru_cache(maxsize=4)
+def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
+    """The catalog entries, in file order (the first entry whose pattern matches a line wins).
+
+    Args:
+        path: a YAML file with a list of entries; None: :data:`CATALOG_PATH`.
+    Returns:
+        A tuple of dicts with the keys ``id, severity, pattern, cause, fix, source``.
+    Raises:
+        ValueError: the file is not a list of entries with those keys, a severity is not one of
+            :data:`SEVERITIES`, a pattern does not compile, or an id repeats (names the entry).
+    """
+    import yaml  # only when a log is interpreted
+
+    data = yaml.safe_load(Path(path or CATALOG_PATH).read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise ValueError(f"{path or CATALOG_PATH}: expected a list of catalog entries")
+    seen: set[str] = set()
+    out = []
+    for n, entry in enumerate(data):
+        missing = [k for k in _CATALOG_FIELDS if not isinstance(entry, dict) or not entry.get(k)]
+        if missing:
+            raise ValueError(f"catalog entry {n}: missing {', '.join(missing)}; each entry needs {', '.join(_CATALOG_FIELDS)}")
+        if entry["severity"] not in SEVERITIES:
+            raise ValueError(f"catalog entry {entry['id']}: severity={entry['severity']!r}; accepted values are "
+                             f"{', '.join(SEVERITIES)}")
+        if entry["id"] in seen:
+            raise ValueError(f"catalog entry {entry['id']}: id repeats")
+        try:
+            re.compile(entry["pattern"])
+        except re.error as exc:
+            raise ValueError(f"catalog entry {entry['id']}: pattern does not compile ({exc})") from exc
+        seen.add(entry["id"])
+        out.append({k: str(entry[k]) for k in _CATALOG_FIELDS})
+    return tuple(out)
+
+
+@lru_cache(maxsize=4)
+def _catalog_regex(path: str | None = None) -> re.Pattern[str]:
+    """All catalog patterns as one alternation; the named group that matched is ``g<index>``."""
+    return re.compile("|".join(f"(?P<g{i}>{e['pattern']})" for i, e in enumerate(load_catalog(path))))
+
+
+class Verdict(Check):
+    """One finding of the interpreter: a :class:`helpers.checks.Check` built with the log's words.
+
+    The constructor keeps the interpreter's historical keywords; the record is a plain ``Check``
+    (``status``/``title``/``remediation``; aliases ``severity``/``message``/``fix``), so it goes into
+    any report of the project unchanged.
+
+    Args:
+        id: stable identifier (``bad-interface``, ``connect-failed``, a catalog id such as ``shm-full``...).
+        severity: ``FAIL`` (the job cannot work), ``WARN`` (works badly / suspect), ``INFO`` or ``OK``.
+        message: one line naming the cause (the check's ``title``).
+        ranks: keys of the :class:`RankInfo` involved; hosts: their hosts (the WARN/FAIL ``faulty`` nodes).
+        evidence: log lines that show it (a few, cut to 400 characters).
+        fix: the command that confirms the cause on the node, then the change (``remediation``).
+        source: URL or seed id the rule comes from.
+        values: extra measured values (counts...).
+    Raises:
+        ValueError: ``severity`` not one of :data:`SEVERITIES` (names the accepted values), or an empty id.
+    """
+
+    def __init__(self, id: str, severity: str, message: str, ranks: Sequence[str] | None = None,
+                 hosts: Sequence[str] | None = None, evidence: Sequence[str] | None = None, fix: str = "",
+                 source: str = "", values: dict[str, Any] | None = None) -> None:
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity={severity!r}: accepted values are {', '.join(SEVERITIES)}")
+        all_ranks, all_hosts = list(ranks or []), list(hosts or [])
+        self.ranks = all_ranks[:_VERDICT_LIST_MAX]
+        self.hosts = all_hosts[:_VERDICT_LIST_MAX]
+        vals = {"ranks": self.ranks, "hosts": self.hosts, **(values or {})}
+        if len(all_ranks) > len(self.ranks) or len(all_hosts) > len(self.hosts):
+            vals.update(ranks_total=len(all_ranks), hosts_total=len(all_hosts))
+        super().__init__(id=id, title=message, status=severity, values=vals, remediation=fix, source=source,
+                         evidence=list(evidence or []), node=self.hosts[0] if len(self.hosts) == 1 else "",
+                         faulty=list(self.hosts) if severity in NOT_OK else [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Check's JSON form plus the interpreter's keys (``severity``, ``message``, ``fix``, ``ranks``, ``hosts``)."""
+        out = super().to_dict()
+        out.update(severity=self.status, message=self.title, fix=self.remediation, ranks=self.ranks, hosts=self.hosts)
+        return out
 
 
 # ----------------------------------------------------------------------------------------- parsing
@@ -378,9 +527,10 @@ class Verdict:
 def bad_interface_reason(iface: Iface) -> str | None:
     """Why ``iface`` cannot carry traffic between nodes, or None if its name/address looks fine.
 
-    Loopback (``lo``, 127.x, ``::1``), Docker bridges (``docker*``, ``br-<id>``), libvirt
-    bridges (``virbr*``) and container veth pairs (``veth*``) are node-local: NCCL bound to one
-    of them hangs or fails multi-node (seed MN2; https://github.com/NVIDIA/nccl/issues/1053,
+    Same list as the command builder's (to be replaced by ``helpers.ifnames.node_local_reason``):
+    loopback (``lo``, 127.x, ``::1``), Docker bridges (``docker*``, ``br-<hex>``), libvirt bridges
+    (``virbr*``), CNI bridges (``cni*``) and container veth pairs (``veth*``) are node-local: NCCL
+    bound to one of them hangs or fails multi-node (seed MN2; https://github.com/NVIDIA/nccl/issues/1053,
     https://github.com/pytorch/pytorch/issues/68893).
     """
     name, ip = iface.name, iface.ip
@@ -390,6 +540,8 @@ def bad_interface_reason(iface: Iface) -> str | None:
         return "Docker bridge"
     if name.startswith("virbr"):
         return "libvirt bridge"
+    if name.startswith("cni"):
+        return "CNI bridge"
     if name.startswith("veth"):
         return "container veth pair"
     return None
@@ -401,6 +553,12 @@ def _ifaces(text: str) -> list[Iface]:
     for m in _IFACE.finditer(text):
         out.append(Iface(m["name"], m["addr"], int(m["idx"]) if m["idx"] is not None else None))
     return out
+
+
+def _keep(bucket: list[str], line: str) -> None:
+    """Append ``line`` unless ``bucket`` already holds ``_KEEP_MAX`` lines (bounded memory)."""
+    if len(bucket) < _KEEP_MAX:
+        bucket.append(line)
 
 
 def _cut(line: str) -> str:
@@ -427,6 +585,10 @@ class _Parser:
         self._label_to_key: dict[int, str] = {}
         self._local_label_last: dict[str, str] = {}
         self._best_nranks: dict[str, int] = {}
+        # memo tables (bounded): big logs repeat the same heads and messages millions of times
+        self._heads: dict[str, tuple] = {}
+        self._events: dict[str, list[tuple]] = {}
+        self._hits: dict[str, tuple[int | None, tuple[str, str, bool] | None]] = {}
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
               dev: int | None = None) -> RankInfo:
@@ -437,72 +599,140 @@ class _Parser:
             info = self.log.ranks[key] = RankInfo(key=key, host=host, pid=pid, cuda_dev=dev)
         return info
 
-    def feed(self, text: str, source: str) -> int:
-        """Read ``text``; return how many of its lines were NCCL lines."""
+    def feed(self, lines: Iterable[str], source: str) -> int:
+        """Read ``lines`` one at a time (a file object streams); return how many were NCCL or catalog lines.
+
+        Lines longer than ``_READ_MAX`` characters are cut; nothing but counters and a few
+        examples per kind is kept, so memory stays bounded on a log of any size.
+        """
         self.log.sources.append(source)
         previous: str | None = None
         count = 0
-        for raw in text.splitlines():
-            self.log.lines_seen += 1
-            line = _ANSI.sub("", raw).rstrip()
-            if not line or line.lstrip().startswith("#"):
+        catalog = _catalog_regex()
+        log = self.log
+        for raw in lines:
+            log.lines_seen += 1
+            line = raw[:_READ_MAX].rstrip()
+            if not line:
                 continue
-            if "NCCL" not in line and not _BARE_HEAD.search(line[:600]):
+            if "\x1b" in line:
+                line = _ANSI.sub("", line)
+            if line[0] == "#" or (line[0] in " \t" and line.lstrip().startswith("#")):
                 continue
-            split = self._split(line)
+            if _RECONSTRUCTED in line:
+                line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
+                log.reconstructed += 1
+            k = line.find("] ", 0, 200)
+            if k >= 0:
+                pre = line[:k]
+                if "NCCL" in pre or " : " in pre or " [" not in pre:
+                    k = -1      # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
+            ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
+            memo = self._hits.get(ckey)
+            if memo is None:
+                # the line after its "host:pid:tid [dev] " prefix repeats across ranks: work it out once
+                hit = None
+                if any(word in ckey for word in _CATALOG_KEYS):
+                    m = catalog.search(ckey)
+                    hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
+                rel = None
+                if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
+                    rel = self._split(ckey)
+                if len(self._hits) >= _MEMO_MAX:
+                    self._hits.clear()
+                memo = self._hits[ckey] = (hit, rel)
+            hit, rel = memo
+            split = None if rel is None else ((line[:k + 2] + rel[0] if k >= 0 else rel[0]), rel[1], rel[2])
             if split is None:
+                if hit is not None:
+                    count += 1
+                    pm = _PREFIX_ANY.search(line[:300])
+                    info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
+                                       int(pm["dev"])) if pm else self.log.unattributed)
+                    info.lines += 1
+                    info.last_line = _cut(line)
+                    self._catalog_hit(hit, line, info)
                 continue
-            head, msg = split
+            head, msg, warn = split
             count += 1
-            self.log.nccl_lines += 1
-            previous = self._line(line, head, msg[:_SCAN_MAX], previous)
+            log.nccl_lines += 1
+            previous, info = self._line(line, head, msg[:_SCAN_MAX], previous, warn)
+            if hit is not None:
+                self._catalog_hit(hit, line, info)
         return count
 
+    def _catalog_hit(self, index: int, line: str, info: RankInfo) -> None:
+        entry = load_catalog()[index]
+        hit = self.log.catalog.get(entry["id"])
+        if hit is None:
+            hit = self.log.catalog[entry["id"]] = CatalogHit(entry)
+        hit.count += 1
+        info.catalog[entry["id"]] = info.catalog.get(entry["id"], 0) + 1
+        if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
+            hit.evidence.append(_cut(line))
+        if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
+            hit.keys.append(info.key)
+        if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
+            hit.hosts.append(info.host)
+
     @staticmethod
-    def _split(line: str) -> tuple[str, str] | None:
-        """(text before the message, the message) or None when the line is not NCCL output."""
+    def _split(line: str) -> tuple[str, str, bool] | None:
+        """(text before the message, the message, is-a-WARN) or None when the line is not NCCL output."""
         m = _MARK.search(line)
         if m:
-            return line[:m.start()], line[m.end():].strip()
+            return line[:m.start()], line[m.end():].strip(), m.group(1) == "WARN"
+        o = _OLD_WARN.search(line[:300])
+        if o:
+            cut = o.end() - len("WARN ")
+            return line[:cut], line[o.end():].strip(), True
         b = _BARE_HEAD.search(line[:600])
         if b:
-            return line[:b.start()], line[b.start():].strip()
+            return line[:b.start()], line[b.start():].strip(), False
         return None
 
-    def _line(self, line: str, head: str, msg: str, previous: str | None) -> str | None:
-        """Attribute one NCCL line to a rank and record what it says; return the key used."""
+    def _line(self, line: str, head: str, msg: str, previous: str | None,
+              warn: bool = False) -> tuple[str | None, RankInfo]:
+        """Attribute one NCCL line to a rank and record what it says; return the key used and its record."""
         tail = head[-300:]
-        pm = _PREFIX.search(tail)
-        label_part = tail[:pm.start()] if pm else tail
-        lr = _LABEL_RANK.search(label_part)
-        label_rank = int(lr.group(1) or lr.group(2)) if lr else None
-        ll = _LABEL_LOCAL.search(label_part)
-        lh = None if (pm or lr or ll) else _LABEL_HOST.search(label_part)
-        events = _classify(msg)
+        parsed = self._heads.get(tail)
+        if parsed is None:
+            parsed = _parse_head(tail)
+            if len(self._heads) >= _MEMO_MAX:
+                self._heads.clear()
+            self._heads[tail] = parsed
+        pm, label_rank, ll, lh, pkey = parsed
+        events = self._events.get(msg)
+        if events is None:
+            events = _classify(msg)
+            if len(self._events) >= _MEMO_MAX:
+                self._events.clear()
+            self._events[msg] = events
         host = pid = dev = None
         content_rank: int | None = None
         if pm:
-            host, pid, dev = pm["host"], int(pm["pid"]), int(pm["dev"])
-            key: str | None = f"{host}:{pid}[{dev}]"
+            host, pid, dev = pm
+            key: str | None = pkey
             if label_rank is not None:
                 self._label_to_key.setdefault(label_rank, key)
             if ll:
-                self._local_label_last[ll.group(1)] = key
+                self._local_label_last[ll] = key
         elif label_rank is not None:
             key = self._label_to_key.get(label_rank, f"rank{label_rank}")
         elif ll:
             # torchrun's [defaultN] is a local rank, repeated on every node: a line without
             # NCCL's prefix goes to the process that last printed under the same label.
-            key = self._local_label_last.get(ll.group(1), ll.group(1))
+            key = self._local_label_last.get(ll, ll)
         elif lh:
-            host = key = lh.group(1)
+            host = key = lh
         else:
             key = _content_key(events)
             if key is not None:
                 content_rank = int(key[4:])
             elif any(e[0] == "version" for e in events):
                 key = previous
-        info = self._info(key, host, pid, dev)
+        info = self.log.ranks.get(key) if key is not None else None
+        if info is None:
+            info = self._info(key, host, pid, dev)
         if content_rank is not None and info.rank is None:
             info.rank = content_rank
         if label_rank is not None:
@@ -510,17 +740,19 @@ class _Parser:
             info.label = info.label or f"rank{label_rank}"
             self._rank_from_label[info.key] = label_rank
         elif ll and info.label is None:
-            info.label = ll.group(1)
+            info.label = ll
         info.lines += 1
-        info.last_line = _cut(line)
-        level = _MARK.search(line)
-        if level and level.group(1) == "WARN":
-            info.warns.append(_cut(line))
+        cut = line if len(line) <= _LINE_MAX else _cut(line)
+        info.last_line = cut
+        if warn:
+            info.warn_count += 1
+            if len(info.warns) < _KEEP_MAX:
+                info.warns.append(cut)
         if not events:
             self.log.unparsed_count += 1
         for event in events:
-            self._apply(info, event, line)
-        return key
+            self._apply(info, event, cut)
+        return key, info
 
     def _stage(self, info: RankInfo, name: str) -> None:
         info.stage = max(info.stage, STAGES.index(name))
@@ -533,8 +765,9 @@ class _Parser:
             info.rank = rank
 
     def _apply(self, info: RankInfo, event: tuple, line: str) -> None:
+        """Record one event of a line (``line`` already cut to ``_LINE_MAX``)."""
         kind = event[0]
-        cut = _cut(line)
+        cut = line
         if kind == "version":
             info.nccl_version = event[1]
             self._stage(info, "bootstrap")
@@ -544,10 +777,10 @@ class _Parser:
             info.env[event[1]] = event[2]
             if event[1] == "NCCL_SOCKET_IFNAME":
                 info.socket_ifname_env = event[2]
-            info.evidence_lines.append(cut)
+            _keep(info.evidence_lines, cut)
         elif kind == "bootstrap":
             info.bootstrap = event[1]
-            info.evidence_lines.append(cut)
+            _keep(info.evidence_lines, cut)
             self._stage(info, "bootstrap")
         elif kind == "net":
             _, net, devs, oob = event
@@ -555,14 +788,14 @@ class _Parser:
             info.net_devices = devs
             info.oob = oob
             info.socket_ifaces = _ifaces(" ".join(devs)) if net == "Socket" else []
-            info.evidence_lines.append(cut)
+            _keep(info.evidence_lines, cut)
             self._stage(info, "network")
         elif kind == "ib_nodev":
             info.ib_no_device = True
-            info.evidence_lines.append(cut)
+            _keep(info.evidence_lines, cut)
         elif kind == "network":
             info.network = event[1]
-            info.evidence_lines.append(cut)
+            _keep(info.evidence_lines, cut)
             self._stage(info, "network")
         elif kind == "init_start":
             info.init_starts += 1
@@ -579,7 +812,9 @@ class _Parser:
         elif kind == "complete":
             done: InitComplete = event[1]
             done = InitComplete(done.comm, done.rank, done.nranks, done.cuda_dev, done.local_ranks, done.n_nodes, cut)
-            info.init_complete.append(done)
+            info.init_complete_count += 1
+            if len(info.init_complete) < _KEEP_MAX:
+                info.init_complete.append(done)
             self._set_rank(info, done.rank, done.nranks)
             info.nranks = max(info.nranks or 0, done.nranks)
             if done.local_ranks:
@@ -589,18 +824,30 @@ class _Parser:
             self._stage(info, "init-complete")
         elif kind == "channel":
             ch: Channel = event[1]
-            info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut))
+            ckey = (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)
+            if ckey not in info._channel_keys and len(info._channel_keys) < _CHANNELS_MAX:
+                info._channel_keys.add(ckey)
+                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut))
             self._stage(info, "channels")
         elif kind == "connect":
-            info.connect_errors.append(cut)
+            _keep(info.connect_errors, cut)
         elif kind == "no_iface":
-            info.iface_errors.append(cut)
+            _keep(info.iface_errors, cut)
         elif kind == "mismatch":
-            info.mismatch_lines.append(cut)
+            _keep(info.mismatch_lines, cut)
         elif kind == "ibverbs":
-            info.ibverbs_lines.append(cut)
+            _keep(info.ibverbs_lines, cut)
         elif kind == "abort":
             info.aborts += 1
+        elif kind == "plugin":
+            info.net_plugin = bool(info.net_plugin) or event[1]
+        elif kind == "oob":
+            info.oob = event[1]
+            _keep(info.evidence_lines, cut)
+        elif kind == "old_iface":
+            if not info.bootstrap:
+                info.bootstrap = event[1]
+            _keep(info.evidence_lines, cut)
 
     def finish(self) -> NcclLog:
         """Merge duplicate keys of one rank, then return the log.
@@ -630,6 +877,19 @@ class _Parser:
         return self.log
 
 
+def _parse_head(tail: str) -> tuple:
+    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None)."""
+    pm = _PREFIX.search(tail)
+    label_part = tail[:pm.start()] if pm else tail
+    lr = _LABEL_RANK.search(label_part)
+    label_rank = int(lr.group(1) or lr.group(2)) if lr else None
+    ll = _LABEL_LOCAL.search(label_part)
+    lh = None if (pm or lr or ll) else _LABEL_HOST.search(label_part)
+    prefix = (pm["host"], int(pm["pid"]), int(pm["dev"])) if pm else None
+    key = f"{pm['host']}:{int(pm['pid'])}[{int(pm['dev'])}]" if pm else None
+    return prefix, label_rank, ll.group(1) if ll else None, lh.group(1) if lh else None, key
+
+
 def _merge(into: RankInfo, other: RankInfo) -> None:
     """Fold everything ``other`` recorded into ``into`` (both describe the same rank)."""
     into.env = {**other.env, **into.env}
@@ -645,6 +905,12 @@ def _merge(into: RankInfo, other: RankInfo) -> None:
                  "ibverbs_lines", "evidence_lines"):
         getattr(into, name).extend(getattr(other, name))
     into.init_starts += other.init_starts
+    into.warn_count += other.warn_count
+    into.init_complete_count += other.init_complete_count
+    if other.net_plugin is not None:
+        into.net_plugin = bool(into.net_plugin) or other.net_plugin
+    for cid, n in other.catalog.items():
+        into.catalog[cid] = into.catalog.get(cid, 0) + n
     into.aborts += other.aborts
     into.lines += other.lines
     into.stage = max(into.stage, other.stage)
@@ -667,6 +933,17 @@ def _classify(msg: str) -> list[tuple]:
         devs = [d for d in re.findall(r"\[\d+\]\S+", devs_text)] or devs_text.split()
         oob = _ifaces(oob_text)
         events.append(("net", m["net"], [d for d in devs if d != "[RO]"], oob[0] if oob else None))
+    if m := _OLD_SIDEBAND.match(msg):
+        oob = _ifaces(m.group(1)) or [Iface(m.group(1).split(":", 1)[0], "")]
+        events.append(("oob", oob[0]))
+    if m := _OLD_NET_IFACE.match(msg):
+        events.append(("old_iface", _ifaces(m.group(1))))
+    if m := _OLD_INTERNAL.match(msg):
+        events.append(("network", m.group(1)))
+    if _PLUGIN_OK.search(msg):
+        events.append(("plugin", True))
+    elif _PLUGIN_NONE.search(msg):
+        events.append(("plugin", False))
     if _IB_NODEV.match(msg):
         events.append(("ib_nodev",))
     if m := _NETWORK.match(msg):
@@ -721,47 +998,114 @@ def parse(text: str, source: str = "<text>") -> NcclLog:
         An :class:`NcclLog`.
 
     Raises:
-        ValueError: ``text`` is not a str, or holds no NCCL line (names ``source``).
+        ValueError: ``text`` is not a str, or holds no NCCL line and no catalog line (names ``source``).
     """
     if not isinstance(text, str):
         raise ValueError(f"text: expected the log as str, got {type(text).__name__}")
     parser = _Parser()
-    if parser.feed(text, source) == 0:
+    if parser.feed(io.StringIO(text), source) == 0:
         raise ValueError(f"{source}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO? "
                          f"NCCL lines look like 'host:pid:tid [dev] NCCL INFO ...')")
     return parser.finish()
 
 
-def parse_files(paths: Sequence[str | Path]) -> NcclLog:
-    """Parse several log files (one per node, say) into one :class:`NcclLog`.
+def _open_problem(path: str) -> str | None:
+    """Why ``path`` cannot be read as a text log (missing, a directory, empty, gzip, binary), or None."""
+    p = Path(path)
+    if not p.exists():
+        return f"{path}: cannot read the log (no such file)"
+    if p.is_dir():
+        return f"{path}: cannot read the log (a directory; give the log files inside it)"
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(8192)
+    except OSError as exc:
+        return f"{path}: cannot read the log ({exc.strerror or exc})"
+    if not head:
+        return f"{path}: empty file (no NCCL lines)"
+    if head[:2] == b"\x1f\x8b":
+        return f"{path}: gzip-compressed; decompress it first (zcat {path} | runbook nccl-log -)"
+    if b"\x00" in head:
+        return f"{path}: binary file, not a text log"
+    return None
+
+
+def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> str | None:
+    """Feed one input (``-`` = ``stdin``) to ``parser``; return its problem line or None."""
+    name = str(path)
+    if name == "-":
+        stream = stdin if stdin is not None else sys.stdin
+        return None if parser.feed(stream, "<stdin>") else "<stdin>: no NCCL lines found (was the job run with NCCL_DEBUG=INFO?)"
+    problem = _open_problem(name)
+    if problem:
+        return problem
+    try:
+        with open(name, encoding="utf-8", errors="replace") as fh:
+            if parser.feed(fh, name) == 0:
+                return f"{name}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO?)"
+    except OSError as exc:
+        return f"{name}: cannot read the log ({exc.strerror or exc})"
+    return None
+
+
+def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
+                stdin: IO[str] | None = None) -> NcclLog:
+    """Parse several log files (one per node, say) into one :class:`NcclLog`, streaming each file.
+
+    Args:
+        paths: log files; ``-`` reads ``stdin`` (default ``sys.stdin``).
+        problems: when a list is given, an unreadable input (missing, directory, empty, gzip, binary,
+            no NCCL line) appends one line naming it and the other inputs are still read; when None
+            the first such input raises.
+        stdin: the stream ``-`` reads (tests pass a StringIO).
+
+    Returns:
+        The parsed log; its :attr:`NcclLog.problems` holds the problem lines too.
 
     Raises:
-        ValueError: no path given, a file cannot be read, or a file has no NCCL line (names it).
+        ValueError: no path given; with ``problems=None``, an input that cannot be read; with a
+            list, every input could not be read (names them).
     """
     if not paths:
-        raise ValueError("paths: give at least one log file")
+        raise ValueError("paths: give at least one log file (or - for stdin)")
     parser = _Parser()
+    found: list[str] = []
     for path in paths:
-        try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read the log ({exc.strerror or exc})") from exc
-        if parser.feed(text, str(path)) == 0:
-            raise ValueError(f"{path}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO?)")
-    return parser.finish()
+        problem = _feed_one(parser, path, stdin)
+        if problem:
+            if problems is None:
+                raise ValueError(problem)
+            found.append(problem)
+            problems.append(problem)
+    if len(found) == len(paths):
+        raise ValueError("; ".join(found))
+    log = parser.finish()
+    log.problems = found
+    return log
 
 
 # ---------------------------------------------------------------------------------------- verdicts
 
+_WHO_MAX = 6
+
+
+def _names(items: Sequence[str]) -> str:
+    """``a, b, c`` for at most :data:`_WHO_MAX` items, then ``and N more``."""
+    more = len(items) - _WHO_MAX
+    return ", ".join(items[:_WHO_MAX]) + (f" and {more} more" if more > 0 else "")
+
+
 def _who(infos: Iterable[RankInfo]) -> str:
+    infos = list(infos)
+    more = len(infos) - _WHO_MAX
     parts = []
-    for r in infos:
+    for r in infos[:_WHO_MAX]:
         if r.key == "?":
             parts.append("lines naming no rank")
             continue
         parts.append(f"rank {r.rank} ({r.key})" if r.rank is not None and r.key != f"rank{r.rank}" else
                      (f"rank {r.rank}" if r.rank is not None else r.key))
-    return ", ".join(parts)
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
 
 
 def _hosts(infos: Iterable[RankInfo]) -> list[str]:
@@ -802,13 +1146,14 @@ def _check_interfaces(log: NcclLog, topology: str) -> list[Verdict]:
             used.append(("NET/IB OOB", info.oob))
         for role, iface in used:
             reason = bad_interface_reason(iface)
-            if reason is None and iface.ip in shared:
-                reason = f"{iface.ip} is advertised by {len(shared[iface.ip])} hosts: node-local"
+            if reason is not None and iface.ip in shared:
+                reason += f"), ({iface.ip} is advertised by {len(shared[iface.ip])} hosts"
             if reason:
                 found.append((info, role, iface, reason))
     if not found:
         return []
     infos = list({id(f[0]): f[0] for f in found}.values())
+    names = {iface.name for _, _, iface, _ in found}
     what = sorted({f"{role} on {iface.name} ({reason})" for _, role, iface, reason in found})
     envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
     severity = _by_topology(topology, "FAIL", "WARN", "INFO")
@@ -822,7 +1167,7 @@ def _check_interfaces(log: NcclLog, topology: str) -> list[Verdict]:
            f"NCCL_SOCKET_IFNAME=^docker0,lo identically on every node, then check each rank's Bootstrap/NET line "
            f"names that NIC (multinode.md MN2)")
     evidence = _evidence(line for i in infos for line in i.evidence_lines
-                         if "NCCL_SOCKET_IFNAME" in line or any(f"{iface.name}:" in line for _, _, iface, _ in found))
+                         if "NCCL_SOCKET_IFNAME" in line or any(f"{n}:" in line for n in names))
     return [Verdict("bad-interface", severity, message, [i.key for i in infos], _hosts(infos), evidence, fix)]
 
 
@@ -864,22 +1209,50 @@ def _check_ib_loaded(log: NcclLog, topology: str) -> list[Verdict]:
                     _hosts(infos), evidence, fix)]
 
 
+def _is_ib(info: RankInfo) -> bool:
+    return bool((info.net or "").startswith("IB") or (info.network or "").startswith("IB")
+                or any("/IB" in d or "/RoCE" in d for d in info.net_devices))
+
+
+def _ib_expected(log: NcclLog) -> str:
+    """Evidence that an IB device or plugin was expected (a line to quote), or "" when none.
+
+    Evidence: some rank uses IB/IBext or lists IB/RoCE devices, a net plugin was loaded,
+    ``NCCL_IB_HCA`` is set or ``NCCL_IB_DISABLE=0`` is set explicitly, or the bootstrap/OOB
+    interface is an IPoIB one (``ib*``).  Without it, ``NET/IB : No device found`` is the normal
+    path of an Ethernet-only cluster (issue 15: the note fired on most logs).
+    """
+    for info in log.all_infos():
+        if _is_ib(info):
+            return f"{info.key} uses {info.net or info.network} ({', '.join(info.net_devices[:2])})"
+        if info.net_plugin:
+            return f"{info.key} loaded a net plugin"
+        for name in ("NCCL_IB_HCA", "NCCL_IB_DISABLE"):
+            if name in info.env and not (name == "NCCL_IB_DISABLE" and info.env[name] != "0"):
+                return f"{info.key}: {name}={info.env[name]} set by environment"
+        for iface in info.bootstrap[:1] + ([info.oob] if info.oob else []):
+            if re.match(r"ib", iface.name):
+                return f"{info.key} bootstraps on the IPoIB interface {iface.name}"
+    return ""
+
+
 def _check_ib_fallback(log: NcclLog, topology: str) -> list[Verdict]:
     """``NET/IB : No device found.`` then ``NET/Socket : Using``: TCP instead of InfiniBand (MN2)."""
     infos = [i for i in log.all_infos()
              if (i.ib_no_device or i.ibverbs_lines) and (i.net == "Socket" or i.network == "Socket")]
-    if not infos:
+    expected = _ib_expected(log)
+    if not infos or not expected:
         return []
     ifaces = sorted({f.name for i in infos for f in i.socket_ifaces})
     severity = _by_topology(topology, "WARN", "WARN", "INFO")
-    message = (f"NET/IB found no usable device on {', '.join(_hosts(infos)) or _who(infos)}; NCCL fell back to TCP "
+    message = (f"NET/IB found no usable device on {_names(_hosts(infos)) or _who(infos)}; NCCL fell back to TCP "
                f"sockets{' on ' + ', '.join(ifaces) if ifaces else ''}: inter-node collectives run over TCP, "
                f"often ~10x slower than InfiniBand (MN2)")
     fix = ("if the nodes have InfiniBand/RoCE, make the HCA visible (ibv_devinfo lists it; in containers pass "
            "/dev/infiniband and install libibverbs) and pin NCCL_IB_HCA=mlx5; if they are TCP-only, "
            "export NCCL_IB_DISABLE=1 to skip the IB probe (multinode.md MN2)")
-    evidence = _evidence(line for i in infos for line in i.ibverbs_lines + i.evidence_lines
-                         if "NET/" in line or "libibverbs" in line)
+    evidence = _evidence([expected] + [line for i in infos for line in i.ibverbs_lines + i.evidence_lines
+                                       if "NET/" in line or "libibverbs" in line])
     return [Verdict("ib-fallback-socket", severity, message, [i.key for i in infos if i.key != "?"],
                     _hosts(infos), evidence, fix)]
 
@@ -928,7 +1301,7 @@ def _check_no_interface(log: NcclLog) -> list[Verdict]:
     if not infos:
         return []
     envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
-    where = ", ".join(_hosts(infos)) or "this host"
+    where = _names(_hosts(infos)) or "this host"
     listening = any("listening" in line or "same subnet" in line for i in infos for line in i.iface_errors)
     if envs:
         message = f"NCCL_SOCKET_IFNAME={','.join(envs)} matches no interface on {where}: NCCL cannot bootstrap"
@@ -955,7 +1328,7 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[V
            "GPU errors; restart the service or relaunch without that node (multinode.md MN1)")
     if done and stuck:
         stages = sorted({r.stage_name for r in stuck})
-        message = (f"{_who(stuck)} on {', '.join(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
+        message = (f"{_who(stuck)} on {_names(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
                    f"(last stage: {', '.join(stages)}) while {len(done)} rank(s) completed: "
                    f"that host is the culprit (MN1)")
         evidence = _evidence([f"last line of {r.key}: {r.last_line}" for r in stuck] +
@@ -967,7 +1340,7 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[V
     for r in ranks:
         if r.host:
             by_host[r.host] = max(by_host.get(r.host, 0), r.stage)
-    if len(by_host) >= 2 and len(set(by_host.values())) > 1:
+    if len(by_host) >= 2 and len(set(by_host.values())) > 1 and max(by_host.values()) >= STAGES.index("init-start"):
         low = min(by_host.values())
         first = sorted(h for h, s in by_host.items() if s == low)
         high = STAGES[max(by_host.values())]
@@ -995,7 +1368,7 @@ def _check_versions(log: NcclLog) -> list[Verdict]:
     mismatch = [i for i in log.all_infos() if i.mismatch_lines]
     if len(versions) < 2 and not mismatch:
         return []
-    parts = [f"{v} on {', '.join(_hosts(infos)) or _who(infos)}" for v, infos in sorted(versions.items())]
+    parts = [f"{v} on {_names(_hosts(infos)) or _who(infos)}" for v, infos in sorted(versions.items())]
     pairs: set[tuple[tuple[int, str], ...]] = set()
     for info in mismatch:
         for line in info.mismatch_lines:
@@ -1019,15 +1392,122 @@ def _check_other_warns(log: NcclLog, verdicts: list[Verdict]) -> list[Verdict]:
     """WARN lines no verdict above used, listed as INFO so none is lost."""
     used = {line for v in verdicts for line in v.evidence}
     rest: list[tuple[RankInfo, str]] = []
+    extra = 0
     for info in log.all_infos():
         consumed = set(info.connect_errors + info.iface_errors + info.mismatch_lines + info.ibverbs_lines)
-        rest += [(info, line) for line in info.warns if line not in used and line not in consumed]
+        mine = [(info, line) for line in info.warns if line not in used and line not in consumed]
+        rest += mine
+        if mine:
+            extra += max(0, info.warn_count - len(info.warns) - sum(info.catalog.values()))
     if not rest:
         return []
     infos = list({id(i): i for i, _ in rest}.values())
-    return [Verdict("other-warnings", "INFO", f"{len(rest)} other NCCL WARN line(s) from {_who(infos)}",
+    return [Verdict("other-warnings", "INFO", f"{len(rest) + extra} other NCCL WARN line(s) from {_who(infos)}",
                     [i.key for i in infos if i.key != "?"], _hosts(infos), _evidence(line for _, line in rest),
                     "read them in full; search the message in https://github.com/NVIDIA/nccl/issues")]
+
+
+def _check_catalog(log: NcclLog) -> list[Verdict]:
+    """One verdict per catalog entry some line matched: its cause, the confirming command and fix."""
+    out = []
+    for cid, hit in log.catalog.items():
+        e = hit.entry
+        keys = [k for k in hit.keys if k != "?"]
+        where = f" on {', '.join(hit.hosts)}" if hit.hosts else ""
+        message = f"{e['cause']} ({hit.count} line(s){where})"
+        out.append(Verdict(cid, e["severity"], message, keys, hit.hosts, hit.evidence, e["fix"], e["source"],
+                           {"lines": hit.count}))
+    return out
+
+
+def _check_cross_host(log: NcclLog) -> list[Verdict]:
+    """Compare hosts: network (IB vs sockets), net plugin, hostname collisions, shared addresses, NCCL_HOSTID.
+
+    Sources: https://github.com/NVIDIA/nccl-tests/issues/188 (IB on one node, sockets on the other),
+    https://github.com/NVIDIA/nccl/issues/879 (NCCL_HOSTID shared by two nodes),
+    https://github.com/NVIDIA/nccl/issues/324 (containers of one host seen as two nodes).
+    """
+    out: list[Verdict] = []
+    ranks = list(log.ranks.values())
+    nets: dict[str, set[str]] = {}
+    for r in ranks:
+        if r.host and (r.net or r.network):
+            nets.setdefault("IB" if _is_ib(r) else (r.net or r.network or "?"), set()).add(r.host)
+    if "IB" in nets and "Socket" in nets and nets["IB"] != nets["Socket"]:
+        ib, sock = sorted(nets["IB"] - nets["Socket"]), sorted(nets["Socket"] - nets["IB"])
+        if ib and sock:
+            both = set(ib) | set(sock)
+            out.append(Verdict(
+                "mixed-network", "FAIL",
+                f"{_names(ib)} use InfiniBand while {_names(sock)} use TCP sockets: the hosts cannot connect "
+                f"(NCCL fails with 'wrong type' or hangs)", [r.key for r in ranks if r.host in both],
+                ib + sock, _evidence(line for r in ranks for line in r.evidence_lines if "Using network" in line
+                                     or "NET/" in line),
+                "confirm with 'ibv_devinfo' on every node (same HCAs, PORT_ACTIVE, devices visible in the container); "
+                "make IB work on all nodes, or export NCCL_IB_DISABLE=1 on every node", "https://github.com/NVIDIA/nccl-tests/issues/188"))
+    loaded = sorted({r.host for r in ranks if r.host and r.net_plugin})
+    missing = sorted({r.host for r in ranks if r.host and r.net_plugin is False} - set(loaded))
+    if loaded and missing:
+        out.append(Verdict(
+            "net-plugin-partial", "WARN",
+            f"a net plugin (libnccl-net.so / IBext) is loaded on {_names(loaded)} but not on {_names(missing)}: "
+            f"the hosts run different network code", [r.key for r in ranks if r.host in set(loaded) | set(missing)],
+            loaded + missing, _evidence(r.last_line for r in ranks if r.host in missing),
+            "confirm with 'ldconfig -p | grep nccl-net' and 'echo $LD_LIBRARY_PATH' on each node (or the container image); "
+            "install the same plugin everywhere or set NCCL_NET_PLUGIN=none everywhere", "https://github.com/NVIDIA/nccl/issues/1412"))
+    for host, ips in sorted(log.machines().items()):
+        if len(ips) > 1:
+            out.append(Verdict(
+                "hostname-collision", "INFO",
+                f"hostname {host} is used by {len(ips)} machines ({', '.join(sorted(ips))}): they are told apart by "
+                f"bootstrap address, and the job counts as multi-node", [r.key for r in ranks if r.host == host], [host],
+                _evidence(line for r in ranks if r.host == host for line in r.evidence_lines if "Bootstrap" in line),
+                "give each machine its own hostname (hostnamectl set-hostname) so logs and NCCL's host hash tell them apart",
+                "issue 15"))
+    owners = _address_owners(log)
+    bad_ips = {i.ip for r in ranks for i in r.bootstrap if bad_interface_reason(i)}
+    for ip, hosts in sorted(owners.items()):
+        if len(hosts) > 1 and ip not in bad_ips:
+            out.append(Verdict(
+                "containers-share-host", "INFO",
+                f"{', '.join(sorted(hosts))} announce the same address {ip}: containers sharing one machine's network; "
+                f"NCCL treats them as separate nodes (NET instead of P2P/SHM) unless they share /dev/shm and NCCL_HOSTID",
+                [r.key for r in ranks if r.host in hosts], sorted(hosts),
+                _evidence(line for r in ranks if r.host in hosts for line in r.evidence_lines if ip in line),
+                "confirm with 'hostname -I' and 'cat /proc/sys/kernel/random/boot_id' in each container; to use NVLink "
+                "across them run them with --ipc=host --pid=host and the same NCCL_HOSTID", "https://github.com/NVIDIA/nccl/issues/324"))
+    hostids: dict[str, list[RankInfo]] = {}
+    for r in ranks:
+        if "NCCL_HOSTID" in r.env:
+            hostids.setdefault(r.env["NCCL_HOSTID"], []).append(r)
+    for value, members in hostids.items():
+        ips = {i.ip for r in members for i in r.bootstrap[:1]}
+        if len(ips) > 1:
+            hosts = _hosts(members)
+            out.append(Verdict(
+                "hostid-shared", "FAIL",
+                f"NCCL_HOSTID={value} is set on {len(ips)} machines ({', '.join(sorted(ips))}): NCCL takes them for one "
+                f"host and tries P2P/SHM between them", [r.key for r in members], hosts,
+                _evidence(line for r in members for line in r.evidence_lines if "NCCL_HOSTID" in line or "Bootstrap" in line),
+                "confirm with 'cat /proc/sys/kernel/random/boot_id' on each machine (they differ); unset NCCL_HOSTID, or "
+                "give each machine its own value", "https://github.com/NVIDIA/nccl/issues/879"))
+    known = {ip for ip, hosts in owners.items() if hosts}
+    if len(log.hosts) >= 2 and known:
+        dialled = []
+        for r in log.all_infos():
+            for line in r.connect_errors:
+                m = _DIALED.search(line)
+                if m and m.group(1) not in known and m.group(1) not in dialled:
+                    dialled.append(m.group(1))
+        if dialled:
+            out.append(Verdict(
+                "dialled-unknown-address", "WARN",
+                f"ranks dialled {', '.join(dialled[:3])}, an address no host announced in its Bootstrap/NET line: a second "
+                f"NIC on the same subnet answers for the peer, or the peer's log is missing", [], log.hosts,
+                _evidence(line for r in log.all_infos() for line in r.connect_errors if any(d in line for d in dialled)),
+                f"confirm with 'ip -br addr' on every node (who owns {dialled[0]}) and 'ip route get {dialled[0]}' on the "
+                f"dialling node; pin NCCL_SOCKET_IFNAME to one NIC per subnet", "issue 15"))
+    return out
 
 
 def interpret(log: NcclLog) -> list[Verdict]:
@@ -1042,7 +1522,8 @@ def interpret(log: NcclLog) -> list[Verdict]:
     if not isinstance(log, NcclLog):
         raise ValueError(f"log: expected an NcclLog from parse(), got {type(log).__name__}")
     topology = log.topology()
-    verdicts = (_check_interfaces(log, topology) + _check_no_interface(log) + _check_connect(log) +
+    verdicts = (_check_catalog(log) + _check_cross_host(log) +
+                _check_interfaces(log, topology) + _check_no_interface(log) + _check_connect(log) +
                 _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log))
     explained = {h for v in verdicts if v.severity == "FAIL" for h in v.hosts}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
@@ -1082,33 +1563,92 @@ def render(log: NcclLog, verdicts: Sequence[Verdict]) -> str:
     return "\n".join(out) + "\n"
 
 
+_JSON_RANKS_MAX = 64
+
+
 def to_json(log: NcclLog, verdicts: Sequence[Verdict]) -> dict:
-    """The machine-readable form of :func:`render` (what ``--json`` prints)."""
-    return {"sources": log.sources, "topology": log.topology(), "hosts": log.hosts, "lines_seen": log.lines_seen,
-            "nccl_lines": log.nccl_lines, "unparsed_count": log.unparsed_count,
-            "ranks": {k: r.summary() for k, r in log.ranks.items()},
+    """The machine-readable form of :func:`render` (what ``--json`` prints), bounded in size.
+
+    Counts plus a few examples per kind: each rank's summary keeps 3 WARN lines and the counters,
+    at most 64 ranks are listed (``ranks_omitted`` counts the rest), each verdict keeps at most
+    6 evidence lines, and ``catalog`` gives the line count per catalog id.
+    """
+    keys = list(log.ranks)[:_JSON_RANKS_MAX]
+    return {"sources": log.sources, "problems": log.problems, "topology": log.topology(),
+            "hosts": log.hosts[:_JSON_RANKS_MAX], "hosts_total": len(log.hosts),
+            "lines_seen": log.lines_seen, "nccl_lines": log.nccl_lines, "unparsed_count": log.unparsed_count,
+            "reconstructed_lines": log.reconstructed,
+            "catalog": {cid: hit.count for cid, hit in log.catalog.items()},
+            "ranks": {k: log.ranks[k].summary() for k in keys}, "ranks_omitted": len(log.ranks) - len(keys),
             "unattributed": log.unattributed.summary() if log.unattributed.lines else None,
-            "verdicts": [asdict(v) for v in verdicts]}
+            "verdicts": [v.to_dict() for v in verdicts]}
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log(s); several = one job")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log(s); several = one job; - = stdin")
     parser.add_argument("--json", action="store_true", help="print JSON (ranks and verdicts) instead of text")
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Parse, interpret and print; return 1 on a FAIL verdict, 2 on unreadable input, else 0."""
+    """Parse, interpret and print; return 2 when an input could not be read (the others are still
+    interpreted), else 1 on a FAIL verdict, else 0.  Each unreadable input gets one line on stderr."""
+    problems: list[str] = []
     try:
-        log = parse_files(args.files)
+        log = parse_files(args.files, problems=problems)
     except ValueError as exc:
-        print(f"nccl-log: {exc}", file=sys.stderr)
+        for line in problems or [str(exc)]:
+            print(f"nccl-log: {line}", file=sys.stderr)
         return 2
+    for line in problems:
+        print(f"nccl-log: {line}", file=sys.stderr)
     verdicts = interpret(log)
     if args.json:
-        print(json.dumps(to_json(log, verdicts), indent=2))
+        print(json.dumps(to_json(log, verdicts), indent=1))
     else:
         print(render(log, verdicts), end="")
+    if problems:
+        return 2
     return 1 if any(v.severity == "FAIL" for v in verdicts) else 0
+
+
+_JOB_LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
+
+
+def checks_for_job(job: str | Path | Sequence[str | Path]) -> list[Check]:
+    """The interpreter's verdicts for a job's NCCL logs, as :class:`helpers.checks.Check` records.
+
+    For the allocation check (notebook 00) and chapter 06 to attach to their report when the
+    backend is NCCL.
+
+    Args:
+        job: a job directory (its ``*.log``, ``*.txt``, ``*.out``, ``*.err`` files, recursively) or a
+            list of log paths.
+    Returns:
+        The verdicts (FAIL first); ``[]`` when no file holds an NCCL line (NCCL_DEBUG was not INFO).
+        An unreadable file becomes one ``nccl-log.input`` INFO check naming it.
+    Raises:
+        ValueError: ``job`` is neither an existing directory nor a non-empty list of paths.
+    """
+    if isinstance(job, (str, Path)):
+        root = Path(job)
+        if not root.is_dir():
+            raise ValueError(f"job: {job} is not a directory; give the job directory or a list of log files")
+        paths: list[str | Path] = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _JOB_LOG_SUFFIXES)
+    else:
+        paths = list(job)
+        if not paths:
+            raise ValueError("job: give the job directory or a non-empty list of log files")
+    problems: list[str] = []
+    try:
+        log = parse_files(paths, problems=problems) if paths else None
+    except ValueError:
+        return []
+    if log is None:
+        return []
+    checks: list[Check] = list(interpret(log))
+    checks += [Check(id="nccl-log.input", title=line, status="INFO", source="issue 15") for line in problems
+               if "no NCCL lines" not in line]
+    return checks
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -1124,7 +1664,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``nccl-log FILE [FILE...] [--json]``: exit 1 on any FAIL verdict, 2 on unreadable input, else 0."""
+    """``nccl-log FILE [FILE...] [--json]`` (``-`` = stdin): exit 2 on unreadable input, else 1 on any FAIL verdict, else 0."""
     parser = argparse.ArgumentParser(prog="nccl-log", description=__doc__.split("\n\n")[0])
     _add_arguments(parser)
     return _run(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))

@@ -1,0 +1,175 @@
+"""helpers.nccl_log on the corpus of real logs (tests/data/nccl/real/, one per public issue) and on bad input.
+
+Every corpus log must get the verdict its manifest names (the cause a maintainer or the reporter
+confirmed); ``expect: none`` logs must get no FAIL/WARN.  Pure parsing plus the CLI's exit status.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import nccl_log as nl
+from helpers.checks import Check
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "nccl"
+REAL = DATA / "real"
+MANIFEST = yaml.safe_load((REAL / "manifest.yaml").read_text())
+# Logs whose expected verdict is present but not alone (or only INFO): see docs/nccl-log.md.
+PARTIAL = {"veth_ip6tnl_bootstrap.log", "veth_timeout_oneflow.log"}
+
+
+def test_manifest_lists_every_log_and_40_or_more() -> None:
+    assert sorted(e["file"] for e in MANIFEST) == sorted(p.name for p in REAL.glob("*.log"))
+    assert len(MANIFEST) >= 40
+    assert all(e["url"].startswith("https://github.com/") and e["cause"] for e in MANIFEST)
+
+
+@pytest.mark.parametrize("entry", MANIFEST, ids=[e["file"] for e in MANIFEST])
+def test_corpus_log_gets_its_verdict(entry: dict) -> None:
+    log = nl.parse_files([REAL / entry["file"]])
+    verdicts = nl.interpret(log)
+    assert all(isinstance(v, Check) for v in verdicts)
+    acting = {v.id: v for v in verdicts if v.severity in ("FAIL", "WARN")}
+    if entry["expect"] == "none":
+        assert not acting, acting
+        return
+    found = {v.id: v for v in verdicts}
+    assert entry["expect"] in found, [v.line() for v in verdicts]
+    v = found[entry["expect"]]
+    assert v.evidence and v.fix
+    if entry["file"] not in PARTIAL:
+        assert v.severity in ("FAIL", "WARN")
+        others = set(acting) - {entry["expect"], "connect-failed", "init-incomplete"}
+        assert not others, others
+
+
+def test_catalog_entries_all_exercised_and_name_a_command() -> None:
+    catalog = nl.load_catalog()
+    expected = {e["expect"] for e in MANIFEST}
+    for entry in catalog:
+        assert entry["id"] in expected, entry["id"]
+        assert entry["source"].startswith("https://")
+        assert "confirm with" in entry["fix"] or "compare" in entry["fix"] or "rerun" in entry["fix"]
+
+
+def test_catalog_verdict_names_cause_and_command() -> None:
+    v = {v.id: v for v in nl.interpret(nl.parse_files([REAL / "shm_full_ci_pods.log"]))}["shm-full"]
+    assert v.severity == "FAIL" and "/dev/shm" in v.message and "df -h /dev/shm" in v.fix
+    assert v.source == "https://github.com/NVIDIA/nccl/issues/525"
+    assert v.faulty == v.hosts == ["mt-l-x86iavx512-45-172-t4-4-csmpw-runner-g4sfw-workflow"]
+
+
+def test_old_formats() -> None:
+    log = nl.parse("h:1:2 [0] NCCL INFO NET/IB : Using interface ib0 for sideband communication\n"
+                   "h:1:2 [0] NCCL INFO NET : Using interface eth0:10.0.0.5<0>\n")
+    info = log.ranks["h:1[0]"]
+    assert info.net is None and info.oob is not None and info.oob.name == "ib0"   # sideband is not "IB in use"
+    assert [i.name for i in info.bootstrap] == ["eth0"]
+    old = nl.parse_files([REAL / "horovod_old_internal_socket.log"])
+    assert old.ranks["51ca79e04561:4879[0]"].warn_count == 2                      # WARN without the NCCL marker
+    assert old.ranks["51ca79e04561:4879[0]"].network == "Socket"
+
+
+def test_hostname_collision_is_two_machines_not_a_single_node_trap() -> None:
+    text = ("user:10:10 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+            "user:20:20 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>\n"
+            "user:10:11 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+            "user:20:21 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+            "user:10:11 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0\n")
+    log = nl.parse(text)
+    assert log.topology() == "multi-node" and log.machine_count() == 2
+    ids = {v.id for v in nl.interpret(log)}
+    assert "hostname-collision" in ids and "single-node-net-transport" not in ids
+
+
+def test_cross_host_network_and_plugin() -> None:
+    text = ("a:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin NCCL RDMA Plugin v8 (v8)\n"
+            "a:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.1<0>\n"
+            "a:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+            "b:2:2 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation\n"
+            "b:2:2 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>\n"
+            "b:2:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>\n"
+            "b:2:2 [0] NCCL INFO socketPollConnect: connect to 10.0.0.9<4000> returned Connection refused, retrying\n")
+    found = {v.id: v for v in nl.interpret(nl.parse(text))}
+    assert found["mixed-network"].severity == "FAIL" and found["mixed-network"].hosts == ["a", "b"]
+    assert "ibv_devinfo" in found["mixed-network"].fix
+    assert found["net-plugin-partial"].hosts == ["a", "b"]
+    assert "10.0.0.9" in found["dialled-unknown-address"].message
+
+
+def test_ib_fallback_only_with_ib_evidence() -> None:
+    base = ("a:1:1 [0] NCCL INFO NET/IB : No device found.\n"
+            "a:1:1 [0] NCCL INFO NET/Socket : Using [0]ens5:10.0.0.1<0>\n"
+            "a:1:1 [0] NCCL INFO Using network Socket\n")
+    assert "ib-fallback-socket" not in {v.id for v in nl.interpret(nl.parse(base))}
+    with_hca = "a:1:1 [0] NCCL INFO NCCL_IB_HCA set by environment to mlx5_0\n" + base
+    assert "ib-fallback-socket" in {v.id for v in nl.interpret(nl.parse(with_hca))}
+
+
+def test_containers_sharing_an_address() -> None:
+    text = ("c1:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.7<0>\n"
+            "c2:2:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.7<0>\n")
+    found = {v.id: v for v in nl.interpret(nl.parse(text))}
+    assert "containers-share-host" in found and "bad-interface" not in found
+
+
+# --------------------------------------------------------------------------------- bad input
+
+def _bad_inputs(tmp: Path) -> dict[str, Path]:
+    (tmp / "empty.log").write_text("")
+    (tmp / "binary.log").write_bytes(b"\x00\x01\x02NCCL\x00")
+    (tmp / "zipped.log.gz").write_bytes(gzip.compress(b"a:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"))
+    (tmp / "adir").mkdir()
+    (tmp / "train.out").write_text("epoch 1 loss 0.3\n")
+    return {"empty": tmp / "empty.log", "binary": tmp / "binary.log", "gzip": tmp / "zipped.log.gz",
+            "directory": tmp / "adir", "missing": tmp / "nope.log", "not NCCL": tmp / "train.out"}
+
+
+def test_each_bad_input_is_one_line_exit_2_and_other_files_still_read(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    bad = _bad_inputs(tmp_path)
+    good = REAL / "shm_full_ci_pods.log"
+    for kind, path in bad.items():
+        assert nl.main([str(path), str(good)]) == 2, kind
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0], (kind, err)
+        assert "[FAIL] shm-full" in out, kind                # the good file was still interpreted
+    assert nl.main([str(p) for p in bad.values()]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == len(bad)
+
+
+def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO((REAL / "dup_gpu_horovod.log").read_text()))
+    assert nl.main(["-", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["sources"] == ["<stdin>"] and data["catalog"] == {"duplicate-gpu": 3}
+    assert {v["id"] for v in data["verdicts"]} >= {"duplicate-gpu"}
+
+
+def test_json_is_bounded() -> None:
+    line = "h{n}:1:1 [0] misc/socket.cc:1 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed : Connection refused\n"
+    text = "".join(line.format(n=n) for n in range(2000))
+    log = nl.parse(text)
+    data = nl.to_json(log, nl.interpret(log))
+    assert data["ranks_omitted"] == 2000 - 64
+    assert len(json.dumps(data)) < 200_000
+    assert all(len(v["evidence"]) <= 6 and len(v["ranks"]) <= 32 for v in data["verdicts"])
+
+
+def test_checks_for_job(tmp_path: Path) -> None:
+    (tmp_path / "rank0.log").write_text((REAL / "nvls_fm_h800.log").read_text())
+    (tmp_path / "notes.txt").write_text("nothing to see\n")
+    checks = nl.checks_for_job(tmp_path)
+    assert checks[0].id == "nvls-fabric-manager" and checks[0].status == "FAIL"
+    assert "systemctl status nvidia-fabricmanager" in checks[0].remediation
+    (tmp_path / "rank0.log").unlink()
+    assert nl.checks_for_job(tmp_path) == []
+    with pytest.raises(ValueError, match="job"):
+        nl.checks_for_job(tmp_path / "missing")
