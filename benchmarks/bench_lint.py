@@ -13,10 +13,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from helpers.lint import lint_paths, lint_texts
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT / "tests" / "data" / "lint"
 

@@ -14,7 +14,11 @@ prints a per-rank table (host, interface, transports, Init COMPLETE) and verdict
 to ``docker0`` or a single-node job using the IB transport (``helpers.nccl_log``).  Exit status 1 on
 a FAIL verdict.
 
-``runbook lab up [--nodes N] | down | status`` brings up the network lab: N "nodes", each a network
+``runbook lint train.py ds_config.json job.sbatch [--command "torchrun ..."]`` checks a training
+script, its DeepSpeed/Accelerate configs and its launch script together before launch
+(``helpers.lint``, docs/lint.md).  Exit status 1 on an error-level finding.
+
+``runbook lab up [--nodes N] [--slurm] | down | status | exec NODE -- CMD`` brings up the network lab: N "nodes", each a network
 namespace with its own hostname, joined by a bridge in a namespace of its own (``helpers.netlab``).
 ``runbook preflight --lab`` (or ``--nodes a,b --runner srun``) checks interfaces, ``*_SOCKET_IFNAME``,
 the MTU the path really carries and the master address on every node, and names the faulty node
@@ -38,8 +42,8 @@ Adding a command (the protocol of accelerate's ``commands/estimate.py``):
 3. Append ``Command("<verb>", <verb>_parser, <verb>)`` to :data:`COMMANDS`; :func:`build_parser`
    registers it and sets ``func``.  Domain modules keep no argparse code.
 
-``nccl-log`` still has its parser and handler in ``helpers.nccl_log`` (``add_cli``/``_run``); the
-adapter :func:`nccl_log_parser` registers them until that module moves onto this protocol.
+Every command's parser and handler live here; the domain modules (``nccl_log``, ``lint``, ``netlab``,
+``preflight``, ``memory``...) keep plain functions only.
 """
 
 from __future__ import annotations
@@ -192,24 +196,88 @@ def doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- nccl-log (adapter)
+# ---------------------------------------------------------------- nccl-log
 
 def nccl_log_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
                     ) -> argparse.ArgumentParser:
-    """The ``runbook nccl-log`` parser, built by ``helpers.nccl_log.add_cli`` (see the module docstring)."""
-    from helpers import nccl_log
+    """The ``runbook nccl-log FILE... [--json]`` parser (``-`` reads stdin)."""
+    from helpers import nccl_log as nl
 
-    if subparsers is None:
-        subparsers = argparse.ArgumentParser(prog="runbook").add_subparsers()
-    nccl_log.add_cli(subparsers)
-    return subparsers.choices["nccl-log"]
+    p = _parser(subparsers, "nccl-log", "interpret NCCL_DEBUG=INFO logs: per-rank table and verdicts",
+                (nl.__doc__ or "").split("\n\n")[0])
+    p.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log(s); several = one job; - = stdin")
+    p.add_argument("--json", action="store_true", help="print JSON (ranks and verdicts, bounded) instead of text")
+    return p
 
 
 def nccl_log(args: argparse.Namespace) -> int:
-    """Interpret NCCL logs (``helpers.nccl_log``): 1 on a FAIL verdict, 2 on unreadable input, else 0."""
+    """Parse, interpret and print NCCL logs (``helpers.nccl_log``).
+
+    Returns:
+        2 when an input could not be read (one line per unreadable input on stderr; the others are
+        still interpreted), else 1 on a FAIL verdict, else 0.
+    """
     from helpers import nccl_log as nl
 
-    return nl._run(args)
+    problems: list[str] = []
+    try:
+        log = nl.parse_files(args.files, problems=problems)
+    except ValueError as exc:
+        for line in problems or [str(exc)]:
+            print(f"nccl-log: {line}", file=sys.stderr)
+        return 2
+    for line in problems:
+        print(f"nccl-log: {line}", file=sys.stderr)
+    verdicts = nl.interpret(log)
+    if args.json:
+        print(json.dumps(nl.to_json(log, verdicts), indent=1))
+    else:
+        print(nl.render(log, verdicts), end="")
+    if problems:
+        return 2
+    return 1 if any(v.severity == "FAIL" for v in verdicts) else 0
+
+
+# ---------------------------------------------------------------- lint
+
+def lint_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+    """The ``runbook lint PATH... [--command CMD] [--json]`` parser (docs/lint.md)."""
+    p = _parser(subparsers, "lint", "check scripts, DeepSpeed/Accelerate configs and sbatch files before launch",
+                "Lint training scripts, DeepSpeed JSON, Accelerate YAML and sbatch/shell launch scripts together "
+                "(docs/lint.md). Exit 1 on an error, 2 on unreadable input, 0 otherwise.")
+    p.add_argument("paths", nargs="*", help="files: *.py, DeepSpeed *.json, Accelerate *.yaml, *.sbatch/*.sh")
+    p.add_argument("--command", default=None, help="a launch command to check too (torchrun/accelerate/deepspeed/srun ...)")
+    p.add_argument("--json", action="store_true", help='print {"findings": [{rule, seed, severity, file, line, message, fix}]}')
+    return p
+
+
+def lint(args: argparse.Namespace) -> int:
+    """Lint ``args.paths`` (and ``args.command``) with :func:`helpers.lint.lint_paths`; print text or JSON.
+
+    Returns:
+        2 when an input is unreadable (named on stderr; the other files are still linted), else 1
+        when an error-level finding exists, else 0.
+    """
+    from helpers.lint import UNREADABLE, lint_paths
+
+    if not args.paths and not args.command:
+        print("runbook lint: give files to lint and/or --command", file=sys.stderr)
+        return 2
+    findings = lint_paths(args.paths, command=args.command)
+    for f in findings:
+        if f.rule == UNREADABLE:
+            print(f"runbook lint: {f.title}", file=sys.stderr)
+    rest = [f for f in findings if f.rule != UNREADABLE]
+    if args.json:
+        print(json.dumps({"findings": [f.to_lint_dict() for f in findings]}, indent=2))
+    else:
+        for f in rest:
+            print(f.text())
+        counts = {s: sum(f.lint_severity == s for f in rest) for s in ("error", "warning", "info")}
+        print(f"{len(rest)} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info")
+    if any(f.rule == UNREADABLE for f in findings):
+        return 2
+    return 1 if any(f.lint_severity == "error" for f in findings) else 0
 
 
 # ---------------------------------------------------------------- lab
@@ -406,6 +474,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("diagnose", diagnose_parser, diagnose),
     Command("doctor", doctor_parser, doctor),
     Command("nccl-log", nccl_log_parser, nccl_log),
+    Command("lint", lint_parser, lint),
     Command("lab", lab_parser, lab),
     Command("preflight", preflight_parser, preflight),
     Command("estimate-memory", estimate_memory_parser, estimate_memory),

@@ -49,9 +49,7 @@ Nothing runs at import; the standard library only, plus PyYAML when the catalog 
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -60,6 +58,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
 
+from helpers import ifnames
 from helpers.checks import NOT_OK, Check
 
 SEVERITIES = ("FAIL", "WARN", "INFO", "OK")
@@ -525,26 +524,12 @@ class Verdict(Check):
 # ----------------------------------------------------------------------------------------- parsing
 
 def bad_interface_reason(iface: Iface) -> str | None:
-    """Why ``iface`` cannot carry traffic between nodes, or None if its name/address looks fine.
+    """Why ``iface`` cannot carry traffic between nodes, or None: :func:`helpers.ifnames.node_local_reason`.
 
-    Same list as the command builder's (to be replaced by ``helpers.ifnames.node_local_reason``):
-    loopback (``lo``, 127.x, ``::1``), Docker bridges (``docker*``, ``br-<hex>``), libvirt bridges
-    (``virbr*``), CNI bridges (``cni*``) and container veth pairs (``veth*``) are node-local: NCCL
-    bound to one of them hangs or fails multi-node (seed MN2; https://github.com/NVIDIA/nccl/issues/1053,
-    https://github.com/pytorch/pytorch/issues/68893).
+    The one list the command builder, the pre-flight and this interpreter share (loopback, Docker,
+    libvirt and CNI bridges, veth pairs; seed MN2).
     """
-    name, ip = iface.name, iface.ip
-    if name == "lo" or re.fullmatch(r"lo\d*", name) or ip.startswith("127.") or ip == "::1":
-        return "loopback"
-    if name.startswith("docker") or re.fullmatch(r"br-[0-9a-f]+", name):
-        return "Docker bridge"
-    if name.startswith("virbr"):
-        return "libvirt bridge"
-    if name.startswith("cni"):
-        return "CNI bridge"
-    if name.startswith("veth"):
-        return "container veth pair"
-    return None
+    return ifnames.node_local_reason(iface.name, iface.ip)
 
 
 def _ifaces(text: str) -> list[Iface]:
@@ -1584,33 +1569,6 @@ def to_json(log: NcclLog, verdicts: Sequence[Verdict]) -> dict:
             "verdicts": [v.to_dict() for v in verdicts]}
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log(s); several = one job; - = stdin")
-    parser.add_argument("--json", action="store_true", help="print JSON (ranks and verdicts) instead of text")
-
-
-def _run(args: argparse.Namespace) -> int:
-    """Parse, interpret and print; return 2 when an input could not be read (the others are still
-    interpreted), else 1 on a FAIL verdict, else 0.  Each unreadable input gets one line on stderr."""
-    problems: list[str] = []
-    try:
-        log = parse_files(args.files, problems=problems)
-    except ValueError as exc:
-        for line in problems or [str(exc)]:
-            print(f"nccl-log: {line}", file=sys.stderr)
-        return 2
-    for line in problems:
-        print(f"nccl-log: {line}", file=sys.stderr)
-    verdicts = interpret(log)
-    if args.json:
-        print(json.dumps(to_json(log, verdicts), indent=1))
-    else:
-        print(render(log, verdicts), end="")
-    if problems:
-        return 2
-    return 1 if any(v.severity == "FAIL" for v in verdicts) else 0
-
-
 _JOB_LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
 
 
@@ -1651,23 +1609,11 @@ def checks_for_job(job: str | Path | Sequence[str | Path]) -> list[Check]:
     return checks
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register the ``nccl-log`` sub-command on an argparse sub-parsers object.
-
-    The sub-command sets ``func`` to a callable taking the parsed namespace and returning
-    the exit status (the convention of ``helpers.cli``).
-    """
-    p = subparsers.add_parser("nccl-log", help="interpret NCCL_DEBUG=INFO logs: per-rank table and verdicts",
-                              description=__doc__.split("\n\n")[0])
-    _add_arguments(p)
-    p.set_defaults(func=_run)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``nccl-log FILE [FILE...] [--json]`` (``-`` = stdin): exit 2 on unreadable input, else 1 on any FAIL verdict, else 0."""
-    parser = argparse.ArgumentParser(prog="nccl-log", description=__doc__.split("\n\n")[0])
-    _add_arguments(parser)
-    return _run(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
+    """``python -m helpers.nccl_log FILE...``: the same as ``runbook nccl-log FILE...`` (:func:`helpers.cli.nccl_log`)."""
+    from helpers import cli
+
+    return cli.main(["nccl-log", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SCENARIOS
+from support import SCENARIOS
 
 from helpers import hostinfo, jobs, launchers, netlab, slurm
 from helpers.netlab import slurmlab

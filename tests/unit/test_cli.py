@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
+from pathlib import Path
 
 import pytest
 
-from helpers import cli, diagnostics, memory, netlab, preflight
+from helpers import cli, diagnostics, memory, nccl_log, netlab, preflight
 
 NAMES = [c.name for c in cli.COMMANDS]
 
@@ -102,7 +103,9 @@ def test_preflight_bad_env_is_status_2_before_touching_a_lab(capsys):
 
 
 def test_domain_modules_hold_no_cli_code():
-    for module in (netlab, preflight, memory):
+    for module in (netlab, preflight, memory, nccl_log):
         for name in ("add_cli", "_cli", "build_parser", "_parse_env"):
             assert not hasattr(module, name), f"{module.__name__}.{name}"
-    assert "argparse" not in inspect.getsource(preflight) and "argparse" not in inspect.getsource(memory)
+    for module in (preflight, memory, nccl_log):
+        assert "argparse" not in inspect.getsource(module), module.__name__
+    assert not (Path(cli.__file__).parent / "lint" / "cli.py").exists()

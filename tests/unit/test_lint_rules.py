@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import launch_traps
+from helpers import cli, launch_traps
 from helpers.launch_parse import parse_command, parse_sbatch
 from helpers.launch_traps import LaunchSpec
-from helpers.lint import cli as lint_cli
 from helpers.lint import lint_texts
 from helpers.lint.findings import Finding
 
@@ -198,9 +196,7 @@ def test_finding_is_a_check_with_lint_severities():
 
 
 def _run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    lint_cli.add_parser(parser.add_subparsers(dest="cmd"))
-    return lint_cli.run(parser.parse_args(["lint", *argv]))
+    return cli.main(["lint", *argv])
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):

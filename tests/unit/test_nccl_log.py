@@ -7,7 +7,6 @@ are hand-written in real NCCL formats (sources in their headers).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -366,12 +365,8 @@ def test_render_rows_and_verdict_lines() -> None:
     assert nl.render(load("healthy_multinode_ib.log"), []).rstrip().endswith("[OK] no finding")
 
 
-def test_add_cli_registers_the_same_command(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="runbook")
-    sub = parser.add_subparsers(dest="command", required=True)
-    nl.add_cli(sub)
-    args = parser.parse_args(["nccl-log", str(DATA / "single_node_net_ib.log")])
-    assert args.func(args) == 1
+def test_module_main_runs_the_runbook_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nl.main([str(DATA / "single_node_net_ib.log")]) == 1
     assert "[FAIL] single-node-net-transport:" in capsys.readouterr().out
 
 
