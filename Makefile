@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs diagnose lab bench clean
+.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs diagnose lab bench clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	# Then everything else (deepspeed builds from its sdist against the installed torch).
 	$(BIN)/python -m pip install -q -e .
 	@$(MAKE) --no-print-directory system-tools
+	@$(MAKE) --no-print-directory ds-ops
 	touch $@
 
 # Debian tools the network lab and the pre-flight check use when present (chapter 06 shows a real
@@ -38,6 +39,15 @@ system-tools:
 	else echo "note: not installed:$$missing (needs root and apt-get); the lab and pre-flight checks use their Python fall-backs"; fi
 
 setup: $(STAMP)
+
+# DeepSpeed JIT-builds its CPU shared-memory op on first use (~35 s alone, minutes on a loaded machine):
+# build it here, with the venv's ninja first on PATH (the ranks reuse it only then), so that the first
+# DeepSpeed job (the allocation check's smoke test, chapter 05) does not spend its stall window compiling.
+# Skipped where CUDA is available: there DeepSpeed uses NCCL, not this op.
+ds-ops:
+	@mkdir -p build/tmp
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -c "import torch, sys; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; sys.exit(0) if torch.cuda.is_available() else B().load()" \
+	  || echo "warning: DeepSpeed's CPU op did not build here; the first DeepSpeed job will try again"
 
 # pyflakes, pycodestyle errors and import order ([tool.ruff] in pyproject.toml); no reformatting.
 lint-code: $(STAMP)
