@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 import os
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import resume
+from helpers import checkpoint, resume
 
 
 def _state(value: float) -> dict:
@@ -36,7 +35,7 @@ def test_failure_before_replace_leaves_previous_checkpoint_intact(tmp_path, monk
     def refuse(src, dst):
         raise OSError("simulated crash just before os.replace")
 
-    monkeypatch.setattr(resume.os, "replace", refuse)
+    monkeypatch.setattr(checkpoint.os, "replace", refuse)
     with pytest.raises(OSError, match="before os.replace"):
         resume.save_checkpoint(path, _state(2.0))
     monkeypatch.undo()
@@ -54,7 +53,7 @@ def _dies_halfway(state, fh):
 def test_failure_mid_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
     resume.save_checkpoint(path, _state(1.0))
-    monkeypatch.setattr(resume, "_serialize", _dies_halfway)
+    monkeypatch.setattr(checkpoint, "_serialize", _dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         resume.save_checkpoint(path, _state(2.0))
     monkeypatch.undo()
@@ -65,7 +64,7 @@ def test_failure_mid_write_leaves_previous_checkpoint_intact(tmp_path, monkeypat
 def test_naive_save_is_torn_by_the_same_failure(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
     resume.naive_save(path, _state(1.0))
-    monkeypatch.setattr(resume, "_serialize", _dies_halfway)
+    monkeypatch.setattr(checkpoint, "_serialize", _dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         resume.naive_save(path, _state(2.0))
     monkeypatch.undo()
@@ -221,8 +220,7 @@ def test_elastic_commands(tmp_path):
 
 
 def test_scenario_rejects_bad_arguments():
-    sys.path.insert(0, str(Path(resume.SCRIPT).parent))
-    import elastic_train
+    from helpers.scenarios import elastic_train
 
     assert elastic_train.parse_args(["--steps", "4", "--crash-at", "3"]).crash_at == 3
     for bad in (["--steps", "0"], ["--steps", "4", "--crash-at", "4"], ["--scale", "pinned"]):
