@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
-from conftest import notebook_outputs, SCENARIOS, execute_notebook
+from conftest import notebook_outputs, execute_notebook
+
+from helpers.scenarios import ddp_uneven
+
 
 def test_uneven_shards_bad_input_is_named():
-    sys.path.insert(0, str(SCENARIOS))
-    import ddp_uneven
-
     assert ddp_uneven.parse_shards("13,8") == [13, 8]
     for bad in ("13,x", "0,8", ""):
         with pytest.raises(ValueError, match="shards"):

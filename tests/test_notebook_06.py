@@ -16,10 +16,7 @@ import pytest
 from conftest import SCENARIOS, execute_notebook, notebook_outputs
 
 from helpers import netlab, tiers
-
-sys.path.insert(0, str(SCENARIOS))
-import fabric_check  # noqa: E402
-import net_allreduce  # noqa: E402
+from helpers.scenarios import fabric_check, net_allreduce
 
 LAB_NAME = "ch06"  # the notebook's LAB_NAME parameter
 

@@ -27,8 +27,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 

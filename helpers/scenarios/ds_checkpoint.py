@@ -40,9 +40,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import smoke_deepspeed  # noqa: E402
+from helpers.scenarios import _common, smoke_deepspeed
 
 
 def build_parser() -> argparse.ArgumentParser:

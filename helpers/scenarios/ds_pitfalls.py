@@ -51,9 +51,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import smoke_deepspeed  # noqa: E402
+from helpers.scenarios import _common, smoke_deepspeed
 
 HIDDEN = 64
 MICRO = 4

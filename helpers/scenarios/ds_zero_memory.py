@@ -56,9 +56,7 @@ import time
 import warnings
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import smoke_deepspeed  # noqa: E402  (make_model, prefer_env_ninja, load_config)
+from helpers.scenarios import _common, smoke_deepspeed  # smoke_deepspeed: make_model, prefer_env_ninja, load_config
 
 CONFIGS = os.path.join(smoke_deepspeed.REPO_ROOT, "configs")
 STAGES = ("0", "1", "2", "3", "1-accum2", "2-offload", "3-offload")

@@ -24,8 +24,7 @@ import socket
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "GLOO_", "SLURM_", "CUDA_", "OMP_NUM_THREADS")
 CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",

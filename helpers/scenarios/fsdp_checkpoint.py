@@ -39,9 +39,7 @@ import sys
 import tempfile
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 MODES = ("save", "load", "load-naive", "rank0-only", "fsdp1-offload")
 

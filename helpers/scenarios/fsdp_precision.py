@@ -28,13 +28,10 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 POLICIES = ("implicit", "param-bf16", "bf16-reduce-fp32")
 REFERENCE = "bf16-reduce-fp32"

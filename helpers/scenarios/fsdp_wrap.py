@@ -33,13 +33,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 WRAPS = ("fsdp2-whole", "fsdp2-per-block", "fsdp1-whole", "fsdp1-per-block")
 

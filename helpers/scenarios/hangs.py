@@ -38,8 +38,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 CASES = ("mismatch", "crash", "stuck", "rank0_save", "uneven", "set_epoch", "slow_eval", "ckpt_read")
 

@@ -36,8 +36,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 TEST_NAME = "02_ddp"
 CKPT_NAME = "smoke_2gpu_ddp.pt"  # the guide's file name (section 6.7)

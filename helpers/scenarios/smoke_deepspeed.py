@@ -52,8 +52,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 TEST_NAME = "03_deepspeed_zero1"
 LOG_EVERY = 25  # the guide's progress cadence (section 7.9 "Loss Progression")
