@@ -18,7 +18,6 @@ https://github.com/huggingface/accelerate/blob/main/docs/source/concept_guides/f
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass

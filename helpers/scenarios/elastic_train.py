@@ -133,8 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sleep-below-world", type=int, default=None,
                    help="sleep only while the live world_size is below this (the late node's window to join)")
     p.add_argument("--out", default=None, help="final model state (rank 0, atomic)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "gloo"))
-    p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout (seconds)")
+    _common.add_dist_args(p, timeout_s=30, backend="gloo")
     args = p.parse_args(argv)
     for name in ("steps", "micro", "ckpt_every"):
         if getattr(args, name) < 1:

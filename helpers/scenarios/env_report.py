@@ -98,8 +98,7 @@ def main() -> int:
     """Gather every rank's record on rank 0 and write them, ordered by rank, to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes (list of per-rank records)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=60)
     args = parser.parse_args()
 
     import torch.distributed as dist

@@ -54,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="Adam steps before saving (default 3)")
     p.add_argument("--fsdp1-offload", choices=("true", "false"), default="true",
                    help="fsdp1-offload mode: FullStateDictConfig(offload_to_cpu=...) (default true)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     return p
 
 
