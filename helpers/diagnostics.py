@@ -19,8 +19,8 @@ from typing import Any
 from helpers import busbw, hostinfo, jobs
 from helpers.report import Check
 
-SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
-CONFIGS = jobs.project_root() / "configs"
+SCENARIOS = jobs.SCENARIOS
+CONFIGS = jobs.CONFIGS
 
 # Values that differ across ranks by design (one per rank, or one per node): not a WARN.
 PER_RANK_KEYS = {
