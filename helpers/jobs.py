@@ -7,10 +7,11 @@ inside the notebook kernel.
 
 What a job gets:
 
-* a job directory ``build/jobs/<name>-<stamp>/`` holding the launcher's output
+* a job directory ``build/jobs/<name>-<stamp>-<pid>-<n>/`` holding the launcher's output
   (``launcher.stdout``/``.stderr``), each rank's output and exit status
   (``ranks/rank<R>.stdout|.stderr|.json``, written by :mod:`helpers.rankshim`),
-  torchrun's ``--log-dir`` and, after a hang, each rank's stack (``stacks/``);
+  torchrun's ``--log-dir`` and, after a hang, each rank's stack (``stacks/``): the whole
+  layout is :class:`helpers.jobdir.JobDir`;
 * ``TMPDIR`` inside the job directory (removed at the end) and ``TORCH_EXTENSIONS_DIR``
   in the shared build cache, so nothing lands in ``/tmp``;
 * a hard timeout and an optional stall window: when either expires, py-spy dumps every
