@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from helpers.jobdir import JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
+
 OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_gather_single",
        "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "reduce", "barrier", "monitored_barrier",
        "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv", "broadcast_object_list",
@@ -41,10 +43,10 @@ _state: dict[str, Any] = {"file": None, "seq": 0, "originals": {}}
 
 def trace_dir() -> Path:
     """Where traces go: ``$RUNBOOK_TRACE_DIR``, else ``$RUNBOOK_JOB_DIR/trace`` (set by the job runner), else ``./trace``."""
-    explicit = os.environ.get("RUNBOOK_TRACE_DIR")
+    explicit = os.environ.get(TRACE_DIR_ENV)
     if explicit:
         return Path(explicit)
-    return Path(os.environ.get("RUNBOOK_JOB_DIR", ".")) / "trace"
+    return JobDir(os.environ.get(JOB_DIR_ENV, ".")).trace_dir
 
 
 def _call_site() -> str:

@@ -26,8 +26,8 @@ from helpers.netlab import DEFAULT_NAME as DEFAULT_LAB_NAME
 from helpers.report import GIB, MIB
 from helpers.validate import tcp_port
 
-SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
-CONFIGS = jobs.project_root() / "configs"
+SCENARIOS = jobs.SCENARIOS
+CONFIGS = jobs.CONFIGS
 
 # Values that differ across ranks by design (one per rank, or one per node): not a WARN.
 PER_RANK_KEYS = {

@@ -7,7 +7,7 @@ that never calls it (seed D19-D21).  The doctor reads two kinds of evidence per 
 * optionally its collective trace (:mod:`helpers.collective_trace`): sequence number, op,
   tensor shape/dtype and call site of every collective it entered and left.
 
-Verdict: the collective most ranks are blocked in (op, sequence number, the line that called
+HangVerdict: the collective most ranks are blocked in (op, sequence number, the line that called
 it) and the ranks that are *not* in it: stuck elsewhere (their innermost user frame), in a
 different collective (an op mismatch), or dead.  Usable on a job of the runner
 (:func:`diagnose_job`), on a live process tree anywhere (:func:`diagnose_pid`, ``runbook
@@ -22,10 +22,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from helpers import collective_trace, procs
+from helpers.jobdir import JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
+
+if TYPE_CHECKING:
+    from helpers.jobs import JobResult
 
 _FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 _LIBRARY = ("torch/", "site-packages/", "dist-packages/", "rankshim.py", "collective_trace.py", "threading.py",
@@ -117,7 +122,7 @@ def rank_state(rank: int, stack: str | None, trace: Sequence[dict] = ()) -> Rank
 
 
 @dataclass
-class Verdict:
+class HangVerdict:
     """The doctor's conclusion.
 
     Attributes:
@@ -136,7 +141,7 @@ class Verdict:
     text: str = ""
 
 
-def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dict]] | None = None) -> Verdict:
+def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dict]] | None = None) -> HangVerdict:
     """Name the diverged rank(s) from per-rank stacks (py-spy text; ``None`` = rank not running) and traces.
 
     The collective that the most live ranks wait in, with the same sequence number when traces
@@ -155,7 +160,7 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
     groups = Counter((s.collective, s.seq) for s in states.values() if s.collective)
     if not groups:
         text = "verdict: no rank is in a collective; " + "; ".join(s.describe() for s in states.values())
-        return Verdict(None, None, None, [], sorted(states), states, text)
+        return HangVerdict(None, None, None, [], sorted(states), states, text)
     best = max(groups.values())
     tied = [key for key, n in groups.items() if n == best]
     key = min(tied, key=lambda k: min(r for r, s in states.items() if (s.collective, s.seq) == k))
@@ -178,7 +183,7 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
         text += ("\n  note: the waiting ranks reached it from different lines "
                  + ", ".join(f"rank {r}: {states[r].call_site}" for r in waiting)
                  + ": one collective reached by different code paths pairs calls that do not belong together (D21)")
-    return Verdict(op, seq, site, waiting, diverged, states, text)
+    return HangVerdict(op, seq, site, waiting, diverged, states, text)
 
 
 def read_traces(directory: str | os.PathLike[str]) -> dict[int, list[dict]]:
@@ -191,37 +196,35 @@ def read_traces(directory: str | os.PathLike[str]) -> dict[int, list[dict]]:
     return out
 
 
-def diagnose_job(job: object) -> Verdict:
-    """Verdict for a :class:`helpers.jobs.JobResult` that hung or timed out (stacks taken by the runner).
+def diagnose_job(job: JobResult) -> HangVerdict:
+    """The :class:`HangVerdict` for a :class:`helpers.jobs.JobResult` that hung or timed out (stacks taken by the runner).
 
     Ranks that had exited when the stacks were taken count as not running.
 
     Raises:
         ValueError: the job has no stacks (it neither hung nor timed out).
     """
-    stacks: dict[int, str | None] = dict(job.stacks)  # type: ignore[attr-defined]
+    stacks: dict[int, str | None] = dict(job.stacks)
     if not stacks:
         raise ValueError("job: no stacks were taken (the job did not hang or time out)")
-    for rank in job.ranks:  # type: ignore[attr-defined]
+    for rank in job.ranks:
         stacks.setdefault(rank, None)
-    return diagnose(stacks, read_traces(job.job_dir / "trace"))  # type: ignore[attr-defined]
+    return diagnose(stacks, read_traces(JobDir(job.job_dir).trace_dir))
 
 
-def diagnose_job_dir(job_dir: str | os.PathLike[str]) -> Verdict:
-    """Verdict from what a runner job left on disk (``stacks/rank<R>.txt``, ``trace/``, ``ranks/``).
+def diagnose_job_dir(job_dir: str | os.PathLike[str]) -> HangVerdict:
+    """The :class:`HangVerdict` from what a runner job left on disk (``stacks/rank<R>.txt``, ``trace/``, ``ranks/``).
 
     Raises:
         ValueError: no saved stacks in ``job_dir``.
     """
-    root = Path(job_dir)
-    stacks: dict[int, str | None] = {}
-    for path in (root / "stacks").glob("rank*.txt"):
-        stacks[int(path.stem[4:])] = path.read_text()
+    layout = JobDir(job_dir)
+    stacks: dict[int, str | None] = {rank: path.read_text() for rank, path in layout.stacks().items()}
     if not stacks:
-        raise ValueError(f"job_dir={str(root)!r}: no stacks/rank<R>.txt in it")
-    for path in (root / "ranks").glob("rank*.json"):
-        stacks.setdefault(int(path.stem[4:]), None)
-    return diagnose(stacks, read_traces(root / "trace"))
+        raise ValueError(f"job_dir={str(layout.path)!r}: no stacks/rank<R>.txt in it")
+    for rank in layout.rank_ids():
+        stacks.setdefault(rank, None)
+    return diagnose(stacks, read_traces(layout.trace_dir))
 
 
 def rank_processes(pid: int) -> dict[int, psutil.Process]:
@@ -249,8 +252,8 @@ def rank_processes(pid: int) -> dict[int, psutil.Process]:
     return found
 
 
-def diagnose_pid(pid: int) -> Verdict:
-    """Verdict for a live job: py-spy every rank under launcher ``pid``, read their traces if they opted in.
+def diagnose_pid(pid: int) -> HangVerdict:
+    """The :class:`HangVerdict` for a live job: py-spy every rank under launcher ``pid``, read their traces if they opted in.
 
     Raises:
         ValueError: no such ``pid``, or no rank process under it.
@@ -262,8 +265,11 @@ def diagnose_pid(pid: int) -> Verdict:
     traces: dict[int, list[dict]] = {}
     for r, p in ranks.items():
         env = p.environ()
-        directory = env.get("RUNBOOK_TRACE_DIR") or (Path(env["RUNBOOK_JOB_DIR"]) / "trace"
-                                                     if env.get("RUNBOOK_JOB_DIR") else None)
+        directory = env.get(TRACE_DIR_ENV) or (JobDir(env[JOB_DIR_ENV]).trace_dir if env.get(JOB_DIR_ENV) else None)
         if directory and (Path(directory) / f"rank{r}.jsonl").exists():
             traces[r] = collective_trace.read(Path(directory) / f"rank{r}.jsonl")
     return diagnose(stacks, traces)
+
+
+Verdict = HangVerdict
+"""Old name of :class:`HangVerdict` (kept so existing callers keep working)."""

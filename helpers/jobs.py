@@ -7,10 +7,11 @@ inside the notebook kernel.
 
 What a job gets:
 
-* a job directory ``build/jobs/<name>-<stamp>/`` holding the launcher's output
+* a job directory ``build/jobs/<name>-<stamp>-<pid>-<n>/`` holding the launcher's output
   (``launcher.stdout``/``.stderr``), each rank's output and exit status
   (``ranks/rank<R>.stdout|.stderr|.json``, written by :mod:`helpers.rankshim`),
-  torchrun's ``--log-dir`` and, after a hang, each rank's stack (``stacks/``);
+  torchrun's ``--log-dir`` and, after a hang, each rank's stack (``stacks/``): the whole
+  layout is :class:`helpers.jobdir.JobDir`;
 * ``TMPDIR`` inside the job directory (removed at the end) and ``TORCH_EXTENSIONS_DIR``
   in the shared build cache, so nothing lands in ``/tmp``;
 * a hard timeout and an optional stall window: when either expires, py-spy dumps every
@@ -30,12 +31,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from helpers import envvars, launchers, procs
+from helpers import envvars, launchers, procs, validate
+from helpers.jobdir import JOB_DIR_ENV, JobDir, LineCounter, LineTail
 
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -50,6 +52,26 @@ T = TypeVar("T")
 def project_root() -> Path:
     """The repository root (the folder holding ``helpers/``)."""
     return Path(__file__).resolve().parent.parent
+
+
+SCENARIOS = project_root() / "helpers" / "scenarios"
+"""The folder of the rank scripts (``helpers/scenarios``) the chapters launch."""
+CONFIGS = project_root() / "configs"
+"""The folder of the committed launcher configs (DeepSpeed JSON, Accelerate YAML, hostfiles, sbatch)."""
+
+
+def scenario(name: str) -> Path:
+    """The path of scenario script ``name`` (``"ddp_unused"`` or ``"ddp_unused.py"``) in :data:`SCENARIOS`.
+
+    Raises:
+        ValueError: no such script, naming ``name`` and listing the available scenarios.
+    """
+    stem = str(name).removesuffix(".py")
+    path = SCENARIOS / f"{stem}.py"
+    if not re.fullmatch(r"[A-Za-z0-9_]+", stem) or stem.startswith("_") or not path.is_file():
+        available = sorted(p.stem for p in SCENARIOS.glob("*.py") if not p.stem.startswith("_"))
+        raise ValueError(f"scenario={name!r}: accepted values are {', '.join(available)}")
+    return path
 
 
 def build_dir() -> Path:
@@ -182,7 +204,24 @@ class JobResult:
     @property
     def output(self) -> str:
         """The launchers' merged stdout and stderr (rank lines carry a ``[rank R]`` prefix)."""
-        return _read(self.job_dir / "launcher.stdout") + _read(self.job_dir / "launcher.stderr")
+        layout = JobDir(self.job_dir)
+        return _read(layout.launcher_stdout) + _read(layout.launcher_stderr)
+
+    def records(self, kind: str, rank: int | None = None) -> list[dict]:
+        """The ``kind {json}`` records the ranks printed (see :func:`parse_records`), in output order.
+
+        Args:
+            kind: the record name (``contract``, ``bind``, ``group``, ``accelerate``, ``params``).
+            rank: read only that rank's own stdout; ``None`` reads the launchers' merged output.
+
+        Raises:
+            ValueError: ``kind`` is not a lowercase word, or ``rank`` is not a rank of this job.
+        """
+        if rank is None:
+            return parse_records(self.output, kind)
+        if rank not in self.ranks:
+            raise ValueError(f"rank={rank!r}: accepted values are the job's ranks {sorted(self.ranks)}")
+        return parse_records(self.ranks[rank].stdout, kind)
 
     def grep(self, pattern: str) -> list[str]:
         """Lines matching regex ``pattern`` in the launcher output and every rank's logs.
@@ -222,6 +261,42 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+_RECORD = re.compile(r"^(?:\[rank (?P<shim>-?\d+)\] )?(?P<kind>[a-z_]+) (?P<body>\{.*\})\s*$")
+
+
+def parse_records(text: str, kind: str) -> list[dict]:
+    """The JSON records of one ``kind`` printed by the ranks, in output order.
+
+    Scenario scripts print ``<kind> {json}`` lines; the rank shim prefixes them ``[rank R] ``
+    in a job's merged output (``JobResult.output``).  Each returned dict gets ``_shim_rank``
+    (the shim's ``R``, or ``None`` for an unprefixed line).  Lines whose JSON does not parse
+    are skipped.
+
+    Args:
+        text: output to scan (a job's ``output``, or one rank's ``stdout``).
+        kind: the record name (``contract``, ``bind``, ``group``, ``accelerate``, ``params``).
+
+    Returns:
+        One dict per matching line.
+
+    Raises:
+        ValueError: ``kind`` is not a lowercase word.
+    """
+    if not re.fullmatch(r"[a-z_]+", kind or ""):
+        raise ValueError(f"kind={kind!r}: a lowercase record name such as 'contract'")
+    found = []
+    for line in text.splitlines():
+        m = _RECORD.match(line)
+        if m and m.group("kind") == kind:
+            try:
+                rec = json.loads(m.group("body"))
+            except json.JSONDecodeError:
+                continue
+            rec["_shim_rank"] = int(m.group("shim")) if m.group("shim") is not None else None
+            found.append(rec)
+    return found
 
 
 def shim_argv(script: str | os.PathLike[str], args: Sequence[str] = ()) -> list[str]:
@@ -309,7 +384,7 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     name = str(kwargs.pop("name", None) or path.stem)
     job_dir = new_job_dir(name)
     cmds = launcher_argv(launcher, path.resolve(), args, nproc=nproc, nnodes=nnodes, launcher_args=launcher_args,
-                         standalone=standalone, log_dir=job_dir / "torchrun")
+                         standalone=standalone, log_dir=JobDir(job_dir).torchrun_dir)
     env = dict(kwargs.pop("env", None) or {})  # type: ignore[call-overload]
     chosen = None
     if backend is not None:
@@ -322,7 +397,8 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     return result
 
 
-def run_together(*calls: Callable[[], T]) -> list[T]:
+def run_together(*calls: Callable[[], T], stagger_s: float = 0.0, max_parallel: int | None = None,
+                 cancel: threading.Event | None = None) -> list[T]:
     """Run independent jobs at the same time; return their results in the order given.
 
     Each call is a zero-argument callable that runs one job, typically
@@ -339,16 +415,29 @@ def run_together(*calls: Callable[[], T]) -> list[T]:
 
     An interrupt while waiting (Ctrl-C, the notebook's stop button) stops every job at once
     (its process tree killed, as on a timeout) before the ``KeyboardInterrupt`` propagates.
+    Every :func:`run_commands` call made in these threads watches one cancel event; a
+    ``run_together`` called inside one of them (a helper that runs its own jobs side by side,
+    such as ``resume.run_elastic``) shares its caller's event, so the outer interrupt stops
+    the nested jobs too.
 
     Args:
         calls: the jobs to run, each a callable taking no argument.
+        stagger_s: seconds between the start of one call and the next (e.g. a second
+            torchrun agent that must start after the first); 0 starts them all at once.
+        max_parallel: at most this many calls run at a time (the others wait their turn);
+            ``None`` runs them all at once.
+        cancel: the event that stops the jobs when set (by this function on an interrupt, or
+            by the caller); default: the event of the enclosing ``run_together`` when called
+            inside one, else a new one.
 
     Returns:
         ``[calls[0](), calls[1](), ...]``.
 
     Raises:
-        ValueError: no call given.
+        ValueError: no call given, ``stagger_s`` < 0, or ``max_parallel`` < 1.
         TypeError: a call is not callable (naming its position).
+        Cancelled: the cancel event was set before every call had started (the started ones
+            were stopped).
         Exception: the first exception a call raised (in the order given), after every call
             has returned, so no job is left running when it propagates.
     """
@@ -357,18 +446,44 @@ def run_together(*calls: Callable[[], T]) -> list[T]:
     for i, call in enumerate(calls):
         if not callable(call):
             raise TypeError(f"calls[{i}]: expected a callable (e.g. lambda: run_job(...)), got {type(call).__name__}")
-    cancel = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="runbook-job",
-                              initializer=_bind_cancel, initargs=(cancel,))
+    if not stagger_s >= 0:
+        raise ValueError(f"stagger_s={stagger_s!r}: must be >= 0 seconds")
+    if max_parallel is not None:
+        validate.positive_int(max_parallel, "max_parallel")
+    event = cancel or current_cancel() or threading.Event()
+    pool = ThreadPoolExecutor(max_workers=max_parallel or len(calls), thread_name_prefix="runbook-job",
+                              initializer=_bind_cancel, initargs=(event,))
+    futures: list[Future[T]] = []
     try:
-        futures = [pool.submit(call) for call in calls]
+        for i, call in enumerate(calls):
+            if i and stagger_s and event.wait(stagger_s):
+                break  # cancelled while staggering: start no more
+            futures.append(pool.submit(_unless_cancelled, call, event))
         wait(futures)
     except BaseException:
-        cancel.set()  # each run_commands loop sees it within one poll interval and kills its job
+        event.set()  # each run_commands loop sees it within one poll interval and kills its job
         raise
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=event.is_set())
+    if len(futures) < len(calls) or any(f.cancelled() for f in futures):
+        raise Cancelled("run_together: cancelled before every call had started")
     return [f.result() for f in futures]
+
+
+class Cancelled(RuntimeError):
+    """The cancel event of a :func:`run_together` call was set before a job could start."""
+
+
+def current_cancel() -> threading.Event | None:
+    """The cancel event of the :func:`run_together` call running this thread (``None`` outside one)."""
+    return getattr(_local, "cancel", None)
+
+
+def _unless_cancelled(call: Callable[[], T], event: threading.Event) -> T:
+    """Run ``call`` unless ``event`` is already set (a queued call of an interrupted run_together)."""
+    if event.is_set():
+        raise Cancelled("run_together: cancelled before this call started")
+    return call()
 
 
 def _bind_cancel(event: threading.Event) -> None:
@@ -392,52 +507,15 @@ def new_job_dir(name: str) -> Path:
     return path
 
 
-def _progress_size(job_dir: Path) -> int:
+def _progress_size(layout: JobDir) -> int:
     """Bytes written so far to the job's logs: the stall detector's progress measure."""
     total = 0
-    for p in [job_dir / "launcher.stdout", job_dir / "launcher.stderr", *(job_dir / "ranks").glob("rank*.std*")]:
+    for p in [layout.launcher_stdout, layout.launcher_stderr, *layout.rank_logs()]:
         try:
             total += p.stat().st_size
         except FileNotFoundError:
             pass
     return total
-
-
-class _HeartbeatCounter:
-    """Counts lines matching a regex in the ranks' stdout files, reading only new bytes."""
-
-    def __init__(self, job_dir: Path, pattern: str) -> None:
-        self.rx = re.compile(pattern)
-        self.job_dir = job_dir
-        self.offsets: dict[Path, int] = {}
-        self.count = 0
-
-    def poll(self) -> int:
-        for path in (self.job_dir / "ranks").glob("rank*.stdout"):
-            start = self.offsets.get(path, 0)
-            with open(path, "rb") as fh:
-                fh.seek(start)
-                chunk = fh.read()
-            end = chunk.rfind(b"\n") + 1  # only whole lines
-            self.offsets[path] = start + end
-            self.count += sum(1 for line in chunk[:end].decode(errors="replace").splitlines() if self.rx.search(line))
-        return self.count
-
-
-def _echo_new(job_dir: Path, offsets: dict[str, int]) -> None:
-    for stream in ("launcher.stdout", "launcher.stderr"):
-        path = job_dir / stream
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(offsets.get(stream, 0))
-                chunk = fh.read()
-        except FileNotFoundError:
-            continue
-        end = chunk.rfind(b"\n") + 1
-        offsets[stream] = offsets.get(stream, 0) + end
-        if end:
-            sys.stdout.write(chunk[:end].decode(errors="replace"))
-            sys.stdout.flush()
 
 
 def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0, stall_s: float | None = None,
@@ -486,27 +564,27 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     if per_process_env is not None and len(per_process_env) != len(commands):
         raise ValueError("per_process_env: needs one mapping per command")
     job_dir = job_dir or new_job_dir(name)
-    (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
-    tmp = job_dir / "tmp"
-    tmp.mkdir(exist_ok=True)
+    layout = JobDir(job_dir).create()
+    tmp = layout.tmp_dir
     ext = build_dir() / "torch_extensions"
     ext.mkdir(exist_ok=True)
     # The interpreter's own bin first on PATH: the launchers, and the ninja that built the cached
     # DeepSpeed ops (a different ninja sees "command line changed" and rebuilds them, ~30 s).
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    changes: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), "RUNBOOK_JOB_DIR": str(job_dir),
+    changes: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), JOB_DIR_ENV: str(job_dir),
                                       "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext)),
-                                      "PATH": path}
+                                      "PATH": path, "PYTHONPATH": _pythonpath()}
     changes.update(env or {})
     base_env = envvars.apply(os.environ, changes)
     cmds = [list(map(str, c)) for c in commands]
-    (job_dir / "job.json").write_text(json.dumps({"commands": cmds, "env": changes}, indent=1))
+    layout.job_json.write_text(json.dumps({"commands": cmds, "env": changes}, indent=1))
     if verbose:
         print(f"[{name}] launching {len(cmds)} command(s), timeout {timeout_s:g} s"
               + (f", stall {stall_s:g} s" if stall_s else "") + f": {' '.join(_short(c) for c in cmds[0])}")
-    out = open(job_dir / "launcher.stdout", "ab")
-    err = open(job_dir / "launcher.stderr", "ab")
+    out = open(layout.launcher_stdout, "ab")
+    err = open(layout.launcher_stderr, "ab")
     popens: list[subprocess.Popen[bytes]] = []
+    launcher_tail = LineTail(lambda: (layout.launcher_stdout, layout.launcher_stderr))
     t0 = time.monotonic()
     timed_out = hung = False
     stop_reason = ""
@@ -517,10 +595,9 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
             proc_env = envvars.apply(base_env, per_process_env[i]) if per_process_env else base_env
             popens.append(subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=proc_env,
                                            cwd=str(cwd or project_root()), start_new_session=True))
-        beat = _HeartbeatCounter(job_dir, heartbeat) if heartbeat else None
+        beat = LineCounter(layout.rank_stdouts, heartbeat) if heartbeat else None
         last_progress, last_mark = t0, 0
-        offsets: dict[str, int] = {}
-        cancel: threading.Event | None = getattr(_local, "cancel", None)
+        cancel = current_cancel()
         while any(p.poll() is None for p in popens):
             time.sleep(poll_s)
             now = time.monotonic()
@@ -528,20 +605,20 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
                 stopped_at, stop_reason = time.time(), "cancelled: the run_together call that started it was interrupted"
                 break
             if echo:
-                _echo_new(job_dir, offsets)
-            mark = beat.poll() if beat else _progress_size(job_dir)
+                _echo(launcher_tail)
+            mark = beat.poll() if beat else _progress_size(layout)
             if mark != last_mark:
                 last_mark, last_progress = mark, now
             if now - t0 >= timeout_s:
                 timed_out, stop_reason = True, f"hard timeout of {timeout_s:g} s expired"
             elif stall_s and last_mark and now - last_progress >= stall_s:
-                if _live_ranks(job_dir) or not _rank_records(job_dir):
+                if layout.live_ranks() or not layout.rank_records():
                     hung, stop_reason = True, f"no progress for {stall_s:g} s (stall window)"
                 else:  # every rank has exited: the launcher is only slow to tear down
                     last_progress = now
             if timed_out or hung:
                 stopped_at = time.time()
-                stacks = _collect_stacks(job_dir)
+                stacks = _collect_stacks(layout)
                 break
     finally:
         procs.kill_tree([p.pid for p in popens], sessions=[p.pid for p in popens], grace_s=2.0)
@@ -553,17 +630,24 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
         out.close()
         err.close()
         if echo:
-            _echo_new(job_dir, {})
+            _echo(launcher_tail)
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.monotonic() - t0
     result = JobResult(name=name, job_dir=job_dir, commands=cmds, env=changes,
                        returncodes=[p.returncode for p in popens],
                        wall_s=wall, timed_out=timed_out, hung=hung, timeout_s=timeout_s, stall_s=stall_s,
-                       ranks=_collect_ranks(job_dir, stacks), stacks=stacks, stop_reason=stop_reason, stopped_at=stopped_at)
-    (job_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
+                       ranks=_collect_ranks(layout, stacks), stacks=stacks, stop_reason=stop_reason, stopped_at=stopped_at)
+    layout.result_json.write_text(json.dumps(result.to_dict(), indent=1))
     if verbose:
         print(result.summary().splitlines()[0])
     return result
+
+
+def _pythonpath() -> str:
+    """``$PYTHONPATH`` with the project root first, so that every rank imports this checkout's ``helpers``."""
+    root = str(project_root())
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *rest])
 
 
 def _short(arg: str) -> str:
@@ -571,29 +655,21 @@ def _short(arg: str) -> str:
     return arg.replace(root, "")
 
 
-def _rank_records(job_dir: Path) -> dict[int, dict]:
-    records = {}
-    for path in (job_dir / "ranks").glob("rank*.json"):
-        try:
-            rec = json.loads(path.read_text())
-        except (json.JSONDecodeError, FileNotFoundError):
-            continue
-        records[int(rec["rank"])] = rec
-    return records
+def _echo(tail: LineTail) -> None:
+    """Copy the launchers' new whole lines to this process's stdout."""
+    text = tail.read_text()
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
-def _live_ranks(job_dir: Path) -> dict[int, int]:
-    """Rank id -> pid of the ranks that started and have not exited (per the shim's records)."""
-    return {r: rec["pid"] for r, rec in _rank_records(job_dir).items() if "exit_code" not in rec and rec.get("pid")}
-
-
-def _collect_stacks(job_dir: Path) -> dict[int, str]:
+def _collect_stacks(layout: JobDir) -> dict[int, str]:
     """py-spy every rank that has not exited yet; save each stack under ``stacks/``."""
     stacks: dict[int, str] = {}
-    live = _live_ranks(job_dir)
+    live = layout.live_ranks()
     if not live:
         return stacks
-    (job_dir / "stacks").mkdir(exist_ok=True)
+    layout.stacks_dir.mkdir(exist_ok=True)
     threads = []
 
     def dump(rank: int, pid: int) -> None:
@@ -605,15 +681,14 @@ def _collect_stacks(job_dir: Path) -> dict[int, str]:
     for t in threads:
         t.join()
     for rank, text in stacks.items():
-        (job_dir / "stacks" / f"rank{rank}.txt").write_text(text)
+        layout.stack(rank).write_text(text)
     return stacks
 
 
-def _collect_ranks(job_dir: Path, stacks: Mapping[int, str]) -> dict[int, RankResult]:
+def _collect_ranks(layout: JobDir, stacks: Mapping[int, str]) -> dict[int, RankResult]:
     ranks = {}
-    for rank, rec in sorted(_rank_records(job_dir).items()):
-        base = job_dir / "ranks" / f"rank{rank}"
+    for rank, rec in sorted(layout.rank_records().items()):
         ranks[rank] = RankResult(rank=rank, pid=rec.get("pid"), exit_code=rec.get("exit_code"),
-                                 stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                                 stdout_path=layout.rank_stdout(rank), stderr_path=layout.rank_stderr(rank),
                                  start=rec.get("start"), end=rec.get("end"), stack=stacks.get(rank))
     return ranks

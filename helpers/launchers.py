@@ -7,8 +7,8 @@ Three things, all data or pure functions (nothing runs at import):
   :func:`table_markdown` renders it.
 * :func:`build_command`: the argv of one launcher on one node, validated (bad input raises
   ``ValueError`` naming the field).  The chapter runs what it builds (notebook 01, D1/D3/D4).
-* :func:`rank_records`: parse the ``kind {json}`` lines that the scenario scripts print per rank
-  (``contract``, ``bind``, ``group``, ``accelerate``, ``params``) out of a job's output.
+* :func:`rank_records`: the old name of :func:`helpers.jobs.parse_records` (the ``kind {json}``
+  lines the scenario scripts print per rank); on a job, use ``JobResult.records(kind)``.
 
 Sources: torchrun https://docs.pytorch.org/docs/2.12/elastic/run.html ; Accelerate
 https://huggingface.co/docs/accelerate/en/basic_tutorials/launch ; DeepSpeed
@@ -18,7 +18,6 @@ https://github.com/huggingface/accelerate/blob/main/docs/source/concept_guides/f
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -299,33 +298,12 @@ def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank
     return cmd + tail
 
 
-_RECORD = re.compile(r"^(?:\[rank (?P<shim>-?\d+)\] )?(?P<kind>[a-z_]+) (?P<body>\{.*\})\s*$")
-
-
 def rank_records(text: str, kind: str) -> list[dict]:
-    """The JSON records of one ``kind`` printed by the ranks, in output order.
-
-    Scenario scripts print ``<kind> {json}`` lines; the rank shim prefixes them ``[rank R] ``
-    in a job's merged output (``JobResult.output``).  Each returned dict gets ``_shim_rank``
-    (the shim's ``R``, or ``None`` for an unprefixed line).
-
-    Args:
-        text: output to scan (a job's ``output``, or one rank's ``stdout``).
-        kind: the record name (``contract``, ``bind``, ``group``, ``accelerate``, ``params``).
+    """Old name of :func:`helpers.jobs.parse_records` (use ``JobResult.records(kind)`` on a job).
 
     Raises:
         ValueError: ``kind`` is not a lowercase word.
     """
-    if not re.fullmatch(r"[a-z_]+", kind or ""):
-        raise ValueError(f"kind={kind!r}: a lowercase record name such as 'contract'")
-    found = []
-    for line in text.splitlines():
-        m = _RECORD.match(line)
-        if m and m.group("kind") == kind:
-            try:
-                rec = json.loads(m.group("body"))
-            except json.JSONDecodeError:
-                continue
-            rec["_shim_rank"] = int(m.group("shim")) if m.group("shim") is not None else None
-            found.append(rec)
-    return found
+    from helpers import jobs  # lazy: this module stays free of the runner's imports
+
+    return jobs.parse_records(text, kind)

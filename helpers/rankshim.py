@@ -22,7 +22,7 @@ and Accelerate differ, and plain ``python`` has none), and the parent process is
 the only one that can read a child's exit status.  Stdlib only, so it adds ~20 ms
 of interpreter start per rank and no torch import.
 
-The job directory comes from ``RUNBOOK_JOB_DIR``; the rank from ``RUNBOOK_RANK``
+Paths follow :class:`helpers.jobdir.JobDir`.  The job directory comes from ``RUNBOOK_JOB_DIR``; the rank from ``RUNBOOK_RANK``
 (set by the runner for plain-``python`` jobs), else ``RANK``, else ``SLURM_PROCID``, else the first free
 index (a launcher that sets no env contract, seed D1).
 """
@@ -38,8 +38,10 @@ import threading
 import time
 from typing import IO
 
+from helpers.jobdir import JobDir
 
-def _claim_rank(ranks_dir: str) -> str:
+
+def _claim_rank(layout: JobDir) -> str:
     """Return this process's rank id, claiming a free index when no env names one."""
     for var in ("RUNBOOK_RANK", "RANK", "SLURM_PROCID"):
         value = os.environ.get(var, "")
@@ -48,14 +50,14 @@ def _claim_rank(ranks_dir: str) -> str:
     index = 0
     while True:
         try:
-            fd = os.open(os.path.join(ranks_dir, f".claim{index}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(layout.rank_claim(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             os.close(fd)
             return str(index)
         except FileExistsError:
             index += 1
 
 
-def _write_json(path: str, obj: dict) -> None:
+def _write_json(path: str | os.PathLike[str], obj: dict) -> None:
     """Atomically replace ``path`` with ``obj`` as JSON."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
@@ -102,20 +104,18 @@ def main(argv: list[str]) -> int:
         argv = [argv[0], *lead, *argv[1:]]
     elif lead and len(argv) >= 2:
         argv = [*argv[:2], *lead, *argv[2:]]
-    job_dir = os.environ.get("RUNBOOK_JOB_DIR") or os.getcwd()
-    ranks_dir = os.path.join(job_dir, "ranks")
-    os.makedirs(ranks_dir, exist_ok=True)
-    rank = _claim_rank(ranks_dir)
-    base = os.path.join(ranks_dir, f"rank{rank}")
+    layout = JobDir.from_env(os.getcwd())
+    layout.ranks_dir.mkdir(parents=True, exist_ok=True)
+    rank = _claim_rank(layout)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-u", *argv]
     record: dict = {"rank": int(rank), "shim_pid": os.getpid(), "cmd": cmd, "start": time.time()}
-    with open(base + ".stdout", "ab") as out_log, open(base + ".stderr", "ab") as err_log:
+    with open(layout.rank_stdout(rank), "ab") as out_log, open(layout.rank_stderr(rank), "ab") as err_log:
         child = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=_set_pdeathsig
         )
         record["pid"] = child.pid
-        _write_json(base + ".json", record)
+        _write_json(layout.rank_record(rank), record)
 
         def forward(signum: int, _frame: object) -> None:
             if child.poll() is None:
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
         for t in pumps:
             t.join(timeout=5)
     record.update(exit_code=status, end=time.time())
-    _write_json(base + ".json", record)
+    _write_json(layout.rank_record(rank), record)
     # Mirror the child's status so the launcher sees what the rank really did.
     if status < 0:
         signal.signal(-status, signal.SIG_DFL)

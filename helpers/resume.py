@@ -1,28 +1,29 @@
-"""Checkpoints that survive a crash, and a bit-for-bit check that a resumed run is the run you wanted.
+"""Driver side of resuming: run training jobs, crash them, and check bit for bit that a resumed run is the run you wanted.
 
 ``torchrun --max-restarts=N`` (TorchElastic) re-forms the worker group after a failure and
 starts ``main()`` again; it restores no training state (seed MN5).  Resuming is the script's
 job, and it has two halves:
 
-* **Atomic checkpoints** (:func:`save_checkpoint`, :func:`load_checkpoint`): the state is
-  written to a temporary file in the destination's directory, flushed and ``fsync``-ed, then
-  renamed over the destination with ``os.replace`` (atomic on POSIX within one file system),
-  and the directory is ``fsync``-ed so the rename itself is durable.  A crash at any point
-  leaves either the previous checkpoint or the new one, never a torn file.
-  :func:`naive_save` (``torch.save`` straight onto the destination) is the counter-example,
-  and :func:`crash_mid_write` kills a real process in the middle of either.
-* **Complete state**: model, optimizer (Adam's moments), LR scheduler, every RNG each rank
-  draws from (torch, Python ``random``, NumPy; per rank), and the data position (sampler
-  epoch and batches consumed in that epoch).  :func:`check_resume` runs an uninterrupted job
-  and an interrupted-and-resumed one (``helpers/scenarios/elastic_train.py`` under
-  ``torchrun --max-restarts``) and compares their final parameters exactly with
-  :func:`compare_state_dicts`: on CPU the two must be equal bit for bit, and leaving one
-  piece out (``omit=("rng",)``...) makes them differ.
+* **Atomic checkpoints** (:func:`save_checkpoint`, :func:`load_checkpoint`, from
+  :mod:`helpers.checkpoint`, the rank-side half): a crash at any point leaves either the
+  previous checkpoint or the new one, never a torn file.  :func:`naive_save` is the
+  counter-example, and :func:`crash_mid_write` kills a real process in the middle of either.
+* **Complete state** (:data:`PIECES`): model, optimizer (Adam's moments), LR scheduler, every
+  RNG each rank draws from (torch, Python ``random``, NumPy; per rank), and the data position
+  (sampler epoch and batches consumed in that epoch).  :func:`check_resume` runs an
+  uninterrupted job and an interrupted-and-resumed one (``helpers/scenarios/elastic_train.py``
+  under ``torchrun --max-restarts``) through the job runner and compares their final
+  parameters exactly with :func:`compare_state_dicts`: on CPU the two must be equal bit for
+  bit, and leaving one piece out (``omit=("rng",)``...) makes them differ.
 
-Nothing runs at import; torch is imported inside the functions that need it.
-Sources: seed MN5 and https://docs.pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html;
-``os.replace`` / ``fsync`` semantics: https://docs.python.org/3/library/os.html#os.replace,
-https://man7.org/linux/man-pages/man2/fsync.2.html.
+:func:`run_elastic` runs two torchrun agents of one elastic rendezvous, the second joining
+late.  Jobs that run side by side (:func:`check_variants`, the two agents) go through
+:func:`helpers.jobs.run_together`, so an interrupt stops them all.
+
+The rank-side names (``save_checkpoint``, ``load_checkpoint``, ``rng_state``, ``set_rng_state``,
+``parse_omit``, ``compare_state_dicts``, ``Diff``, ``PIECES``, ``naive_save``) are re-exported
+from :mod:`helpers.checkpoint`.  Nothing runs at import; torch is imported inside the functions
+that need it.  Sources: seed MN5 and https://docs.pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html.
 """
 
 from __future__ import annotations
@@ -30,138 +31,47 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-PIECES = ("model", "optimizer", "scheduler", "rng", "epoch", "position")
-"""What a complete checkpoint of ``elastic_train.py`` holds; each can be left out with ``omit``."""
+from helpers import hostinfo, jobs, procs
+from helpers.checkpoint import (
+    PIECES,
+    Diff,
+    compare_state_dicts,
+    load_checkpoint,
+    naive_save,
+    parse_omit,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from helpers.jobdir import JobDir
+from helpers.jobs import JobResult
 
-SCRIPT = Path(__file__).resolve().parent / "scenarios" / "elastic_train.py"
+__all__ = [
+    "PIECES", "Diff", "compare_state_dicts", "load_checkpoint", "naive_save", "parse_omit", "rng_state",
+    "save_checkpoint", "set_rng_state",
+    "SCRIPT", "STEP_LINE", "CrashWrite", "crash_mid_write", "parse_steps", "TrainingRun", "training_args",
+    "run_training", "ResumeCheck", "check_resume", "check_variants", "ELASTIC_RDZV_CONF", "ElasticRun",
+    "elastic_commands", "run_elastic", "epoch_coverage",
+]
+
+SCRIPT = jobs.SCENARIOS / "elastic_train.py"
+T = TypeVar("T")
 STEP_LINE = re.compile(r"^(?:\[rank \d+\] )?step (\d+) ((?:\w+=\S+ ?)+)$")
-
-
-# --------------------------------------------------------------------------- atomic save / load
-
-def _serialize(state: Mapping[str, Any], fh: Any) -> None:
-    """Write ``state`` to the open binary file ``fh`` (``torch.save``); a seam that tests replace."""
-    import torch
-
-    torch.save(dict(state), fh)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """``fsync`` a directory so that a rename inside it survives a power loss (Linux)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any], *, clean_stale: bool = True) -> Path:
-    """Write ``state`` to ``path`` atomically: a reader sees the old file or the new one, never a torn one.
-
-    Protocol: serialize into a temporary file in the *same directory* (``os.replace`` is atomic
-    only within one file system), ``flush`` + ``os.fsync`` it, ``os.replace`` it onto ``path``,
-    then ``fsync`` the directory (the rename is a directory update).  If anything fails before
-    the rename, the temporary file is removed and ``path`` is untouched.  A process killed
-    outright (SIGKILL, ``os._exit``) cannot clean up: it may leave a ``.<name>.tmp-*`` file
-    next to ``path``, which :func:`load_checkpoint` never reads and the next save removes.
-
-    Args:
-        path: destination file; its directory is created if missing.
-        state: a mapping of picklable values (tensors, ``state_dict()`` results, ints, lists).
-        clean_stale: first remove ``.<name>.tmp-*`` files a killed writer left (safe with one
-            writer per path, e.g. rank 0 only: two writers of one path are a bug anyway).
-
-    Returns:
-        The destination path.
-
-    Raises:
-        ValueError: ``state`` is not a mapping.
-        OSError: the file system refused the write (the previous checkpoint is intact).
-
-    Source: seed MN5 ("tmp → fsync → os.rename"); https://docs.python.org/3/library/os.html#os.replace
-    """
-    if not isinstance(state, Mapping):
-        raise ValueError(f"state={type(state).__name__}: must be a mapping (dict) of checkpoint pieces")
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if clean_stale:
-        for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
-            stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            _serialize(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(dest.parent)
-    return dest
-
-
-def naive_save(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
-    """Counter-example: serialize straight onto ``path`` (what ``torch.save(state, path)`` does).
-
-    A crash during the write leaves a truncated file in place of the previous checkpoint.
-    Kept only so that :func:`crash_mid_write` can show the difference; use :func:`save_checkpoint`.
-
-    Returns:
-        The destination path.
-    """
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest, "wb") as fh:
-        _serialize(state, fh)
-    return dest
-
-
-def load_checkpoint(path: str | os.PathLike[str], *, missing_ok: bool = False) -> dict[str, Any] | None:
-    """Read a checkpoint written by :func:`save_checkpoint` (tensors on CPU, ``weights_only=True``).
-
-    ``weights_only=True`` (torch's default since 2.6) unpickles only tensors and plain Python
-    containers and numbers, so the checkpoint must hold no custom objects (the RNG states are
-    stored as lists, see :func:`rng_state`).
-
-    Args:
-        path: the checkpoint file.
-        missing_ok: return ``None`` instead of raising when ``path`` does not exist (a first launch).
-
-    Returns:
-        The state dict, or ``None`` (``missing_ok`` and no file).
-
-    Raises:
-        FileNotFoundError: no file and not ``missing_ok``.
-        RuntimeError: the file is not a readable torch checkpoint (e.g. torn by a crash mid-write:
-            ``PytorchStreamReader failed reading zip archive``).
-    """
-    import torch
-
-    p = Path(path)
-    if not p.exists():
-        if missing_ok:
-            return None
-        raise FileNotFoundError(f"checkpoint {p} does not exist")
-    return torch.load(p, map_location="cpu", weights_only=True)
-
 
 _CRASH_CODE = r"""
 import os, sys
 sys.path.insert(0, sys.argv[1])
 import torch
-from helpers import resume
+from helpers import checkpoint
 
 path, atomic, die_after = sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
 state = {"step": 2, "weight": torch.full((1 << 16,), 2.0)}
@@ -180,9 +90,9 @@ class Dying:
     def __getattr__(self, name):
         return getattr(self.fh, name)
 
-real = resume._serialize
-resume._serialize = lambda s, fh: real(s, Dying(fh))
-(resume.save_checkpoint if atomic else resume.naive_save)(path, state)
+real = checkpoint._serialize
+checkpoint._serialize = lambda s, fh: real(s, Dying(fh))
+(checkpoint.save_checkpoint if atomic else checkpoint.naive_save)(path, state)
 print("write completed", flush=True)
 """
 
@@ -247,208 +157,6 @@ def crash_mid_write(path: str | os.PathLike[str], *, atomic: bool, die_after_byt
     return CrashWrite(atomic=atomic, writer_exit=proc.returncode, bytes_on_disk=dest.stat().st_size,
                       loaded_step=step, load_error=error, leftovers=leftovers)
 
-
-# --------------------------------------------------------------------------- RNG state
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states (torch CPU, Python ``random``, NumPy global), in ``weights_only``-safe form.
-
-    Returns:
-        ``{"torch": ByteTensor, "python": [version, [ints], gauss], "numpy": [name, [ints], pos, has_gauss, cached]}``
-        (``"cuda"`` too, one ByteTensor per visible GPU, when CUDA is initialised).
-    """
-    import random
-
-    import numpy as np
-    import torch
-
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
-                             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore the RNG states captured by :func:`rng_state`.
-
-    Raises:
-        ValueError: ``state`` lacks one of ``torch``, ``python``, ``numpy`` (names the missing keys).
-    """
-    import random
-
-    import numpy as np
-    import torch
-
-    missing = [k for k in ("torch", "python", "numpy") if k not in state]
-    if missing:
-        raise ValueError(f"rng state: missing {missing}; accepted keys are torch, python, numpy (cuda optional)")
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((str(name), np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def parse_omit(text: str | Iterable[str] | None) -> tuple[str, ...]:
-    """Parse the pieces to leave out of a resume (comma-separated text or an iterable).
-
-    Returns:
-        The pieces, in :data:`PIECES` order, without duplicates (empty for ``None``/"").
-
-    Raises:
-        ValueError: an unknown piece (names the field ``omit`` and the accepted values).
-    """
-    if text is None:
-        return ()
-    items = [p.strip() for p in (text.split(",") if isinstance(text, str) else text)]
-    items = [p for p in items if p]
-    bad = [p for p in items if p not in PIECES]
-    if bad:
-        raise ValueError(f"omit={bad}: accepted values are {', '.join(PIECES)}")
-    return tuple(p for p in PIECES if p in items)
-
-
-# --------------------------------------------------------------------------- exact comparison
-
-@dataclass
-class Diff:
-    """The exact comparison of two state dicts (see :func:`compare_state_dicts`).
-
-    Attributes:
-        equal: same names on both sides, and every entry identical (tensors: same shape, dtype and bits).
-        compared: number of entries (tensors and other leaves) present on both sides.
-        differing: names of the entries that differ (in the first dict's order).
-        first: the first differing tensor's name ("" when equal).
-        first_max_abs_diff: largest ``|a - b|`` in that tensor (0.0 when equal; ``inf`` for a
-            shape/dtype mismatch or a missing tensor).
-        max_abs_diff: largest ``|a - b|`` over all compared tensors.
-        only_in_a, only_in_b: names present in one dict only.
-    """
-
-    equal: bool
-    compared: int
-    differing: list[str]
-    first: str
-    first_max_abs_diff: float
-    max_abs_diff: float
-    only_in_a: list[str] = field(default_factory=list)
-    only_in_b: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        if self.equal:
-            return f"EQUAL: {self.compared} entries identical bit for bit (max abs diff {self.max_abs_diff})"
-        return (f"DIFFERENT: {len(self.differing)} of {self.compared} entries differ; first: {self.first} "
-                f"(max abs diff {self.first_max_abs_diff:.3g}); max abs diff overall {self.max_abs_diff:.3g}"
-                + (f"; only in a: {self.only_in_a}" if self.only_in_a else "")
-                + (f"; only in b: {self.only_in_b}" if self.only_in_b else ""))
-
-
-def compare_state_dicts(a: Mapping[str, Any], b: Mapping[str, Any]) -> Diff:
-    """Compare two ``{name: tensor}`` mappings exactly: no tolerance, every element must be equal.
-
-    Tensors must have the same shape and dtype and the same *bits* (floating-point tensors are
-    compared through an integer view: ``-0.0`` differs from ``0.0``, a NaN equals a NaN with the
-    same bits).  Nested mappings and lists (an optimizer state, per-rank
-    RNG states) are flattened to dotted names first (``state.0.exp_avg``); other leaves (ints,
-    floats, strings) are compared with ``==``.
-
-    Args:
-        a, b: state dicts (e.g. ``model.state_dict()`` of two runs).
-
-    Returns:
-        A :class:`Diff` naming the first differing tensor (in ``a``'s order) and the largest
-        absolute difference.
-
-    Raises:
-        ValueError: ``a`` or ``b`` is not a mapping.
-    """
-    import torch
-
-    for label, d in (("a", a), ("b", b)):
-        if not isinstance(d, Mapping):
-            raise ValueError(f"{label}={type(d).__name__}: must be a mapping of name -> tensor")
-    fa, fb = _flatten(a), _flatten(b)
-    only_a = [k for k in fa if k not in fb]
-    only_b = [k for k in fb if k not in fa]
-    differing: list[str] = []
-    worst: dict[str, float] = {}
-    for name in (k for k in fa if k in fb):
-        x, y = fa[name], fb[name]
-        tensors = isinstance(x, torch.Tensor) + isinstance(y, torch.Tensor)
-        if tensors == 2 and (x.shape != y.shape or x.dtype != y.dtype):
-            same, gap = False, math.inf
-        elif tensors == 2:
-            same = _same_bits(x, y)
-            gap = 0.0 if same else _max_abs_diff(x, y)
-        elif tensors == 1:
-            same, gap = False, math.inf
-        else:
-            same = bool(x == y)
-            gap = 0.0 if same else _scalar_gap(x, y)
-        worst[name] = gap
-        if not same:
-            differing.append(name)
-    missing = only_a + only_b
-    first = differing[0] if differing else (missing[0] if missing else "")
-    return Diff(equal=not differing and not missing, compared=len(worst), differing=differing, first=first,
-                first_max_abs_diff=worst.get(first, math.inf if first else 0.0),
-                max_abs_diff=math.inf if missing else max(worst.values(), default=0.0),
-                only_in_a=only_a, only_in_b=only_b)
-
-
-_INT_VIEW = {2: "int16", 4: "int32", 8: "int64"}
-
-
-def _same_bits(x: Any, y: Any) -> bool:
-    """True when two tensors of one shape and dtype hold the same bits (floats through an integer view)."""
-    import torch
-
-    if x.is_complex():
-        x, y = torch.view_as_real(x), torch.view_as_real(y)
-    if x.is_floating_point() and x.element_size() in _INT_VIEW:
-        kind = getattr(torch, _INT_VIEW[x.element_size()])
-        return torch.equal(x.detach().cpu().contiguous().view(kind), y.detach().cpu().contiguous().view(kind))
-    return torch.equal(x.detach().cpu(), y.detach().cpu())
-
-
-def _max_abs_diff(x: Any, y: Any) -> float:
-    """Largest ``|x - y|`` (float64), ``inf`` where exactly one side is NaN."""
-    import torch
-
-    x, y = x.detach().cpu(), y.detach().cpu()
-    if x.dtype == torch.bool:
-        x, y = x.to(torch.uint8), y.to(torch.uint8)
-    delta = (x.to(torch.float64) - y.to(torch.float64)).abs() if not x.is_complex() else (x - y).abs().double()
-    if x.is_floating_point():
-        nx, ny = torch.isnan(x), torch.isnan(y)
-        delta = delta.masked_fill(nx & ny, 0.0).masked_fill(nx ^ ny, float("inf"))
-    return float(delta.max()) if delta.numel() else 0.0
-
-
-def _scalar_gap(x: Any, y: Any) -> float:
-    try:
-        return abs(float(x) - float(y))
-    except (TypeError, ValueError):
-        return math.inf
-
-
-def _flatten(d: Mapping[Any, Any] | Sequence[Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    items = d.items() if isinstance(d, Mapping) else enumerate(d)
-    for key, value in items:
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and value):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
 # --------------------------------------------------------------------------- running the two jobs
 
 def parse_steps(text: str) -> list[dict[str, Any]]:
@@ -493,7 +201,7 @@ class TrainingRun:
         steps: rank 0's completed-step records (:func:`parse_steps`), all restarts included.
     """
 
-    job: Any
+    job: JobResult
     final: Path
     steps: list[dict[str, Any]]
 
@@ -566,10 +274,6 @@ def run_training(out_dir: str | os.PathLike[str], name: str, *, steps: int, micr
         ValueError: bad arguments (see :func:`training_args`), ``max_restarts`` < 0, ``resume_from``
             missing or given without ``ckpt_every``.
     """
-    import shutil
-
-    from helpers import jobs
-
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts}: must be >= 0")
     if resume_from is not None and (not ckpt_every or not Path(resume_from).is_file()):
@@ -664,7 +368,8 @@ def check_variants(out_dir: str | os.PathLike[str], pieces: Sequence[str], *, pa
     Args:
         out_dir: where the checkpoints and final states go.
         pieces: the pieces to leave out, one run each (see :data:`PIECES`).
-        parallel: how many jobs run at the same time (threads; each job is its own torchrun).
+        parallel: how many jobs run at the same time (:func:`helpers.jobs.run_together`'s
+            ``max_parallel``; each job is its own torchrun, and an interrupt stops them all).
         **kwargs: passed to :func:`check_resume` (``steps``, ``ckpt_every``, ``resume_from``,
             ``reference`` (required: one shared reference run), ``env``...).
 
@@ -674,8 +379,6 @@ def check_variants(out_dir: str | os.PathLike[str], pieces: Sequence[str], *, pa
     Raises:
         ValueError: an unknown piece, ``parallel`` < 1, or no ``reference`` given.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     if not pieces or any(not p for p in pieces):
         raise ValueError(f"pieces={list(pieces)!r}: give one or more of {', '.join(PIECES)}")
     names = [parse_omit([p])[0] for p in pieces]
@@ -683,15 +386,21 @@ def check_variants(out_dir: str | os.PathLike[str], pieces: Sequence[str], *, pa
         raise ValueError(f"parallel={parallel}: must be >= 1")
     if kwargs.get("reference") is None:
         raise ValueError("reference: run the uninterrupted job once and pass it (the variants share it)")
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = {p: pool.submit(check_resume, out_dir, omit=[p], **kwargs) for p in names}
-        return {p: f.result() for p, f in futures.items()}
+    checks = jobs.run_together(*[_bind(check_resume, out_dir, omit=[p], **kwargs) for p in names], max_parallel=parallel)
+    return dict(zip(names, checks))
+
+
+def _bind(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Callable[[], T]:
+    """``lambda: fn(*args, **kwargs)``, with the arguments fixed now (not when the lambda runs)."""
+    return lambda: fn(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- elastic membership (--nnodes=1:2)
 
 ELASTIC_RDZV_CONF = "join_timeout=30,last_call_timeout=1,read_timeout=10"
 """Short rendezvous timeouts (seconds) for the elastic runs; torch's defaults are 600, 30 and 60."""
+AGENT_STAGGER_S = 0.5
+"""Seconds between the start of agent A's job and agent B's in :func:`run_elastic`."""
 
 
 @dataclass
@@ -708,7 +417,7 @@ class ElasticRun:
         wall_s: seconds from the first agent's start to the end of both.
     """
 
-    agents: dict[str, Any]
+    agents: dict[str, JobResult]
     steps: list[dict[str, Any]]
     launches: list[dict[str, Any]]
     wall_s: float
@@ -744,8 +453,6 @@ def elastic_commands(name: str, port: int, ckpt: Path, a_rank0_log: Path, *, ste
     Raises:
         ValueError: ``scale`` not ``live``/``pinned``, or ``max_world`` < 1.
     """
-    from helpers import jobs, procs
-
     if scale not in ("live", "pinned"):
         raise ValueError(f"scale={scale!r}: accepted values are live, pinned")
     if max_world < 1:
@@ -766,9 +473,10 @@ def run_elastic(out_dir: str | os.PathLike[str], name: str, *, share_store: bool
                 rdzv_conf: str = ELASTIC_RDZV_CONF, timeout_s: float = 90.0, verbose: bool = True) -> ElasticRun:
     """Start agent A alone (world_size 1), let agent B join mid-training, and keep what both did.
 
-    Each agent is one job of the runner (:func:`helpers.jobs.run_commands`, run in two threads;
-    B's process is started after A's, so that B's node id, which holds its pid, sorts after A's
-    and A stays rank 0 of the rendezvous unless pids wrap around),
+    Each agent is one job of the runner (:func:`helpers.jobs.run_commands`, both run by
+    :func:`helpers.jobs.run_together`; B's process is started :data:`AGENT_STAGGER_S` after A's,
+    so that B's node id, which holds its pid, sorts after A's and A stays rank 0 of the
+    rendezvous unless pids wrap around),
     so each has its own output and rank logs; the agents log at ``LOGLEVEL=INFO`` (their
     rendezvous and restart decisions).  Both resume from one checkpoint written every step, so
     a restart of the worker group at the membership change loses no step.
@@ -791,12 +499,6 @@ def run_elastic(out_dir: str | os.PathLike[str], name: str, *, share_store: bool
     Raises:
         ValueError: bad ``scale``/``max_world`` (see :func:`elastic_commands`), ``steps`` < 1.
     """
-    import socket
-    import threading
-    import time
-
-    from helpers import jobs
-
     if steps < 1:
         raise ValueError(f"steps={steps}: must be >= 1")
     out = Path(out_dir)
@@ -804,33 +506,21 @@ def run_elastic(out_dir: str | os.PathLike[str], name: str, *, share_store: bool
     ckpt = out / f"{name}.ckpt"
     for stale in out.glob(f"{name}.ckpt*"):
         stale.unlink()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{port}"
-    dirs = {a: jobs.build_dir() / "jobs" / f"{name}-{a}-{stamp}" for a in "AB"}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    cmds = elastic_commands(name, port, ckpt, dirs["A"] / "ranks" / "rank0.stdout", steps=steps, micro=micro,
+    port = hostinfo.free_port()
+    dirs = {a: jobs.new_job_dir(f"{name}-{a}") for a in "AB"}
+    cmds = elastic_commands(name, port, ckpt, JobDir(dirs["A"]).rank_stdout(0), steps=steps, micro=micro,
                             scale=scale, max_world=max_world, step_sleep=step_sleep, join_after_step=join_after_step,
                             rdzv_conf=rdzv_conf)
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": None if share_store else "1", "LOGLEVEL": "INFO"}
-    results: dict[str, Any] = {}
 
-    def agent(label: str, cmd: list[str]) -> None:
-        results[label] = jobs.run_commands([cmd], timeout_s=timeout_s, env=env, name=f"{name}-{label}",
-                                           job_dir=dirs[label], verbose=verbose)
+    def agent(label: str, cmd: list[str]) -> JobResult:
+        return jobs.run_commands([cmd], timeout_s=timeout_s, env=env, name=f"{name}-{label}", job_dir=dirs[label],
+                                 verbose=verbose)
 
     t0 = time.monotonic()
-    threads = [threading.Thread(target=agent, args=(label, cmd)) for label, cmd in zip("AB", cmds)]
-    threads[0].start()
-    # Start B's process after A's, so that B's pid (hence its node id in the rendezvous) sorts after A's.
-    while not (dirs["A"] / "job.json").exists() and threads[0].is_alive():
-        time.sleep(0.05)
-    time.sleep(0.5)
-    threads[1].start()
-    for t in threads:
-        t.join()
+    # B's process starts AGENT_STAGGER_S after A's, so that B's pid (hence its node id in the rendezvous) sorts after A's.
+    ran = jobs.run_together(*[_bind(agent, label, cmd) for label, cmd in zip("AB", cmds)], stagger_s=AGENT_STAGGER_S)
+    results = dict(zip("AB", ran))
     steps_seen: dict[int, dict[str, Any]] = {}
     launches = []
     for label in "AB":

@@ -12,7 +12,10 @@ import resource
 import sys
 import tempfile
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -30,6 +33,31 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def add_dist_args(parser: argparse.ArgumentParser, *, timeout_s: float, backend: str | None = "auto") -> None:
+    """Add the flags every distributed scenario shares: ``--backend`` and ``--timeout-s``.
+
+    Args:
+        parser: the script's parser.
+        timeout_s: default of ``--timeout-s``, seconds (the process group's and the
+            rendezvous' timeout, passed to :func:`init_distributed`).
+        backend: default of ``--backend`` when ``$RUNBOOK_BACKEND`` (set by the job runner's
+            ``backend=``) is unset; ``None`` adds no ``--backend`` flag.
+
+    Raises:
+        ValueError: ``timeout_s`` <= 0, or ``backend`` not one of :data:`BACKENDS` (or ``None``).
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r}: must be > 0 seconds")
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: accepted values are {', '.join(BACKENDS)}")
+        parser.add_argument("--backend", choices=BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", backend),
+                            help="process-group backend; auto = nccl when every local rank has a GPU, else gloo "
+                                 f"(default: $RUNBOOK_BACKEND, else {backend})")
+    parser.add_argument("--timeout-s", type=float, default=float(timeout_s),
+                        help=f"process-group (collective and rendezvous) timeout, seconds (default {timeout_s:g})")
 
 
 def resolve_backend(backend: str) -> str:

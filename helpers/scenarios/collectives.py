@@ -23,12 +23,10 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
@@ -145,8 +143,7 @@ def main() -> int:
     """Run the correctness check and the sweep; rank 0 writes ``--out``; exit 1 on a wrong element."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=60)
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     parser.add_argument("--check-elements", type=int, default=1 << 20, help="elements per correctness check")
     parser.add_argument("--min-bytes", type=int, default=32 << 10)

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 MODES = ("bug", "syncbn", "fix")
 
@@ -81,8 +79,7 @@ def main() -> int:
     parser.add_argument("--shift", type=float, default=2.0, help="rank r's data has mean r * shift")
     parser.add_argument("--sync-every", type=int, default=10, help="average BN buffers every N steps (fix)")
     parser.add_argument("--out", default=None, help="JSON written by rank 0")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=30)
     args = parser.parse_args()
     if args.steps < 1 or args.sync_every < 1:
         parser.error("--steps and --sync-every must be >= 1")

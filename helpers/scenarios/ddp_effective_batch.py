@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 REDUCTIONS = ("mean", "sum")
 
@@ -62,8 +60,7 @@ def main() -> int:
                         help="world size the global batch is built for (single mode; ddp mode uses WORLD_SIZE)")
     parser.add_argument("--features", type=int, default=16)
     parser.add_argument("--out", required=True, help="JSON written by rank 0 / the single process")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=30)
     args = parser.parse_args()
     if args.mode == "single" and not args.world:
         parser.error("--mode single needs --world (the world size whose global batch to reproduce)")

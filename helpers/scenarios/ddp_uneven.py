@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 MODES = ("bug", "join", "sampler")
 
@@ -71,8 +69,7 @@ def main() -> int:
     parser.add_argument("--drop-last", action="store_true", help="DistributedSampler(drop_last=True) (--mode sampler)")
     parser.add_argument("--linger-s", type=float, default=8.0, help="short rank's local work after its loop (bug)")
     parser.add_argument("--out", default=None, help="JSON written by rank 0 (join, sampler)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=10.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=10)
     args = parser.parse_args()
     try:
         shards = parse_shards(args.shards)

@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 # variant -> (head_b called in forward, head_b in the loss, DDP keyword arguments)
 VARIANTS = {
@@ -109,8 +107,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", default=None, help="JSON written by rank 0 (--mode fix)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=30)
     args = parser.parse_args()
     default = "bug" if args.mode == "bug" else "all_outputs,find_unused,static_graph"
     variants = [v.strip() for v in (args.variants or default).split(",") if v.strip()]

@@ -40,9 +40,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import smoke_deepspeed  # noqa: E402
+from helpers.scenarios import _common, smoke_deepspeed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="training steps before the save (default 3)")
     p.add_argument("--ckpt-dir", required=True, help="checkpoint directory (save_dir)")
     p.add_argument("--out", default=None, help="JSON result path (fix mode, rank 0)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout in seconds (default 30)")
+    _common.add_dist_args(p, timeout_s=30)
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None,
                    help="appended by the deepspeed launcher; LOCAL_RANK from the environment is preferred")
     return p

@@ -51,9 +51,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import smoke_deepspeed  # noqa: E402
+from helpers.scenarios import _common, smoke_deepspeed
 
 HIDDEN = 64
 MICRO = 4
@@ -301,8 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated case names (default: all but the GPU-only {', '.join(GPU_ONLY)})")
     p.add_argument("--modes", default="bug,fix", help="bug, fix or bug,fix (default)")
     p.add_argument("--strict", action="store_true", help="do not catch: the first exception ends the rank (exit 1)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     p.add_argument("--out", required=True, help="JSON result path (rank 0)")
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None,
                    help="appended by the deepspeed launcher; LOCAL_RANK from the environment is preferred")

@@ -56,9 +56,7 @@ import time
 import warnings
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import smoke_deepspeed  # noqa: E402  (make_model, prefer_env_ninja, load_config)
+from helpers.scenarios import _common, smoke_deepspeed  # smoke_deepspeed: make_model, prefer_env_ninja, load_config
 
 CONFIGS = os.path.join(smoke_deepspeed.REPO_ROOT, "configs")
 STAGES = ("0", "1", "2", "3", "1-accum2", "2-offload", "3-offload")
@@ -72,8 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=256, help="MLP hidden size h (default 256: 1,575,168 parameters)")
     p.add_argument("--batch", type=int, default=8, help="micro batch per rank (default 8)")
     p.add_argument("--steps", type=int, default=2, help="training steps per stage, >= 2 so Adam state exists (default 2)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     p.add_argument("--out", required=True, help="JSON result path (written by rank 0)")
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None,
                    help="appended by the deepspeed launcher; LOCAL_RANK from the environment is preferred")

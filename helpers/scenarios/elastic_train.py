@@ -15,7 +15,7 @@ batch; every rank prints the line, with its own loss).
   start of step K on the first launch only; ``torchrun --max-restarts=1`` restarts the group
   and ``main()`` trains again from step 0.
 * **MN5, the fix** (``--ckpt PATH --ckpt-every M``): rank 0 writes an atomic checkpoint
-  (``helpers.resume.save_checkpoint``) every M steps holding the model, the optimizer, the
+  (``helpers.checkpoint.save_checkpoint``) every M steps holding the model, the optimizer, the
   scheduler, every rank's RNG states (gathered to rank 0) and the data position (sampler epoch
   + batches consumed in it); every rank loads it at start and resumes at the saved step.
   ``--omit rng,scheduler,...`` leaves pieces out of the restore to show what each one is for.
@@ -50,8 +50,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers import checkpoint
+from helpers.scenarios import _common
 
 DATASET = 96
 FEATURES = 8
@@ -104,16 +104,6 @@ class Shards:
         return self._indices[shard][pos * self.micro:(pos + 1) * self.micro]
 
 
-def _import_resume():
-    """Import ``helpers.resume`` from the project this script lives in."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from helpers import resume
-
-    return resume
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and check the command line (``--help`` needs no torch)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,8 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sleep-below-world", type=int, default=None,
                    help="sleep only while the live world_size is below this (the late node's window to join)")
     p.add_argument("--out", default=None, help="final model state (rank 0, atomic)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "gloo"))
-    p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout (seconds)")
+    _common.add_dist_args(p, timeout_s=30, backend="gloo")
     args = p.parse_args(argv)
     for name in ("steps", "micro", "ckpt_every"):
         if getattr(args, name) < 1:
@@ -156,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_world is not None and args.max_world < 1:
         p.error("--max-world must be >= 1")
     try:
-        _import_resume().parse_omit(args.omit)
+        checkpoint.parse_omit(args.omit)
     except ValueError as exc:
         p.error(str(exc))
     return args
@@ -197,8 +186,7 @@ def run(args: argparse.Namespace) -> int:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    resume = _import_resume()
-    omit = resume.parse_omit(args.omit)
+    omit = checkpoint.parse_omit(args.omit)
     restart = _common.env_int("TORCHELASTIC_RESTART_COUNT", 0)
     env_rank = _common.env_int("RANK", -1)
     _common.log(f"launch restart_count={restart} world_size={os.environ.get('WORLD_SIZE')} "
@@ -231,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     random.seed(args.seed + 1 + rank)        # the input scale,
     np.random.seed(args.seed + 1 + rank)     # the target noise
     step, epoch, pos = 0, 0, 0
-    state = resume.load_checkpoint(args.ckpt, missing_ok=True) if args.ckpt else None
+    state = checkpoint.load_checkpoint(args.ckpt, missing_ok=True) if args.ckpt else None
     if state is not None:
         if state["config"] != config:
             raise ValueError(f"checkpoint {args.ckpt}: saved with config {state['config']}, this launch has {config}; "
@@ -244,14 +232,14 @@ def run(args: argparse.Namespace) -> int:
         if "scheduler" not in omit:
             sched.load_state_dict(state["scheduler"])
         if "rng" not in omit and rank < len(state["rng"]):
-            resume.set_rng_state(state["rng"][rank])
+            checkpoint.set_rng_state(state["rng"][rank])
         if "epoch" not in omit:
             epoch = int(state["epoch"])
         if "position" not in omit:
             pos = int(state["pos"])
         _common.log(f"resumed from {os.path.basename(args.ckpt)} at step {step} (epoch {state['epoch']}, pos "
                     f"{state['pos']}, saved by world_size {state['world_size']}); restored: "
-                    f"{','.join(p for p in resume.PIECES if p not in omit)}; left out: {','.join(omit) or 'nothing'}")
+                    f"{','.join(p for p in checkpoint.PIECES if p not in omit)}; left out: {','.join(omit) or 'nothing'}")
         if pos >= data.steps_per_epoch:  # saved under a sharding with longer epochs (a smaller world)
             _common.log(f"position {pos} is past the end of an epoch ({data.steps_per_epoch} steps at "
                         f"{n_shards} shards): starting epoch {epoch + 1}")
@@ -287,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
             epoch, pos = epoch + 1, 0
         step += 1
         if args.ckpt and step % args.ckpt_every == 0:
-            save(resume, args, dist, rank, world, model, opt, sched, step, epoch, pos, config)
+            save(args, dist, rank, world, model, opt, sched, step, epoch, pos, config)
         rule = args.lr * global_batch / BASE_BATCH * lr_factor(step - 1)
         print(done + f"samples_per_rank={args.micro * len(mine)} lr={lr:.6g} lr_rule={rule:.6g} loss={total:.6f} "
               f"ids={'-'.join(map(str, all_ids))}", flush=True)
@@ -295,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(args.step_sleep)
 
     if args.out and rank == 0:
-        resume.save_checkpoint(args.out, {"model": model.state_dict(), "step": step})
+        checkpoint.save_checkpoint(args.out, {"model": model.state_dict(), "step": step})
     _common.log(f"done: {step} steps, final checksum {sum(float(p.detach().double().sum()) for p in model.parameters()):.10f}")
     del net
     gc.collect()
@@ -303,12 +291,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def save(resume, args, dist, rank, world, model, opt, sched, step, epoch, pos, config) -> None:
+def save(args, dist, rank, world, model, opt, sched, step, epoch, pos, config) -> None:
     """Gather every rank's RNG states to rank 0, which writes the checkpoint atomically (and a step-stamped link)."""
     states = [None] * world
-    dist.all_gather_object(states, resume.rng_state())
+    dist.all_gather_object(states, checkpoint.rng_state())
     if rank == 0:
-        resume.save_checkpoint(args.ckpt, {
+        checkpoint.save_checkpoint(args.ckpt, {
             "step": step, "epoch": epoch, "pos": pos, "world_size": world, "config": config,
             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": states,
         })

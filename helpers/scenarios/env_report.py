@@ -24,8 +24,7 @@ import socket
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "GLOO_", "SLURM_", "CUDA_", "OMP_NUM_THREADS")
 CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -99,8 +98,7 @@ def main() -> int:
     """Gather every rank's record on rank 0 and write them, ordered by rank, to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes (list of per-rank records)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=60)
     args = parser.parse_args()
 
     import torch.distributed as dist

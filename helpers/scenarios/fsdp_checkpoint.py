@@ -39,9 +39,7 @@ import sys
 import tempfile
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 MODES = ("save", "load", "load-naive", "rank0-only", "fsdp1-offload")
 
@@ -56,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="Adam steps before saving (default 3)")
     p.add_argument("--fsdp1-offload", choices=("true", "false"), default="true",
                    help="fsdp1-offload mode: FullStateDictConfig(offload_to_cpu=...) (default true)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     return p
 
 

@@ -28,13 +28,10 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 POLICIES = ("implicit", "param-bf16", "bf16-reduce-fp32")
 REFERENCE = "bf16-reduce-fp32"
@@ -47,8 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=128, help="block width h (default 128)")
     p.add_argument("--blocks", type=int, default=2, help="number of blocks (default 2)")
     p.add_argument("--batch", type=int, default=64, help="batch per rank (default 64)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     p.add_argument("--out", default=None, help="JSON result path (written by rank 0)")
     return p
 

@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 
@@ -49,8 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=4, help="number of blocks (default 4)")
     p.add_argument("--batch", type=int, default=8, help="batch per rank (default 8)")
     p.add_argument("--steps", type=int, default=2, help="Adam steps, >= 2 so optimizer state exists (default 2)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     p.add_argument("--out", default=None, help="JSON result path (written by rank 0)")
     return p
 

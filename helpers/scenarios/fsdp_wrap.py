@@ -33,13 +33,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import _fsdp  # noqa: E402
+from helpers.scenarios import _common, _fsdp
 
 WRAPS = ("fsdp2-whole", "fsdp2-per-block", "fsdp1-whole", "fsdp1-per-block")
 
@@ -52,8 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=8, help="number of blocks (default 8: 4.2 M parameters at h=256)")
     p.add_argument("--batch", type=int, default=8, help="batch per rank (default 8)")
     p.add_argument("--no-device-id", action="store_true", help="FSDP1: leave device_id out (the CPU error)")
-    p.add_argument("--backend", choices=_common.BACKENDS, default="auto", help="process-group backend (default auto)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(p, timeout_s=60)
     p.add_argument("--out", default=None, help="JSON result path (written by rank 0)")
     return p
 

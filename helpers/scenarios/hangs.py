@@ -38,8 +38,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 CASES = ("mismatch", "crash", "stuck", "rank0_save", "uneven", "set_epoch", "slow_eval", "ckpt_read")
 
@@ -173,8 +172,7 @@ def main() -> int:
     parser.add_argument("--write-delay-s", type=float, default=2.0, help="seconds before rank 0 writes (ckpt_read)")
     parser.add_argument("--ckpt-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "hangs-ckpt"))
     parser.add_argument("--out", default=None, help="JSON written by rank 0 (set_epoch)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=10.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=10)
     parser.add_argument("--trace", action="store_true", help="record collectives for the hang doctor")
     parser.add_argument("--record", action="store_true", help="wrap main in torchelastic's @record (D20)")
     args = parser.parse_args()

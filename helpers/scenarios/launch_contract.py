@@ -35,8 +35,7 @@ import socket
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RUN_ID")
@@ -71,7 +70,7 @@ def main() -> int:
     """Parse arguments, report the contract, join the group, hold, leave; return 0 on success."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="", help="label printed with every record (e.g. node0 / jobA)")
-    parser.add_argument("--timeout-s", type=float, default=10.0, help="rendezvous and collective timeout (s)")
+    _common.add_dist_args(parser, timeout_s=10, backend=None)
     parser.add_argument("--hold-s", type=float, default=0.0, help="seconds to stay in the group (1 step/s)")
     parser.add_argument("--devices-per-node", type=int, default=-1,
                         help="print the D3 bind report for N devices per node (0 = LOCAL_WORLD_SIZE; -1 = off)")

@@ -36,8 +36,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 TEST_NAME = "02_ddp"
 CKPT_NAME = "smoke_2gpu_ddp.pt"  # the guide's file name (section 6.7)
@@ -50,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=100, help="training steps (default 100, as in the guide)")
     parser.add_argument("--hidden", type=int, default=256, help="MLP hidden size h (default 256; 1024 on a GPU)")
     parser.add_argument("--batch", type=int, default=32, help="samples per step per rank (default 32)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default="auto",
-                        help="process-group backend: nccl when every local rank has a GPU, else gloo (auto)")
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(parser, timeout_s=60)
     parser.add_argument("--ckpt-dir", required=True, help="directory rank 0 writes the checkpoint to")
     parser.add_argument("--out", required=True, help="path of the JSON result (written by rank 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init and the data (default 0)")

@@ -52,8 +52,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 TEST_NAME = "03_deepspeed_zero1"
 LOG_EVERY = 25  # the guide's progress cadence (section 7.9 "Loss Progression")
@@ -68,9 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hidden", type=int, default=256, help="MLP hidden size h (default 256; 1024 on a GPU)")
     parser.add_argument("--batch", type=int, default=32,
                         help="samples per step per rank (default 32, the configs' train_micro_batch_size_per_gpu)")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default="auto",
-                        help="process-group backend: nccl when every local rank has a GPU, else gloo (auto)")
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout in seconds (default 60)")
+    _common.add_dist_args(parser, timeout_s=60)
     parser.add_argument("--ckpt-dir", required=True, help="directory every rank writes its checkpoint shards to")
     parser.add_argument("--out", required=True, help="path of the JSON result (written by rank 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init and the data (default 0)")

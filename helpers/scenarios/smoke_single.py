@@ -28,8 +28,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 TEST_NAME = "01_single"
 CKPT_NAME = "smoke_1gpu.pt"  # the guide's file name (section 5.5)

@@ -26,8 +26,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from helpers.scenarios import _common
 
 MODES = ("ok", "crash", "hang", "exit", "mismatch")
 
@@ -41,8 +40,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--step-s", type=float, default=0.0, help="seconds of sleep per step")
     parser.add_argument("--hang-s", type=float, default=3600.0, help="how long a hanging rank sleeps")
-    parser.add_argument("--backend", choices=_common.BACKENDS, default=os.environ.get("RUNBOOK_BACKEND", "auto"))
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    _common.add_dist_args(parser, timeout_s=60)
     parser.add_argument("--trace", action="store_true", help="record collectives for the hang doctor")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help="appended by the deepspeed launcher; LOCAL_RANK from the env is used")

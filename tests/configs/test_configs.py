@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, SCENARIOS
+from support import ROOT
 
-sys.path.insert(0, str(SCENARIOS))
-import ds_config_check  # noqa: E402
+from helpers.scenarios import ds_config_check
 
 DS_CONFIGS = sorted((ROOT / "configs").glob("ds_*.json"))
 WORLD_SIZE = 2

@@ -181,3 +181,55 @@ def test_interrupting_run_together_kills_every_job_at_once(no_leftovers):
     assert time.monotonic() - started < 20
     results = [json.loads(p.read_text()) for p in (jobs.build_dir() / "jobs").glob(f"intr-{tag}-*/result.json")]
     assert len(results) == 2 and all("cancelled" in r["stop_reason"] for r in results)
+
+
+def test_interrupt_cancels_a_nested_run_together(no_leftovers):
+    """A helper that runs its own jobs side by side (resume.run_elastic, check_variants) inside run_together."""
+    tag = uuid.uuid4().hex[:8]
+
+    def hang(i):
+        return jobs.run_job(TOY, ["--mode", "hang", "--bad-rank", "1", "--steps", "100"], nproc=2, timeout_s=60,
+                            name=f"nested-{tag}-{i}", verbose=False)
+
+    started = time.monotonic()
+    timer = threading.Timer(8.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jobs.run_together(lambda: jobs.run_together(lambda: hang("a"), lambda: hang("b"), stagger_s=1.0),
+                              lambda: hang("c"))
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 25
+    results = [json.loads(p.read_text()) for p in (jobs.build_dir() / "jobs").glob(f"nested-{tag}-*/result.json")]
+    assert len(results) == 3 and all("cancelled" in r["stop_reason"] for r in results), results
+
+
+def test_run_together_with_a_set_cancel_token_starts_nothing():
+    ran = []
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(jobs.Cancelled):
+        jobs.run_together(lambda: ran.append(1), lambda: ran.append(2), cancel=cancel)
+    assert ran == []
+
+
+def test_run_together_max_parallel_and_stagger():
+    spans = []
+
+    def span():
+        t = time.monotonic()
+        time.sleep(0.3)
+        spans.append((t, time.monotonic()))
+        return len(spans)
+
+    assert sorted(jobs.run_together(span, span, span, max_parallel=1)) == [1, 2, 3]
+    starts_ends = sorted(spans)
+    assert all(a[1] <= b[0] + 0.01 for a, b in zip(starts_ends, starts_ends[1:]))  # one at a time
+    spans.clear()
+    t0 = time.monotonic()
+    jobs.run_together(span, span, stagger_s=0.5)
+    assert sorted(s[0] for s in spans)[1] - t0 >= 0.5
+    for bad, field in (({"stagger_s": -1}, "stagger_s"), ({"max_parallel": 0}, "max_parallel")):
+        with pytest.raises(ValueError, match=field):
+            jobs.run_together(span, **bad)

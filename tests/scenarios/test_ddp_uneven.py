@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from support import SCENARIOS
 
 
 def test_uneven_shards_bad_input_is_named():
-    sys.path.insert(0, str(SCENARIOS))
-    import ddp_uneven
+    from helpers.scenarios import ddp_uneven
 
     assert ddp_uneven.parse_shards("13,8") == [13, 8]
     for bad in ("13,x", "0,8", ""):

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
-from support import ROOT, SCENARIOS
+from support import ROOT
 
-sys.path.insert(0, str(SCENARIOS))
-import ds_config_check  # noqa: E402
+from helpers.scenarios import ds_config_check
 
 
 def test_checker_cli(tmp_path, capsys):

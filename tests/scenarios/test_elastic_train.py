@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +10,7 @@ from helpers import resume
 
 
 def test_scenario_rejects_bad_arguments():
-    sys.path.insert(0, str(Path(resume.SCRIPT).parent))
-    import elastic_train
+    from helpers.scenarios import elastic_train
 
     assert elastic_train.parse_args(["--steps", "4", "--crash-at", "3"]).crash_at == 3
     for bad in (["--steps", "0"], ["--steps", "4", "--crash-at", "4"], ["--scale", "pinned"]):

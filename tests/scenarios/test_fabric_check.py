@@ -9,9 +9,7 @@ import pytest
 from support import SCENARIOS
 
 from helpers import tiers
-
-sys.path.insert(0, str(SCENARIOS))
-import fabric_check  # noqa: E402
+from helpers.scenarios import fabric_check
 
 SMI_Q_PCIE = "    Fabric\n        State                             : N/A\n        Status                            : N/A\n"
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
-from support import SCENARIOS
 
-sys.path.insert(0, str(SCENARIOS))
-import _fsdp  # noqa: E402
+from helpers.scenarios import _fsdp
 
 
 def test_storage_bytes_counts_each_storage_once():

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from support import SCENARIOS
 
-sys.path.insert(0, str(SCENARIOS))
-import net_allreduce  # noqa: E402
+from helpers.scenarios import net_allreduce
 
 
 def test_sizes_parse_binary_and_decimal_units():

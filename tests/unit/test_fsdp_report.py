@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from support import SCENARIOS
 
 from helpers import fsdp_report, memory
-
-sys.path.insert(0, str(SCENARIOS))
 
 
 def _sharding_result(strategy="full_shard", mesh=(2,), world=2, n_params=1000):

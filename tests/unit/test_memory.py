@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
-from support import SCENARIOS
 
 from helpers import memory
-
-sys.path.insert(0, str(SCENARIOS))
-import smoke_deepspeed  # noqa: E402
+from helpers.scenarios import smoke_deepspeed
 
 GB = 1e9
 

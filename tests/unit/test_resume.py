@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import resume
+from helpers import checkpoint, resume
 
 
 def _state(value: float) -> dict:
@@ -34,7 +34,7 @@ def test_failure_before_replace_leaves_previous_checkpoint_intact(tmp_path, monk
     def refuse(src, dst):
         raise OSError("simulated crash just before os.replace")
 
-    monkeypatch.setattr(resume.os, "replace", refuse)
+    monkeypatch.setattr(checkpoint.os, "replace", refuse)
     with pytest.raises(OSError, match="before os.replace"):
         resume.save_checkpoint(path, _state(2.0))
     monkeypatch.undo()
@@ -52,7 +52,7 @@ def _dies_halfway(state, fh):
 def test_failure_mid_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
     resume.save_checkpoint(path, _state(1.0))
-    monkeypatch.setattr(resume, "_serialize", _dies_halfway)
+    monkeypatch.setattr(checkpoint, "_serialize", _dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         resume.save_checkpoint(path, _state(2.0))
     monkeypatch.undo()
@@ -63,7 +63,7 @@ def test_failure_mid_write_leaves_previous_checkpoint_intact(tmp_path, monkeypat
 def test_naive_save_is_torn_by_the_same_failure(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
     resume.naive_save(path, _state(1.0))
-    monkeypatch.setattr(resume, "_serialize", _dies_halfway)
+    monkeypatch.setattr(checkpoint, "_serialize", _dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         resume.naive_save(path, _state(2.0))
     monkeypatch.undo()
