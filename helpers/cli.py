@@ -22,6 +22,24 @@ the MTU the path really carries and the master address on every node, and names 
 
 ``runbook estimate-memory --params 1.3e9 --world-size 8 --strategy zero2`` prints the model-state
 bytes per rank by component (``helpers.memory``; ``runbook estimate-memory --help``).
+
+Exit statuses, for every command: 0 OK, 1 a FAIL was found, 2 bad input or the check could not run
+(argparse also exits 2 on a bad flag, naming it).
+
+Adding a command (the protocol of accelerate's ``commands/estimate.py``):
+
+1. Write ``<verb>_parser(subparsers=None) -> argparse.ArgumentParser`` here: it calls
+   :func:`_parser` (a sub-command of ``runbook`` when ``subparsers`` is given, else a standalone
+   ``runbook <verb>`` parser) and adds the flags.  Validate flags with an argparse ``type`` built
+   from :mod:`helpers.validate` (see :func:`positive_int_arg`) so that the error names the flag.
+2. Write ``<verb>(args: argparse.Namespace) -> int``: call the domain module's plain functions,
+   print, and return the exit status above.  Import heavy modules inside it, not at the top:
+   ``runbook --help`` builds every parser.
+3. Append ``Command("<verb>", <verb>_parser, <verb>)`` to :data:`COMMANDS`; :func:`build_parser`
+   registers it and sets ``func``.  Domain modules keep no argparse code.
+
+``nccl-log`` still has its parser and handler in ``helpers.nccl_log`` (``add_cli``/``_run``); the
+adapter :func:`nccl_log_parser` registers them until that module moves onto this protocol.
 """
 
 from __future__ import annotations
@@ -29,14 +47,60 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
+import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import NamedTuple
 
-from helpers import jobs
+from helpers import jobs, validate
 
 NOTEBOOK_00 = "00_allocation_check.ipynb"
 
+
+class Command(NamedTuple):
+    """One ``runbook`` sub-command: its name, its parser builder and its handler (see the module docstring)."""
+
+    name: str
+    add_parser: Callable[..., argparse.ArgumentParser]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None, name: str, summary: str,
+            description: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``runbook <name>``: registered on ``subparsers``, or standalone when it is None.
+
+    ``summary`` is the one line of ``runbook --help``; ``description`` (default: ``summary``) heads
+    ``runbook <name> --help`` and keeps its line breaks when it has several lines (a module docstring).
+    """
+    description = description or summary
+    formatter = argparse.RawDescriptionHelpFormatter if "\n" in description else argparse.HelpFormatter
+    if subparsers is None:
+        return argparse.ArgumentParser(prog=f"runbook {name}", description=description, formatter_class=formatter)
+    return subparsers.add_parser(name, help=summary, description=description, formatter_class=formatter)
+
+
+def positive_int_arg(flag: str, minimum: int = 1) -> Callable[[str], int]:
+    """An argparse ``type`` for a whole number >= ``minimum`` whose error names ``flag``.
+
+    Returns:
+        A callable ``str -> int``; it raises ``argparse.ArgumentTypeError`` with
+        :func:`helpers.validate.positive_int`'s message (``--nproc=0: must be an integer >= 1``).
+    """
+    def parse(text: str) -> int:
+        try:
+            return validate.positive_int(int(text), flag, minimum)
+        except ValueError as exc:
+            msg = str(exc) if str(exc).startswith(flag) else f"{flag}={text!r}: must be an integer >= {minimum}"
+            raise argparse.ArgumentTypeError(msg) from None
+
+    parse.__name__ = flag.lstrip("-").replace("-", "_")
+    return parse
+
+
+# ---------------------------------------------------------------- diagnose
 
 def _literal(text: str) -> object:
     """Parse ``-p`` values as Python literals (``2``, ``0.5``, ``"x"``), falling back to the raw string."""
@@ -44,6 +108,23 @@ def _literal(text: str) -> object:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+
+
+def diagnose_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                    ) -> argparse.ArgumentParser:
+    """The ``runbook diagnose`` parser (the allocation check, notebook 00)."""
+    p = _parser(subparsers, "diagnose", "run the allocation check (notebook 00) and write a report")
+    p.add_argument("--backend", choices=jobs.BACKENDS, default="auto")
+    p.add_argument("--nproc", type=positive_int_arg("--nproc"), default=2,
+                   help="ranks per node (default 2; use the GPU count on a GPU node)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout per job, seconds")
+    p.add_argument("--max-bytes", type=int, default=None, help="largest message of the bandwidth sweep, bytes")
+    p.add_argument("--out-dir", default=None, help="where report folders go (default build/reports)")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel to run the notebook with")
+    p.add_argument("--cell-timeout-s", type=float, default=900.0, help="papermill per-cell limit, seconds")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="override a notebook parameter (repeatable), e.g. -p SMOKE_STEPS 50")
+    return p
 
 
 def diagnose(args: argparse.Namespace) -> int:
@@ -82,8 +163,21 @@ def diagnose(args: argparse.Namespace) -> int:
     return 1 if data["status"] == "FAIL" else 0
 
 
+# ---------------------------------------------------------------- doctor
+
+def doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                  ) -> argparse.ArgumentParser:
+    """The ``runbook doctor`` parser (``--pid`` or ``--job-dir``)."""
+    d = _parser(subparsers, "doctor", "name the rank that diverged in a hung job")
+    where = d.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pid", type=int, help="pid of the launcher (torchrun, deepspeed...) on this node")
+    where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
+    d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
+    return d
+
+
 def doctor(args: argparse.Namespace) -> int:
-    """Print the hang doctor's verdict for a live launcher pid or a saved job directory."""
+    """Print the hang doctor's verdict for a live launcher pid or a saved job directory (0; 2 on bad input)."""
     from helpers import doctor as doc
 
     try:
@@ -98,53 +192,223 @@ def doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- nccl-log (adapter)
+
+def nccl_log_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                    ) -> argparse.ArgumentParser:
+    """The ``runbook nccl-log`` parser, built by ``helpers.nccl_log.add_cli`` (see the module docstring)."""
+    from helpers import nccl_log
+
+    if subparsers is None:
+        subparsers = argparse.ArgumentParser(prog="runbook").add_subparsers()
+    nccl_log.add_cli(subparsers)
+    return subparsers.choices["nccl-log"]
+
+
+def nccl_log(args: argparse.Namespace) -> int:
+    """Interpret NCCL logs (``helpers.nccl_log``): 1 on a FAIL verdict, 2 on unreadable input, else 0."""
+    from helpers import nccl_log as nl
+
+    return nl._run(args)
+
+
+# ---------------------------------------------------------------- lab
+
+def lab_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+               ) -> argparse.ArgumentParser:
+    """The ``runbook lab`` parser: ``up [--nodes N] [--subnet S] [--private-tmp] | down | status``, each ``--name``."""
+    from helpers import netlab
+
+    p = _parser(subparsers, "lab", "the network lab: N namespace 'nodes' behind one bridge (root)", netlab.__doc__)
+    sub = p.add_subparsers(dest="lab_command", required=True)
+    u = sub.add_parser("up", help="build the lab (idempotent)")
+    u.add_argument("--nodes", type=int, default=2, choices=range(1, netlab.MAX_NODES + 1),
+                   metavar=f"1..{netlab.MAX_NODES}")
+    u.add_argument("--subnet", default=netlab.DEFAULT_SUBNET)
+    u.add_argument("--private-tmp", action="store_true", help="a private tmpfs on /tmp in each node")
+    sub.add_parser("down", help="remove the lab, its processes and mounts")
+    sub.add_parser("status", help="show what exists")
+    for action_parser in sub.choices.values():
+        action_parser.add_argument("--name", default=netlab.DEFAULT_NAME, help=f"lab name (default {netlab.DEFAULT_NAME})")
+    return p
+
+
+def lab(args: argparse.Namespace) -> int:
+    """Bring the lab up, down, or print its status (0; 2 when the lab cannot be built here)."""
+    from helpers import netlab
+
+    if args.lab_command == "up":
+        ok, why = netlab.lab_available()
+        if not ok:
+            print(f"runbook lab: {why}", file=sys.stderr)
+            return 2
+        t0 = time.monotonic()
+        built = netlab.up(args.nodes, args.name, args.subnet, args.private_tmp)
+        print(f"lab {built.name!r} up in {time.monotonic() - t0:.2f} s; enter a node with: "
+              f"{shlex.join(built.node_argv(0, ['bash']))}")
+        print(netlab.format_status(built.status()))
+        return 0
+    if args.lab_command == "down":
+        res = netlab.down(args.name)
+        print(f"lab {args.name!r} down in {res['seconds']:.2f} s: removed {len(res['namespaces'])} namespace(s), "
+              f"killed {len(res['killed'])} process(es)")
+        return 0
+    print(netlab.format_status(netlab.status(args.name)))
+    return 0
+
+
+# ---------------------------------------------------------------- preflight
+
+def preflight_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                     ) -> argparse.ArgumentParser:
+    """The ``runbook preflight`` parser.
+
+    ``runbook preflight [--lab] [--name rb] [--env NAME=VALUE ...]`` checks the running network lab;
+    ``runbook preflight --nodes a,b --runner srun`` checks real nodes (from inside an allocation;
+    MASTER_ADDR, MASTER_PORT and *_SOCKET_IFNAME are taken from the environment, ``--env``
+    overrides).
+    """
+    from helpers import netlab, preflight
+
+    p = _parser(subparsers, "preflight", "network pre-flight check across the nodes (IFNAME, MTU, master)",
+                preflight.__doc__)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--lab", action="store_true", help="check the running network lab (default)")
+    where.add_argument("--nodes", help="comma-separated node names (real nodes; see --runner)")
+    p.add_argument("--runner", choices=("srun", "local"), default="srun", help="how to reach --nodes (default srun)")
+    p.add_argument("--name", default=netlab.DEFAULT_NAME, help=f"lab name (default {netlab.DEFAULT_NAME})")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE",
+                   help="a job variable (MASTER_ADDR, MASTER_PORT, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); repeat")
+    p.add_argument("--master", default=None, help="the node that runs rank 0 (default: the first node)")
+    p.add_argument("--timeout-s", type=float, default=15.0, help="limit per command on a node, seconds")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    return p
+
+
+def preflight(args: argparse.Namespace) -> int:
+    """Run ``helpers.preflight.run_preflight`` on the lab or ``--nodes``: 0 no FAIL, 1 a FAIL, 2 could not run."""
+    from helpers import envvars, netlab
+    from helpers import preflight as pf
+    from helpers.checks import worst
+
+    try:
+        extra = envvars.parse_pairs(args.env)
+    except ValueError as exc:
+        print(f"runbook preflight: {exc}", file=sys.stderr)
+        return 2
+    if args.nodes:
+        nodes = [n for n in args.nodes.split(",") if n]
+        runner = pf.srun_runner() if args.runner == "srun" else pf.local_runner
+        env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", *pf.IFNAME_VARS) if k in os.environ}
+    else:
+        try:
+            attached = netlab.Lab.attach(args.name)
+        except ValueError as exc:
+            print(f"runbook preflight: {exc}; start it with `runbook lab up`", file=sys.stderr)
+            return 2
+        if not attached.is_up():
+            print(f"runbook preflight: lab {args.name!r} is incomplete: run `runbook lab up`", file=sys.stderr)
+            return 2
+        nodes, runner, env = attached.hostnames, attached.runner(), {}
+    env.update(extra)
+    t0 = time.monotonic()
+    try:
+        checks = pf.run_preflight(nodes, runner, env, master=args.master, timeout_s=args.timeout_s)
+    except ValueError as exc:
+        print(f"runbook preflight: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=1, default=str))
+    else:
+        print(pf.format_checks(checks))
+        print(f"({len(nodes)} node(s), {time.monotonic() - t0:.1f} s)")
+    return 1 if worst(checks) == "FAIL" else 0
+
+
+# ---------------------------------------------------------------- estimate-memory
+
+def estimate_memory_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                           ) -> argparse.ArgumentParser:
+    """The ``runbook estimate-memory`` parser (``--params``, ``--world-size``, ``--strategy`` required)."""
+    from helpers import memory
+
+    p = _parser(subparsers, "estimate-memory", "bytes per rank of params, grads and optimizer states (DDP, ZeRO, FSDP)",
+                "Bytes of parameters, gradients and optimizer states per rank for a data-parallel strategy "
+                "(ZeRO paper formulas).")
+    p.add_argument("--params", required=True, help="parameter count: 1.3e9, 1300000000, 1.3B, 350M")
+    p.add_argument("--world-size", type=int, required=True, help="data-parallel ranks N")
+    p.add_argument("--strategy", required=True, help=f"one of {', '.join(memory.STRATEGIES)}, or 'all' for a comparison")
+    p.add_argument("--precision", default="bf16-mixed", help=f"one of {', '.join(memory.PRECISIONS)} (default bf16-mixed)")
+    p.add_argument("--optimizer", default="adam", help=f"one of {', '.join(memory.OPTIMIZER_STATE_BYTES)} (default adam)")
+    p.add_argument("--offload", default=None, help="none, cpu (offload_optimizer) or cpu+param (ZeRO-3 offload_param)")
+    p.add_argument("--shard-size", type=int, default=None, help="ranks per replica, for fsdp_hybrid_shard")
+    p.add_argument("--json", action="store_true", help="print the estimate(s) as JSON")
+    return p
+
+
+def estimate_memory(args: argparse.Namespace) -> int:
+    """Print the per-rank model-state table (or JSON) of ``helpers.memory.estimate``: 0, or 2 on a bad value."""
+    from helpers import memory as mem
+
+    try:
+        n = mem.parse_count(args.params)
+        if args.strategy == "all":
+            names = [s for s in mem.STRATEGIES if s not in ("zero0", "fsdp_hybrid_shard")]
+            if args.offload not in (None, "none"):
+                names = [s for s in names if s in ("zero1", "zero2", "zero3")]
+            ests = [mem.estimate(n, args.world_size, s, args.precision, args.optimizer, args.offload) for s in names]
+        else:
+            ests = [mem.estimate(n, args.world_size, args.strategy, args.precision, args.optimizer, args.offload,
+                                 shard_size=args.shard_size)]
+    except ValueError as exc:
+        print(f"runbook estimate-memory: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([e.to_dict() for e in ests], indent=2))
+    elif len(ests) == 1:
+        print(mem.format_table(ests[0]))
+    else:
+        hb = mem.human_bytes
+        print(f"model states per rank: Ψ = {n:,} params, world size {args.world_size}, {args.precision}, "
+              f"{args.optimizer}, offload={args.offload or 'none'}")
+        print(f"{'strategy':<20}{'params':>12}{'grads':>12}{'optim':>12}{'total':>12}  formula")
+        for e in ests:
+            print(f"{e.strategy:<20}{hb(e.params):>12}{hb(e.grads):>12}{hb(e.optimizer_states):>12}{hb(e.total):>12}  "
+                  f"{e.formulas['total']}")
+        print(f"source: {mem.ZERO_PAPER}")
+    return 0
+
+
+# ---------------------------------------------------------------- registry
+
+COMMANDS: tuple[Command, ...] = (
+    Command("diagnose", diagnose_parser, diagnose),
+    Command("doctor", doctor_parser, doctor),
+    Command("nccl-log", nccl_log_parser, nccl_log),
+    Command("lab", lab_parser, lab),
+    Command("preflight", preflight_parser, preflight),
+    Command("estimate-memory", estimate_memory_parser, estimate_memory),
+)
+"""Every ``runbook`` sub-command, in ``--help`` order."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``runbook`` (sub-commands)."""
-    parser = argparse.ArgumentParser(prog="runbook", description=__doc__,
+    """The argument parser of ``runbook``: every :data:`COMMANDS` entry registered, ``func`` set to its handler."""
+    parser = argparse.ArgumentParser(prog="runbook", description=__doc__.split("\nAdding a command")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("diagnose", help="run the allocation check (notebook 00) and write a report")
-    p.add_argument("--backend", choices=jobs.BACKENDS, default="auto")
-    p.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2; use the GPU count on a GPU node)")
-    p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout per job, seconds")
-    p.add_argument("--max-bytes", type=int, default=None, help="largest message of the bandwidth sweep, bytes")
-    p.add_argument("--out-dir", default=None, help="where report folders go (default build/reports)")
-    p.add_argument("--kernel", default="python3", help="Jupyter kernel to run the notebook with")
-    p.add_argument("--cell-timeout-s", type=float, default=900.0, help="papermill per-cell limit, seconds")
-    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                   help="override a notebook parameter (repeatable), e.g. -p SMOKE_STEPS 50")
-    p.set_defaults(func=diagnose)
-    d = sub.add_parser("doctor", help="name the rank that diverged in a hung job")
-    where = d.add_mutually_exclusive_group(required=True)
-    where.add_argument("--pid", type=int, help="pid of the launcher (torchrun, deepspeed...) on this node")
-    where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
-    d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
-    d.set_defaults(func=doctor)
-    from helpers import nccl_log, netlab, preflight  # no torch: cheap to import for --help
-
-    nccl_log.add_cli(sub)
-    netlab.add_cli(sub)
-    preflight.add_cli(sub)
-    # listed for --help; main() hands its arguments to helpers.memory's own parser
-    sub.add_parser("estimate-memory", add_help=False,
-                   help="bytes per rank of params, grads and optimizer states (DDP, ZeRO, FSDP)")
+    for cmd in COMMANDS:
+        cmd.add_parser(sub).set_defaults(func=cmd.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``runbook`` console script.
+    """Entry point of the ``runbook`` console script; returns the command's exit status (0, 1 or 2).
 
     Raises:
-        SystemExit: on bad arguments (argparse names the field and accepted values).
+        SystemExit: on bad arguments (argparse names the flag and the accepted values; status 2).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["estimate-memory"]:
-        from helpers import memory
-
-        return memory.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if getattr(args, "nproc", 1) < 1:
-        build_parser().error(f"--nproc={args.nproc}: must be >= 1")
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     return int(args.func(args))
 
 

@@ -24,6 +24,7 @@ from helpers.checks import Check, worst_status
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.report import GIB, MIB
 from helpers.validate import tcp_port
+from helpers.netlab import DEFAULT_NAME as DEFAULT_LAB_NAME
 
 SCENARIOS = jobs.project_root() / "helpers" / "scenarios"
 CONFIGS = jobs.project_root() / "configs"
@@ -367,7 +368,7 @@ def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> 
 
 
 def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[str, str] | None = None,
-                          *, lab_name: str = "rb", timeout_s: float = 15.0) -> list[Check]:
+                          *, lab_name: str = DEFAULT_LAB_NAME, timeout_s: float = 15.0) -> list[Check]:
     """The network pre-flight of ``helpers.preflight`` across the allocation's nodes (issue: multi-node).
 
     Args:

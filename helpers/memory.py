@@ -48,8 +48,6 @@ Nothing runs at import; torch is imported only by :func:`params_of`.
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -592,55 +590,11 @@ format_table = format_estimate
 """Alias (one release) of :func:`format_estimate` (``format_table`` also named the Markdown table of ddp_math)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``estimate-memory`` argument parser."""
-    p = argparse.ArgumentParser(prog="runbook estimate-memory",
-                                description="Bytes of parameters, gradients and optimizer states per rank "
-                                            "for a data-parallel strategy (ZeRO paper formulas).")
-    p.add_argument("--params", required=True, help="parameter count: 1.3e9, 1300000000, 1.3B, 350M")
-    p.add_argument("--world-size", type=int, required=True, help="data-parallel ranks N")
-    p.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}, or 'all' for a comparison")
-    p.add_argument("--precision", default="bf16-mixed", help=f"one of {', '.join(PRECISIONS)} (default bf16-mixed)")
-    p.add_argument("--optimizer", default="adam", help=f"one of {', '.join(OPTIMIZER_STATE_BYTES)} (default adam)")
-    p.add_argument("--offload", default=None, help="none, cpu (offload_optimizer) or cpu+param (ZeRO-3 offload_param)")
-    p.add_argument("--shard-size", type=int, default=None, help="ranks per replica, for fsdp_hybrid_shard")
-    p.add_argument("--json", action="store_true", help="print the estimate(s) as JSON")
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line ``runbook estimate-memory``: print the per-rank table (or JSON).
+    """``runbook estimate-memory ARGS`` (kept for notebooks 04 and 05): see :func:`helpers.cli.estimate_memory`."""
+    from helpers import cli
 
-    Returns:
-        0 on success, 2 on a bad argument (the message names the field, on stderr).
-    """
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
-    try:
-        n = parse_count(args.params)
-        if args.strategy == "all":
-            names = [s for s in STRATEGIES if s not in ("zero0", "fsdp_hybrid_shard")]
-            if args.offload not in (None, "none"):
-                names = [s for s in names if s in ("zero1", "zero2", "zero3")]
-            ests = [estimate(n, args.world_size, s, args.precision, args.optimizer, args.offload) for s in names]
-        else:
-            ests = [estimate(n, args.world_size, args.strategy, args.precision, args.optimizer, args.offload,
-                             shard_size=args.shard_size)]
-    except ValueError as exc:
-        print(f"runbook estimate-memory: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps([e.to_dict() for e in ests], indent=2))
-    elif len(ests) == 1:
-        print(format_table(ests[0]))
-    else:
-        print(f"model states per rank: Ψ = {n:,} params, world size {args.world_size}, {args.precision}, "
-              f"{args.optimizer}, offload={args.offload or 'none'}")
-        print(f"{'strategy':<20}{'params':>12}{'grads':>12}{'optim':>12}{'total':>12}  formula")
-        for e in ests:
-            print(f"{e.strategy:<20}{human_bytes(e.params):>12}{human_bytes(e.grads):>12}"
-                  f"{human_bytes(e.optimizer_states):>12}{human_bytes(e.total):>12}  {e.formulas['total']}")
-        print(f"source: {ZERO_PAPER}")
-    return 0
+    return cli.main(["estimate-memory", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

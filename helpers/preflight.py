@@ -33,17 +33,12 @@ https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-i
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
-import os
 import shlex
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from typing import Any
 
 from helpers import ifnames
@@ -664,74 +659,3 @@ def format_checks(checks: Sequence[Check]) -> str:
     counts = {s: sum(c.status == s for c in checks) for s in ("OK", "WARN", "FAIL")}
     lines.append(f"{worst(checks)}: {counts['OK']} OK, {counts['WARN']} WARN, {counts['FAIL']} FAIL")
     return "\n".join(lines)
-
-
-def _parse_env(pairs: Sequence[str] | None) -> dict[str, str]:
-    env = {}
-    for pair in pairs or []:
-        if "=" not in pair or not pair.split("=", 1)[0]:
-            raise ValueError(f"--env {pair!r}: use NAME=VALUE")
-        key, value = pair.split("=", 1)
-        env[key] = value
-    return env
-
-
-def _cli(args: argparse.Namespace) -> int:
-    try:
-        extra = _parse_env(args.env)
-    except ValueError as exc:
-        print(f"runbook preflight: {exc}", file=sys.stderr)
-        return 2
-    if args.nodes:
-        nodes = [n for n in args.nodes.split(",") if n]
-        runner = srun_runner() if args.runner == "srun" else local_runner
-        env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", *IFNAME_VARS) if k in os.environ}
-    else:
-        from helpers import netlab
-
-        try:
-            lab = netlab.Lab.attach(args.name)
-        except ValueError as exc:
-            print(f"runbook preflight: {exc}; start it with `runbook lab up`", file=sys.stderr)
-            return 2
-        if not lab.is_up():
-            print(f"runbook preflight: lab {args.name!r} is incomplete: run `runbook lab up`", file=sys.stderr)
-            return 2
-        nodes, runner, env = lab.hostnames, lab.runner(), {}
-    env.update(extra)
-    t0 = time.monotonic()
-    try:
-        checks = run_preflight(nodes, runner, env, master=args.master, timeout_s=args.timeout_s)
-    except ValueError as exc:
-        print(f"runbook preflight: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps([asdict(c) for c in checks], indent=1, default=str))
-    else:
-        print(format_checks(checks))
-        print(f"({len(nodes)} node(s), {time.monotonic() - t0:.1f} s)")
-    return 1 if worst(checks) == "FAIL" else 0
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    """Register ``preflight`` on the ``runbook`` sub-command parser; the handler is ``args.func``.
-
-    ``runbook preflight [--lab] [--name rb] [--env NAME=VALUE ...]`` checks the running network lab;
-    ``runbook preflight --nodes a,b --runner srun`` checks real nodes (from inside an allocation;
-    MASTER_ADDR, MASTER_PORT and *_SOCKET_IFNAME are taken from the environment, ``--env``
-    overrides).  Exit status: 0 no FAIL, 1 a FAIL, 2 the check could not run.
-    """
-    p = subparsers.add_parser("preflight", help="network pre-flight check across the nodes (IFNAME, MTU, master)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--lab", action="store_true", help="check the running network lab (default)")
-    where.add_argument("--nodes", help="comma-separated node names (real nodes; see --runner)")
-    p.add_argument("--runner", choices=("srun", "local"), default="srun", help="how to reach --nodes (default srun)")
-    p.add_argument("--name", default="rb", help="lab name (default rb)")
-    p.add_argument("--env", action="append", metavar="NAME=VALUE",
-                   help="a job variable (MASTER_ADDR, MASTER_PORT, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); repeat")
-    p.add_argument("--master", default=None, help="the node that runs rank 0 (default: the first node)")
-    p.add_argument("--timeout-s", type=float, default=15.0, help="limit per command on a node, seconds")
-    p.add_argument("--json", action="store_true", help="print the records as JSON")
-    p.set_defaults(func=_cli)
-    return p

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -311,8 +310,9 @@ def test_kill_node_kills_only_that_node(lab):
 
 @needs_lab
 def test_cli_up_status_down(lab_name, capsys):
-    parser = argparse.ArgumentParser(prog="runbook")
-    netlab.add_cli(parser.add_subparsers(dest="command", required=True))
+    from helpers import cli
+
+    parser = cli.build_parser()
     args = parser.parse_args(["lab", "up", "--nodes", "3", "--name", lab_name])
     assert args.func(args) == 0
     assert netlab.Lab(3, name=lab_name).is_up()  # outlives the command: recoverable from the system

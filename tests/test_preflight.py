@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -274,8 +273,9 @@ def test_busy_port_on_master(lab):
 
 @needs_lab
 def test_cli(lab, capsys):
-    parser = argparse.ArgumentParser(prog="runbook")
-    preflight.add_cli(parser.add_subparsers(dest="command", required=True))
+    from helpers import cli
+
+    parser = cli.build_parser()
     args = parser.parse_args(["preflight", "--lab", "--name", lab.name, "--env", "GLOO_SOCKET_IFNAME=eth0"])
     assert args.func(args) == 0
     assert "OK: " in capsys.readouterr().out
