@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from helpers import ifnames
-from helpers.checks import Check, faulty_nodes, worst
+from helpers.checks import Check, faulty_nodes, worst  # noqa: F401  (faulty_nodes: re-exported for callers of preflight.faulty_nodes)
 from helpers.ifnames import IFNAME_VARS
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.validate import tcp_port
