@@ -48,6 +48,8 @@ class LaunchSpec:
         gpus_per_node: GPUs on each node if known (``None``: unknown; 0: CPU nodes, gloo).
         accelerate_cpu: accelerate on CPU (``--cpu``, D5).
         srun_ntasks_per_node: tasks ``srun`` starts per node in the SLURM forms (must be 1).
+        srun_export: ``srun --export`` in the SLURM forms (``ALL``: the tasks see the batch
+            shell's exports; ``NONE`` drops them, gilbreth-hpc-guide §8.12 Failure Mode 4).
     """
 
     kind: str = "torchrun"
@@ -63,6 +65,7 @@ class LaunchSpec:
     gpus_per_node: int | None = None
     accelerate_cpu: bool = False
     srun_ntasks_per_node: int = 1
+    srun_export: str = "ALL"
 
 
 class Trap(Check):
@@ -259,6 +262,24 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
                       f"{spec.srun_ntasks_per_node} srun tasks per node each start a torchrun: "
                       f"{spec.srun_ntasks_per_node}x the agents, clashing node ranks and ports",
                       "--ntasks-per-node=1: torchrun spawns the node's ranks", "gilbreth-hpc-guide §8.2"))
+    if slurm_kind and multi and spec.node_rank is not None:
+        t.append(Trap("node-rank-fixed", "FAIL", "node_rank",
+                      f"every node gets --node-rank={spec.node_rank}: $SLURM_NODEID was expanded once by the batch "
+                      "shell (double quotes or an assignment before srun), so torchrun waits for nodes that never come",
+                      "single-quote the srun task (bash -c '... --node-rank=$SLURM_NODEID ...') or use the c10d "
+                      "rendezvous (no node rank)", "gilbreth-hpc-guide §4.3"))
+    if slurm_kind and spec.srun_export.split(",")[0].upper() == "NONE":
+        t.append(Trap("srun-export-none", "FAIL", "srun_export",
+                      "--export=NONE starts the tasks without the batch shell's environment: MASTER_ADDR/MASTER_PORT, "
+                      "the NCCL variables and PATH (the venv's torchrun) are missing",
+                      "--export=ALL (and re-export the NCCL variables inside the task)",
+                      "gilbreth-hpc-guide §8.12 Failure Mode 4"))
+    tmp_args = [a for a in spec.script_args if a.split("=", 1)[-1].startswith("/tmp/")]
+    if (multi or slurm_kind) and tmp_args:
+        t.append(Trap("args-in-tmp", "FAIL", "script_args",
+                      f"{tmp_args[0]} is node-local: the other nodes cannot read it",
+                      "put configs and data on a shared filesystem ($HOME, /scratch)",
+                      "gilbreth-hpc-guide §8.12 Failure Mode 1"))
     t += _ifname_traps(spec)
     if spec.nnodes == 1 and (env.get("NCCL_P2P_DISABLE") == "1" or env.get("NCCL_SHM_DISABLE") == "1"):
         t.append(Trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",

@@ -1,0 +1,455 @@
+"""Read a launch back into a :class:`helpers.launch_traps.LaunchSpec`: a pasted command or an sbatch script.
+
+:func:`parse_command` reads ``torchrun ...``, ``python -m torch.distributed.run ...``, ``accelerate
+launch ...``, ``deepspeed ...`` and ``srun ... torchrun ...`` (with ``export`` lines before it);
+:func:`parse_sbatch` reads a whole batch script (``#SBATCH`` header, exports, the launch line).
+Both return the spec that :func:`helpers.launch_traps.find_traps` checks, so the command builder's
+traps are also the rules of ``runbook lint`` and of the widget's "paste to check" (one rule set).
+For every spec :func:`helpers.launch_traps.render` can write, ``parse_command(render(spec))``
+gives the spec back (``parse_sbatch`` for ``kind="sbatch"``), up to the defaults the launcher fills
+in (a port of ``None`` is read back as the 29500 that was written).
+
+What the batch shell expands before ``srun`` starts the tasks is taken as expanded: a
+``--node-rank=$SLURM_NODEID`` outside single quotes is node 0 on every node (gilbreth-hpc-guide
+§4.3), so the spec says ``node_rank=0`` and :func:`find_traps` reports ``node-rank-fixed``.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from typing import Any
+
+from helpers.launch_traps import LaunchSpec
+
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_EARLY_SLURM = re.compile(r"\$\{?SLURM_(NODEID|PROCID|LOCALID|NODE_RANK)\}?")
+_SLURM_SUBST = {"SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+
+
+@dataclasses.dataclass
+class _Words:
+    """A shell line split into words, each with whether it was (partly) single-quoted."""
+
+    words: list[str]
+    raw: list[str]
+
+
+def _join_continuations(text: str) -> list[tuple[int, str]]:
+    """Logical lines (backslash-newline joined, quotes spanning lines kept together), with 1-based first line numbers."""
+    out: list[tuple[int, str]] = []
+    buf, start, quote = "", 0, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not buf:
+            start = number
+        for ch in line:  # track open quotes so a multi-line 'bash -c' body stays one logical line
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "'\"":
+                quote = ch
+        if line.endswith("\\") and not quote:
+            buf += line[:-1] + " "
+            continue
+        buf += line + ("\n" if quote else "")
+        if quote:
+            continue
+        out.append((start, buf))
+        buf = ""
+    if buf:
+        out.append((start, buf))
+    return out
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:
+        return line.split()
+
+
+def _raw_words(line: str) -> list[str]:
+    """Words keeping their quotes (to tell 'deferred' single-quoted text from early-expanded text)."""
+    lex = shlex.shlex(line, posix=False, punctuation_chars=False)
+    lex.whitespace_split = True
+    lex.commenters = "#"
+    try:
+        return list(lex)
+    except ValueError:
+        return line.split()
+
+
+def _opt(args: list[str], i: int, names: tuple[str, ...]) -> tuple[str | None, int]:
+    """The value of option ``args[i]`` if it is one of ``names`` (``--x=v`` or ``--x v``), and the next index."""
+    a = args[i]
+    for n in names:
+        if a == n and i + 1 < len(args):
+            return args[i + 1], i + 2
+        if a.startswith(n + "="):
+            return a[len(n) + 1:], i + 1
+    return None, i
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    value = value.strip().strip('"')
+    return int(value) if re.fullmatch(r"\d+", value) else None
+
+
+def _norm(flag: str) -> str:
+    return flag.replace("_", "-")
+
+
+_TORCHRUN_VALUE = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-id",
+                   "--rdzv-backend", "--rdzv-endpoint", "--rdzv-conf", "--max-restarts", "--monitor-interval",
+                   "--start-method", "--role", "--log-dir", "--redirects", "--tee", "--local-addr", "--logs-specs",
+                   "--local-ranks-filter", "--omp-num-threads"}
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--run-path", "--module", "-m"}
+
+
+def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "torchrun", "rdzv": None}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        key, _, val = a.partition("=")
+        nkey = _norm(key)
+        if nkey in _TORCHRUN_FLAGS:
+            if nkey == "--standalone":
+                out["rdzv"] = "standalone"
+            i += 1
+            continue
+        if nkey in _TORCHRUN_VALUE:
+            if not _:
+                val = args[i + 1] if i + 1 < len(args) else ""
+                i += 2
+            else:
+                i += 1
+            out[nkey] = val
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        out["script"], out["script_args"] = a, tuple(args[i + 1:])
+        break
+    spec: dict[str, Any] = {"kind": "torchrun"}
+    nnodes = out.get("--nnodes")
+    if nnodes is not None:
+        spec["nnodes"] = _int(nnodes.split(":")[-1]) or nnodes
+    nproc = out.get("--nproc-per-node")
+    if nproc is not None:
+        spec["nproc_per_node"] = _int(nproc) or nproc
+    if out.get("--rdzv-backend") == "c10d" or out.get("--rdzv-endpoint"):
+        spec["rdzv"] = "c10d"
+        host, _, port = (out.get("--rdzv-endpoint") or "").rpartition(":")
+        spec["master_addr"] = host or None
+        spec["master_port"] = _int(port)
+    elif out.get("rdzv") == "standalone":
+        spec["rdzv"] = "standalone"
+    else:
+        spec["rdzv"] = "static"
+        spec["master_addr"] = out.get("--master-addr")
+        spec["master_port"] = _int(out.get("--master-port"))
+    if "--node-rank" in out:
+        nr = out["--node-rank"]
+        spec["node_rank"] = _int(nr)
+        if spec["node_rank"] is None and early.get("node_rank_early"):
+            spec["node_rank"] = 0  # $SLURM_NODEID expanded once by the batch shell: 0 on every node
+    spec["script"] = out.get("script", "")
+    spec["script_args"] = out.get("script_args", ())
+    return spec
+
+
+def _accelerate(args: list[str]) -> dict[str, Any]:
+    vals: dict[str, str] = {}
+    flags: set[str] = set()
+    i, script, rest = 0, "", ()
+    value_opts = {"--config-file", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
+                  "--main-process-port", "--mixed-precision", "--gpu-ids", "--num-cpu-threads-per-process",
+                  "--dynamo-backend", "--deepspeed-config-file", "--zero-stage", "--gradient-accumulation-steps",
+                  "--deepspeed-hostfile", "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}
+    while i < len(args):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        nkey = _norm(key)
+        if nkey in value_opts:
+            if not eq:
+                val = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
+            vals[nkey] = val
+        elif a.startswith("-"):
+            flags.add(nkey)
+        else:
+            script, rest = a, tuple(args[i + 1:])
+            break
+        i += 1
+    total = _int(vals.get("--num-processes")) or 1
+    machines = _int(vals.get("--num-machines")) or 1
+    spec: dict[str, Any] = {"kind": "accelerate", "nnodes": machines,
+                            "nproc_per_node": max(1, total // machines), "script": script, "script_args": rest,
+                            "master_port": _int(vals.get("--main-process-port")),
+                            "accelerate_cpu": "--cpu" in flags, "rdzv": "static" if machines > 1 else "standalone"}
+    if machines > 1:
+        spec["node_rank"] = _int(vals.get("--machine-rank"))
+        spec["master_addr"] = vals.get("--main-process-ip")
+    return spec
+
+
+def _deepspeed(args: list[str]) -> dict[str, Any]:
+    vals: dict[str, str] = {}
+    flags: set[str] = set()
+    i, script, rest = 0, "", ()
+    value_opts = {"--num-gpus", "--num-nodes", "--hostfile", "-H", "--node-rank", "--master-addr", "--master-port",
+                  "--include", "-i", "--exclude", "-e", "--launcher", "--launcher-args", "--ssh-port"}
+    while i < len(args):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        nkey = _norm(key)
+        if nkey in value_opts:
+            if not eq:
+                val = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
+            vals[nkey] = val
+        elif a.startswith("-"):
+            flags.add(nkey)
+        else:
+            script, rest = a, tuple(args[i + 1:])
+            break
+        i += 1
+    nproc = _int(vals.get("--num-gpus"))
+    include = vals.get("--include") or vals.get("-i")
+    if nproc is None and include:
+        nproc = max(len(part.split(":", 1)[-1].split(",")) for part in include.split("@"))
+    nnodes = _int(vals.get("--num-nodes")) or (2 if (vals.get("--hostfile") or vals.get("-H")) and "--no-ssh" not in flags
+                                                and not vals.get("--num-nodes") else 1)
+    spec: dict[str, Any] = {"kind": "deepspeed", "nproc_per_node": nproc or 1, "nnodes": nnodes, "script": script,
+                            "script_args": rest, "master_port": _int(vals.get("--master-port")), "rdzv": "static"}
+    if nnodes > 1:
+        spec["master_addr"] = vals.get("--master-addr")
+        spec["node_rank"] = _int(vals.get("--node-rank")) if "--no-ssh" in flags else None
+    return spec
+
+
+def _launcher_argv(words: list[str]) -> tuple[str, list[str]] | None:
+    """``(launcher, args)`` when ``words`` starts a launcher (after ``VAR=value`` prefixes)."""
+    i = 0
+    while i < len(words) and _ASSIGN.match(words[i]) and not words[i].startswith("-"):
+        i += 1
+    w = words[i:]
+    if not w:
+        return None
+    head = w[0].rsplit("/", 1)[-1]
+    if head == "torchrun":
+        return "torchrun", w[1:]
+    if re.fullmatch(r"python[0-9.]*", head) and len(w) > 2 and w[1] == "-m" and w[2] in ("torch.distributed.run",
+                                                                                      "torch.distributed.launch"):
+        return "torchrun", w[3:]
+    if head == "accelerate" and len(w) > 1 and w[1] == "launch":
+        return "accelerate", w[2:]
+    if head == "deepspeed":
+        return "deepspeed", w[1:]
+    if head == "srun":
+        return "srun", w[1:]
+    return None
+
+
+def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dict[str, Any]) -> dict[str, Any]:
+    """srun options, then the task: ``bash -c 'BODY'`` (BODY parsed line by line) or a launcher."""
+    opts: dict[str, str] = {}
+    i = 0
+    short = {"-N": "--nodes", "-n": "--ntasks"}
+    while i < len(args) and args[i].startswith("-"):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        key = short.get(key, key)
+        if key in ("--nodes", "--ntasks", "--ntasks-per-node", "--export", "--gpus-per-node", "--cpus-per-task",
+                   "--gres", "--jobid", "--container-image", "--mpi", "--label") and not eq and a in short | {key: 0}:
+            val = args[i + 1] if i + 1 < len(args) else ""
+            i += 1
+        opts[key] = val
+        i += 1
+    task = args[i:]
+    spec: dict[str, Any] = {}
+    if len(task) >= 3 and task[0].rsplit("/", 1)[-1] in ("bash", "sh") and task[1] == "-c":
+        body = task[2]
+        # was the body single-quoted on the srun line?  Then $SLURM_NODEID expands per task.
+        quoted_single = re.search(r"(bash|sh)\s+-c\s+'", raw_line) is not None
+        inner_early = dict(early)
+        if not quoted_single and _EARLY_SLURM.search(body):
+            inner_early["node_rank_early"] = True
+        spec = _parse_lines(body, env, inner_early, in_task=True)
+    else:
+        got = _launcher_argv(task)
+        if got and got[0] == "torchrun":
+            spec = _torchrun(got[1], early)
+    spec["kind"] = "srun+torchrun"
+    nodes = _int(opts.get("--nodes"))
+    if nodes:
+        spec["nnodes"] = nodes
+    elif "--nodes" in opts:
+        spec["nnodes_expr"] = opts["--nodes"]
+    if "--ntasks-per-node" in opts:
+        spec["srun_ntasks_per_node"] = _int(opts["--ntasks-per-node"]) or 1
+    if "--export" in opts:
+        spec["srun_export"] = opts["--export"]
+    return spec
+
+
+def _parse_lines(text: str, env: dict[str, str | None], early: dict[str, Any], *, in_task: bool = False) -> dict[str, Any]:
+    """Walk shell lines: collect exports into ``env``; return the fields of the first launch line."""
+    for number, line in _join_continuations(text):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        words = _split(stripped)
+        if not words:
+            continue
+        if words[0] == "unset":
+            for name in words[1:]:
+                env[name] = None
+            continue
+        if words[0] == "export" or (len(words) == 1 and _ASSIGN.match(words[0])):
+            for w in words[1:] if words[0] == "export" else words:
+                m = _ASSIGN.match(w)
+                if m:
+                    value = m.group(2)
+                    if m.group(1) in ("MASTER_ADDR", "MASTER_PORT") and not in_task:
+                        early[m.group(1)] = value
+                        continue
+                    if _EARLY_SLURM.search(value) and not in_task:
+                        early.setdefault("early_vars", set()).add(m.group(1))
+                    env[m.group(1)] = value
+            continue
+        got = _launcher_argv(words)
+        if got is None:
+            continue
+        launcher, args = got
+        # a variable set from $SLURM_NODEID in the batch shell, used on the launch line: expanded once
+        used_early = any(re.search(r"\$\{?" + v + r"\b", line) for v in early.get("early_vars", ()))
+        local_early = dict(early)
+        if used_early or (not in_task and _EARLY_SLURM.search(line) and launcher != "srun"):
+            local_early["node_rank_early"] = True
+        if launcher == "srun":
+            spec = _srun(args, stripped, env, local_early)
+        elif launcher == "torchrun":
+            spec = _torchrun(args, local_early)
+        elif launcher == "accelerate":
+            spec = _accelerate(args)
+        else:
+            spec = _deepspeed(args)
+        spec["_line"] = number
+        for name in list(env):
+            if name in early.get("early_vars", ()):
+                env.pop(name)
+        return spec
+    return {}
+
+
+def _finish(fields: dict[str, Any], env: dict[str, str | None], early: dict[str, Any]) -> LaunchSpec:
+    names = {f.name for f in dataclasses.fields(LaunchSpec)}
+    kwargs = {k: v for k, v in fields.items() if k in names and v is not None}
+    if not isinstance(kwargs.get("nnodes", 1), int):
+        kwargs.pop("nnodes")
+    if not isinstance(kwargs.get("nproc_per_node", 1), int):
+        kwargs.pop("nproc_per_node")
+    if kwargs.get("kind") in ("srun+torchrun", "sbatch"):
+        port = _int(early.get("MASTER_PORT"))
+        if port:
+            kwargs["master_port"] = port
+        kwargs.pop("master_addr", None)
+    if kwargs.get("master_addr", "").startswith("$"):
+        pass
+    kwargs["env"] = dict(env)
+    kwargs.setdefault("script", "train.py")
+    if not kwargs["script"]:
+        raise ValueError("command: no training script found after the launcher's options")
+    kwargs["script_args"] = tuple(kwargs.get("script_args", ()))
+    return LaunchSpec(**kwargs)
+
+
+def launch_line(text: str) -> int:
+    """The 1-based line number of the launch command in ``text`` (0 when there is none)."""
+    return int(_parse_lines(text, {}, {}).get("_line", 0))
+
+
+def parse_command(text: str) -> LaunchSpec:
+    """The :class:`LaunchSpec` of a pasted launch command (``export`` / ``unset`` lines before it allowed).
+
+    Args:
+        text: shell text: ``torchrun ...``, ``python -m torch.distributed.run ...``, ``accelerate launch ...``,
+            ``deepspeed ...``, or ``srun [opts] torchrun ...`` / ``srun [opts] bash -c '... torchrun ...'``;
+            backslash continuations are joined.
+
+    Returns:
+        The spec; fields the command does not say keep :class:`LaunchSpec`'s defaults.
+
+    Raises:
+        ValueError: no launcher found (the accepted ones are named), or no script after its options.
+    """
+    env: dict[str, str | None] = {}
+    early: dict[str, Any] = {}
+    fields = _parse_lines(text, env, early)
+    if not fields:
+        raise ValueError("command: no launcher found; accepted: torchrun, python -m torch.distributed.run, "
+                         "accelerate launch, deepspeed, srun ... torchrun")
+    return _finish(fields, env, early)
+
+
+def sbatch_header(text: str) -> dict[str, str]:
+    """The ``#SBATCH`` options of a batch script as ``{"--nodes": "2", ...}`` (short forms -N/-n normalised)."""
+    opts: dict[str, str] = {}
+    short = {"-N": "--nodes", "-n": "--ntasks", "-G": "--gpus", "-c": "--cpus-per-task", "-p": "--partition",
+             "-J": "--job-name", "-t": "--time", "-A": "--account", "-o": "--output", "-e": "--error"}
+    for line in text.splitlines():
+        m = re.match(r"^#SBATCH\s+(.*)$", line.strip())
+        if not m:
+            continue
+        words = _split(m.group(1))
+        i = 0
+        while i < len(words):
+            key, eq, val = words[i].partition("=")
+            if not eq and key in short and i + 1 < len(words):
+                val, i = words[i + 1], i + 1
+            opts[short.get(key, key)] = val
+            i += 1
+    return opts
+
+
+def parse_sbatch(text: str) -> LaunchSpec:
+    """The :class:`LaunchSpec` of a batch script: ``#SBATCH`` header plus its launch line.
+
+    ``--nodes`` and ``--ntasks-per-node`` (inherited by ``srun`` unless it overrides them) and
+    ``--gpus-per-node`` / ``--gres=gpu:N`` come from the header; exports at the top and inside the
+    task's ``bash -c`` go to ``env``.  A script that launches with ``srun`` is ``kind="sbatch"``; one
+    that runs ``deepspeed`` / ``accelerate launch`` / ``torchrun`` directly keeps that kind, with the
+    allocation's node count (so ``deepspeed --hostfile`` in an allocation is ``deepspeed-ssh``).
+
+    Raises:
+        ValueError: no launch line found.
+    """
+    header = sbatch_header(text)
+    env: dict[str, str | None] = {}
+    early: dict[str, Any] = {}
+    fields = _parse_lines(text, env, early)
+    if not fields:
+        raise ValueError("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
+    nodes = _int(header.get("--nodes", "").split("-")[0]) if header.get("--nodes") else None
+    if fields.get("kind") == "srun+torchrun":
+        fields["kind"] = "sbatch"
+        if nodes and not isinstance(fields.get("nnodes"), int):
+            fields["nnodes"] = nodes
+        if "srun_ntasks_per_node" not in fields and header.get("--ntasks-per-node"):
+            fields["srun_ntasks_per_node"] = _int(header["--ntasks-per-node"]) or 1
+        if "srun_export" not in fields and header.get("--export"):
+            fields["srun_export"] = header["--export"]
+    elif nodes and fields.get("kind") == "deepspeed" and fields.get("nnodes", 1) == 1 and nodes > 1:
+        fields["nnodes"] = nodes
+        fields.setdefault("master_addr", None)
+    gpus = header.get("--gpus-per-node")
+    gres = re.search(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)", header.get("--gres", ""))
+    g = _int(gpus.split(":")[-1]) if gpus else (int(gres.group(1)) if gres else None)
+    if g is not None:
+        fields["gpus_per_node"] = g
+    return _finish(fields, env, early)

@@ -1,0 +1,113 @@
+"""Rules for Accelerate YAML configs (D5, D17, D18, gilbreth-hpc-guide §4.3 / §8.12 Failure Mode 3).
+
+The file is validated with Accelerate's own ``ClusterConfig`` (unknown keys and bad values are
+its errors); the cross-field rules are checked here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from helpers.lint.findings import Finding
+
+DS_FILE_IGNORES = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                   "offload_param_device", "zero3_save_16bit_model", "mixed_precision")
+
+
+def _line(text: str, key: str) -> int:
+    m = re.search(r"^\s*" + re.escape(key) + r"\s*:", text, re.M)
+    return text.count("\n", 0, m.start()) + 1 if m else 1
+
+
+def load(text: str) -> dict[str, Any]:
+    """Parse the YAML (``ValueError`` when it is not a mapping)."""
+    import yaml
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("an Accelerate config is a YAML mapping")
+    return data
+
+
+def is_accelerate_config(data: dict[str, Any]) -> bool:
+    """True when the YAML looks like an Accelerate config."""
+    return bool({"distributed_type", "compute_environment", "num_processes"} & set(data))
+
+
+def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_grad_accum: tuple[str, int, str] | None,
+                    ds_gas: tuple[str, Any] | None) -> list[Finding]:
+    """Lint one Accelerate config.
+
+    Args:
+        accelerator_grad_accum: ``(file, line, value)`` of ``Accelerator(gradient_accumulation_steps=...)`` in a script.
+        ds_gas: ``(file, value)`` of ``gradient_accumulation_steps`` in a linted DeepSpeed JSON.
+    """
+    out: list[Finding] = []
+
+    def add(rule: str, sev: str, key: str, msg: str, fix: str, seed: str) -> None:
+        out.append(Finding.make(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
+
+    try:
+        from accelerate.commands.config.config_args import ClusterConfig
+        fields = set(ClusterConfig.__dataclass_fields__)
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            add("acc-invalid-config", "error", unknown[0], f"unknown key(s) {', '.join(unknown)}: accelerate launch stops "
+                "with 'The config file at ... had unknown keys'", "remove or fix them (accelerate config writes valid "
+                "files)", "D5")
+        else:
+            known = {k: v for k, v in data.items() if k in fields}
+            ClusterConfig(**known)
+    except ImportError:
+        pass
+    except (TypeError, ValueError) as exc:
+        add("acc-invalid-config", "error", "", f"Accelerate's ClusterConfig rejects it: {exc}", "fix the value", "D5")
+    ds = data.get("deepspeed_config") or {}
+    dist_type = str(data.get("distributed_type", ""))
+    if isinstance(ds, dict) and ds.get("deepspeed_config_file"):
+        clash = [k for k in DS_FILE_IGNORES if k in ds]
+        if clash:
+            add("acc-ds-file-overrides", "error", clash[0],
+                f"{', '.join(clash)} set next to deepspeed_config_file: 'When using `deepspeed_config_file`, the "
+                "following accelerate config variables will be ignored' (accelerate launch raises ValueError)",
+                "set them in the DeepSpeed JSON only and remove them here", "D17")
+        if data.get("fsdp_config"):
+            add("acc-ds-file-overrides", "warning", "fsdp_config", "fsdp_config is ignored: the DeepSpeed config file "
+                "decides sharding", "remove fsdp_config (or drop DeepSpeed)", "D17")
+    yaml_gas = ds.get("gradient_accumulation_steps") if isinstance(ds, dict) else None
+    places = []
+    if yaml_gas not in (None, "auto"):
+        places.append(f"{path} deepspeed_config.gradient_accumulation_steps={yaml_gas}")
+    if ds_gas and ds_gas[1] not in (None, "auto") and dist_type == "DEEPSPEED":
+        places.append(f"{ds_gas[0]} gradient_accumulation_steps={ds_gas[1]}")
+    if accelerator_grad_accum and dist_type == "DEEPSPEED":
+        places.append(f"{accelerator_grad_accum[0]}:{accelerator_grad_accum[1]} Accelerator(gradient_accumulation_steps="
+                      f"{accelerator_grad_accum[2]})")
+    if len(places) > 1:
+        add("acc-accumulation-twice", "warning", "deepspeed_config", "gradient accumulation is set in "
+            f"{len(places)} places ({'; '.join(places)}): one silently overrides the other, or they multiply",
+            'set it in one place: "auto" in the JSON and the value in Accelerator(...) or the YAML', "D18")
+    procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    if isinstance(procs, int) and isinstance(machines, int) and machines > 0 and procs > 0 and procs % machines:
+        add("acc-processes-not-divisible", "error", "num_processes",
+            f"num_processes={procs} is the TOTAL over num_machines={machines} and does not divide: the machines cannot "
+            "get equal shares", f"num_processes = {machines} x processes per machine", "D5")
+    if dist_type == "DEEPSPEED" and isinstance(machines, int) and machines > 1 and isinstance(ds, dict):
+        launcher = ds.get("deepspeed_multinode_launcher", "pdsh")
+        if launcher in ("pdsh", "openmpi", "mvapich", "mpich", None):
+            add("acc-multinode-ssh-launcher", "warning", "deepspeed_multinode_launcher" if "deepspeed_multinode_launcher"
+                in ds else "num_machines",
+                f"multi-node DeepSpeed with the {launcher} launcher starts the other nodes over ssh: where compute nodes "
+                "refuse ssh it dies with 'ssh exited with exit code 2'",
+                "deepspeed_multinode_launcher: standard, and start accelerate launch on every node (srun)",
+                "Gilbreth 4.3; Gilbreth 8.12")
+    return out
+
+
+def world_size(data: dict[str, Any]) -> int | None:
+    """``num_processes`` when it is a positive integer."""
+    n = data.get("num_processes")
+    return n if isinstance(n, int) and n > 0 else None

@@ -1,0 +1,162 @@
+"""Rules for DeepSpeed JSON configs (D17, D18, gilbreth-hpc-guide §7.4/§7.5).
+
+Sub-sections are validated with DeepSpeed's own pydantic models (``DeepSpeedZeroConfig`` for
+``zero_optimization``, imported only when a config is linted); the top level is checked here,
+since DeepSpeed silently ignores unknown top-level keys.  ``"auto"`` values are dropped before
+validation (the HF integration fills them in; a raw ``deepspeed.initialize`` does not, D18).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from helpers.lint.findings import Finding
+
+TOP_LEVEL = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+    "fp16", "bf16", "bfloat16", "amp", "zero_optimization", "gradient_clipping", "prescale_gradients",
+    "gradient_predivide_factor", "sparse_gradients", "steps_per_print", "wall_clock_breakdown", "dump_state",
+    "disable_allgather", "communication_data_type", "seq_parallel_communication_data_type", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+    "comet", "comms_logger", "autotuning", "elasticity", "aio", "nvme", "checkpoint", "data_types", "compression_training",
+    "data_efficiency", "curriculum_learning", "sparse_attention", "pipeline", "progressive_layer_drop", "eigenvalue",
+    "quantize_training", "dataloader_drop_last", "memory_breakdown", "hybrid_engine", "compile", "weight_quantization",
+    "graph_harvesting", "use_data_before_expert_parallelism", "timers", "torch_autocast", "tensor_parallel",
+    "nebula", "mics_shard_size", "mics_hierarchical_params_gather", "vocabulary_size", "load_universal_checkpoint",
+    "use_node_local_storage", "zero_quantized_weights", "zero_quantized_gradients", "monitor_config", "gradient_checkpointing",
+    "fp8", "domino", "moe", "expert_parallel", "deepcompile", "use_unified_checkpoint", "sequence_parallel_size",
+}
+ZERO_KEYS = {"stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+             "allgather_bucket_size", "reduce_scatter", "allgather_partitions", "stage3_prefetch_bucket_size",
+             "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+             "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "round_robin_gradients", "cpu_offload"}
+SECTION_KEYS = {"lr": "optimizer.params", "betas": "optimizer.params", "eps": "optimizer.params",
+                "weight_decay": "optimizer.params", "loss_scale": "fp16", "initial_scale_power": "fp16",
+                "warmup_num_steps": "scheduler.params", "warmup_max_lr": "scheduler.params"}
+
+
+def _line(text: str, key: str) -> int:
+    m = re.search(r'"' + re.escape(key) + r'"\s*:', text)
+    return text.count("\n", 0, m.start()) + 1 if m else 1
+
+
+def _drop_auto(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_auto(v) for k, v in value.items() if v != "auto"}
+    return value
+
+
+def _has_auto(value: Any, path: str = "") -> list[str]:
+    if isinstance(value, dict):
+        out: list[str] = []
+        for k, v in value.items():
+            out += _has_auto(v, f"{path}.{k}" if path else k)
+        return out
+    return [path] if value == "auto" else []
+
+
+def load(text: str) -> dict[str, Any]:
+    """Parse a DeepSpeed JSON config (``ValueError`` naming the line when it is not a JSON object)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("a DeepSpeed config is a JSON object")
+    return data
+
+
+def is_deepspeed_config(data: dict[str, Any]) -> bool:
+    """True when the JSON looks like a DeepSpeed config (one of its main keys is present)."""
+    return bool({"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu", "fp16", "bf16",
+                 "gradient_accumulation_steps", "optimizer"} & set(data))
+
+
+def enabled(section: Any) -> bool:
+    """``{"enabled": true}`` (``"auto"`` is not enabled here)."""
+    return isinstance(section, dict) and section.get("enabled") is True
+
+
+def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: int | None, raw_init: bool | None,
+                   client_optimizer: bool, init_where: str = "") -> list[Finding]:
+    """Lint one DeepSpeed config.
+
+    Args:
+        path, text, data: the file, its text and parsed JSON.
+        world_size: ranks in the launch (from the launch files), or None when unknown.
+        raw_init: True when a linted script calls ``deepspeed.initialize`` directly, False when the
+            scripts use HF Trainer/Accelerate, None when no script was given.
+        client_optimizer: a script passes its own optimizer to ``deepspeed.initialize``.
+        init_where: ``file:line`` of that call, for messages.
+    """
+    out: list[Finding] = []
+
+    def add(rule: str, sev: str, key: str, msg: str, fix: str, seed: str) -> None:
+        out.append(Finding.make(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
+
+    for key in data:
+        if key.startswith("_") or key in TOP_LEVEL:
+            continue
+        if key in ZERO_KEYS:
+            add("ds-misplaced-key", "error", key, f'"{key}" belongs inside "zero_optimization": at the top level '
+                "DeepSpeed ignores it silently (ZeRO stays at its default, stage 0)",
+                f'move it into "zero_optimization": {{"{key}": ...}}', "D17")
+        elif key in SECTION_KEYS:
+            add("ds-misplaced-key", "error", key, f'"{key}" belongs inside "{SECTION_KEYS[key]}": at the top level it is '
+                "ignored", f'move it into "{SECTION_KEYS[key]}"', "D17")
+        else:
+            add("ds-unknown-key", "warning", key, f'"{key}" is not a DeepSpeed config key: DeepSpeed ignores it without a '
+                "word (a typo keeps the default)", "fix the spelling (see https://www.deepspeed.ai/docs/config-json/)",
+                "D17")
+    zero = data.get("zero_optimization")
+    if isinstance(zero, dict):
+        try:
+            from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+            DeepSpeedZeroConfig(**_drop_auto(zero))
+        except ImportError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - pydantic ValidationError, reported with its own words
+            errors = getattr(exc, "errors", None)
+            items = errors() if callable(errors) else [{"loc": (), "msg": str(exc)}]
+            for e in items[:5]:
+                loc = ".".join(str(x) for x in e.get("loc", ()))
+                add("ds-invalid-section", "error", loc.split(".")[0] if loc else "zero_optimization",
+                    f"zero_optimization.{loc}: {e.get('msg')} (DeepSpeed's DeepSpeedZeroConfig rejects it at initialize)",
+                    "fix or remove the key (https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training)",
+                    "D17")
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if isinstance(stage, int) and stage >= 1 and "optimizer" not in data and not client_optimizer and raw_init is not False:
+        sev = "error" if raw_init else "warning"
+        add("ds-zero-without-optimizer", sev, "zero_optimization",
+            f"ZeRO stage {stage} with no \"optimizer\" section" + (f" and no optimizer passed to deepspeed.initialize "
+                                                                   f"({init_where})" if raw_init else
+                                                                   " (unless the script passes one)")
+            + ": 'AssertionError: zero stage {stage} requires an optimizer'".replace("{stage}", str(stage)),
+            'add "optimizer": {"type": "AdamW", "params": {...}} or pass optimizer= to deepspeed.initialize',
+            "Gilbreth 7.5")
+    if enabled(data.get("fp16")) and enabled(data.get("bf16") or data.get("bfloat16")):
+        add("ds-fp16-and-bf16", "error", "bf16", "fp16 and bf16 are both enabled: DeepSpeed refuses to start "
+            "('bf16 and fp16 modes cannot be simultaneously enabled')", "enable one of them (bf16 on A100/H100)", "D17")
+    autos = _has_auto(data)
+    if autos and raw_init:
+        add("ds-auto-raw-initialize", "error", autos[0].split(".")[-1],
+            f'"auto" in {", ".join(autos[:4])}: only the HF Trainer/Accelerate integration fills "auto" in; a raw '
+            f"deepspeed.initialize ({init_where}) reads the string ('>' not supported between 'str' and 'int')",
+            'write the numbers, or launch through the HF Trainer/Accelerate', "D18")
+    tb, mb, ga = (data.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
+    ints = [v for v in (tb, mb, ga) if isinstance(v, int) and not isinstance(v, bool)]
+    if isinstance(tb, int) and isinstance(mb, int):
+        gas = ga if isinstance(ga, int) else 1
+        if world_size and tb != mb * gas * world_size and (isinstance(ga, int) or "gradient_accumulation_steps" not in data):
+            add("ds-batch-mismatch", "error", "train_batch_size",
+                f"train_batch_size {tb} != micro {mb} x accumulation {gas} x world size {world_size} (from the launch "
+                "files): 'AssertionError: Check batch related parameters'",
+                f"train_batch_size = {mb * gas * world_size}, or drop it and let DeepSpeed compute it", "Gilbreth 7.4")
+        elif isinstance(ga, int) and tb % (mb * ga):
+            add("ds-batch-mismatch", "error", "train_batch_size",
+                f"train_batch_size {tb} is not a multiple of micro {mb} x accumulation {ga}: no world size fits",
+                "make train_batch_size = micro x accumulation x world size", "Gilbreth 7.4")
+    del ints
+    return out

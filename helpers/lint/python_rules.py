@@ -1,0 +1,713 @@
+"""Rules for Python training scripts: stdlib :mod:`ast` + :mod:`tokenize`, with a rank-taint pass.
+
+A value is *rank-dependent* when it comes from ``RANK``/``LOCAL_RANK``/``SLURM_PROCID`` in the
+environment, ``dist.get_rank()``, ``args.local_rank``, ``accelerator.is_main_process`` /
+``is_local_main_process`` / ``process_index``, ``trainer.is_world_process_zero()``... or from a
+name assigned from one (propagated through assignments, per function and module).  A comparison
+of a rank with ``-1`` only ("launched distributed or not") is the same on every rank and is not
+rank-dependent.
+
+A *collective* is a call every rank must make: ``barrier``, ``all_reduce``, ``all_gather``,
+``broadcast``, ``reduce_scatter``..., DeepSpeed ``save_checkpoint``/``load_checkpoint``
+(gilbreth-hpc-guide §7.5 issue 3), FSDP full state-dict gathers, ``accelerator.gather`` /
+``gather_for_metrics`` / ``wait_for_everyone`` / ``save_state``, ``gather_object``, DCP
+``save``/``load``, torchmetrics ``compute()``; and a call of a function of the same file that
+makes one (helpers are followed a few levels deep).
+
+Suppress a finding on a line with a comment ``# runbook-lint: disable=RULE[,RULE]`` (read with
+:mod:`tokenize`).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+
+from helpers.lint.findings import Finding
+
+RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
+GLOBAL_RANK_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "GLOBAL_RANK"}
+RANK_ATTRS = {"local_rank", "rank", "global_rank", "is_main_process", "is_local_main_process", "process_index",
+              "local_process_index", "is_global_zero", "is_master", "is_main", "is_rank_zero", "master_process",
+              "is_world_process_zero", "is_local_process_zero", "node_rank", "dp_rank"}
+RANK_NAMES = RANK_ATTRS | {"is_main_process_flag", "main_process", "is_rank0", "rank0"}
+RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "is_main_process", "is_rank_0", "is_rank0",
+              "is_master", "is_world_process_zero", "is_local_process_zero", "get_node_local_rank", "is_primary",
+              "is_local_main_process", "get_data_parallel_rank"}
+GLOBAL_RANK_CALLS = {"get_rank", "get_global_rank"}
+STRONG_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
+                      "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                      "broadcast_object_list", "monitored_barrier", "wait_for_everyone", "gather_for_metrics",
+                      "save_checkpoint", "load_checkpoint", "gather_object", "full_optim_state_dict",
+                      "sharded_optim_state_dict", "summon_full_params", "get_model_state_dict",
+                      "get_optimizer_state_dict", "consolidate_state_dict", "wait_for_everybody", "reduce_tensor",
+                      "sync_across_processes", "all_gather_multigpu", "reduce_mean"}
+WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "load_state", "pad_across_processes",
+                    "get_state_dict", "optim_state_dict", "save", "load", "compute", "sync"}
+WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*accelerator|self\.accelerator|hvd|dcp|"
+                            r"dist_cp|torch\.distributed\.checkpoint|FSDP|FullyShardedDataParallel|trainer|"
+                            r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.I)
+WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes"}
+FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
+
+
+@dataclass
+class PyFacts:
+    """What a script says that the config rules need (cross-file checks)."""
+
+    path: str
+    raw_ds_init: bool = False               # deepspeed.initialize called directly
+    ds_init_line: int = 0
+    ds_client_optimizer: bool = False       # an optimizer passed to deepspeed.initialize
+    uses_accelerate: bool = False
+    uses_hf_trainer: bool = False
+    accelerator_grad_accum: tuple[int, object] | None = None   # (line, value) of Accelerator(gradient_accumulation_steps=)
+    float_inputs: list[int] = field(default_factory=list)      # torch.randn/rand without dtype
+    distributed: bool = False
+
+
+def _src(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # noqa: BLE001 - unparse of odd nodes
+        return ""
+
+
+def _call_name(call: ast.Call) -> tuple[str, str]:
+    """(receiver source, function name) of a call: ``dist.barrier()`` -> ("dist", "barrier")."""
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        return _src(f.value), f.attr
+    if isinstance(f, ast.Name):
+        return "", f.id
+    return "", ""
+
+
+def _env_key(node: ast.AST) -> str | None:
+    """``"RANK"`` for ``os.environ["RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("RANK", ...)``."""
+    if isinstance(node, ast.Subscript) and _src(node.value) in ("os.environ", "environ"):
+        if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            return node.slice.value
+    if isinstance(node, ast.Call):
+        recv, name = _call_name(node)
+        if (recv in ("os.environ", "environ") and name in ("get", "setdefault")) or (recv == "os" and name == "getenv") \
+                or (not recv and name == "getenv"):
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                return node.args[0].value
+    return None
+
+
+class _Taint:
+    """Names that hold rank-dependent values (any rank) and global-rank values (for D3)."""
+
+    def __init__(self, spawned_params: set[str]):
+        self.rank: set[str] = set()
+        self.global_rank: set[str] = set()
+        self.rank_attrs: set[str] = set()
+        self.spawned_params = spawned_params
+
+    def is_rank(self, node: ast.AST) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and (sub.id in self.rank or sub.id in RANK_NAMES):
+                return True
+            if isinstance(sub, ast.Attribute) and (sub.attr in RANK_ATTRS or sub.attr in self.rank_attrs
+                                                   or sub.attr.lstrip("_") in RANK_ATTRS):
+                return True
+            if isinstance(sub, ast.Call):
+                _, name = _call_name(sub)
+                if name in RANK_CALLS:
+                    return True
+            key = _env_key(sub)
+            if key in RANK_ENV:
+                return True
+        return False
+
+    def is_global_rank(self, node: ast.AST) -> bool:
+        """A value that is the global rank itself (not ``rank % ngpus``, not ``local_rank``)."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
+            return False
+        if isinstance(node, ast.Call):
+            recv, name = _call_name(node)
+            if name in GLOBAL_RANK_CALLS:
+                return True
+            if name in ("int", "str") and node.args:
+                return self.is_global_rank(node.args[0])
+            key = _env_key(node)
+            return key in GLOBAL_RANK_ENV
+        key = _env_key(node)
+        if key is not None:
+            return key in GLOBAL_RANK_ENV
+        if isinstance(node, ast.Name):
+            return node.id in self.global_rank or (node.id in ("global_rank",))
+        if isinstance(node, ast.Attribute):
+            return node.attr in ("global_rank",) or (node.attr == "rank" and _src(node.value) in ("args", "self.args", "cfg",
+                                                                                                 "config", "opt"))
+        if isinstance(node, ast.JoinedStr):
+            return any(isinstance(v, ast.FormattedValue) and self.is_global_rank(v.value) for v in node.values)
+        return False
+
+    def learn(self, tree: ast.AST) -> None:
+        """Propagate taint through assignments (a few passes: order-insensitive)."""
+        assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
+        for _ in range(3):
+            for n in assigns:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                attrs = [t.attr for t in targets if isinstance(t, ast.Attribute)]
+                if attrs and self.is_rank(n.value):
+                    self.rank_attrs.update(attrs)
+                names += [e.id for t in targets if isinstance(t, ast.Tuple) for e in t.elts if isinstance(e, ast.Name)]
+                if not names:
+                    continue
+                if self.is_rank(n.value):
+                    self.rank.update(names)
+                if self.is_global_rank(n.value):
+                    self.global_rank.update(names)
+
+    def rank_test(self, test: ast.AST) -> bool:
+        """A branch condition that differs between ranks (a rank compared with -1 only does not)."""
+        if isinstance(test, ast.BoolOp):
+            return any(self.rank_test(v) for v in test.values)
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return self.rank_test(test.operand)
+        if isinstance(test, ast.Compare) and self.is_rank(test.left):
+            vals: list[ast.AST] = []
+            for c in test.comparators:
+                vals += c.elts if isinstance(c, (ast.List, ast.Tuple, ast.Set)) else [c]
+            if vals and all(isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) and isinstance(v.operand, ast.Constant)
+                            and v.operand.value == 1 for v in vals):
+                return False
+        return self.is_rank(test)
+
+
+class PythonLinter:
+    """Lint one Python file: :meth:`run` returns the findings; :attr:`facts` the cross-file facts."""
+
+    def __init__(self, path: str, text: str):
+        self.path, self.text = path, text
+        self.tree = ast.parse(text, filename=path)
+        self.findings: list[Finding] = []
+        self.facts = PyFacts(path)
+        self.imports_tdist = bool(re.search(r"from\s+torch\.distributed\s+import|from\s+accelerate\.utils\s+import", text))
+        self.uses_torchmetrics = "torchmetrics" in text
+        self.uses_fsdp = bool(re.search(r"FullyShardedDataParallel|\bFSDP\b|fully_shard", text))
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(self.tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+        self.module_aliases: set[str] = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                self.module_aliases.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                self.module_aliases.update(a.asname or a.name for a in node.names)
+        spawned = set()
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if name in ("spawn", "start_processes") and call.args and isinstance(call.args[0], ast.Name):
+                spawned.add(call.args[0].id)
+        self.spawned_funcs = spawned
+        self.taint = _Taint(set())
+        self.taint.learn(self.tree)
+        self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, node)
+        self.collective_funcs: dict[str, str] = {}
+        self._find_collective_functions()
+        self.suppressed = self._suppressions()
+
+    # --- helpers -------------------------------------------------------------------------
+    def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
+        return [n for n in ast.walk(node or self.tree) if isinstance(n, ast.Call)]
+
+    def _suppressions(self) -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        try:
+            for tok in tokenize.generate_tokens(io.StringIO(self.text).readline):
+                if tok.type == tokenize.COMMENT:
+                    m = re.search(r"runbook-lint:\s*disable=([\w,-]+)", tok.string)
+                    if m:
+                        out.setdefault(tok.start[0], set()).update(m.group(1).split(","))
+        except (tokenize.TokenError, IndentationError):
+            pass
+        return out
+
+    def add(self, rule: str, severity: str, node: ast.AST | int, message: str, fix: str, seed: str) -> None:
+        line = node if isinstance(node, int) else getattr(node, "lineno", 0)
+        if rule in self.suppressed.get(line, set()) or "all" in self.suppressed.get(line, set()):
+            return
+        if any(f.rule == rule and f.line == line for f in self.findings):
+            return
+        self.findings.append(Finding.make(rule, severity, self.path, line, message, fix, seed))
+
+    def collective_name(self, call: ast.Call, depth: int = 0) -> str | None:
+        """The collective this call is or implies (``dist.barrier``, ``helper() -> barrier``), else None."""
+        recv, name = _call_name(call)
+        if name in ("send", "recv", "isend", "irecv"):
+            return None
+        if name in ("save_checkpoint", "load_checkpoint") and recv in self.module_aliases and recv != "deepspeed":
+            return None  # a module's own save_checkpoint function, not an engine method
+        if name in STRONG_COLLECTIVES and not (not recv and name in self.functions):
+            return f"{recv + '.' if recv else ''}{name}"
+        if name in WEAK_COLLECTIVES:
+            if name == "compute":
+                return f"{recv}.compute" if self.uses_torchmetrics and recv and "metric" in recv.lower() else None
+            if name in ("save", "load"):
+                return f"{recv}.{name}" if recv in ("dcp", "dist_cp", "torch.distributed.checkpoint") else None
+            if name in ("get_state_dict", "optim_state_dict"):
+                return f"{recv}.{name}" if recv and ("accelerator" in recv or recv in ("FSDP", "FullyShardedDataParallel")) \
+                    else None
+            if recv and WEAK_RECEIVERS.match(recv) and name != "sync":
+                return f"{recv}.{name}"
+            if not recv and self.imports_tdist and name in ("gather", "reduce", "broadcast", "scatter") and name not in self.functions:
+                return name
+            return None
+        if name == "state_dict" and self.uses_fsdp and self._under_full_state_dict_ctx(call):
+            return f"{recv}.state_dict (FULL_STATE_DICT gather)"
+        target = None
+        if not recv and name in self.functions:
+            target = name
+        elif recv in ("self", "cls") and name in self.functions:
+            target = name
+        if target and target in self.collective_funcs and depth < 3:
+            return f"{target}() -> {self.collective_funcs[target]}"
+        return None
+
+    def _under_full_state_dict_ctx(self, node: ast.AST) -> bool:
+        p = self.parents.get(node)
+        while p is not None:
+            if isinstance(p, (ast.With, ast.AsyncWith)):
+                for item in p.items:
+                    s = _src(item.context_expr)
+                    if "state_dict_type" in s and ("FULL_STATE_DICT" in s or "full" in s.lower()):
+                        return True
+            p = self.parents.get(p)
+        return False
+
+    def _find_collective_functions(self) -> None:
+        for _ in range(3):  # a helper calling a helper calling a collective (bounded depth)
+            for name, fn in self.functions.items():
+                if name in self.collective_funcs:
+                    continue
+                for call in self._calls(fn):
+                    c = self.collective_name(call, depth=1)
+                    if c and not self._gated_within(call, fn):
+                        self.collective_funcs[name] = c
+                        break
+
+    def _gated_within(self, node: ast.AST, stop: ast.AST) -> bool:
+        p, child = self.parents.get(node), node
+        while p is not None and p is not stop:
+            if isinstance(p, ast.If) and child is not p.test and self.taint.rank_test(p.test):
+                return True
+            child, p = p, self.parents.get(p)
+        return False
+
+    def _rank_gate(self, node: ast.AST) -> ast.If | ast.While | ast.IfExp | None:
+        """The innermost rank-dependent branch containing ``node`` (inside its own function)."""
+        p, child = self.parents.get(node), node
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if isinstance(p, (ast.If, ast.While, ast.IfExp)) and child is not p.test and self.taint.rank_test(p.test):
+                return p
+            if isinstance(p, (ast.BoolOp,)) and child is not p.values[0] and self.taint.is_rank(p.values[0]) and \
+                    self.taint.rank_test(p.values[0]):
+                return p  # type: ignore[return-value]
+            child, p = p, self.parents.get(p)
+        return None
+
+    # --- rules ---------------------------------------------------------------------------
+    def run(self) -> list[Finding]:
+        """Run every rule; return the findings (also kept in :attr:`findings`)."""
+        self.rule_rank_gated_collectives()
+        self.rule_rank_early_exit()
+        self.rule_device_from_global_rank()
+        self.rule_sampler_set_epoch()
+        self.rule_rank_sliced_data()
+        self.rule_deepspeed_engine()
+        self.rule_ddp_fsdp_options()
+        self.rule_writes_on_every_rank()
+        self.rule_master_port_and_timeout()
+        self.collect_facts()
+        return sorted(self.findings, key=lambda f: f.line)
+
+    def _balanced(self, gate: ast.AST, coll: str) -> bool:
+        """True when the other branch, or a sibling rank-dependent ``if``, makes the same collective
+        (``if rank == 0: broadcast(x) else: broadcast(y)``; the main-process-first pair of barriers)."""
+        short = coll.split("->")[-1].strip().split(".")[-1]
+        if isinstance(gate, ast.If):
+            other = [self.collective_name(c) for c in self._calls(ast.Module(body=gate.orelse, type_ignores=[]))]
+            if any(o and o.split("->")[-1].strip().split(".")[-1] == short for o in other):
+                return True
+            parent = self.parents.get(gate)
+            siblings = []
+            for fld in ("body", "orelse", "finalbody"):
+                block = getattr(parent, fld, None)
+                if isinstance(block, list) and gate in block:
+                    siblings = block
+            for s in siblings:
+                if s is gate or not isinstance(s, ast.If) or not self.taint.rank_test(s.test):
+                    continue
+                calls = [self.collective_name(c) for c in self._calls(ast.Module(body=s.body, type_ignores=[]))]
+                if any(o and o.split("->")[-1].strip().split(".")[-1] == short for o in calls):
+                    return True
+        return False
+
+    def rule_rank_gated_collectives(self) -> None:
+        """D21 (and gilbreth-hpc-guide §7.5 issue 3): a collective only some ranks reach."""
+        for call in self._calls():
+            coll = self.collective_name(call)
+            if not coll:
+                continue
+            gate = self._rank_gate(call)
+            if gate is None or self._balanced(gate, coll):
+                continue
+            seed = "Gilbreth 7.5" if "->" not in coll and coll.endswith(("save_checkpoint", "load_checkpoint")) else "D21"
+            self.add("rank-gated-collective", "error", call,
+                     f"{coll} is reached only when `{_src(getattr(gate, 'test', gate))[:60]}` holds: the ranks that skip it "
+                     f"never join, the others wait in it forever (hang)",
+                     "call the collective on every rank; gate only the side effect (print, file write) on rank 0", seed)
+
+    def rule_rank_early_exit(self) -> None:
+        """D21/D20: ``if rank ...: return/break/continue`` before a collective in the same block."""
+        for node in ast.walk(self.tree):
+            for fld in ("body", "orelse"):
+                block = getattr(node, fld, None)
+                if not isinstance(block, list):
+                    continue
+                for i, stmt in enumerate(block):
+                    if not (isinstance(stmt, ast.If) and self.taint.rank_test(stmt.test)):
+                        continue
+                    exits = [s for s in stmt.body if isinstance(s, FINISHING)]
+                    if not exits or isinstance(exits[0], ast.Raise):
+                        continue
+                    rest = ast.Module(body=block[i + 1:], type_ignores=[])
+                    if isinstance(exits[0], (ast.Break, ast.Continue)) and not self._in_loop(stmt):
+                        continue
+                    for call in self._calls(rest):
+                        coll = self.collective_name(call)
+                        if coll and self._rank_gate(call) is None:
+                            kind = type(exits[0]).__name__.lower()
+                            self.add("rank-early-exit-collective", "error", call,
+                                     f"{coll} comes after a rank-dependent early {kind} (line {stmt.lineno}): the ranks "
+                                     f"that leave never reach it, the others hang in it",
+                                     "let every rank reach the collective (move the exit after it, or make the exit "
+                                     "condition the same on all ranks)", "D21")
+                            break
+
+    def _in_loop(self, node: ast.AST) -> bool:
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, (ast.For, ast.While, ast.AsyncFor)):
+                return True
+            p = self.parents.get(p)
+        return False
+
+    def _enclosing_function(self, node: ast.AST) -> ast.AST | None:
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            p = self.parents.get(p)
+        return p
+
+    def _global_rank_value(self, node: ast.AST) -> bool:
+        if isinstance(node, ast.Name) and node.id in ("rank",):
+            fn = self._enclosing_function(node)
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in self.spawned_funcs:
+                return False  # mp.spawn's index is the local process index
+            if node.id not in self.taint.global_rank:
+                return bool(isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not self.spawned_funcs
+                            and any(a.arg == "rank" for a in fn.args.args) and self._rank_param_from_env(fn))
+        return self.taint.is_global_rank(node)
+
+    def _rank_param_from_env(self, fn: ast.AST) -> bool:
+        """A ``rank`` parameter whose callers pass the global rank (``RANK``/``get_rank()``)."""
+        name = getattr(fn, "name", "")
+        for call in self._calls():
+            _, n = _call_name(call)
+            if n == name and call.args and self.taint.is_global_rank(call.args[0]):
+                return True
+        return False
+
+    def rule_device_from_global_rank(self) -> None:
+        """D3: the GPU chosen from the global rank (right on one node only)."""
+        for call in self._calls():
+            recv, name = _call_name(call)
+            args: list[ast.AST] = []
+            if name == "set_device" and "cuda" in recv:
+                args = call.args[:1]
+            elif name == "device" and recv == "torch" and call.args:
+                if len(call.args) >= 2:
+                    args = [call.args[1]]
+                elif isinstance(call.args[0], ast.JoinedStr):
+                    args = [v.value for v in call.args[0].values if isinstance(v, ast.FormattedValue)]
+            elif name in ("DistributedDataParallel", "DDP"):
+                for kw in call.keywords:
+                    if kw.arg == "device_ids" and isinstance(kw.value, ast.List):
+                        args = kw.value.elts[:1]
+                    if kw.arg == "output_device":
+                        args.append(kw.value)
+            for kw in call.keywords:
+                if kw.arg == "device_id" and name in ("FullyShardedDataParallel", "FSDP"):
+                    args.append(kw.value)
+            if any(self._global_rank_value(a) for a in args):
+                self.add("device-from-global-rank", "error", call,
+                         f"{_src(call)[:70]} picks the GPU from the global rank: on the second node RANK is 8..15 and "
+                         "cuda:RANK does not exist ('invalid device ordinal') or ranks collide",
+                         "use LOCAL_RANK: torch.cuda.set_device(int(os.environ['LOCAL_RANK']))", "D3")
+
+    def rule_sampler_set_epoch(self) -> None:
+        """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``."""
+        if ".set_epoch(" in self.text or "set_epoch" in self.text:
+            return
+        samplers = [c for c in self._calls() if _call_name(c)[1] == "DistributedSampler"
+                    and not any(k.arg == "shuffle" and isinstance(k.value, ast.Constant) and k.value.value is False
+                                for k in c.keywords)]
+        if not samplers:
+            return
+        epoch_loop = any(isinstance(n, ast.For) and ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower())
+                         for n in ast.walk(self.tree))
+        if epoch_loop:
+            self.add("sampler-no-set-epoch", "warning", samplers[0],
+                     "DistributedSampler shuffles with a seed fixed by its epoch, and set_epoch is never called: every "
+                     "epoch sees the same order (silent)",
+                     "call sampler.set_epoch(epoch) at the start of each epoch", "D22")
+
+    def rule_rank_sliced_data(self) -> None:
+        """D9/D22: each rank slices its own share (uneven lengths) without a sampler or Join."""
+        if "Join(" in self.text:
+            return
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
+                parts = [p for p in (node.slice.lower, node.slice.upper, node.slice.step) if p is not None]
+                if parts and any(self.taint.is_rank(p) for p in parts) and self._in_loop_scope_with_collective() \
+                        and self._iterated(node):
+                    self.add("rank-sliced-data", "warning", node,
+                             f"{_src(node)[:60]}: each rank slices its own share; when the data does not divide evenly "
+                             "one rank runs fewer steps and the others hang in its missing collective",
+                             "use DistributedSampler (same length on every rank), or wrap the loop in "
+                             "torch.distributed.algorithms.join.Join", "D22")
+
+    def _iterated(self, node: ast.AST) -> bool:
+        """The sliced value (or the name it is assigned to) is looped over (a for loop or a comprehension)."""
+        parent = self.parents.get(node)
+        names = {t.id for t in getattr(parent, "targets", []) if isinstance(t, ast.Name)} if isinstance(parent, ast.Assign) else set()
+        for loop in ast.walk(self.tree):
+            it = loop.iter if isinstance(loop, (ast.For, ast.comprehension)) else None
+            if it is None:
+                continue
+            if node in set(ast.walk(it)) or any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(it)):
+                return True
+        return False
+
+    def _in_loop_scope_with_collective(self) -> bool:
+        return any(self.collective_name(c) for c in self._calls()) or "DistributedDataParallel" in self.text \
+            or "DDP(" in self.text
+
+    def rule_deepspeed_engine(self) -> None:
+        """D18: ``loss.backward()`` / ``optimizer.step()`` next to a raw ``deepspeed.initialize`` engine."""
+        engines: set[str] = set()
+        optims: set[str] = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                    _src(node.value.func) in ("deepspeed.initialize", "initialize"):
+                t = node.targets[0]
+                elts = t.elts if isinstance(t, ast.Tuple) else [t]
+                if elts and isinstance(elts[0], ast.Name):
+                    engines.add(elts[0].id)
+                if len(elts) > 1 and isinstance(elts[1], ast.Name):
+                    optims.add(elts[1].id)
+                for kw in node.value.keywords:
+                    if kw.arg == "optimizer" and isinstance(kw.value, ast.Name):
+                        optims.add(kw.value.id)
+        if not engines:
+            return
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if name == "backward" and recv and recv not in engines and not recv.endswith("accelerator") \
+                    and recv not in ("torch.autograd", "autograd", "scaler") and not call.args:
+                self.add("deepspeed-raw-backward", "error", call,
+                         f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): the engine's loss "
+                         "scaling, gradient reduction and accumulation are skipped",
+                         f"{sorted(engines)[0]}.backward(loss); {sorted(engines)[0]}.step()", "D18")
+            if name == "step" and recv in optims and recv not in engines:
+                self.add("deepspeed-raw-backward", "error", call,
+                         f"{recv}.step() bypasses the DeepSpeed engine (gradient accumulation boundary, clipping, "
+                         "ZeRO partitions)", f"{sorted(engines)[0]}.step()", "D18")
+
+    def rule_ddp_fsdp_options(self) -> None:
+        """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""
+        calls = self._calls()
+        fsdp_calls = [c for c in calls if _call_name(c)[1] in ("FullyShardedDataParallel", "FSDP")]
+        fully_shard = [c for c in calls if _call_name(c)[1] == "fully_shard"]
+        for c in calls:
+            recv, name = _call_name(c)
+            kws = {k.arg: k.value for k in c.keywords if k.arg}
+            if name in ("DistributedDataParallel", "DDP") or "DistributedDataParallelKwargs" in name:
+                v = kws.get("find_unused_parameters")
+                if isinstance(v, ast.Constant) and v.value is True:
+                    self.add("find-unused-parameters", "info", c,
+                             "find_unused_parameters=True walks the autograd graph every step (slower); needed only "
+                             "when some parameters really get no gradient",
+                             "keep it only if DDP reports unused parameters without it", "D8")
+            if name == "MixedPrecision" and not any(k.arg is None for k in c.keywords):
+                missing = [k for k in ("param_dtype", "reduce_dtype", "buffer_dtype") if k not in kws]
+                if missing:
+                    self.add("fsdp-partial-mixed-precision", "warning", c,
+                             f"MixedPrecision leaves {', '.join(missing)} unset: those tensors stay fp32 (buffers) or "
+                             "reduce in a dtype you did not choose",
+                             "set param_dtype, reduce_dtype and buffer_dtype explicitly", "D14")
+            if name == "FullStateDictConfig":
+                if not all(isinstance(kws.get(k), ast.Constant) and kws[k].value is True
+                           for k in ("rank0_only", "offload_to_cpu")):
+                    self.add("fsdp-full-state-dict-all-ranks", "warning", c,
+                             "a full state dict without rank0_only=True, offload_to_cpu=True is gathered on every rank's "
+                             "GPU: N copies of the whole model (OOM)",
+                             "FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
+            if name == "StateDictOptions":
+                fsd = kws.get("full_state_dict")
+                if isinstance(fsd, ast.Constant) and fsd.value is True and not (
+                        isinstance(kws.get("cpu_offload"), ast.Constant) and kws["cpu_offload"].value is True):
+                    self.add("fsdp-full-state-dict-all-ranks", "warning", c,
+                             "StateDictOptions(full_state_dict=True) without cpu_offload=True gathers the whole model "
+                             "on every GPU", "add cpu_offload=True", "D15")
+            if name == "state_dict_type" and any("FULL_STATE_DICT" in _src(a) for a in c.args) and len(c.args) < 3 \
+                    and "state_dict_config" not in kws:
+                self.add("fsdp-full-state-dict-all-ranks", "warning", c,
+                         "FULL_STATE_DICT with the default config gathers the whole model on every rank's GPU",
+                         "pass FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
+        if len(fsdp_calls) == 1 and not self._in_loop(fsdp_calls[0]) and \
+                not re.search(r"auto_wrap_policy|enable_wrap|\bwrap\(", self.text):
+            self.add("fsdp-no-wrap-policy", "warning", fsdp_calls[0],
+                     "FSDP without auto_wrap_policy makes the whole model one unit: it all-gathers every parameter "
+                     "at once (little memory saved)",
+                     "auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})",
+                     "D12")
+        if len(fully_shard) == 1 and not self._in_loop(fully_shard[0]):
+            self.add("fsdp-no-wrap-policy", "warning", fully_shard[0],
+                     "fully_shard is applied to the root only: one unit, all parameters gathered at once",
+                     "call fully_shard(block) for each transformer block first, then on the root", "D12")
+        if re.search(r"BatchNorm[123]d\(", self.text) and re.search(r"DistributedDataParallel|\bDDP\(", self.text) and \
+                "SyncBatchNorm" not in self.text:
+            line = next((i for i, ln in enumerate(self.text.splitlines(), 1) if re.search(r"BatchNorm[123]d\(", ln)), 0)
+            self.add("batchnorm-without-syncbn", "info", line,
+                     "BatchNorm under DDP computes its statistics per rank (buffers are not all-reduced)",
+                     "model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP, if the per-GPU batch is small",
+                     "D10")
+
+    def _function_only_called_gated(self, fn: ast.AST) -> bool:
+        name = getattr(fn, "name", None)
+        sites = [c for c in self._calls() if _call_name(c)[1] == name and _call_name(c)[0] in ("", "self", "cls")]
+        return bool(sites) and all(self._rank_gate(c) is not None or self._after_rank_exit(c) for c in sites)
+
+    def _after_rank_exit(self, node: ast.AST) -> bool:
+        """True when a rank-dependent early return/continue/break precedes ``node`` in an enclosing block."""
+        child, p = node, self.parents.get(node)
+        while p is not None:
+            for fld in ("body", "orelse"):
+                block = getattr(p, fld, None)
+                if isinstance(block, list) and child in block:
+                    for stmt in block[:block.index(child)]:
+                        if isinstance(stmt, ast.If) and self.taint.rank_test(stmt.test) and \
+                                any(isinstance(s, (ast.Return, ast.Continue, ast.Break)) for s in stmt.body):
+                            return True
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
+            child, p = p, self.parents.get(p)
+        return False
+
+    def rule_writes_on_every_rank(self) -> None:
+        """D23: a file written by every rank to the same path (a race), with no rank gate."""
+        if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
+                         r"FullyShardedDataParallel", self.text):
+            return
+        for call in self._calls():
+            recv, name = _call_name(call)
+            write = (recv == "torch" and name == "save") or name in WRITE_CALLS or \
+                    (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
+                     and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")) or \
+                    (recv == "json" and name == "dump")
+            if not write:
+                continue
+            if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
+                continue
+            if any(self.taint.is_rank(a) for a in [*call.args, *(k.value for k in call.keywords)]):
+                continue  # a per-rank file name
+            if self._rank_gate(call) is not None or self._after_rank_exit(call):
+                continue
+            fn = self._enclosing_function(call)
+            if fn is not None and not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
+                continue  # a library function never called here: its callers decide
+            if fn is not None and (self._function_only_called_gated(fn) or getattr(fn, "name", "") in self.spawned_funcs
+                                   and False):
+                continue
+            if fn is not None and getattr(fn, "name", "").startswith(("_save_on_master", "save_on_master")):
+                continue
+            self.add("write-on-every-rank", "warning", call,
+                     f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
+                     "truncated checkpoint, garbled log)",
+                     "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
+
+    def rule_master_port_and_timeout(self) -> None:
+        """D4 (hard-coded MASTER_PORT) and MN3 (init_process_group without timeout)."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and _env_key(node.targets[0]) == "MASTER_PORT" \
+                    and isinstance(node.value, ast.Constant):
+                self.add("hardcoded-master-port", "warning", node,
+                         f"MASTER_PORT is fixed to {node.value.value}: a second job on the same node fails with "
+                         "EADDRINUSE (or joins the first job's store)",
+                         "let the launcher choose (torchrun --standalone / --rdzv-endpoint=localhost:0) or take a free "
+                         "port per job", "D4")
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if name == "init_process_group":
+                for kw in call.keywords:
+                    if kw.arg == "init_method" and isinstance(kw.value, ast.Constant) and \
+                            re.match(r"tcp://[^:]+:\d+$", str(kw.value.value)):
+                        self.add("hardcoded-master-port", "warning", call,
+                                 f"init_method={kw.value.value} fixes the rendezvous port: a second job on the node "
+                                 "fails with EADDRINUSE", "init_method='env://' under torchrun", "D4")
+                if not any(k.arg == "timeout" or k.arg is None for k in call.keywords):
+                    self.add("init-without-timeout", "info", call,
+                             "init_process_group without timeout: a dead rank shows up only after the default "
+                             "(10 or 30 min) collective timeout",
+                             "init_process_group(..., timeout=datetime.timedelta(minutes=N)) sized to your longest step",
+                             "MN3")
+
+    def collect_facts(self) -> None:
+        """Fill :attr:`facts` for the cross-file rules."""
+        f = self.facts
+        f.distributed = bool(re.search(r"init_process_group|deepspeed|Accelerator|DistributedDataParallel", self.text))
+        f.uses_accelerate = "Accelerator(" in self.text
+        f.uses_hf_trainer = bool(re.search(r"\bTrainer\(|SFTTrainer|Seq2SeqTrainer|TrainingArguments", self.text))
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if name == "initialize" and recv in ("deepspeed",) or (not recv and name == "initialize" and "deepspeed" in self.text):
+                f.raw_ds_init = True
+                f.ds_init_line = f.ds_init_line or call.lineno
+                if any(k.arg == "optimizer" for k in call.keywords) or len(call.args) >= 4:
+                    f.ds_client_optimizer = True
+            if name == "Accelerator":
+                for k in call.keywords:
+                    if k.arg == "gradient_accumulation_steps":
+                        f.accelerator_grad_accum = (call.lineno, _src(k.value))
+            if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and \
+                    not any(k.arg == "dtype" for k in call.keywords):
+                f.float_inputs.append(call.lineno)
+
+
+def lint_python(path: str, text: str) -> tuple[list[Finding], PyFacts]:
+    """Lint one Python file.
+
+    Returns:
+        ``(findings, facts)``; a file that does not parse gives one ``python-syntax`` error finding.
+    """
+    try:
+        linter = PythonLinter(path, text)
+    except SyntaxError as exc:
+        return [Finding.make("python-syntax", "error", path, exc.lineno or 0, f"cannot parse: {exc.msg}",
+                             "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
+    return linter.run(), linter.facts
