@@ -404,10 +404,7 @@ class CommandBuilder:
                                        f"{html.escape(str(exc))}</p></div>")
             self.load_button.disabled = True
             return
-        s = self.pasted
-        summary = (f"{s.kind}, {s.nnodes} node(s) × {s.nproc_per_node} rank(s), rendezvous {s.rdzv}"
-                   + (f", master {s.master_addr}" if s.master_addr else "") + (f":{s.master_port}" if s.master_port else "")
-                   + f", script {s.script}" + (f", env {', '.join(s.env)}" if s.env else ""))
+        summary = launch_parse.describe(self.pasted)
         traps = "".join(trap_html(t) for t in self.pasted_traps) or "<li>no known trap</li>"
         self.paste_output.value = (f"<div class='rb-out'><div class='rb-pasted'><b>read as:</b> {html.escape(summary)}</div>"
                                    f"<ul class='rb-traps'>{traps}</ul></div>")
