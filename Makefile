@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml
 # Debian tools the network lab and the pre-flight check use when present (chapter 06 shows a real
 # `ping -M do`): installed only as root, only when missing; without them the checks fall back to
 # Python (a raw ICMP probe, ioctls), so a failure here is a warning, never an error.
-SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2
+# chromium: Debian's browser, which the browser test of the command builder drives (tests/browser; it skips,
+# saying why, when /usr/bin/chromium is missing).
+SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2 chromium:chromium
 system-tools:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -45,8 +47,12 @@ diagnose: $(STAMP)
 	@mkdir -p build/tmp
 	$(BIN)/runbook diagnose $(ARGS)
 
+# JupyterLab on 127.0.0.1:$(LAB_PORT) (as root too: --allow-root only then); it prints the URL with its
+# token.  From a laptop: ssh -N -L 8888:127.0.0.1:8888 you@host (docs/command-builder.md).
+LAB_PORT ?= 8888
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	@mkdir -p build/tmp
+	$(BIN)/python -m helpers.labserver --port $(LAB_PORT)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py

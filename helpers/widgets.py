@@ -123,8 +123,10 @@ _CSS = """<style>
 .rb-builder .rb-group {border: 1px solid #ccc; border-radius: 4px; padding: 2px 6px 4px 6px; margin: 0 0 4px 0}
 .rb-builder .rb-group-title {font-weight: bold; font-size: 12px; margin: 0}
 .rb-builder .rb-field-error {color: #b00020; font-size: 12px; margin: -2px 0 2px 126px; line-height: 1.2}
-.rb-out pre {white-space: pre-wrap; word-break: break-all; background: #f5f5f5; padding: 6px; margin: 2px 0; font-size: 12px}
-.rb-out ul {margin: 2px 0; padding-left: 18px} .rb-out li {margin-bottom: 3px; font-size: 12px}
+.rb-out pre {white-space: pre-wrap; word-break: normal; overflow-wrap: anywhere; background: #f5f5f5; padding: 6px;
+  margin: 2px 0; font-size: 12px}
+.rb-out ul {margin: 2px 0; padding-left: 18px} .rb-out li {margin-bottom: 4px; font-size: 12px; line-height: 1.35}
+.rb-out a {color: #1565c0; text-decoration: underline}
 .rb-out .rb-copy {font-size: 12px; margin-left: 8px}
 </style>"""
 
