@@ -399,7 +399,7 @@ def build_command_parser(subparsers: argparse._SubParsersAction[argparse.Argumen
                 "Build the command that starts a training script (torchrun, accelerate launch, deepspeed, srun + torchrun,\n"
                 "or a whole sbatch script) and list its known traps, FAILs first; or read an existing command or\n"
                 "batch script (--check, --check-file) and list its traps.  Exit status: 0 no FAIL, 1 a FAIL trap,\n"
-                "2 bad input.  Example:\n"
+                "2 bad input.  The command goes to stdout, the traps to stderr (runbook build ... > job.sbatch).  Example:\n"
                 "  runbook build --launcher srun+torchrun --nodes 2 --nproc-per-node 8 train.py --env NCCL_DEBUG=INFO")
     p.add_argument("script", nargs="?", default=None, help="the training script (default train.py)")
     p.add_argument("--launcher", choices=launch_traps.KINDS, default="torchrun", help="default torchrun")
@@ -413,7 +413,7 @@ def build_command_parser(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument("--master-addr", default=None, help="node 0's hostname or IP (several nodes, outside SLURM)")
     p.add_argument("--master-port", type=tcp_port_arg("--master-port"), default=None, help="rendezvous port (default 29500)")
     p.add_argument("--node-rank", type=positive_int_arg("--node-rank", 0), default=None, help="this node's index")
-    p.add_argument("--script-args", default="", metavar="TEXT", help="the script's arguments as shell text: \"--lr 0.1 --cfg 'a b.yaml'\"")
+    p.add_argument("--script-args", default="", metavar="TEXT", help="the script's arguments as shell text: --script-args=\"--lr 0.1 --cfg 'a b.yaml'\"")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="a variable the job exports (repeat)")
     p.add_argument("--unset", action="append", metavar="NAME", help="a variable the job unsets (repeat)")
     p.add_argument("--accelerate-cpu", action="store_true", help="accelerate on CPU (--cpu)")
@@ -440,12 +440,16 @@ def tcp_port_arg(flag: str) -> Callable[[str], int]:
 
 
 def build_command(args: argparse.Namespace) -> int:
-    """Print the built (or read) command and its traps: 0 no FAIL, 1 a FAIL trap, 2 bad input."""
+    """Print the built command (stdout) and its traps (stderr), or a read command's traps (stdout).
+
+    Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input.
+    """
     from helpers import envvars, launch_parse, launch_traps
     from helpers.checks import worst
 
+    checking = args.check is not None or args.check_file is not None
     try:
-        if args.check is not None or args.check_file is not None:
+        if checking:
             if args.check_file is not None:
                 text = sys.stdin.read() if args.check_file == "-" else open(args.check_file, encoding="utf-8").read()
             else:
@@ -467,16 +471,18 @@ def build_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"runbook build: {exc}", file=sys.stderr)
         return 2
-    if args.check is None and args.check_file is None:
+    if not checking:
         try:
             print(launch_traps.render(spec), end="")
         except ValueError as exc:
             print(f"runbook build: no command: {exc}", file=sys.stderr)
             if not traps:
                 return 2
+    report = sys.stdout if checking else sys.stderr  # built: the command alone on stdout (> job.sbatch)
     for trap in traps:
-        print(trap.line() + f"  [{trap.source}]")
-    print(f"{len(traps)} trap(s)" + (f", {sum(t.severity == 'FAIL' for t in traps)} FAIL" if traps else ": none known"))
+        print(trap.line() + f"  [{trap.source}]", file=report)
+    print(f"{len(traps)} trap(s)" + (f", {sum(t.severity == 'FAIL' for t in traps)} FAIL" if traps else ": none known"),
+          file=report)
     return 1 if worst(traps) == "FAIL" else 0
 
 

@@ -531,8 +531,8 @@ def canonical(spec: LaunchSpec) -> LaunchSpec:
 
 def describe(spec: LaunchSpec) -> str:
     """One line for people: ``torchrun, 2 node(s) x 8 rank(s), rendezvous static, master n0:29500, script train.py, env A, B``."""
-    where = (f", master {spec.master_addr or ''}{':' if spec.master_port else ''}{spec.master_port or ''}"
-             if spec.master_addr or spec.master_port else "")
+    where = ((f", master {spec.master_addr}" if spec.master_addr else "")
+             + (f"{':' if spec.master_addr else ', port '}{spec.master_port}" if spec.master_port else ""))
     args = f" {shlex.join(spec.script_args)}" if spec.script_args else ""
     return (f"{spec.kind}, {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s), rendezvous {spec.rdzv}{where}"
             f"{f', node rank {spec.node_rank}' if spec.node_rank is not None else ''}, script {spec.script}{args}"
