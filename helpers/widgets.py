@@ -225,9 +225,15 @@ class CommandBuilder:
     # ------------------------------------------------------------------ state in, state out
 
     def load(self, spec: LaunchSpec, _raw: Mapping[str, Any] | None = None) -> "CommandBuilder":
-        """Show ``spec`` in the form (every field); returns self."""
+        """Show ``spec`` in the form (every field); returns self.
+
+        A SLURM form with ``rdzv="standalone"`` (the :class:`LaunchSpec` default) shows ``static``: what
+        :func:`helpers.launch_traps.render` writes for it.
+        """
         values: dict[str, Any] = {name: getattr(spec, name) for name in LaunchSpec.__dataclass_fields__}
         values.update(_raw or {})
+        if values["kind"] in SLURM_KINDS and values["rdzv"] == "standalone":
+            values["rdzv"] = "static"
         return self.set(**values)
 
     def set(self, **values: Any) -> "CommandBuilder":

@@ -148,6 +148,7 @@ def test_widget_shows_only_the_fields_the_launcher_uses():
     assert b.controls["rdzv"].options == ("static", "c10d") and b.controls["rdzv"].value == "static"
     assert b._rows["master_addr"].layout.display == "none" and b.spec().master_addr is None
     assert "typed-but-unused" not in b.command and "--ntasks-per-node=1" in b.command
+    assert widgets.command_builder(kind="sbatch").controls["rdzv"].value == "static"  # the default rdzv, as rendered
     b.set(kind="accelerate")
     assert b._rows["accelerate_cpu"].layout.display == "" and b._rows["srun_ntasks_per_node"].layout.display == "none"
 
