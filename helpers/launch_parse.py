@@ -26,15 +26,6 @@ from helpers.launch_traps import LaunchSpec
 
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _EARLY_SLURM = re.compile(r"\$\{?SLURM_(NODEID|PROCID|LOCALID|NODE_RANK)\}?")
-_SLURM_SUBST = {"SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
-
-
-@dataclasses.dataclass
-class _Words:
-    """A shell line split into words, each with whether it was (partly) single-quoted."""
-
-    words: list[str]
-    raw: list[str]
 
 
 def _join_continuations(text: str) -> list[tuple[int, str]]:
@@ -65,17 +56,6 @@ def _join_continuations(text: str) -> list[tuple[int, str]]:
 def _split(line: str) -> list[str]:
     try:
         return shlex.split(line, comments=True)
-    except ValueError:
-        return line.split()
-
-
-def _raw_words(line: str) -> list[str]:
-    """Words keeping their quotes (to tell 'deferred' single-quoted text from early-expanded text)."""
-    lex = shlex.shlex(line, posix=False, punctuation_chars=False)
-    lex.whitespace_split = True
-    lex.commenters = "#"
-    try:
-        return list(lex)
     except ValueError:
         return line.split()
 
@@ -284,6 +264,8 @@ def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dic
         got = _launcher_argv(task)
         if got and got[0] == "torchrun":
             spec = _torchrun(got[1], early)
+    if not spec.get("script"):
+        return {}  # the task is not a launcher we can read (a variable, a wrapper script): no spec
     spec["kind"] = "srun+torchrun"
     nodes = _int(opts.get("--nodes"))
     if nodes:
@@ -333,6 +315,8 @@ def _parse_lines(text: str, env: dict[str, str | None], early: dict[str, Any], *
             local_early["node_rank_early"] = True
         if launcher == "srun":
             spec = _srun(args, stripped, env, local_early)
+            if not spec:
+                continue
         elif launcher == "torchrun":
             spec = _torchrun(args, local_early)
         elif launcher == "accelerate":
@@ -359,8 +343,6 @@ def _finish(fields: dict[str, Any], env: dict[str, str | None], early: dict[str,
         if port:
             kwargs["master_port"] = port
         kwargs.pop("master_addr", None)
-    if kwargs.get("master_addr", "").startswith("$"):
-        pass
     kwargs["env"] = dict(env)
     kwargs.setdefault("script", "train.py")
     if not kwargs["script"]:

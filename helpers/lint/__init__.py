@@ -99,7 +99,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                                                    client_optimizer=client_opt, init_where=where)
         half = deepspeed_rules.enabled(data.get("bf16")) or deepspeed_rules.enabled(data.get("fp16"))
         for f in raw:
-            if half and f.float_inputs:
+            if half and f.float_inputs and not any(x.rule == "half-config-float32-inputs" and x.file == f.path
+                                                   for x in findings):
                 findings.append(Finding.make(
                     "half-config-float32-inputs", "warning", f.path, f.float_inputs[0],
                     f"{path} enables bf16/fp16, so the engine's weights are half precision, but this tensor is built "
@@ -137,4 +138,4 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = No
     return bad + lint_texts(files, command)
 
 
-__all__ = ["Finding", "UNREADABLE", "lint_paths", "lint_texts"]
+__all__ = ["UNREADABLE", "Finding", "lint_paths", "lint_texts"]

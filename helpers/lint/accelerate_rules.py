@@ -16,7 +16,7 @@ DS_FILE_IGNORES = ("gradient_accumulation_steps", "gradient_clipping", "zero_sta
 
 
 def _line(text: str, key: str) -> int:
-    m = re.search(r"^\s*" + re.escape(key) + r"\s*:", text, re.M)
+    m = re.search(r"^\s*" + re.escape(key) + r"\s*:", text, re.MULTILINE)
     return text.count("\n", 0, m.start()) + 1 if m else 1
 
 
@@ -28,7 +28,7 @@ def load(text: str) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ValueError(f"not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise ValueError("an Accelerate config is a YAML mapping")
+        raise ValueError("an Accelerate config is a YAML mapping")  # noqa: TRY004 - bad input is ValueError (project rule)
     return data
 
 
@@ -60,6 +60,9 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
                 "files)", "D5")
         else:
             known = {k: v for k, v in data.items() if k in fields}
+            for key, default in (("mixed_precision", "no"), ("use_cpu", False), ("debug", False),
+                                 ("compute_environment", "LOCAL_MACHINE"), ("distributed_type", "NO")):
+                known.setdefault(key, default)  # the defaults ClusterConfig.from_yaml_file fills in
             ClusterConfig(**known)
     except ImportError:
         pass

@@ -8,6 +8,8 @@ validation (the HF integration fills them in; a raw ``deepspeed.initialize`` doe
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from typing import Any
@@ -64,7 +66,7 @@ def load(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc.msg} at line {exc.lineno}") from exc
     if not isinstance(data, dict):
-        raise ValueError("a DeepSpeed config is a JSON object")
+        raise ValueError("a DeepSpeed config is a JSON object")  # noqa: TRY004 - bad input is ValueError here (project rule)
     return data
 
 
@@ -101,7 +103,7 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             continue
         if key in ZERO_KEYS:
             add("ds-misplaced-key", "error", key, f'"{key}" belongs inside "zero_optimization": at the top level '
-                "DeepSpeed ignores it silently (ZeRO stays at its default, stage 0)",
+                "DeepSpeed ignores it silently" + (" (ZeRO stays at stage 0)" if key == "stage" else ""),
                 f'move it into "zero_optimization": {{"{key}": ...}}', "D17")
         elif key in SECTION_KEYS:
             add("ds-misplaced-key", "error", key, f'"{key}" belongs inside "{SECTION_KEYS[key]}": at the top level it is '
@@ -113,8 +115,9 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
     zero = data.get("zero_optimization")
     if isinstance(zero, dict):
         try:
-            from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-            DeepSpeedZeroConfig(**_drop_auto(zero))
+            with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout: keep --json output clean
+                from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+                DeepSpeedZeroConfig(**_drop_auto(zero))
         except ImportError:
             pass
         except Exception as exc:  # noqa: BLE001 - pydantic ValidationError, reported with its own words
@@ -146,7 +149,6 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             f"deepspeed.initialize ({init_where}) reads the string ('>' not supported between 'str' and 'int')",
             'write the numbers, or launch through the HF Trainer/Accelerate', "D18")
     tb, mb, ga = (data.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
-    ints = [v for v in (tb, mb, ga) if isinstance(v, int) and not isinstance(v, bool)]
     if isinstance(tb, int) and isinstance(mb, int):
         gas = ga if isinstance(ga, int) else 1
         if world_size and tb != mb * gas * world_size and (isinstance(ga, int) or "gradient_accumulation_steps" not in data):
@@ -158,5 +160,4 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             add("ds-batch-mismatch", "error", "train_batch_size",
                 f"train_batch_size {tb} is not a multiple of micro {mb} x accumulation {ga}: no world size fits",
                 "make train_batch_size = micro x accumulation x world size", "Gilbreth 7.4")
-    del ints
     return out

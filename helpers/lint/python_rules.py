@@ -50,7 +50,7 @@ WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "l
                     "get_state_dict", "optim_state_dict", "save", "load", "compute", "sync"}
 WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*accelerator|self\.accelerator|hvd|dcp|"
                             r"dist_cp|torch\.distributed\.checkpoint|FSDP|FullyShardedDataParallel|trainer|"
-                            r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.I)
+                            r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.IGNORECASE)
 WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes"}
 FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
 
@@ -77,11 +77,29 @@ def _src(node: ast.AST) -> str:
         return ""
 
 
+def _dotted(node: ast.AST) -> str:
+    """``a.b.c`` for a Name/Attribute chain (cheap), else the unparsed source."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return _src(node) + ("." + ".".join(reversed(parts)) if parts else "")
+
+
+_NAMES: dict[int, tuple[str, str]] = {}
+
+
 def _call_name(call: ast.Call) -> tuple[str, str]:
     """(receiver source, function name) of a call: ``dist.barrier()`` -> ("dist", "barrier")."""
     f = call.func
     if isinstance(f, ast.Attribute):
-        return _src(f.value), f.attr
+        key = id(call)
+        got = _NAMES.get(key)
+        if got is None or got[1] != f.attr:
+            got = _NAMES[key] = (_dotted(f.value), f.attr)
+        return got
     if isinstance(f, ast.Name):
         return "", f.id
     return "", ""
@@ -89,15 +107,15 @@ def _call_name(call: ast.Call) -> tuple[str, str]:
 
 def _env_key(node: ast.AST) -> str | None:
     """``"RANK"`` for ``os.environ["RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("RANK", ...)``."""
-    if isinstance(node, ast.Subscript) and _src(node.value) in ("os.environ", "environ"):
-        if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
-            return node.slice.value
-    if isinstance(node, ast.Call):
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+            and _dotted(node.value) in ("os.environ", "environ"):
+        return node.slice.value
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
         recv, name = _call_name(node)
         if (recv in ("os.environ", "environ") and name in ("get", "setdefault")) or (recv == "os" and name == "getenv") \
                 or (not recv and name == "getenv"):
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                return node.args[0].value
+            return node.args[0].value
     return None
 
 
@@ -126,12 +144,33 @@ class _Taint:
                 return True
         return False
 
+    def is_rank_value(self, node: ast.AST | None) -> bool:
+        """The value itself is rank-dependent (not merely built with a rank somewhere inside, like DDP(model, device_ids=[r]))."""
+        if node is None:
+            return False
+        if isinstance(node, ast.Name):
+            return node.id in self.rank or node.id in RANK_NAMES
+        if isinstance(node, ast.Attribute):
+            return node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS
+        key = _env_key(node)
+        if key is not None:
+            return key in RANK_ENV
+        if isinstance(node, ast.Call):
+            _, name = _call_name(node)
+            if name in RANK_CALLS:
+                return True
+            return name in ("int", "str", "float", "bool") and bool(node.args) and self.is_rank_value(node.args[0])
+        if isinstance(node, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.JoinedStr, ast.FormattedValue,
+                             ast.Tuple)):
+            return any(self.is_rank_value(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+        return False
+
     def is_global_rank(self, node: ast.AST) -> bool:
         """A value that is the global rank itself (not ``rank % ngpus``, not ``local_rank``)."""
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
             return False
         if isinstance(node, ast.Call):
-            recv, name = _call_name(node)
+            _recv, name = _call_name(node)
             if name in GLOBAL_RANK_CALLS:
                 return True
             if name in ("int", "str") and node.args:
@@ -150,20 +189,20 @@ class _Taint:
             return any(isinstance(v, ast.FormattedValue) and self.is_global_rank(v.value) for v in node.values)
         return False
 
-    def learn(self, tree: ast.AST) -> None:
+    def learn(self, tree: ast.AST | list[ast.AST]) -> None:
         """Propagate taint through assignments (a few passes: order-insensitive)."""
-        assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
+        assigns = [n for n in (tree if isinstance(tree, list) else ast.walk(tree)) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
         for _ in range(3):
             for n in assigns:
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 attrs = [t.attr for t in targets if isinstance(t, ast.Attribute)]
-                if attrs and self.is_rank(n.value):
+                if attrs and self.is_rank_value(n.value):
                     self.rank_attrs.update(attrs)
                 names += [e.id for t in targets if isinstance(t, ast.Tuple) for e in t.elts if isinstance(e, ast.Name)]
                 if not names:
                     continue
-                if self.is_rank(n.value):
+                if self.is_rank_value(n.value):
                     self.rank.update(names)
                 if self.is_global_rank(n.value):
                     self.global_rank.update(names)
@@ -196,25 +235,28 @@ class PythonLinter:
         self.uses_torchmetrics = "torchmetrics" in text
         self.uses_fsdp = bool(re.search(r"FullyShardedDataParallel|\bFSDP\b|fully_shard", text))
         self.parents: dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(self.tree):
+        self.nodes: list[ast.AST] = [self.tree]
+        self._all_calls: list[ast.Call] | None = None
+        for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                self.nodes.append(child)
         self.module_aliases: set[str] = set()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 self.module_aliases.update((a.asname or a.name).split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom):
                 self.module_aliases.update(a.asname or a.name for a in node.names)
         spawned = set()
         for call in self._calls():
-            recv, name = _call_name(call)
+            _recv, name = _call_name(call)
             if name in ("spawn", "start_processes") and call.args and isinstance(call.args[0], ast.Name):
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
-        self.taint.learn(self.tree)
+        self.taint.learn(self.nodes)
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
         self.collective_funcs: dict[str, str] = {}
@@ -223,10 +265,16 @@ class PythonLinter:
 
     # --- helpers -------------------------------------------------------------------------
     def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
-        return [n for n in ast.walk(node or self.tree) if isinstance(n, ast.Call)]
+        if node is None:
+            if self._all_calls is None:
+                self._all_calls = [n for n in self.nodes if isinstance(n, ast.Call)]
+            return self._all_calls
+        return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
 
     def _suppressions(self) -> dict[int, set[str]]:
         out: dict[int, set[str]] = {}
+        if "runbook-lint" not in self.text:
+            return out
         try:
             for tok in tokenize.generate_tokens(io.StringIO(self.text).readline):
                 if tok.type == tokenize.COMMENT:
@@ -250,6 +298,10 @@ class PythonLinter:
         recv, name = _call_name(call)
         if name in ("send", "recv", "isend", "irecv"):
             return None
+        if (not recv or recv in ("self", "cls")) and name in self.functions:
+            if name in self.collective_funcs and depth < 3:
+                return f"{name}() -> {self.collective_funcs[name]}"
+            return None
         if name in ("save_checkpoint", "load_checkpoint") and recv in self.module_aliases and recv != "deepspeed":
             return None  # a module's own save_checkpoint function, not an engine method
         if name in STRONG_COLLECTIVES and not (not recv and name in self.functions):
@@ -270,9 +322,7 @@ class PythonLinter:
         if name == "state_dict" and self.uses_fsdp and self._under_full_state_dict_ctx(call):
             return f"{recv}.state_dict (FULL_STATE_DICT gather)"
         target = None
-        if not recv and name in self.functions:
-            target = name
-        elif recv in ("self", "cls") and name in self.functions:
+        if not recv and name in self.functions or recv in ("self", "cls") and name in self.functions:
             target = name
         if target and target in self.collective_funcs and depth < 3:
             return f"{target}() -> {self.collective_funcs[target]}"
@@ -290,15 +340,20 @@ class PythonLinter:
         return False
 
     def _find_collective_functions(self) -> None:
+        calls = {name: self._calls(fn) for name, fn in self.functions.items()}
         for _ in range(3):  # a helper calling a helper calling a collective (bounded depth)
+            changed = False
             for name, fn in self.functions.items():
                 if name in self.collective_funcs:
                     continue
-                for call in self._calls(fn):
+                for call in calls[name]:
                     c = self.collective_name(call, depth=1)
                     if c and not self._gated_within(call, fn):
                         self.collective_funcs[name] = c
+                        changed = True
                         break
+            if not changed:
+                break
 
     def _gated_within(self, node: ast.AST, stop: ast.AST) -> bool:
         p, child = self.parents.get(node), node
@@ -374,7 +429,7 @@ class PythonLinter:
 
     def rule_rank_early_exit(self) -> None:
         """D21/D20: ``if rank ...: return/break/continue`` before a collective in the same block."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             for fld in ("body", "orelse"):
                 block = getattr(node, fld, None)
                 if not isinstance(block, list):
@@ -461,15 +516,20 @@ class PythonLinter:
 
     def rule_sampler_set_epoch(self) -> None:
         """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``."""
-        if ".set_epoch(" in self.text or "set_epoch" in self.text:
+        if any(_call_name(c)[1] == "set_epoch" for c in self._calls()):
             return
-        samplers = [c for c in self._calls() if _call_name(c)[1] == "DistributedSampler"
+        classes = {"DistributedSampler"}
+        for node in self.nodes:  # sampler_cls = RandomSampler if ... else DistributedSampler
+            if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Call) and \
+                    any(isinstance(n, ast.Name) and n.id == "DistributedSampler" for n in ast.walk(node.value)):
+                classes.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        samplers = [c for c in self._calls() if _call_name(c)[1] in classes
                     and not any(k.arg == "shuffle" and isinstance(k.value, ast.Constant) and k.value.value is False
                                 for k in c.keywords)]
         if not samplers:
             return
         epoch_loop = any(isinstance(n, ast.For) and ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower())
-                         for n in ast.walk(self.tree))
+                         for n in self.nodes)
         if epoch_loop:
             self.add("sampler-no-set-epoch", "warning", samplers[0],
                      "DistributedSampler shuffles with a seed fixed by its epoch, and set_epoch is never called: every "
@@ -480,7 +540,7 @@ class PythonLinter:
         """D9/D22: each rank slices its own share (uneven lengths) without a sampler or Join."""
         if "Join(" in self.text:
             return
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
                 parts = [p for p in (node.slice.lower, node.slice.upper, node.slice.step) if p is not None]
                 if parts and any(self.taint.is_rank(p) for p in parts) and self._in_loop_scope_with_collective() \
@@ -495,7 +555,7 @@ class PythonLinter:
         """The sliced value (or the name it is assigned to) is looped over (a for loop or a comprehension)."""
         parent = self.parents.get(node)
         names = {t.id for t in getattr(parent, "targets", []) if isinstance(t, ast.Name)} if isinstance(parent, ast.Assign) else set()
-        for loop in ast.walk(self.tree):
+        for loop in self.nodes:
             it = loop.iter if isinstance(loop, (ast.For, ast.comprehension)) else None
             if it is None:
                 continue
@@ -511,7 +571,7 @@ class PythonLinter:
         """D18: ``loss.backward()`` / ``optimizer.step()`` next to a raw ``deepspeed.initialize`` engine."""
         engines: set[str] = set()
         optims: set[str] = set()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
                     _src(node.value.func) in ("deepspeed.initialize", "initialize"):
                 t = node.targets[0]
@@ -532,11 +592,11 @@ class PythonLinter:
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): the engine's loss "
                          "scaling, gradient reduction and accumulation are skipped",
-                         f"{sorted(engines)[0]}.backward(loss); {sorted(engines)[0]}.step()", "D18")
+                         f"{min(engines)}.backward(loss); {min(engines)}.step()", "D18")
             if name == "step" and recv in optims and recv not in engines:
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.step() bypasses the DeepSpeed engine (gradient accumulation boundary, clipping, "
-                         "ZeRO partitions)", f"{sorted(engines)[0]}.step()", "D18")
+                         "ZeRO partitions)", f"{min(engines)}.step()", "D18")
 
     def rule_ddp_fsdp_options(self) -> None:
         """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""
@@ -544,7 +604,7 @@ class PythonLinter:
         fsdp_calls = [c for c in calls if _call_name(c)[1] in ("FullyShardedDataParallel", "FSDP")]
         fully_shard = [c for c in calls if _call_name(c)[1] == "fully_shard"]
         for c in calls:
-            recv, name = _call_name(c)
+            _recv, name = _call_name(c)
             kws = {k.arg: k.value for k in c.keywords if k.arg}
             if name in ("DistributedDataParallel", "DDP") or "DistributedDataParallelKwargs" in name:
                 v = kws.get("find_unused_parameters")
@@ -560,13 +620,12 @@ class PythonLinter:
                              f"MixedPrecision leaves {', '.join(missing)} unset: those tensors stay fp32 (buffers) or "
                              "reduce in a dtype you did not choose",
                              "set param_dtype, reduce_dtype and buffer_dtype explicitly", "D14")
-            if name == "FullStateDictConfig":
-                if not all(isinstance(kws.get(k), ast.Constant) and kws[k].value is True
-                           for k in ("rank0_only", "offload_to_cpu")):
-                    self.add("fsdp-full-state-dict-all-ranks", "warning", c,
-                             "a full state dict without rank0_only=True, offload_to_cpu=True is gathered on every rank's "
-                             "GPU: N copies of the whole model (OOM)",
-                             "FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
+            if name == "FullStateDictConfig" and not all(isinstance(kws.get(k), ast.Constant) and kws[k].value is True
+                       for k in ("rank0_only", "offload_to_cpu")):
+                self.add("fsdp-full-state-dict-all-ranks", "warning", c,
+                         "a full state dict without rank0_only=True, offload_to_cpu=True is gathered on every rank's "
+                         "GPU: N copies of the whole model (OOM)",
+                         "FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
             if name == "StateDictOptions":
                 fsd = kws.get("full_state_dict")
                 if isinstance(fsd, ast.Constant) and fsd.value is True and not (
@@ -634,7 +693,8 @@ class PythonLinter:
                 continue
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
                 continue
-            if any(self.taint.is_rank(a) for a in [*call.args, *(k.value for k in call.keywords)]):
+            path_args = call.args[1:] if name in ("save", "dump") else call.args[:1]
+            if any(self.taint.is_rank(a) for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
                 continue  # a per-rank file name
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
@@ -653,7 +713,7 @@ class PythonLinter:
 
     def rule_master_port_and_timeout(self) -> None:
         """D4 (hard-coded MASTER_PORT) and MN3 (init_process_group without timeout)."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and _env_key(node.targets[0]) == "MASTER_PORT" \
                     and isinstance(node.value, ast.Constant):
                 self.add("hardcoded-master-port", "warning", node,
@@ -662,7 +722,7 @@ class PythonLinter:
                          "let the launcher choose (torchrun --standalone / --rdzv-endpoint=localhost:0) or take a free "
                          "port per job", "D4")
         for call in self._calls():
-            recv, name = _call_name(call)
+            _recv, name = _call_name(call)
             if name == "init_process_group":
                 for kw in call.keywords:
                     if kw.arg == "init_method" and isinstance(kw.value, ast.Constant) and \
@@ -694,7 +754,9 @@ class PythonLinter:
                 for k in call.keywords:
                     if k.arg == "gradient_accumulation_steps":
                         f.accelerator_grad_accum = (call.lineno, _src(k.value))
-            if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and \
+            parent = self.parents.get(call)
+            cast = isinstance(parent, ast.Attribute) and parent.attr in ("to", "half", "bfloat16", "type", "double")
+            if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and not cast and \
                     not any(k.arg == "dtype" for k in call.keywords):
                 f.float_inputs.append(call.lineno)
 

@@ -28,6 +28,30 @@ def traps_as_findings(spec: LaunchSpec, path: str, line: int) -> list[Finding]:
     return [Finding.make(t.id, _SEVERITY.get(t.severity, "warning"), path, line, t.message, t.fix, t.source) for t in traps]
 
 
+def _single_quoted_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans inside single quotes (not expanded by the shell that reads this text)."""
+    spans, start, dq, i = [], -1, False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and start < 0:
+            i += 2
+            continue
+        if ch == "#" and start < 0 and not dq and (i == 0 or text[i - 1] in " \t\n"):
+            nl = text.find("\n", i)
+            i = len(text) if nl < 0 else nl
+            continue
+        if ch == '"' and start < 0:
+            dq = not dq
+        elif ch == "'" and not dq:
+            if start < 0:
+                start = i
+            else:
+                spans.append((start, i))
+                start = -1
+        i += 1
+    return spans
+
+
 def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
     """Lint a batch/shell script: returns ``(findings, spec)`` (spec None when there is no launch line)."""
     out: list[Finding] = []
@@ -39,22 +63,21 @@ def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
     line = launch_parse.launch_line(text)
     if spec is not None:
         out += traps_as_findings(spec, path, line)
-    lines = text.splitlines()
+    quoted = _single_quoted_spans(text)
     for var in ("MASTER_ADDR", "MASTER_PORT"):
-        assigned = [i for i, ln in enumerate(lines, 1) if re.match(rf"^\s*{var}=", ln)]
-        exported = any(re.match(rf"^\s*export\s+(.*\s)?{var}\b", ln) for ln in lines)
-        if not assigned or exported:
+        assign = re.search(rf"^[ \t]*{var}=", text, re.MULTILINE)
+        if not assign or re.search(rf"^[ \t]*export\s+(.*\s)?{var}\b", text, re.MULTILINE):
             continue
-        srun = [i for i, ln in enumerate(lines, 1) if re.match(r"^\s*srun\b", ln)]
-        if not srun:
+        if not re.search(r"^[ \t]*srun\b", text[assign.end():], re.MULTILINE):
             continue
-        body = "\n".join(lines[srun[0] - 1:])
-        early_use = re.search(r'"[^"\']*\$\{?' + var, lines[srun[0] - 1]) or re.search(
-            r"--\S*(master|main_process)[_-]?(addr|ip|port)[= ]\$\{?" + var, body.split("'")[0], re.I)
-        if early_use:
-            continue
-        out.append(Finding.make("master-addr-not-exported", "error", path, assigned[0],
-                                f"{var} is assigned but not exported: the srun tasks (and torchrun's env:// "
-                                f"rendezvous) do not see it ('The hostname of the rendezvous endpoint ':29500' ...')",
+        uses = [m.start() for m in re.finditer(r"\$\{?" + var + r"\b", text)
+                if m.start() > assign.end() and text[m.start() - 1] != "\\"]  # \$VAR: expanded later, per task
+        if uses and any(not any(a0 <= u < b0 for a0, b0 in quoted) for u in uses):
+            continue  # expanded by the batch shell before srun: no export needed
+        line_no = text.count("\n", 0, assign.start()) + 1
+        out.append(Finding.make("master-addr-not-exported", "error", path, line_no,
+                                f"{var} is assigned but not exported, and the srun tasks read it later (env:// "
+                                "rendezvous, or $" + var + " deferred to the task by single quotes or \\$): they see it empty "
+                                "('The hostname of the rendezvous endpoint ':29500' ...')",
                                 f"export {var}=...", "Gilbreth 4.3"))
     return out, spec

@@ -1,0 +1,39 @@
+"""runbook lint on its corpus (tests/data/lint): every buggy example gets its rule, every clean file no warning/error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers.lint import lint_paths
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "lint"
+ENTRIES = json.loads((DATA / "manifest.json").read_text())["entries"]
+
+
+def _lint(entry: dict) -> list:
+    return lint_paths([DATA / f for f in entry["files"]], command=entry.get("command"))
+
+
+def test_the_corpus_has_the_size_the_issue_asks_for():
+    buggy = [e for e in ENTRIES if not e["clean"]]
+    clean = [e for e in ENTRIES if e["clean"]]
+    assert len(buggy) >= 40 and len(clean) >= 10
+    assert all(e["url"].startswith("https://github.com/") for e in ENTRIES)
+    for e in ENTRIES:  # every file says where it comes from
+        for f in e["files"]:
+            assert e["url"] in (DATA / f).read_text()
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if not e["clean"]], ids=lambda e: e["files"][0])
+def test_buggy_example_gets_its_rule(entry):
+    rules = {f.rule for f in _lint(entry)}
+    assert set(entry["expected"]) <= rules, f"{entry['url']}: expected {entry['expected']}, got {sorted(rules)}"
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e["clean"]], ids=lambda e: e["files"][0])
+def test_clean_file_gets_no_warning_or_error(entry):
+    loud = [f.text() for f in _lint(entry) if f.lint_severity != "info"]
+    assert loud == []
