@@ -451,7 +451,11 @@ def build_command(args: argparse.Namespace) -> int:
     try:
         if checking:
             if args.check_file is not None:
-                text = sys.stdin.read() if args.check_file == "-" else open(args.check_file, encoding="utf-8").read()
+                if args.check_file == "-":
+                    text = sys.stdin.read()
+                else:
+                    with open(args.check_file, encoding="utf-8") as f:
+                        text = f.read()
             else:
                 text = args.check
             spec = launch_parse.parse(text)

@@ -453,7 +453,7 @@ def parse(text: str) -> LaunchSpec:
     """
     if not isinstance(text, str) or not text.strip():
         raise ValueError("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
-    if text.lstrip().startswith("#!") or re.search(r"^\s*#SBATCH\b", text, re.M):
+    if text.lstrip().startswith("#!") or re.search(r"^\s*#SBATCH\b", text, re.MULTILINE):
         return parse_sbatch(text)
     return parse_command(text)
 

@@ -224,7 +224,7 @@ class CommandBuilder:
 
     # ------------------------------------------------------------------ state in, state out
 
-    def load(self, spec: LaunchSpec, _raw: Mapping[str, Any] | None = None) -> "CommandBuilder":
+    def load(self, spec: LaunchSpec, _raw: Mapping[str, Any] | None = None) -> CommandBuilder:
         """Show ``spec`` in the form (every field); returns self.
 
         A SLURM form with ``rdzv="standalone"`` (the :class:`LaunchSpec` default) shows ``static``: what
@@ -236,7 +236,7 @@ class CommandBuilder:
             values["rdzv"] = "static"
         return self.set(**values)
 
-    def set(self, **values: Any) -> "CommandBuilder":
+    def set(self, **values: Any) -> CommandBuilder:
         """Set controls as a user would (``builder.set(nnodes=2, master_addr="localhost")``); returns self.
 
         Numbers may be given as ints or text; ``None`` (or the old sentinels -1 / 0 of the optional
