@@ -28,13 +28,15 @@ $(STAMP): pyproject.toml
 # `ping -M do`): installed only as root, only when missing; without them the checks fall back to
 # Python (a raw ICMP probe, ioctls), so a failure here is a warning, never an error; without
 # slurm-wlm/munge the SLURM lab tests (Lab(..., slurm=True)) skip with the reason.
-SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2 slurmctld:slurm-wlm munged:munge
+# chromium: Debian's browser, which the browser test of the command builder drives (tests/browser; it skips,
+# saying why, when /usr/bin/chromium is missing).
+SYSTEM_TOOLS := ping:iputils-ping ethtool:ethtool ip:iproute2 slurmctld:slurm-wlm munged:munge chromium:chromium
 system-tools:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing Debian packages:$$missing"; \
-	  (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends $$missing) >/dev/null 2>&1 \
+	  (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends $$missing) >/dev/null 2>&1 \
 	    || echo "warning: could not install$$missing; the lab and pre-flight checks use their Python fall-backs"; \
 	else echo "note: not installed:$$missing (needs root and apt-get); the lab and pre-flight checks use their Python fall-backs"; fi
 
@@ -67,8 +69,12 @@ diagnose: $(STAMP)
 	@mkdir -p build/tmp
 	$(BIN)/runbook diagnose $(ARGS)
 
+# JupyterLab on 127.0.0.1:$(LAB_PORT) (as root too: --allow-root only then); it prints the URL with its
+# token.  From a laptop: ssh -N -L 8888:127.0.0.1:8888 you@host (docs/command-builder.md).
+LAB_PORT ?= 8888
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	@mkdir -p build/tmp
+	$(BIN)/python -m helpers.labserver --port $(LAB_PORT)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py

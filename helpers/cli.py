@@ -27,6 +27,12 @@ the MTU the path really carries and the master address on every node, and names 
 ``runbook estimate-memory --params 1.3e9 --world-size 8 --strategy zero2`` prints the model-state
 bytes per rank by component (``helpers.memory``; ``runbook estimate-memory --help``).
 
+``runbook build --launcher srun+torchrun --nodes 2 --nproc-per-node 8 train.py --env NCCL_DEBUG=INFO``
+prints the command (or the ``srun`` lines, or a whole ``sbatch`` script with ``--launcher sbatch``)
+and its known traps: the command builder of chapter 01 without JupyterLab (``helpers.launch_traps``).
+``runbook build --check "<command>"`` / ``--check-file job.sbatch`` reads an existing command or batch
+script (``helpers.launch_parse``) and lists its traps.  Exit status 1 on a FAIL trap.
+
 Exit statuses, for every command: 0 OK, 1 a FAIL was found, 2 bad input or the check could not run
 (argparse also exits 2 on a bad flag, naming it).
 
@@ -468,6 +474,111 @@ def estimate_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- build (the command builder)
+
+def build_command_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                         ) -> argparse.ArgumentParser:
+    """The ``runbook build`` parser: the command builder's fields as flags, or ``--check`` / ``--check-file``.
+
+    (``build_parser`` is the name of the whole ``runbook`` parser, hence ``build_command_parser``.)
+    """
+    from helpers import launch_traps
+
+    p = _parser(subparsers, "build", "build a launch command or sbatch script and list its traps (or --check one)",
+                "Build the command that starts a training script (torchrun, accelerate launch, deepspeed, srun + torchrun,\n"
+                "or a whole sbatch script) and list its known traps, FAILs first; or read an existing command or\n"
+                "batch script (--check, --check-file) and list its traps.  Exit status: 0 no FAIL, 1 a FAIL trap,\n"
+                "2 bad input.  The command goes to stdout, the traps to stderr (runbook build ... > job.sbatch).  Example:\n"
+                "  runbook build --launcher srun+torchrun --nodes 2 --nproc-per-node 8 train.py --env NCCL_DEBUG=INFO")
+    p.add_argument("script", nargs="?", default=None, help="the training script (default train.py)")
+    p.add_argument("--launcher", choices=launch_traps.KINDS, default="torchrun", help="default torchrun")
+    p.add_argument("--nodes", type=positive_int_arg("--nodes"), default=1, help="nodes (default 1)")
+    p.add_argument("--nproc-per-node", type=positive_int_arg("--nproc-per-node"), default=1,
+                   help="ranks per node, usually the GPUs per node (default 1)")
+    p.add_argument("--gpus-per-node", type=positive_int_arg("--gpus-per-node", 0), default=None,
+                   help="GPUs on each node, if known (0: CPU nodes)")
+    p.add_argument("--rdzv", choices=launch_traps.RDZV, default=None,
+                   help="torchrun rendezvous form (default: standalone on one node, static on several)")
+    p.add_argument("--master-addr", default=None, help="node 0's hostname or IP (several nodes, outside SLURM)")
+    p.add_argument("--master-port", type=tcp_port_arg("--master-port"), default=None, help="rendezvous port (default 29500)")
+    p.add_argument("--node-rank", type=positive_int_arg("--node-rank", 0), default=None, help="this node's index")
+    p.add_argument("--script-args", default="", metavar="TEXT", help="the script's arguments as shell text: --script-args=\"--lr 0.1 --cfg 'a b.yaml'\"")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE", help="a variable the job exports (repeat)")
+    p.add_argument("--unset", action="append", metavar="NAME", help="a variable the job unsets (repeat)")
+    p.add_argument("--accelerate-cpu", action="store_true", help="accelerate on CPU (--cpu)")
+    p.add_argument("--srun-ntasks-per-node", type=positive_int_arg("--srun-ntasks-per-node"), default=1,
+                   help="srun tasks per node in the SLURM forms (keep 1)")
+    p.add_argument("--srun-export", default="ALL", help="srun --export in the SLURM forms (default ALL)")
+    p.add_argument("--check-port", action="store_true", help="also check that the rendezvous port is free here (D4)")
+    check = p.add_mutually_exclusive_group()
+    check.add_argument("--check", metavar="COMMAND", help="read this command instead of building one, and list its traps")
+    check.add_argument("--check-file", metavar="PATH", help="read a command or sbatch script from PATH ('-': stdin)")
+    return p
+
+
+def tcp_port_arg(flag: str) -> Callable[[str], int]:
+    """An argparse ``type`` for a TCP port 1..65535 whose error names ``flag`` (:func:`helpers.validate.tcp_port`)."""
+    def parse(text: str) -> int:
+        try:
+            return validate.tcp_port(int(text), flag)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be an integer in 1..65535") from None
+
+    parse.__name__ = flag.lstrip("-").replace("-", "_")
+    return parse
+
+
+def build_command(args: argparse.Namespace) -> int:
+    """Print the built command (stdout) and its traps (stderr), or a read command's traps (stdout).
+
+    Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input.
+    """
+    from helpers import envvars, launch_parse, launch_traps
+    from helpers.checks import worst
+
+    checking = args.check is not None or args.check_file is not None
+    try:
+        if checking:
+            if args.check_file is not None:
+                if args.check_file == "-":
+                    text = sys.stdin.read()
+                else:
+                    with open(args.check_file, encoding="utf-8") as f:
+                        text = f.read()
+            else:
+                text = args.check
+            spec = launch_parse.parse(text)
+            print(f"read as: {launch_parse.describe(spec)}")
+        else:
+            env: dict[str, str | None] = dict(envvars.parse_pairs(args.env))
+            for name in args.unset or []:
+                env[envvars.check_name(name, "--unset")] = None
+            rdzv = args.rdzv or ("standalone" if args.nodes == 1 and args.launcher == "torchrun" else "static")
+            spec = launch_traps.LaunchSpec(
+                kind=args.launcher, nnodes=args.nodes, nproc_per_node=args.nproc_per_node, script=args.script or "train.py",
+                script_args=tuple(shlex.split(args.script_args)), rdzv=rdzv, master_addr=args.master_addr,
+                master_port=args.master_port, node_rank=args.node_rank, env=env, gpus_per_node=args.gpus_per_node,
+                accelerate_cpu=args.accelerate_cpu, srun_ntasks_per_node=args.srun_ntasks_per_node,
+                srun_export=args.srun_export)
+        traps = launch_traps.find_traps(spec, check_port=args.check_port)
+    except (OSError, ValueError) as exc:
+        print(f"runbook build: {exc}", file=sys.stderr)
+        return 2
+    if not checking:
+        try:
+            print(launch_traps.render(spec), end="")
+        except ValueError as exc:
+            print(f"runbook build: no command: {exc}", file=sys.stderr)
+            if not traps:
+                return 2
+    report = sys.stdout if checking else sys.stderr  # built: the command alone on stdout (> job.sbatch)
+    for trap in traps:
+        print(trap.line() + f"  [{trap.source}]", file=report)
+    print(f"{len(traps)} trap(s)" + (f", {sum(t.severity == 'FAIL' for t in traps)} FAIL" if traps else ": none known"),
+          file=report)
+    return 1 if worst(traps) == "FAIL" else 0
+
+
 # ---------------------------------------------------------------- registry
 
 COMMANDS: tuple[Command, ...] = (
@@ -478,6 +589,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("lab", lab_parser, lab),
     Command("preflight", preflight_parser, preflight),
     Command("estimate-memory", estimate_memory_parser, estimate_memory),
+    Command("build", build_command_parser, build_command),
 )
 """Every ``runbook`` sub-command, in ``--help`` order."""
 

@@ -399,11 +399,15 @@ def sbatch_header(text: str) -> dict[str, str]:
     return opts
 
 
+_GPU_REQUESTS = ("--gpus-per-node", "--gres", "--gpus", "-G", "--gpus-per-task", "--gpus-per-socket")
+
+
 def parse_sbatch(text: str) -> LaunchSpec:
     """The :class:`LaunchSpec` of a batch script: ``#SBATCH`` header plus its launch line.
 
     ``--nodes`` and ``--ntasks-per-node`` (inherited by ``srun`` unless it overrides them) and
-    ``--gpus-per-node`` / ``--gres=gpu:N`` come from the header; exports at the top and inside the
+    ``--gpus-per-node`` / ``--gres=gpu:N`` come from the header (no GPU request at all: ``gpus_per_node=0``,
+    for an ``srun`` launch); exports at the top and inside the
     task's ``bash -c`` go to ``env``.  A script that launches with ``srun`` is ``kind="sbatch"``; one
     that runs ``deepspeed`` / ``accelerate launch`` / ``torchrun`` directly keeps that kind, with the
     allocation's node count (so ``deepspeed --hostfile`` in an allocation is ``deepspeed-ssh``).
@@ -432,6 +436,86 @@ def parse_sbatch(text: str) -> LaunchSpec:
     gpus = header.get("--gpus-per-node")
     gres = re.search(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)", header.get("--gres", ""))
     g = _int(gpus.split(":")[-1]) if gpus else (int(gres.group(1)) if gres else None)
+    if g is None and fields.get("kind") == "sbatch" and not any(k in header for k in _GPU_REQUESTS):
+        g = 0  # no GPU request at all: the allocation has none (a CPU job, gloo)
     if g is not None:
         fields["gpus_per_node"] = g
     return _finish(fields, env, early)
+
+
+def parse(text: str) -> LaunchSpec:
+    """:func:`parse_sbatch` for a batch script (a ``#!`` first line or a ``#SBATCH`` line), else :func:`parse_command`.
+
+    What the command builder's "paste to check" box and ``runbook build --check`` call.
+
+    Raises:
+        ValueError: as :func:`parse_command` / :func:`parse_sbatch`; an empty ``text``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
+    if text.lstrip().startswith("#!") or re.search(r"^\s*#SBATCH\b", text, re.MULTILINE):
+        return parse_sbatch(text)
+    return parse_command(text)
+
+
+def canonical(spec: LaunchSpec) -> LaunchSpec:
+    """``spec`` as its rendered command states it: what :func:`parse` reads back from :func:`helpers.launch_traps.render`.
+
+    ``render(canonical(s)) == render(s)`` and ``parse(render(s)) == canonical(s)`` for every spec that
+    renders (``tests/unit/test_launch_parse.py`` checks both on 1,000 random specs).  The changes:
+
+    * defaults the command writes become explicit: the port 29500 (every form that writes a port), node
+      rank 0 (multi-node static torchrun, accelerate), ``127.0.0.1`` for one torchrun node with a port,
+      ``gpus_per_node`` = ``nproc_per_node`` in an sbatch script without one;
+    * fields the form does not write are reset to their defaults: ``master_addr`` / ``node_rank`` on
+      one node and in the SLURM forms (``scontrol`` and ``$SLURM_NODEID`` give them), ``gpus_per_node``
+      outside ``sbatch``, ``accelerate_cpu`` outside accelerate, ``srun_*`` outside the SLURM forms;
+    * ``rdzv`` becomes what the command uses: ``static`` for one torchrun node with a port, for the
+      SLURM forms unless ``c10d``, and for deepspeed; accelerate is ``standalone`` on one node.
+
+    Raises:
+        ValueError: as :func:`helpers.launch_traps.validate`, naming the field.
+    """
+    from helpers import launch_traps, launchers
+
+    launch_traps.validate(spec)
+    default_port = launchers.DEFAULT_MASTER_PORT
+    multi = spec.nnodes > 1
+    keep: dict[str, Any] = {"kind": spec.kind, "nnodes": spec.nnodes, "nproc_per_node": spec.nproc_per_node,
+                            "script": spec.script, "script_args": tuple(spec.script_args), "env": dict(spec.env)}
+    if spec.kind in ("srun+torchrun", "sbatch"):
+        keep.update(rdzv="c10d" if spec.rdzv == "c10d" else "static", master_port=spec.master_port or default_port,
+                    srun_ntasks_per_node=spec.srun_ntasks_per_node, srun_export=spec.srun_export)
+        if spec.kind == "sbatch":
+            keep["gpus_per_node"] = spec.nproc_per_node if spec.gpus_per_node is None else spec.gpus_per_node
+    elif spec.kind == "torchrun":
+        if not multi and spec.rdzv == "standalone" and spec.master_port is None:
+            keep.update(rdzv="standalone")
+        elif not multi:
+            keep.update(rdzv="static", master_addr=spec.master_addr or "127.0.0.1", master_port=spec.master_port or default_port)
+        else:
+            keep.update(rdzv=spec.rdzv, master_addr=spec.master_addr, master_port=spec.master_port or default_port)
+            if spec.rdzv == "static":
+                keep["node_rank"] = 0 if spec.node_rank is None else spec.node_rank
+            elif spec.rdzv == "standalone":
+                keep["node_rank"] = spec.node_rank
+    elif spec.kind == "accelerate":
+        keep.update(rdzv="static" if multi else "standalone", accelerate_cpu=spec.accelerate_cpu,
+                    master_port=spec.master_port or default_port if multi else spec.master_port)
+        if multi:
+            keep.update(master_addr=spec.master_addr, node_rank=0 if spec.node_rank is None else spec.node_rank)
+    else:  # deepspeed
+        keep.update(rdzv="static", master_port=spec.master_port or default_port if multi else spec.master_port)
+        if multi:
+            keep.update(master_addr=spec.master_addr, node_rank=spec.node_rank)
+    return LaunchSpec(**keep)
+
+
+def describe(spec: LaunchSpec) -> str:
+    """One line for people: ``torchrun, 2 node(s) x 8 rank(s), rendezvous static, master n0:29500, script train.py, env A, B``."""
+    where = ((f", master {spec.master_addr}" if spec.master_addr else "")
+             + (f"{':' if spec.master_addr else ', port '}{spec.master_port}" if spec.master_port else ""))
+    args = f" {shlex.join(spec.script_args)}" if spec.script_args else ""
+    return (f"{spec.kind}, {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s), rendezvous {spec.rdzv}{where}"
+            f"{f', node rank {spec.node_rank}' if spec.node_rank is not None else ''}, script {spec.script}{args}"
+            f"{', env ' + ', '.join(spec.env) if spec.env else ''}")

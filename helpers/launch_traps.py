@@ -99,7 +99,8 @@ def validate(spec: LaunchSpec) -> None:
     """Raise ``ValueError`` naming the field when ``spec`` cannot describe a launch at all.
 
     Checks: ``kind`` in :data:`KINDS`, ``rdzv`` in :data:`RDZV`, ``nnodes``/``nproc_per_node`` >= 1,
-    ``master_port`` in 1..65535, ``gpus_per_node`` >= 0, ``srun_ntasks_per_node`` >= 1, a script.
+    ``master_port`` in 1..65535, ``gpus_per_node`` >= 0, ``srun_ntasks_per_node`` >= 1, a script,
+    ``srun_export`` a word such as ``ALL``/``NONE``.
     """
     if spec.kind not in KINDS:
         raise ValueError(f"kind={spec.kind!r}: accepted values are {', '.join(KINDS)}")
@@ -111,8 +112,10 @@ def validate(spec: LaunchSpec) -> None:
         tcp_port(spec.master_port, "master_port")
     if spec.gpus_per_node is not None and (not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 0):
         raise ValueError(f"gpus_per_node={spec.gpus_per_node!r}: must be an integer >= 0, or None when unknown")
-    if not spec.script.strip():
+    if not isinstance(spec.script, str) or not spec.script.strip():
         raise ValueError("script: the training script's path is required")
+    if not isinstance(spec.srun_export, str) or not re.fullmatch(r"[A-Za-z0-9_,=]+", spec.srun_export):
+        raise ValueError(f"srun_export={spec.srun_export!r}: ALL, NONE or a comma-separated list of variable names")
 
 
 def render(spec: LaunchSpec) -> str:
@@ -122,7 +125,8 @@ def render(spec: LaunchSpec) -> str:
     when ``None``); run the same line on every node with its own rank.
 
     Raises:
-        ValueError: as :func:`validate`, and :func:`helpers.launchers.build_command`'s errors
+        ValueError: as :func:`validate`; ``rdzv='standalone'`` with several torchrun nodes (D2: the
+            command the rdzv field names cannot be written); :func:`helpers.launchers.build_command`'s errors
             (e.g. ``master_addr`` missing for several nodes), naming the field.
     """
     validate(spec)
@@ -131,10 +135,14 @@ def render(spec: LaunchSpec) -> str:
         port = spec.master_port or launchers.DEFAULT_MASTER_PORT
         if spec.kind == "sbatch":
             return slurm.sbatch_script("train", spec.nnodes, spec.nproc_per_node, spec.script, spec.script_args,
-                                       gpus_per_node=spec.gpus_per_node, rdzv=rdzv, master_port=port, env=spec.env)
+                                       gpus_per_node=spec.gpus_per_node, rdzv=rdzv, master_port=port, env=spec.env,
+                                       ntasks_per_node=spec.srun_ntasks_per_node, export=spec.srun_export)
         return slurm.srun_torchrun(spec.nnodes, spec.nproc_per_node, spec.script, spec.script_args, rdzv=rdzv,
-                                   master_port=port, env=spec.env)
+                                   master_port=port, env=spec.env, ntasks_per_node=spec.srun_ntasks_per_node,
+                                   export=spec.srun_export)
     multi = spec.nnodes > 1
+    if spec.kind == "torchrun" and multi and spec.rdzv == "standalone":
+        raise ValueError(f"rdzv='standalone': one node only (D2); for nnodes={spec.nnodes} choose static or c10d")
     node_rank = spec.node_rank if spec.node_rank is not None or spec.kind == "deepspeed" else (0 if multi else None)
     port = spec.master_port
     if spec.kind == "torchrun" and not multi and spec.rdzv != "standalone" and port is None:

@@ -43,7 +43,8 @@ NCCL_TOGGLES = (
 
 def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_args: Sequence[object] = (), *,
                   rdzv: str = "static", master_port: int = DEFAULT_MASTER_PORT,
-                  env: Mapping[str, str | None] | None = None, srun_args: Sequence[str] = ()) -> str:
+                  env: Mapping[str, str | None] | None = None, srun_args: Sequence[str] = (),
+                  ntasks_per_node: int = 1, export: str = "ALL") -> str:
     """The shell lines that start ``script`` on every node of the allocation: ``srun`` + ``torchrun``.
 
     Meant to run inside an allocation (``sbatch`` or ``salloc``): it reads ``$SLURM_JOB_NODELIST``,
@@ -61,6 +62,9 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
         master_port: rendezvous port on the first node, 1..65535.
         env: variables re-exported in every task (``None`` value: ``unset``).
         srun_args: extra ``srun`` options (``--gpus-per-node=8``...).
+        ntasks_per_node: ``srun --ntasks-per-node``; 1 is right (one torchrun per node, §8.2): another
+            value is written as given so that the command builder can show the trap it makes.
+        export: ``srun --export`` (``ALL``; ``NONE`` is written as given, Failure Mode 4).
 
     Returns:
         Shell text (several lines, ending with a newline).
@@ -79,6 +83,9 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     if rdzv not in RDZV_FORMS:
         raise ValueError(f"rdzv={rdzv!r}: accepted values are {', '.join(RDZV_FORMS)}")
     tcp_port(master_port, "master_port")
+    positive_int(ntasks_per_node, "ntasks_per_node", 1)
+    if not isinstance(export, str) or not re.fullmatch(r"[A-Za-z0-9_,=]+", export):
+        raise ValueError(f"export={export!r}: ALL, NONE or a comma-separated list of variable names")
     if not isinstance(script, str) or not script.strip():
         raise ValueError(f"script={script!r}: the training script's path is required")
     task_env = shell_lines(env or {})
@@ -93,7 +100,8 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     body = [*task_env, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
     # The task body is single-quoted, so $SLURM_NODEID expands in each task, not in the batch shell.
     inner = "\n    ".join(body).replace("'", "'\\''")
-    srun = ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--export=ALL", *map(shlex.quote, srun_args)]
+    srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={ntasks_per_node}", f"--export={export}",
+            *map(shlex.quote, srun_args)]
     return ("export MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\"\n"
             f"export MASTER_PORT={master_port}\n"
             f"{' '.join(srun)} bash -c '\n    {inner}\n'\n")
@@ -103,7 +111,7 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
                   gpus_per_node: int | None = None, cpus_per_task: int = 8, time: str = "00:30:00",
                   partition: str | None = None, account: str | None = None, rdzv: str = "static",
                   master_port: int = DEFAULT_MASTER_PORT, env: Mapping[str, str | None] | None = None,
-                  log_dir: str = "logs", setup: Sequence[str] = ()) -> str:
+                  log_dir: str = "logs", setup: Sequence[str] = (), ntasks_per_node: int = 1, export: str = "ALL") -> str:
     """A complete ``sbatch`` job script for ``script`` on ``nodes`` nodes (gilbreth-hpc-guide §8.13, fixed).
 
     Header: ``#SBATCH`` lines (``--ntasks-per-node=1``: one torchrun per node, §8.2), partition and
@@ -124,6 +132,7 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         log_dir: where ``%x_%j.out``/``.err`` go; ``sbatch`` opens them before the script runs, so
             the folder must exist at submit time (the header's submit command creates it).
         setup: shell lines run before the launch (``module load ...``, ``source .venv/bin/activate``).
+        ntasks_per_node, export: as in :func:`srun_torchrun` (the ``srun`` line's options; keep 1 and ``ALL``).
 
     Returns:
         The script text (starts with ``#!/bin/bash``, ends with a newline).
@@ -143,7 +152,7 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
             raise ValueError(f"{name}={value!r}: a non-empty word without spaces")
     launch = srun_torchrun('"$SLURM_JOB_NUM_NODES"', nproc_per_node, script, script_args, rdzv=rdzv,
-                           master_port=master_port, env=env)
+                           master_port=master_port, env=env, ntasks_per_node=ntasks_per_node, export=export)
     log = shlex.quote(log_dir)
     head = [
         "#!/bin/bash",

@@ -120,11 +120,60 @@ def test_widget_updates_as_the_user_types():
     assert b.trap_ids() == [] and "--node-rank=0 --master-addr=node0" in b.command
     b.set(env="NCCL_SOCKET_IFNAME=ibp65s0")
     assert b.trap_ids() == ["ifname-node-specific"]
-    b.set(env="NCCL SOCKET")                          # bad input: shown, never raised
-    assert b.command == "" and "env line 1" in b.error and "input error" in b.output.value
+    b.set(env="NCCL SOCKET")                          # bad input: shown next to the field, never raised; the
+    assert "env line 1" in b.errors["env"] and "input error" in b.output.value  # command is still built (issue 16)
+    assert b.command.startswith("torchrun --nnodes=2") and "NCCL" not in b.command
     b.set(env="", kind="sbatch")
     assert b.command.startswith("#!/bin/bash") and "&lt;" not in b.output.value.split("<pre>")[0]
     with pytest.raises(ValueError, match="not a control"):
         b.set(nodes=3)
     with pytest.raises(ValueError, match="not LaunchSpec fields"):
         widgets.command_builder(world_size=8)
+
+
+def test_widget_shows_out_of_range_values_as_errors_never_clamps():
+    b = widgets.command_builder(kind="torchrun", rdzv="static", nproc_per_node=2)
+    b.set(master_port="99999")
+    assert b.errors == {"master_port": "master_port=99999: must be an integer in 1..65535"} and b.command == ""
+    assert b._field_errors["master_port"].layout.display == "" and "99999" in b._field_errors["master_port"].value
+    b.set(master_port="", nnodes="0")
+    assert list(b.errors) == ["nnodes"] and "nnodes=0" in b.errors["nnodes"]
+    b.set(nnodes=2, master_addr="n0", node_rank=5)    # past the last node: named by the launcher's own check
+    assert "node_rank=5" in b.errors["node_rank"]
+
+
+def test_widget_shows_only_the_fields_the_launcher_uses():
+    b = widgets.command_builder(nnodes=2, master_addr="typed-but-unused")
+    b.set(kind="srun+torchrun")
+    assert b.controls["rdzv"].options == ("static", "c10d") and b.controls["rdzv"].value == "static"
+    assert b._rows["master_addr"].layout.display == "none" and b.spec().master_addr is None
+    assert "typed-but-unused" not in b.command and "--ntasks-per-node=1" in b.command
+    assert widgets.command_builder(kind="sbatch").controls["rdzv"].value == "static"  # the default rdzv, as rendered
+    b.set(kind="accelerate")
+    assert b._rows["accelerate_cpu"].layout.display == "" and b._rows["srun_ntasks_per_node"].layout.display == "none"
+
+
+def test_widget_paste_to_check_and_trap_links():
+    b = widgets.command_builder()
+    b.paste.value = "export NCCL_SOCKET_IFNAME=docker0\ntorchrun --standalone --nnodes=2 --nproc-per-node=8 train.py"
+    assert [t.id for t in b.pasted_traps] == ["standalone-multinode", "master-addr-missing", "ifname-bridge"]
+    assert "01_launchers.ipynb#D2-—---standalone-on-two-nodes-makes-two-jobs" in b.paste_output.value
+    b.load_button.click()
+    assert b.spec().nnodes == 2 and b.trap_ids()[0] == "standalone-multinode"
+    b.paste.value = "echo hello"
+    assert b.pasted is None and "no launcher found" in b.paste_output.value
+    assert all(widgets.trap_link(i) for i in widgets.TRAP_SECTIONS)
+
+
+def test_every_trap_links_to_a_section_that_exists():
+    import json
+    import re
+    from pathlib import Path
+
+    ids = set(re.findall(r'Trap\("([a-z0-9-]+)"', Path(launch_traps.__file__).read_text()))
+    assert ids <= set(widgets.TRAP_SECTIONS), ids - set(widgets.TRAP_SECTIONS)
+    for notebook, heading in widgets.TRAP_SECTIONS.values():
+        cells = json.loads((Path(__file__).parents[1] / "notebooks" / notebook).read_text())["cells"]
+        headings = {line.lstrip("#").strip().replace("`", "") for c in cells if c["cell_type"] == "markdown"
+                    for line in "".join(c["source"]).splitlines() if line.startswith("#")}
+        assert heading in headings, (notebook, heading)

@@ -1,0 +1,210 @@
+"""The command builder as users meet it (issue 16): ``make lab``'s JupyterLab, driven by Playwright in Debian's Chromium.
+
+One JupyterLab per module, started with the command line of ``make lab`` (``python -m
+helpers.labserver``; as root here, so ``--allow-root``), its runtime, config, data, settings and
+workspaces under ``build/browser/``; a fresh notebook that shows the builder.  The test changes
+fields as a person would (typing, no Enter), reads the command and the traps from the page
+(``textContent``: an off-screen cell has an empty ``innerText``), checks that an out-of-range port
+is shown as an error, that a pasted command is read and that the copy button copies, and saves a
+screenshot at 1280x720 to ``build/browser/command_builder.png``.  The server's whole process tree
+(kernel included) is stopped at the end and checked gone.
+
+Skipped, with the reason printed, when ``/usr/bin/chromium`` is missing (``make setup`` installs it
+as root: SYSTEM_TOOLS).  No browser is downloaded: Playwright is pointed at Debian's binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from helpers import hostinfo, labserver, procs
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+SHOT = ROOT / "build" / "browser" / "command_builder.png"
+CHROMIUM_ARGS = ["--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", *(["--no-sandbox"] if os.geteuid() == 0 else [])]
+BUILDER_CELL = ('from helpers import widgets\n'
+                'builder = widgets.command_builder(nnodes=2, nproc_per_node=8, rdzv="static", master_addr="node0", '
+                'gpus_per_node=8,\n    script="train.py", script_args="--config \'my run.yaml\'", env="NCCL_DEBUG=INFO")\n'
+                'builder.widget')
+SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def _chromium_or_skip() -> None:
+    if not Path(CHROMIUM).exists():
+        reason = f"{CHROMIUM} is missing: install Debian's chromium (make setup does it as root: SYSTEM_TOOLS)"
+        print(f"SKIP browser test: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[dict]:
+    """``make lab``'s command line on a free port with a fresh notebook dir; yields url, token, argv, pid, dirs."""
+    _chromium_or_skip()
+    base = ROOT / "build" / "browser" / uuid.uuid4().hex[:8]
+    notebooks = base / "notebooks"
+    notebooks.mkdir(parents=True)
+    for name, value in SETTINGS.items():
+        path = base / "settings" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(BUILDER_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, notebooks / "builder.ipynb")
+    port = hostinfo.free_port()
+    argv = [sys.executable, "-m", "helpers.labserver", "--port", str(port), "--notebook-dir", str(notebooks),
+            "--lab-dir", str(base), "--isolated", "--", f"--LabApp.user_settings_dir={base / 'settings'}"]
+    log = (base / "server.log").open("w")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(ROOT / "build" / "tmp")}
+    server = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline, url = time.monotonic() + 90, None
+        while url is None and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.5)
+            m = re.search(r"(http://127\.0\.0\.1:\d+/lab\?token=[0-9a-f]+)", (base / "server.log").read_text())
+            url = m.group(1) if m else None
+        assert url, f"JupyterLab printed no URL with a token (exit {server.poll()}):\n{(base / 'server.log').read_text()[-3000:]}"
+        yield {"url": url, "base_url": url.split("/lab?")[0], "token": url.split("token=")[1], "pid": server.pid,
+               "argv": argv, "dir": base}
+    finally:
+        procs.kill_tree([server.pid], sessions=[server.pid])
+        server.wait(timeout=10)
+        log.close()
+        left = [p.pid for p in psutil.process_iter() if _sid(p) == server.pid]
+        assert not left, f"JupyterLab left processes behind: {left}"
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _sid(p: psutil.Process) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None
+
+
+def test_make_lab_starts_as_root_and_serves_lab_with_its_token(lab):
+    assert ("--allow-root" in labserver.lab_argv()) == (os.geteuid() == 0)
+    assert "--allow-root" not in labserver.lab_argv(root=False) and "--ip=127.0.0.1" in labserver.lab_argv()
+    with urllib.request.urlopen(lab["url"], timeout=30) as resp:
+        assert resp.status == 200 and "JupyterLab" in resp.read().decode()
+    with pytest.raises(urllib.error.HTTPError), urllib.request.urlopen(lab["base_url"] + "/api/contents", timeout=30):
+        pass  # no token: refused (403)
+    runtime = list((lab["dir"] / "runtime").glob("jpserver-*.json"))
+    assert runtime, "the server's runtime file is not under build/"
+
+
+def _run_first_cell(page) -> None:
+    """Shift+Enter on the builder cell until the widget shows (the first one can be lost: kernel not connected yet)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=60_000)
+    for attempt in range(4):
+        page.wait_for_selector("[data-status='idle'], .jp-Notebook-ExecutionIndicator[data-status='idle']",
+                               timeout=60_000, state="attached")
+        page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            page.wait_for_selector(".rb-builder", timeout=15_000 + 5_000 * attempt)
+            return
+        except PlaywrightTimeout:
+            print(f"the builder did not appear after Shift+Enter #{attempt + 1}: pressing it again", file=sys.stderr)
+    raise AssertionError("the builder never appeared after 4 x Shift+Enter")
+
+
+def _text(page, selector: str) -> str:
+    return page.locator(selector).first.text_content() or ""
+
+
+def _wait_text(page, selector: str, needle: str, timeout_s: float = 15) -> str:
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        text = _text(page, selector)
+        if needle in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{needle!r} not in {selector}: {text[:500]!r}")
+
+
+def test_builder_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    t0 = time.monotonic()
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(lab["dir"] / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 720}, permissions=["clipboard-read", "clipboard-write"])
+        try:
+            page = context.new_page()
+            page.goto(f"{lab['base_url']}/lab/tree/builder.ipynb?reset&token={lab['token']}")
+            _run_first_cell(page)
+            out = ".rb-output pre"
+            first = _wait_text(page, out, "--master-addr=node0")
+            assert "torchrun --nnodes=2 --nproc-per-node=8 --node-rank=0" in first and "'--config' 'my run.yaml'" not in first
+            assert "--config 'my run.yaml'" in first and "export NCCL_DEBUG=INFO" in first
+            assert "no known trap" in _text(page, ".rb-output .rb-traps")
+
+            page.locator(".rb-field-nnodes input").fill("3")                       # typed, no Enter: live
+            _wait_text(page, out, "--nnodes=3")
+            page.locator(".rb-field-master_port input").fill("99999")              # out of range: an error, not 65535
+            error = _wait_text(page, ".rb-error-master_port", "must be an integer in 1..65535")
+            assert "master_port=99999" in error and page.locator(".rb-error-master_port").is_visible()
+            assert "65535 " not in _text(page, ".rb-output")
+            page.locator(".rb-field-master_port input").fill("")
+            _wait_text(page, out, "--master-port=29500")
+            assert not page.locator(".rb-error-master_port").is_visible()
+
+            page.locator(".rb-field-master_addr input").fill("localhost")         # a trap, with its chapter link
+            _wait_text(page, ".rb-output .rb-traps", "master-addr-loopback")
+            link = page.locator(".rb-trap[data-trap='master-addr-loopback'] a").get_attribute("href")
+            assert link and link.startswith("06_multinode_network.ipynb#MN1")
+
+            page.locator(".rb-field-kind select").select_option("srun+torchrun")  # only the fields srun uses
+            _wait_text(page, out, "srun --nodes=3 --ntasks-per-node=1")
+            assert not page.locator(".rb-field-master_addr").is_visible()
+            assert page.locator(".rb-field-srun_ntasks_per_node").is_visible()
+            assert page.locator(".rb-field-rdzv select option").all_text_contents() == ["static", "c10d"]
+            page.locator(".rb-field-script input").fill("/tmp/train.py")
+            _wait_text(page, ".rb-output .rb-traps", "script-in-tmp")
+
+            page.locator(".rb-copy").click()                                     # copy button -> clipboard
+            copied = page.evaluate("navigator.clipboard.readText()")
+            assert copied == _text(page, out) and copied.startswith("export MASTER_ADDR=")
+
+            page.locator(".rb-paste textarea").fill("torchrun --standalone --nnodes=2 --nproc-per-node=8 train.py")
+            pasted = _wait_text(page, ".rb-paste-result", "standalone-multinode")
+            assert "read as: torchrun, 2 node(s) x 8 rank(s), rendezvous standalone" in pasted
+            assert "master-addr-missing" in pasted
+
+            page.locator(".rb-paste textarea").fill("")                            # the screenshot: a realistic form
+            page.locator(".rb-field-kind select").select_option("torchrun")
+            page.locator(".rb-field-script input").fill("train.py")
+            page.locator(".rb-field-master_addr input").fill("node0")
+            page.locator(".rb-field-env textarea").fill("NCCL_DEBUG=INFO\nNCCL_SOCKET_IFNAME=ibp65s0")
+            _wait_text(page, ".rb-output .rb-traps", "ifname-node-specific")
+            page.locator(".rb-builder").scroll_into_view_if_needed()
+            cmd_box = page.locator(".rb-output pre").bounding_box()
+            trap_box = page.locator(".rb-output .rb-trap").first.bounding_box()
+            form_box = page.locator(".rb-field-env").bounding_box()
+            for name, box in (("command", cmd_box), ("first trap", trap_box), ("environment field", form_box)):
+                assert box and 0 <= box["y"] and box["y"] + min(box["height"], 40) <= 720, (name, box)
+            SHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOT))
+        finally:
+            context.close()
+    print(f"browser part: {time.monotonic() - t0:.1f} s; screenshot {SHOT}")
