@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs diagnose lab bench clean
+.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser ds-ops diagnose lab bench clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -60,7 +60,7 @@ test: lint-code
 	$(BIN)/python -m pytest -q tests
 
 # One layer each (tests/README.md: what each checks, how long it takes).  test-lab needs root or user namespaces.
-LAYER_TARGETS := test-unit test-jobs test-lab test-notebooks test-scenarios test-configs
+LAYER_TARGETS := test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser
 $(LAYER_TARGETS): test-%: $(STAMP)
 	@mkdir -p build/tmp
 	$(BIN)/python -m pytest -q tests/$*

@@ -20,7 +20,7 @@ from support import ROOT, lab_status
 
 # folder under tests/ -> marker (registered in pyproject.toml's [tool.pytest.ini_options] markers)
 LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios", "configs": "configs",
-          "notebooks": "notebook"}
+          "notebooks": "notebook", "browser": "browser"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
