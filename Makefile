@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser ds-ops diagnose lab bench clean
+.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
