@@ -12,7 +12,7 @@ Each call to a ``torch.distributed`` collective then appends two JSON lines to
 file is line-buffered, so it is complete up to the moment a rank hangs or dies.
 
 Why not torch's flight recorder: on gloo it records but does not dump on a timeout, and
-torch's bundled analyzer crashed on a gloo dump (platform-facts.md); it also cannot name
+torch's bundled analyzer crashed on a gloo dump (PF-fr-gloo); it also cannot name
 the user's source line of a rank that never entered the collective.  This trace works on
 gloo and NCCL alike and costs two small writes per collective (see benchmarks/).
 

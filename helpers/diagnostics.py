@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import busbw, hostinfo, ifnames, jobs
+from helpers import busbw, hostinfo, ifnames, jobs, sources
 from helpers.checks import Check, worst_status
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.netlab import DEFAULT_NAME as DEFAULT_LAB_NAME
@@ -120,7 +120,7 @@ def grade_env(records: Sequence[dict]) -> Check:
         return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
                      values, "make every rank see the same software and NCCL_*/TORCH_*/GLOO_* settings "
                      "(export them before the launcher; under srun re-export them in the srun command: "
-                     "gilbreth-hpc-guide.md 8.12 failure mode 4)", "gilbreth-hpc-guide.md 8.12; D1")
+                     "Gilbreth 8.12 failure mode 4)", sources.cite("Gilbreth 8.12", "D1"))
     return Check("env.diff", f"environment identical on all {len(records)} ranks "
                  f"(torch {values['torch']}, {values['gpu'] or 'no GPU'})", "OK", values, "", "D1")
 
@@ -268,7 +268,7 @@ def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float
                        stall_s=timeout_s + 10, name="collectives")
     if job.hung or job.timed_out or not out.exists():
         return [job_failure("collectives.correctness", "collectives job did not finish", job,
-                            "gilbreth-hpc-guide.md 6.3")], [], job
+                            sources.cite("Gilbreth 6.3"))], [], job
     data = json.loads(out.read_text())
     bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps)
     return [grade_correctness(data), bandwidth], rows, job
@@ -278,11 +278,11 @@ def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float
 
 SMOKE = {
     "01": ("smoke.01_single", "python", "smoke_single.py", "single process trains and reloads its checkpoint",
-           "gilbreth-hpc-guide.md 5"),
+           sources.cite("Gilbreth 5")),
     "02": ("smoke.02_ddp", "torchrun", "smoke_ddp.py", "DDP trains, rank 0 saves model.module.state_dict()",
-           "gilbreth-hpc-guide.md 6"),
+           sources.cite("Gilbreth 6")),
     "03": ("smoke.03_deepspeed_zero1", "deepspeed", "smoke_deepspeed.py",
-           "DeepSpeed ZeRO-1 bf16, collective save and reload", "gilbreth-hpc-guide.md 7"),
+           "DeepSpeed ZeRO-1 bf16, collective save and reload", sources.cite("Gilbreth 7")),
 }
 
 
@@ -416,7 +416,7 @@ def _record(cid: str, title: str, status: str, values: dict[str, Any], remediati
 
 
 def _check_port(env: Mapping[str, str], master_port: int) -> Check:
-    src = "D4 (seeds/distributed-launch.md); https://github.com/pytorch/pytorch/issues/85604"
+    src = sources.cite("D4")
     raw = env.get("MASTER_PORT", "").strip()
     values: dict[str, Any] = {"port_from": "MASTER_PORT" if raw else "argument"}
     try:
@@ -466,7 +466,7 @@ def _check_shm() -> Check:
 
 
 def _check_interfaces(ifaces: list[dict[str, Any]]) -> Check:
-    src = "MN4 (seeds/multinode.md)"
+    src = sources.cite("MN4")
     carriers = [i for i in ifaces if i["up"] and not i["loopback"] and i["ipv4"]]
     by_type: dict[str, dict[str, int]] = {}
     for iface in carriers:
@@ -506,7 +506,7 @@ def _multi_node(env: Mapping[str, str]) -> str:
 
 
 def _check_socket_ifname(env: Mapping[str, str], ifaces: list[dict[str, Any]]) -> Check:
-    src = f"gilbreth-hpc-guide.md 4.2 and 8.12 (failure mode 2); MN2 (seeds/multinode.md); {ifnames.NCCL_IFNAME_URL}"
+    src = sources.cite("Gilbreth 4.2", "Gilbreth 8.12", "MN2")
     multi = _multi_node(env)
     by_name = {i["name"]: i for i in ifaces}
     usable = [i["name"] for i in ifaces if ifnames.has_address(i)]
@@ -576,7 +576,7 @@ def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEF
     except (RuntimeError, OSError) as exc:
         for cid in ("host.interfaces", "host.socket_ifname"):
             records.append(_record(cid, f"cannot list interfaces: {exc}", "FAIL", {}, "install iproute2 (`ip`)",
-                                   "MN2, MN4 (seeds/multinode.md)"))
+                                   sources.cite("MN2", "MN4")))
         return records
     records += [_check_interfaces(ifaces), _check_socket_ifname(env, ifaces)]
     return records

@@ -17,7 +17,7 @@ Interfaces are the dicts of :func:`helpers.hostinfo.interfaces` / :func:`helpers
 (``name``, ``ipv4``, ``ipv6``, ``loopback``, ``up``, ``running``...).  Standard library only.
 
 Sources: NCCL's ``findInterfaces`` / ``ncclOsFindInterfaces`` (https://github.com/NVIDIA/nccl,
-``src/misc/socket.cc``); :data:`NCCL_IFNAME_URL`; seed MN2; gilbreth-hpc-guide 4.2, 8.12 (names
+``src/misc/socket.cc``); :data:`NCCL_IFNAME_URL`; seed MN2; Gilbreth 4.2, Gilbreth 8.12 (names
 differ per node); https://github.com/NVIDIA/nccl/issues/1053 and
 https://github.com/pytorch/pytorch/issues/68893 (NCCL bound to a bridge hangs).
 """
@@ -246,6 +246,6 @@ def node_specific_name(name: str) -> bool:
     """Whether ``name`` holds a PCI slot (``ibp65s0``, ``enp65s0f1``): such names differ between nodes.
 
     Setting one in ``*_SOCKET_IFNAME`` for a multi-node job fails on the nodes where the card sits
-    in another slot (gilbreth-hpc-guide 8.12, failure mode 2; MN2).
+    in another slot (Gilbreth 8.12, failure mode 2; MN2).
     """
     return bool(_PCI_SLOT.search(name))

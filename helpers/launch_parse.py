@@ -10,8 +10,8 @@ gives the spec back (``parse_sbatch`` for ``kind="sbatch"``), up to the defaults
 in (a port of ``None`` is read back as the 29500 that was written).
 
 What the batch shell expands before ``srun`` starts the tasks is taken as expanded: a
-``--node-rank=$SLURM_NODEID`` outside single quotes is node 0 on every node (gilbreth-hpc-guide
-§4.3), so the spec says ``node_rank=0`` and :func:`find_traps` reports ``node-rank-fixed``.
+``--node-rank=$SLURM_NODEID`` outside single quotes is node 0 on every node (Gilbreth
+4.3), so the spec says ``node_rank=0`` and :func:`find_traps` reports ``node-rank-fixed``.
 Standard library only.
 """
 

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from helpers import envvars, hostinfo, ifnames, launchers, slurm
+from helpers import envvars, hostinfo, ifnames, launchers, slurm, sources
 from helpers.checks import Check
 from helpers.validate import positive_int, tcp_port
 
@@ -49,7 +49,7 @@ class LaunchSpec:
         accelerate_cpu: accelerate on CPU (``--cpu``, D5).
         srun_ntasks_per_node: tasks ``srun`` starts per node in the SLURM forms (must be 1).
         srun_export: ``srun --export`` in the SLURM forms (``ALL``: the tasks see the batch
-            shell's exports; ``NONE`` drops them, gilbreth-hpc-guide §8.12 Failure Mode 4).
+            shell's exports; ``NONE`` drops them, Gilbreth 8.12 failure mode 4).
     """
 
     kind: str = "torchrun"
@@ -170,14 +170,14 @@ def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
         if not parsed["supported"]:
             traps.append(Trap("gloo-nccl-syntax", "FAIL", f"env.{var}", parsed["note"],
                               "gloo takes exact names: unset it (the hostname's address is used) or export the exact "
-                              "name per node", "platform-facts.md (wrong NIC); chapter 06 MN2"))
+                              "name per node", sources.cite("PF-wrong-nic", "MN2")))
             continue
         local = [ifnames.node_local_reason(n) for n in names]
         if multi and ifnames.LOOPBACK in local and not parsed["exclude"]:
             traps.append(Trap("ifname-loopback", "FAIL", f"env.{var}",
                               f"{var}={value} binds to 127.0.0.1: every node connects to itself and the job never forms "
                               "(a single-node setting carried into a multi-node job)",
-                              f"unset {var} for multi-node jobs", "gilbreth-hpc-guide §4.1 vs §4.2; MN2"))
+                              f"unset {var} for multi-node jobs", sources.cite("Gilbreth 4.1", "Gilbreth 4.2", "MN2")))
         elif any(r not in (None, ifnames.LOOPBACK) for r in local) and not parsed["exclude"]:
             traps.append(Trap("ifname-bridge", "FAIL", f"env.{var}",
                               f"{var}={value} selects a host-local bridge (172.17.0.1 on every node): "
@@ -191,7 +191,7 @@ def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
                               f"{var}={value} names one node's interface; names differ per node (ibp65s0 vs ibp161s0): "
                               + ("'Bootstrap : no socket interface found'" if flavor == "nccl"
                                  else f"'Unable to find address for: {names[0]}'") + " where it is missing",
-                              fix, "gilbreth-hpc-guide §8.12 Failure Mode 2; MN2"))
+                              fix, sources.cite("Gilbreth 8.12", "MN2")))
         if flavor == "nccl" and parsed["exclude"] and "lo" not in names:
             traps.append(Trap("nccl-exclude-keeps-lo", "WARN", f"env.{var}",
                               f"{var}={value} still allows lo, which NCCL lists first: it may bootstrap on 127.0.0.1",
@@ -254,52 +254,52 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
         t.append(Trap("accelerate-cpu-one-process", "FAIL", "accelerate_cpu",
                       "accelerate launch --cpu --num_processes N starts ONE process",
                       "drop --cpu and export ACCELERATE_USE_CPU=1 with --multi_gpu (or Accelerator(cpu=True)): "
-                      "N processes on gloo", "D5; platform-facts.md (Accelerate on CPU)"))
+                      "N processes on gloo", sources.cite("D5", "PF-accelerate-cpu")))
     if spec.kind == "deepspeed" and multi and spec.node_rank is None:
         t.append(Trap("deepspeed-ssh", "WARN", "node_rank",
                       "deepspeed --hostfile starts the other nodes over ssh/pdsh: where compute nodes refuse ssh it dies "
                       "with 'ssh exited with exit code 2'",
                       "start it on every node with --no_ssh --node_rank=i, or use srun + torchrun",
-                      "D6; gilbreth-hpc-guide §4.3, §8.12 Failure Mode 3"))
+                      sources.cite("D6", "Gilbreth 4.3", "Gilbreth 8.12")))
     if (multi or slurm_kind) and spec.script.startswith("/tmp/"):
         t.append(Trap("script-in-tmp", "FAIL", "script",
                       f"{spec.script} is node-local: the other nodes fail with \"can't open file '{spec.script}'\"",
-                      "put the script on a shared filesystem ($HOME, /scratch)", "gilbreth-hpc-guide §8.12 Failure Mode 1"))
+                      "put the script on a shared filesystem ($HOME, /scratch)", sources.cite("Gilbreth 8.12")))
     if slurm_kind and spec.srun_ntasks_per_node != 1:
         t.append(Trap("srun-tasks-per-node", "FAIL", "srun_ntasks_per_node",
                       f"{spec.srun_ntasks_per_node} srun tasks per node each start a torchrun: "
                       f"{spec.srun_ntasks_per_node}x the agents, clashing node ranks and ports",
-                      "--ntasks-per-node=1: torchrun spawns the node's ranks", "gilbreth-hpc-guide §8.2"))
+                      "--ntasks-per-node=1: torchrun spawns the node's ranks", sources.cite("Gilbreth 8.2")))
     if slurm_kind and multi and spec.node_rank is not None:
         t.append(Trap("node-rank-fixed", "FAIL", "node_rank",
                       f"every node gets --node-rank={spec.node_rank}: $SLURM_NODEID was expanded once by the batch "
                       "shell (double quotes or an assignment before srun), so torchrun waits for nodes that never come",
                       "single-quote the srun task (bash -c '... --node-rank=$SLURM_NODEID ...') or use the c10d "
-                      "rendezvous (no node rank)", "gilbreth-hpc-guide §4.3"))
+                      "rendezvous (no node rank)", sources.cite("Gilbreth 4.3")))
     if slurm_kind and spec.srun_export.split(",")[0].upper() == "NONE":
         t.append(Trap("srun-export-none", "FAIL", "srun_export",
                       "--export=NONE starts the tasks without the batch shell's environment: MASTER_ADDR/MASTER_PORT, "
                       "the NCCL variables and PATH (the venv's torchrun) are missing",
                       "--export=ALL (and re-export the NCCL variables inside the task)",
-                      "gilbreth-hpc-guide §8.12 Failure Mode 4"))
+                      sources.cite("Gilbreth 8.12")))
     tmp_args = [a for a in spec.script_args if a.split("=", 1)[-1].startswith("/tmp/")]
     if (multi or slurm_kind) and tmp_args:
         t.append(Trap("args-in-tmp", "FAIL", "script_args",
                       f"{tmp_args[0]} is node-local: the other nodes cannot read it",
                       "put configs and data on a shared filesystem ($HOME, /scratch)",
-                      "gilbreth-hpc-guide §8.12 Failure Mode 1"))
+                      sources.cite("Gilbreth 8.12")))
     t += _ifname_traps(spec)
     if spec.nnodes == 1 and (env.get("NCCL_P2P_DISABLE") == "1" or env.get("NCCL_SHM_DISABLE") == "1"):
         t.append(Trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",
                       "with P2P/SHM disabled the GPUs of one node talk over the network transport: Init COMPLETE, then "
                       "the first collective times out where NET does not loop back",
                       "NCCL_IB_DISABLE=1 NCCL_NET_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 for single-node jobs",
-                      "gilbreth-hpc-guide §6.3; chapter 06"))
+                      sources.cite("Gilbreth 6.3")))
     if multi and env.get("NCCL_NET_DISABLE") == "1":
         t.append(Trap("multinode-net-disabled", "FAIL", "env.NCCL_NET_DISABLE",
                       "NCCL_NET_DISABLE=1 leaves no transport between nodes (a single-node setting carried over)",
                       "unset NCCL_NET_DISABLE (and keep InfiniBand on: NCCL_IB_DISABLE=0) for multi-node jobs",
-                      "gilbreth-hpc-guide §4.1 vs §4.2"))
+                      sources.cite("Gilbreth 4.1", "Gilbreth 4.2")))
     if env.get("NCCL_ASYNC_ERROR_HANDLING") is not None:
         t.append(Trap("deprecated-async-error-handling", "WARN", "env.NCCL_ASYNC_ERROR_HANDLING",
                       "NCCL_ASYNC_ERROR_HANDLING is the old name", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MN3"))

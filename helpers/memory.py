@@ -3,7 +3,7 @@
 What each data-parallel strategy keeps on every rank, from the ZeRO paper's accounting
 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", section 3.1 and figure 1, https://arxiv.org/abs/1910.02054), for a model of Ψ
-parameters on N data-parallel ranks (seed D16, gilbreth-hpc-guide.md section 7.1):
+parameters on N data-parallel ranks (D16, Gilbreth 7.1):
 
 ==================  =========  =========  ==================  ============
 strategy            params     grads      optimizer states    total

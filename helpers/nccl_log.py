@@ -34,7 +34,7 @@ https://github.com/NVIDIA/nccl/issues/286, /issues/952, /issues/1053, /issues/15
 /issues/1609, /issues/1814, https://github.com/NVIDIA/nccl-tests/issues/273,
 https://github.com/pytorch/pytorch/issues/68893, https://github.com/sgl-project/sglang/issues/3820
 and https://github.com/espnet/espnet/issues/1940.  Verdicts and fixes cite the seeds
-``multinode.md`` MN1/MN2 and ``gilbreth-hpc-guide.md`` sections 4.1, 6.3, 8.3, 8.12, 9.2, 9.4.
+MN1, MN2, Gilbreth 4.1, Gilbreth 6.3, Gilbreth 8.3, Gilbreth 8.12, Gilbreth 9.2, Gilbreth 9.4 (docs/sources.md).
 
 Known failure messages (``/dev/shm`` full, ``Duplicate GPU detected``, NVLS/fabric manager, CUDA
 802, ``AF_INET`` family errors, IB completion errors, ``wrong type 4 != 3``...) come from a catalog
@@ -69,7 +69,7 @@ TOPOLOGIES = ("single-node", "multi-node", "unknown")
 STAGES = ("none", "bootstrap", "network", "init-start", "channels", "init-complete")
 
 GILBRETH_SINGLE_NODE_FIX = ("export NCCL_IB_DISABLE=1 NCCL_NET_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 "
-                            "for single-node jobs (gilbreth-hpc-guide §6.3, also §4.1 and §9.2); channels then "
+                            "for single-node jobs (Gilbreth 6.3, also Gilbreth 4.1 and Gilbreth 9.2); channels then "
                             "read 'via SHM/direct/direct' or 'via P2P/...'")
 """The single-node fix exactly as the Gilbreth guide gives it (§6.3 "Required Environment
 Variables").  Note: ``NCCL_NET_DISABLE`` is not in NCCL's documented variable list
@@ -167,7 +167,7 @@ class Channel:
         via: the transport text after ``via`` (``P2P/CUMEM/read``, ``SHM/direct/direct``,
             ``NET/IB/0/GDRDMA``, ``NET/Socket/0``, ``P2P/direct pointer``).
         line: the log line, for evidence.
-    Source: NCCL transport/p2p.cc, shm.cc, net.cc connection messages; gilbreth-hpc-guide §9.4.
+    Source: NCCL transport/p2p.cc, shm.cc, net.cc connection messages; Gilbreth 9.4.
     """
 
     channel: int
@@ -1150,7 +1150,7 @@ def _check_interfaces(log: NcclLog, topology: str) -> list[Verdict]:
                 if envs else "")
     fix = (f"{env_note}export NCCL_SOCKET_IFNAME=<data-plane iface prefix, e.g. eth/ens/ib> or "
            f"NCCL_SOCKET_IFNAME=^docker0,lo identically on every node, then check each rank's Bootstrap/NET line "
-           f"names that NIC (multinode.md MN2)")
+           f"names that NIC (MN2)")
     evidence = _evidence(line for i in infos for line in i.evidence_lines
                          if "NCCL_SOCKET_IFNAME" in line or any(f"{n}:" in line for n in names))
     return [Verdict("bad-interface", severity, message, [i.key for i in infos], _hosts(infos), evidence, fix)]
@@ -1171,7 +1171,7 @@ def _check_single_node_net(log: NcclLog, topology: str) -> list[Verdict]:
     message = (f"all ranks are on {host} yet {len(pairs)} connection(s) go via "
                f"{', '.join(sorted({ch.short for ch in net_channels}))} (e.g. {pairs[0][0]} -> {pairs[0][1]}): "
                f"the Gilbreth single-node trap, where {len(completed)} rank(s) print Init COMPLETE and the first "
-               f"collective then times out (gilbreth-hpc-guide §6.3, §9.4)")
+               f"collective then times out (Gilbreth 6.3, Gilbreth 9.4)")
     evidence = _evidence([ch.line for ch in net_channels[:3]] +
                          [line for i in infos for line in i.evidence_lines if "Using network" in line][:1] +
                          [c.line for i in completed for c in i.init_complete][:2])
@@ -1186,7 +1186,7 @@ def _check_ib_loaded(log: NcclLog, topology: str) -> list[Verdict]:
     infos = [i for i in log.all_infos() if (i.network or "").startswith("IB")]
     if not infos:
         return []
-    message = ("NCCL loaded the IB network on a job with no inter-node traffic; gilbreth-hpc-guide §6.3 lists "
+    message = ("NCCL loaded the IB network on a job with no inter-node traffic; Gilbreth 6.3 lists "
                "'Using network IB' as its incorrect single-node output: harmless if collectives complete")
     evidence = _evidence(line for i in infos for line in i.evidence_lines if "Using network" in line)
     fix = "only if collectives hang after Init COMPLETE: " + GILBRETH_SINGLE_NODE_FIX
@@ -1235,7 +1235,7 @@ def _check_ib_fallback(log: NcclLog, topology: str) -> list[Verdict]:
                f"often ~10x slower than InfiniBand (MN2)")
     fix = ("if the nodes have InfiniBand/RoCE, make the HCA visible (ibv_devinfo lists it; in containers pass "
            "/dev/infiniband and install libibverbs) and pin NCCL_IB_HCA=mlx5; if they are TCP-only, "
-           "export NCCL_IB_DISABLE=1 to skip the IB probe (multinode.md MN2)")
+           "export NCCL_IB_DISABLE=1 to skip the IB probe (MN2)")
     evidence = _evidence([expected] + [line for i in infos for line in i.ibverbs_lines + i.evidence_lines
                                        if "NET/" in line or "libibverbs" in line])
     return [Verdict("ib-fallback-socket", severity, message, [i.key for i in infos if i.key != "?"],
@@ -1294,7 +1294,7 @@ def _check_no_interface(log: NcclLog) -> list[Verdict]:
         message = f"NCCL found no usable socket interface on {where}: it cannot bootstrap"
     fix = ("unset NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME so NCCL auto-detects (interface names differ per "
            "node, e.g. ibp65s0 vs ibp161s0), or use a prefix present on every node "
-           "(gilbreth-hpc-guide §8.12 Failure Mode 2, §9.2)")
+           "(Gilbreth 8.12 failure mode 2, Gilbreth 9.2)")
     if listening:
         message += "; no local interface is in the subnet of the NCCL_COMM_ID address"
         fix += "; point NCCL_COMM_ID/MASTER_ADDR at an address on this node's network"
@@ -1310,7 +1310,7 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[V
     done = [r for r in ranks if r.completed]
     stuck = [r for r in ranks if not r.completed]
     fix = ("on that host: systemctl status nvidia-fabricmanager (must be active, version = driver), nvidia-smi for "
-           "GPU errors; restart the service or relaunch without that node (multinode.md MN1)")
+           "GPU errors; restart the service or relaunch without that node (MN1)")
     if done and stuck:
         stages = sorted({r.stage_name for r in stuck})
         message = (f"{_who(stuck)} on {_names(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
@@ -1340,7 +1340,7 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[V
                     f"no rank printed Init COMPLETE ({len(ranks)} rank(s) seen): the log is cut short, or every rank "
                     f"stopped in init (see the other verdicts)", [r.key for r in ranks], _hosts(ranks),
                     _evidence(f"last line of {r.key}: {r.last_line}" for r in ranks[:3]),
-                    "check for 'Init COMPLETE' per rank (gilbreth-hpc-guide §9.3, §9.4); rerun with NCCL_DEBUG=INFO "
+                    "check for 'Init COMPLETE' per rank (Gilbreth 9.3, Gilbreth 9.4); rerun with NCCL_DEBUG=INFO "
                     "to the end of init")]
 
 

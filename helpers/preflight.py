@@ -25,8 +25,8 @@ interface-selection rules are :func:`helpers.ifnames.select`.  The measuring is 
 inventory, one batch of pings run in parallel), so a check costs ~0.1 s per node plus 1 s per
 lost ping (``-W 1``), nodes in parallel.
 
-Sources: seeds/multinode.md MN2 and MN4 and the first-move checklist; platform-facts.md
-"Network namespaces as nodes"; NCCL's interface selection ``ncclFindInterfaces`` /
+Sources: MN2, MN4, MN-checklist,
+PF-netns-nodes; NCCL's interface selection ``ncclFindInterfaces`` /
 ``ncclOsFindInterfaces`` (https://github.com/NVIDIA/nccl, ``src/misc/socket.cc``) and
 https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname.
 """
@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from helpers import ifnames
+from helpers import ifnames, sources
 from helpers.checks import Check, faulty_nodes, worst  # noqa: F401  (faulty_nodes: re-exported for callers of preflight.faulty_nodes)
 from helpers.ifnames import IFNAME_VARS
 from helpers.launchers import DEFAULT_MASTER_PORT
@@ -49,9 +49,9 @@ from helpers.validate import tcp_port
 
 Runner = Callable[[str, Sequence[str], float], "subprocess.CompletedProcess[str]"]
 SMALL_PING = 1472  # 1500 - 20 (IPv4) - 8 (ICMP): the payload that fits a standard frame
-SRC_MN2 = "MN2 (seeds/multinode.md); https://github.com/NVIDIA/nccl/issues/1580; " + ifnames.NCCL_IFNAME_URL
-SRC_MN4 = "MN4 (seeds/multinode.md); https://github.com/moby/moby/issues/4378; platform-facts.md (MTU black hole)"
-SRC_MASTER = "D1, D4 (seeds/distributed-launch.md); platform-facts.md (hostname -> 127.0.0.1 breaks c10d/gloo)"
+SRC_MN2 = sources.cite("MN2")
+SRC_MN4 = sources.cite("MN4", "PF-mtu-blackhole")
+SRC_MASTER = sources.cite("D1", "D4", "PF-hostname-loopback")
 
 # Phase 1, one per node: what the node has.  $1 = MASTER_ADDR, $2 = MASTER_PORT.
 _INVENTORY = r"""
@@ -303,7 +303,7 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
                                     {"returncode": ans.returncode, "stderr": (ans.stderr or "")[-500:]},
                                     f"{node}: the runner could not run `sh`/`ip -j addr` there (exit {ans.returncode}): "
                                     "check that the node is up and reachable by the runner (srun/ssh), and that "
-                                    "iproute2 is installed", "MN1 (seeds/multinode.md)", node=node))
+                                    "iproute2 is installed", sources.cite("MN1"), node=node))
     alive = [n for n in nodes if n in facts]
     multi = len(nodes) > 1
     for node in alive:
@@ -585,13 +585,13 @@ def _port_check(master: str, f: Mapping[str, Any], port: int) -> NodeCheck:
     if f["listeners"] is None:
         return NodeCheck(cid, f"{master}: cannot tell whether port {port} is free (no `ss`)", "WARN", values,
                          f"on {master}: install iproute2's ss, or check with `ss -ltnp 'sport = :{port}'`",
-                         "D4 (seeds/distributed-launch.md)", node=master)
+                         sources.cite("D4"), node=master)
     if f["listeners"]:
         return NodeCheck(cid, f"{master}: port {port} is already in use: {f['listeners'][0].strip()}", "FAIL", values,
                          f"on {master}: another process listens on {port} (the rendezvous would fail with "
                          f"EADDRINUSE, or join that job's store): pick another MASTER_PORT / --rdzv-endpoint port, "
-                         "or stop that process", "D4 (seeds/distributed-launch.md); platform-facts.md", node=master)
-    return NodeCheck(cid, f"{master}: port {port} free", "OK", values, "", "D4 (seeds/distributed-launch.md)",
+                         "or stop that process", sources.cite("D4", "PF-port-collision"), node=master)
+    return NodeCheck(cid, f"{master}: port {port} free", "OK", values, "", sources.cite("D4"),
                      node=master)
 
 

@@ -1,11 +1,11 @@
 """SLURM launch forms: ``srun`` + ``torchrun`` (one agent per node) and a whole ``sbatch`` script.
 
 Multi-node jobs on a SLURM cluster start one ``torchrun`` agent per node with ``srun
---ntasks-per-node=1``; each agent spawns that node's ranks (gilbreth-hpc-guide §4.3, §8.2, §8.13).
+--ntasks-per-node=1``; each agent spawns that node's ranks (Gilbreth 4.3, Gilbreth 8.2, Gilbreth 8.13).
 The forms here carry the guide's fixes for its multi-node failure modes (§8.12):
 
 * ``MASTER_ADDR`` / ``MASTER_PORT`` are *exported* before ``srun`` (a plain assignment does not
-  reach the tasks; platform-facts.md: ``The hostname of the rendezvous endpoint ':29500' must be
+  reach the tasks; PF-slurm-unexported-master: ``The hostname of the rendezvous endpoint ':29500' must be
   ...``), ``--export=ALL`` passes them on (Failure Mode 4);
 * the node rank comes from ``$SLURM_NODEID`` (static form) or the rendezvous (c10d form, run id
   ``$SLURM_JOB_ID``);
@@ -31,7 +31,7 @@ RDZV_FORMS = ("static", "c10d")
 """The forms of :data:`helpers.launchers.RDZV_FORMS` that span nodes (``standalone`` is one node only)."""
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # SLURM --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
-# Commented toggles for the sbatch template (STYLE.md: NCCL variables as commented toggles with a purpose).
+# Commented toggles for the sbatch template (NCCL variables as commented toggles, each with its purpose).
 NCCL_TOGGLES = (
     ("NCCL_DEBUG=INFO", "log transports and interfaces: the evidence for MN1/MN2 hangs (runbook nccl-log)"),
     ("NCCL_DEBUG_SUBSYS=INIT,NET", "narrow NCCL_DEBUG to init and networking"),
@@ -112,12 +112,12 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
                   partition: str | None = None, account: str | None = None, rdzv: str = "static",
                   master_port: int = DEFAULT_MASTER_PORT, env: Mapping[str, str | None] | None = None,
                   log_dir: str = "logs", setup: Sequence[str] = (), ntasks_per_node: int = 1, export: str = "ALL") -> str:
-    """A complete ``sbatch`` job script for ``script`` on ``nodes`` nodes (gilbreth-hpc-guide §8.13, fixed).
+    """A complete ``sbatch`` job script for ``script`` on ``nodes`` nodes (Gilbreth 8.13, fixed).
 
     Header: ``#SBATCH`` lines (``--ntasks-per-node=1``: one torchrun per node, §8.2), partition and
     account marked ``# EDIT`` when not given; ``set -euo pipefail``; the NCCL toggles of
     :data:`NCCL_TOGGLES` commented out with their purpose; then :func:`srun_torchrun`.
-    The header comment carries the command that submits it (STYLE.md).
+    The header comment carries the command that submits it.
 
     Args:
         job_name: ``--job-name`` (letters, digits, ``_.-``; at most 64).
@@ -168,7 +168,7 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         f"#SBATCH --output={log_dir}/%x_%j.out",
         f"#SBATCH --error={log_dir}/%x_%j.err",
         "set -euo pipefail",
-        'cd "$SLURM_SUBMIT_DIR"   # shared filesystem: /tmp is node-local (gilbreth-hpc-guide 8.12)',
+        'cd "$SLURM_SUBMIT_DIR"   # shared filesystem: /tmp is node-local (Gilbreth 8.12)',
         'echo "job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST"',
         *setup,
         "# NCCL toggles (uncomment what you need):",

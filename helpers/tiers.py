@@ -2,7 +2,7 @@
 
 Cells that need hardware carry a tag (``tier-gpu``, ``tier-multigpu``, ``tier-multinode``) and
 open with ``if tiers.have("multigpu"):``; on a machine without it the reason is printed and
-the body is skipped, never silently (STYLE.md, "A chapter").
+the body is skipped, never silently.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 (:mod:`helpers.lint.deepspeed_rules`), Accelerate YAML (:mod:`helpers.lint.accelerate_rules`) and
 sbatch/shell launch scripts (:mod:`helpers.lint.shell_rules`), plus an optional pasted launch
 command, and runs the cross-file rules: the world size from the launch files checks the DeepSpeed
-batch arithmetic (gilbreth-hpc-guide §7.4), a raw ``deepspeed.initialize`` in a script makes
+batch arithmetic (Gilbreth 7.4), a raw ``deepspeed.initialize`` in a script makes
 ``"auto"`` and a missing optimizer errors (D18, §7.5 issue 1), bf16 in the JSON with float32
 inputs in the script is §7.5 issue 2, accumulation set in two files is D18.
 Each finding is a :class:`helpers.lint.findings.Finding` (a :class:`helpers.checks.Check`).

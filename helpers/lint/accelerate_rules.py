@@ -1,4 +1,4 @@
-"""Rules for Accelerate YAML configs (D5, D17, D18, gilbreth-hpc-guide §4.3 / §8.12 Failure Mode 3).
+"""Rules for Accelerate YAML configs (D5, D17, D18, Gilbreth 4.3 / Gilbreth 8.12 failure mode 3).
 
 The file is validated with Accelerate's own ``ClusterConfig`` (unknown keys and bad values are
 its errors); the cross-field rules are checked here.

@@ -1,4 +1,4 @@
-"""Rules for DeepSpeed JSON configs (D17, D18, gilbreth-hpc-guide §7.4/§7.5).
+"""Rules for DeepSpeed JSON configs (D17, D18, Gilbreth 7.4, Gilbreth 7.5).
 
 Sub-sections are validated with DeepSpeed's own pydantic models (``DeepSpeedZeroConfig`` for
 ``zero_optimization``, imported only when a config is linted); the top level is checked here,

@@ -9,7 +9,7 @@ rank-dependent.
 
 A *collective* is a call every rank must make: ``barrier``, ``all_reduce``, ``all_gather``,
 ``broadcast``, ``reduce_scatter``..., DeepSpeed ``save_checkpoint``/``load_checkpoint``
-(gilbreth-hpc-guide §7.5 issue 3), FSDP full state-dict gathers, ``accelerator.gather`` /
+(Gilbreth 7.5 issue 3), FSDP full state-dict gathers, ``accelerator.gather`` /
 ``gather_for_metrics`` / ``wait_for_everyone`` / ``save_state``, ``gather_object``, DCP
 ``save``/``load``, torchmetrics ``compute()``; and a call of a function of the same file that
 makes one (helpers are followed a few levels deep).
@@ -413,7 +413,7 @@ class PythonLinter:
         return False
 
     def rule_rank_gated_collectives(self) -> None:
-        """D21 (and gilbreth-hpc-guide §7.5 issue 3): a collective only some ranks reach."""
+        """D21 (and Gilbreth 7.5 issue 3): a collective only some ranks reach."""
         for call in self._calls():
             coll = self.collective_name(call)
             if not coll:

@@ -4,7 +4,7 @@ The launch line is read with :func:`helpers.launch_parse.parse_sbatch` (``#SBATC
 :func:`helpers.launch_parse.parse_command`, and the spec is checked with
 :func:`helpers.launch_traps.find_traps`: one rule set for the widget, ``--command`` and the sbatch
 reader.  The text-only rule here is ``master-addr-not-exported`` (a plain assignment does not
-reach the srun tasks; gilbreth-hpc-guide §4.3, platform-facts.md).
+reach the srun tasks; Gilbreth 4.3, PF-slurm-unexported-master).
 """
 
 from __future__ import annotations

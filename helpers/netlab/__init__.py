@@ -1,10 +1,9 @@
 """The network lab: N "nodes" on one machine, each a network namespace behind one bridge.
 
-Why: multi-node failure modes (MN1-MN4 in seeds/multinode.md: a node that never joins, the wrong
+Why: multi-node failure modes (MN1-MN4: a node that never joins, the wrong
 NIC, a dead peer, an MTU black hole) need two machines with a network between them.  Network
 namespaces give each "node" its own interfaces, addresses, routes, sysctls and ports, so a
-two-node ``torchrun`` on one box behaves like one on two boxes (platform-facts.md, "Network
-namespaces as nodes").
+two-node ``torchrun`` on one box behaves like one on two boxes (PF-netns-nodes).
 
 Layout (``name="rb"``, 2 nodes)::
 
@@ -19,7 +18,7 @@ Layout (``name="rb"``, 2 nodes)::
   files under ``/run/runbook-lab/<name>/``, so the lab outlives the Python process that built
   it (``runbook lab up`` returns and the lab stays) and any process can enter a node with
   :meth:`Lab.node_argv`.  Never run ``hostname`` under plain ``ip netns exec``: that renames the
-  real host (platform-facts.md).
+  real host (PF-hostname-loopback).
 * The whole state is recoverable from the system: the namespaces named ``<name>-sw`` /
   ``<name>-nodeI`` (``ip netns list``) and the folder ``/run/runbook-lab/<name>/``.
 * Root, or rootless where unprivileged user namespaces work (:func:`lab_available`): rootless,

@@ -6,8 +6,8 @@ held by a "holder" process whose last argument is ``runbook-lab-holder-<name>`` 
 a private tmpfs); every system command enters it first and every path is read through
 ``/proc/<holder>/root``.  :class:`Host` (root) and :class:`RootlessHost` answer the same
 questions (lock folder, path translation, ``nsenter`` argv, mounts, the holder, teardown), so
-:class:`helpers.netlab.lab.Lab` has no ``if rootless`` branch.  Source: platform-facts.md
-"Network namespaces as nodes".
+:class:`helpers.netlab.lab.Lab` has no ``if rootless`` branch.  Source: PF-netns-nodes,
+PF-netns-rootless.
 
 Also the probes that need no lab: :func:`lab_available`, :func:`lab_names`.  Nothing runs at import.
 """
@@ -65,7 +65,7 @@ def lab_available() -> tuple[bool, str]:
     support, and either root (``CAP_SYS_ADMIN`` + ``CAP_NET_ADMIN``) or unprivileged user
     namespaces (rootless mode: the lab then lives inside a user + mount + network namespace of
     its own, held by a ``sleep`` loop; ``unshare --user --map-root-user --net --mount``,
-    platform-facts.md).  Probed in a throwaway namespace, ~10 ms.  Unprivileged user namespaces
+    PF-netns-rootless).  Probed in a throwaway namespace, ~10 ms.  Unprivileged user namespaces
     are often disabled on HPC login nodes (``kernel.unprivileged_userns_clone=0``,
     ``user.max_user_namespaces=0``, AppArmor's ``apparmor_restrict_unprivileged_userns``).
 

@@ -2,8 +2,8 @@
 
 :class:`FaultsMixin` gives :class:`helpers.netlab.Lab` its fault methods (``lab.set_mtu``,
 ``lab.add_decoy``, ``lab.rename_data_iface``, ``lab.cut_link`` / ``lab.restore_link``,
-``lab.kill_node``, ``lab.set_sysctl`` / ``lab.get_sysctl``, ``lab.set_host_entry``): MN2-MN4 in
-seeds/multinode.md, platform-facts.md "Network namespaces as nodes".
+``lab.kill_node``, ``lab.set_sysctl`` / ``lab.get_sysctl``, ``lab.set_host_entry``): MN2-MN4,
+PF-netns-nodes.
 
 :func:`inject_when` fires a fault while a job runs, at the moment one of its ranks prints a
 line matching a pattern (e.g. chapter 06 pulls a cable once the ranks are at ``step 3``).
@@ -61,7 +61,7 @@ class FaultsMixin:
             side: ``"node"``: the node's own interface (``eth0``: what the node claims);
                 ``"bridge"``: the veth end on the bridge (``pI``), i.e. the switch port; the bridge
                 device follows the smallest port MTU by itself (kernel auto-adjust).
-                The black hole (platform-facts.md) needs BOTH endpoints at 9000 while the bridge
+                The black hole (PF-mtu-blackhole) needs BOTH endpoints at 9000 while the bridge
                 side stays at 1500 (the default): ``set_mtu("all", 9000)``.
 
         Raises:
@@ -82,7 +82,7 @@ class FaultsMixin:
 
         An empty bridge has no carrier and leads nowhere; with the same address on every node,
         a peer that connects to it reaches itself (gloo: ``Connection refused``).  This kernel has
-        no ``dummy`` driver, hence a bridge (platform-facts.md).
+        no ``dummy`` driver, hence a bridge (PF-wrong-nic).
 
         Raises:
             ValueError: bad node, interface name, or an address outside 172.17.0.0/16.
@@ -103,7 +103,7 @@ class FaultsMixin:
     def rename_data_iface(self, node: int | str, new_name: str) -> None:
         """Rename ``node``'s lab interface (e.g. ``ibp65s0`` on node0, ``ibp161s0`` on node1), keeping its address.
 
-        Reproduces "the interface name differs between nodes" (gilbreth-hpc-guide.md 4.2): an
+        Reproduces "the interface name differs between nodes" (Gilbreth 4.2): an
         ``*_SOCKET_IFNAME`` naming one node's interface does not exist on the other.
 
         Raises:

@@ -33,7 +33,7 @@ DEFAULT_SUBNET = "10.77.0.0/24"
 MAX_NODES = 4
 FIRST_HOST = 10  # node I gets <subnet> + 10 + I (10.77.0.10, 10.77.0.11, ...)
 BRIDGE = "br0"
-# TSO/GSO off on the veths: with offloads on, the MTU black hole is flaky (platform-facts.md).  Without
+# TSO/GSO off on the veths: with offloads on, the MTU black hole is flaky (PF-mtu-blackhole).  Without
 # ethtool, the legacy ioctls ETHTOOL_STSO/SGSO do it (they clear IPv4/IPv6 TSO and GSO; kernel 6.18's
 # tx-tcp-accecn-segmentation stays on, which plain IPv4 TCP does not use).
 _ETHTOOL_FALLBACK = r"""
@@ -67,7 +67,7 @@ class Lab(FaultsMixin, MultiNodeMixin):
         ValueError: a bad argument, naming it.
 
     Use as a context manager (``with Lab(2) as lab: ...``: up on enter, down on exit) or call
-    :meth:`up` / :meth:`down`.  Source: platform-facts.md "Network namespaces as nodes".
+    :meth:`up` / :meth:`down`.  Source: PF-netns-nodes, PF-hostname-loopback.
     """
 
     def __init__(self, nodes: int = 2, subnet: str = DEFAULT_SUBNET, name: str = DEFAULT_NAME,

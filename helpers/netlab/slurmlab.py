@@ -16,7 +16,7 @@ Each daemon runs in its node's network + UTS + mount namespaces (:meth:`Lab.node
 ``/etc/hosts`` and private ``/tmp``; the project folder is the shared filesystem.  Clients
 (``sbatch``, ``srun``, ``squeue``, ``sinfo``, ``scancel``, ``scontrol``) need ``SLURM_CONF``:
 :meth:`Lab.node_argv` sets it inside every node of a SLURM lab; run them from the head node with
-:meth:`Lab.slurm`.  Source: platform-facts.md "SLURM on one machine"; Debian's ``slurm-wlm``
+:meth:`Lab.slurm`.  Source: PF-slurm-namespaces; Debian's ``slurm-wlm``
 22.05 and ``munge`` 0.5.15.  Nothing runs at import.
 """
 

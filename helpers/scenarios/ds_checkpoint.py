@@ -1,4 +1,4 @@
-"""gilbreth-hpc-guide.md 7.5 issue 3 and zero_to_fp32: DeepSpeed checkpoints are collectives.
+"""Gilbreth 7.5 issue 3 and zero_to_fp32: DeepSpeed checkpoints are collectives.
 
 ``--mode bug``: after ``--steps`` training steps only rank 0 calls
 ``engine.save_checkpoint(dir, tag)`` (the ``if rank == 0:`` habit from ``torch.save``).

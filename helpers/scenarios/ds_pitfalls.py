@@ -1,4 +1,4 @@
-"""D17, D18 and gilbreth-hpc-guide.md 7.5: DeepSpeed config and API pitfalls, each run wrong then right.
+"""D17, D18 and Gilbreth 7.5: DeepSpeed config and API pitfalls, each run wrong then right.
 
 Every case builds a fresh MLP and a fresh DeepSpeed engine on every rank, in ``bug`` mode (the
 mistake) and then in ``fix`` mode (the correction), and prints one line per mode::

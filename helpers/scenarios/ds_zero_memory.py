@@ -1,7 +1,7 @@
 """D16: measure the bytes each rank really holds in parameters, gradients and optimizer states, per ZeRO stage.
 
 For every stage named in ``--stages`` the script builds the same MLP (the smoke-test MLP of
-gilbreth-hpc-guide.md section 5.3, ``--hidden`` wide), wraps it with
+Gilbreth 5.3, ``--hidden`` wide), wraps it with
 ``deepspeed.initialize`` using ``configs/ds_zero<stage>_cpu.json`` (stage ``3-offload`` uses
 ``configs/ds_zero3_offload_cpu.json``; ``1-accum2`` is ZeRO-1 with
 ``gradient_accumulation_steps=2``; ``2-offload`` is ZeRO-2 with ``offload_optimizer`` to the

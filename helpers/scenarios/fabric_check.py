@@ -2,7 +2,7 @@
 
 On NVSwitch systems (HGX/DGX A100, H100, H200, B200) every node must run
 ``nvidia-fabricmanager``, at exactly the driver's version, before its GPUs can join an NVLink
-fabric; one node without it stops the whole job at NCCL init, silently (seeds/multinode.md MN1;
+fabric; one node without it stops the whole job at NCCL init, silently (MN1;
 https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/).  Run this on EVERY node
 before launching (``srun --ntasks-per-node=1 python fabric_check.py``); it prints one line per
 check and exits 1 on a FAIL:

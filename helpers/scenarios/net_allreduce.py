@@ -1,6 +1,6 @@
 """All-reduce over the network between nodes, size by size, saying which interface carries it (MN1-MN4).
 
-The rank script of chapter 06 (seeds/multinode.md MN1-MN4, gilbreth-hpc-guide.md 4, 8.12).
+The rank script of chapter 06 (MN1-MN4, Gilbreth 4, Gilbreth 8.12).
 Every rank:
 
 1. prints where its backend will listen before the process group forms: the interface and

@@ -1,6 +1,6 @@
 """Smoke test 02: DistributedDataParallel on 2+ ranks, with an exact checkpoint round trip.
 
-Reproduces test 02 of the Gilbreth HPC guide (gilbreth-hpc-guide.md section 6), following
+Reproduces test 02 of the Gilbreth HPC guide (Gilbreth 6), following
 the script structure of section 6.5:
 
 1. ``init_process_group`` with an explicit timeout (``--timeout-s``, section 6.10 point 3),
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_model(hidden: int) -> Any:
-    """Build the guide's test MLP (gilbreth-hpc-guide.md sections 5.3 and 6.4) with hidden size ``hidden``.
+    """Build the guide's test MLP (Gilbreth 5.3 and Gilbreth 6.4) with hidden size ``hidden``.
 
     Linear(h, 4h), GELU, Linear(4h, 4h), GELU, Linear(4h, h): 100,681,728 parameters at the
     guide's h=2048 and 1,575,168 at the CPU default h=256.  Returns an ``nn.Sequential`` on the CPU.

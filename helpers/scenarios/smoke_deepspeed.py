@@ -1,6 +1,6 @@
 """Smoke test 03: DeepSpeed ZeRO stage 1 with bf16 on 2 ranks, with a collective checkpoint round trip.
 
-Reproduces test 03 of the Gilbreth HPC guide (gilbreth-hpc-guide.md section 7), following
+Reproduces test 03 of the Gilbreth HPC guide (Gilbreth 7), following
 the script structure of section 7.7 and the three fixes of section 7.5:
 
 1. ``deepspeed.init_distributed(dist_backend=..., timeout=...)`` (the device bound by
@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_model(hidden: int) -> Any:
-    """Build the smoke-test MLP (gilbreth-hpc-guide.md section 5.3) with hidden size ``hidden``.
+    """Build the smoke-test MLP (Gilbreth 5.3) with hidden size ``hidden``.
 
     Linear(h, 4h), GELU, Linear(4h, 4h), GELU, Linear(4h, h): 1,575,168 parameters at the
     CPU default h=256.  Returns an ``nn.Sequential`` in float32 on the CPU; per section 7.7

@@ -1,6 +1,6 @@
 """Smoke test 01: one process trains a small MLP, checkpoints it, and reloads it exactly.
 
-Reproduces test 01 of the Gilbreth HPC guide (gilbreth-hpc-guide.md section 5): the
+Reproduces test 01 of the Gilbreth HPC guide (Gilbreth 5): the
 3-layer MLP of section 5.3 (Linear(h,4h) GELU Linear(4h,4h) GELU Linear(4h,h)), MSELoss
 on random inputs and targets, AdamW lr=1e-4, ``--steps`` steps (100 in the guide), then a
 ``torch.save`` checkpoint (model + optimizer state dicts, section 5.5 "Checkpoint
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_model(hidden: int) -> Any:
-    """Build the guide's test MLP (gilbreth-hpc-guide.md section 5.3) with hidden size ``hidden``.
+    """Build the guide's test MLP (Gilbreth 5.3) with hidden size ``hidden``.
 
     Linear(h, 4h), GELU, Linear(4h, 4h), GELU, Linear(4h, h): 25,175,040 parameters at
     h=1024 and 1,575,168 at the CPU default h=256.  Returns an ``nn.Sequential`` on the CPU.

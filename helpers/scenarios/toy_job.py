@@ -10,7 +10,7 @@ steps of one all_reduce each, printing ``step N`` (the heartbeat) after each.  A
   all_reduce until their timeout);
 * ``exit``: ``os._exit(3)`` without cleanup;
 * ``mismatch``: calls broadcast where the others call all_reduce (a desync: on gloo it
-  hangs until the timeout, platform-facts.md).
+  hangs until the timeout, PF-gloo-op-mismatch).
 
 ``--trace`` opts into :mod:`helpers.collective_trace` (per-rank collective log for the doctor).
 

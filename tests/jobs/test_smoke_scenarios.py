@@ -1,4 +1,4 @@
-"""Run the three Gilbreth smoke tests (gilbreth-hpc-guide.md sections 5, 6, 7) for real, on the CPU.
+"""Run the three Gilbreth smoke tests (Gilbreth 5, Gilbreth 6, Gilbreth 7) for real, on the CPU.
 
 * 01 ``smoke_single.py`` with plain ``python``;
 * 02 ``smoke_ddp.py`` with ``torchrun --standalone --nproc-per-node 2`` (section 6.6);

@@ -113,7 +113,7 @@ def test_df_ping_sees_the_black_hole_with_either_tool(lab):
 
 @needs_lab
 def test_mtu_mismatch_of_one_endpoint_is_a_warning(lab):
-    lab.set_mtu(1, 9000)  # TCP's MSS hides it (platform-facts), but it is still wrong
+    lab.set_mtu(1, 9000)  # TCP's MSS hides it (PF-mtu-blackhole), but it is still wrong
     bad = not_ok(run(lab, HEALTHY_ENV))
     assert list(bad) == ["net.mtu.node1"] and bad["net.mtu.node1"].status == "WARN"
     assert bad["net.mtu.node1"].faulty == ["node1"] and "9000" in bad["net.mtu.node1"].title

@@ -1,6 +1,5 @@
 """Every scenario script in ``helpers/scenarios/`` runs on its own: ``--help`` answers (with an example)
-without importing torch, and bad input exits 2 naming the flag (STYLE.md: "each runnable on its own
-with ``--help``")."""
+without importing torch, and bad input exits 2 naming the flag."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tests of helpers.nccl_log on the sample logs under tests/data/nccl/ and on inline lines.
 
 Pure parsing: no torch, no subprocess.  The gilbreth_* samples are verbatim excerpts of
-/work/shared/seeds/gilbreth-hpc-guide.md (section named in each file's header); the others
+the Gilbreth guide (the section id, e.g. Gilbreth 6.3, in each file's header; see helpers.sources); the others
 are hand-written in real NCCL formats (sources in their headers).
 """
 
@@ -104,7 +104,7 @@ def test_gilbreth_6_3_incorrect_output() -> None:
     log = load("gilbreth_6_3_incorrect_single_node.log")
     assert log.unattributed.network == "IB"
     assert log.ranks["rank0"].connections() == {(0, 1): ["P2P/CUMEM"]}
-    assert "§6.3" in verdicts("gilbreth_6_3_incorrect_single_node.log")["single-node-ib-loaded"].message
+    assert "Gilbreth 6.3" in verdicts("gilbreth_6_3_incorrect_single_node.log")["single-node-ib-loaded"].message
 
 
 def test_gilbreth_8_9_multinode() -> None:
@@ -118,7 +118,7 @@ def test_gilbreth_8_9_multinode() -> None:
 def test_gilbreth_8_12_fix_cites_the_guide() -> None:
     v = verdicts("gilbreth_8_12_no_socket_interface.log")["no-interface"]
     assert v.evidence == ["Bootstrap : no socket interface found"]
-    assert "unset NCCL_SOCKET_IFNAME" in v.fix and "§8.12" in v.fix
+    assert "unset NCCL_SOCKET_IFNAME" in v.fix and "Gilbreth 8.12" in v.fix
 
 
 # -------------------------------------------------------------------------- one verdict each
@@ -150,10 +150,10 @@ def test_single_node_net_is_the_gilbreth_trap() -> None:
     v = {v.id: v for v in nl.interpret(log)}["single-node-net-transport"]
     assert v.hosts == ["gpu-node-07"] and "NET/IB" in v.message
     assert "NCCL_P2P_DISABLE=1" in v.message
-    # the four settings of gilbreth-hpc-guide §6.3 "Required Environment Variables", verbatim
+    # the four settings of Gilbreth 6.3 "Required Environment Variables", verbatim
     for setting in ("NCCL_IB_DISABLE=1", "NCCL_NET_DISABLE=1", "NCCL_P2P_LEVEL=NVL", "NCCL_SHM_DISABLE=0"):
         assert setting in v.fix
-    assert "§6.3" in v.fix
+    assert "Gilbreth 6.3" in v.fix
 
 
 def test_ib_fallback_is_warn_only() -> None:

@@ -55,3 +55,23 @@ def test_the_repository_cites_only_registered_ids():
     files = [*ROOT.glob("helpers/**/*.py"), *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("configs/*"), ROOT / "README.md"]
     bad = {str(p.relative_to(ROOT)): ids for p in files if p.is_file() and (ids := sources.unregistered(p.read_text()))}
     assert bad == {}
+
+
+NOT_SHIPPED = ("platform-facts", "seeds/", "gilbreth-hpc-guide", "distributed-launch.md", "multinode.md", "shared/notes",
+               "architecture-review", "gpu-path-review", "STYLE.md")
+"""Names of documents that do not ship with the repository: cite a registered id (docs/sources.md) instead."""
+
+
+def test_nothing_points_at_documents_that_do_not_ship():
+    files = [*ROOT.glob("helpers/**/*.py"), *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("configs/**/*"),
+             *ROOT.glob("docs/**/*.md"), *ROOT.glob("benchmarks/**/*"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("tests/*.md"),
+             *(ROOT / name for name in ("README.md", "Makefile", "pyproject.toml", "environment.yml"))]
+    own = Path(__file__).resolve()
+    bad = {}
+    for p in files:
+        if not p.is_file() or p.resolve() == own or "__pycache__" in p.parts or p.suffix in (".pyc", ".png"):
+            continue
+        text = p.read_text(errors="replace")
+        if hits := [name for name in NOT_SHIPPED if name in text]:
+            bad[str(p.relative_to(ROOT))] = hits
+    assert bad == {}, "cite an id of helpers.sources (docs/sources.md) instead of these files"
