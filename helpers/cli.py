@@ -52,7 +52,8 @@ def diagnose(args: argparse.Namespace) -> int:
 
     from helpers.diagnostics import default_nproc, new_report_dir
 
-    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": args.nproc or default_nproc(), "TIMEOUT_S": args.timeout_s}
+    nproc = default_nproc() if args.nproc is None else args.nproc
+    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": nproc, "TIMEOUT_S": args.timeout_s}
     if args.max_bytes is not None:
         params["MAX_BYTES"] = args.max_bytes
     for name, value in args.param or []:
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return memory.main(argv[1:])
     args = build_parser().parse_args(argv)
-    if (getattr(args, "nproc", 1) or 1) < 1:
+    if getattr(args, "nproc", None) is not None and args.nproc < 1:
         build_parser().error(f"--nproc={args.nproc}: must be >= 1")
     return int(args.func(args))
 
