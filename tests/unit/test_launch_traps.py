@@ -173,7 +173,7 @@ def test_every_trap_links_to_a_section_that_exists():
     ids = set(re.findall(r'Trap\("([a-z0-9-]+)"', Path(launch_traps.__file__).read_text()))
     assert ids <= set(widgets.TRAP_SECTIONS), ids - set(widgets.TRAP_SECTIONS)
     for notebook, heading in widgets.TRAP_SECTIONS.values():
-        cells = json.loads((Path(__file__).parents[1] / "notebooks" / notebook).read_text())["cells"]
+        cells = json.loads((Path(__file__).parents[2] / "notebooks" / notebook).read_text())["cells"]
         headings = {line.lstrip("#").strip().replace("`", "") for c in cells if c["cell_type"] == "markdown"
                     for line in "".join(c["source"]).splitlines() if line.startswith("#")}
         assert heading in headings, (notebook, heading)
