@@ -35,9 +35,13 @@ def test_fabric_check_grades_what_a_node_reports():
     assert set(_status(healthy).values()) == {"OK"} and len(healthy) == 5
     down = _status(fabric_check.grade("550.90.07", 6, "inactive\n", FM_OK, SMI_Q_PENDING))
     assert down["fabric.service"] == "FAIL" and down["fabric.gpu"] == "FAIL" and down["fabric.version"] == "OK"
-    mismatch = fabric_check.grade("550.90.12", 6, "failed\n", FM_OK, SMI_Q_OK)
+    mismatch = fabric_check.grade("550.90.12", 6, "failed\n", FM_OK, SMI_Q_PENDING)
     assert _status(mismatch)["fabric.version"] == "FAIL" and "550.90.07 != driver 550.90.12" in mismatch[3]["title"]
-    assert _status(fabric_check.grade("550.90.07", 6, "active", "", SMI_Q_OK))["fabric.version"] == "FAIL"
+    # Every GPU joined the fabric: the fabric manager runs elsewhere (GB200 NMX-C, GPU Operator), so no false FAIL
+    joined = fabric_check.grade("550.90.12", 6, "failed\n", FM_OK, SMI_Q_OK)
+    assert _status(joined)["fabric.version"] == "WARN" and "runs elsewhere" in joined[3]["title"]
+    assert _status(fabric_check.grade("550.90.07", 6, "active", "", SMI_Q_PENDING))["fabric.version"] == "FAIL"
+    assert _status(fabric_check.grade("550.90.07", 6, "active", "", SMI_Q_OK))["fabric.version"] == "WARN"
     container = _status(fabric_check.grade("550.90.07", 6, "", "", SMI_Q_OK))  # no systemctl, no FM binary
     assert container["fabric.service"] == container["fabric.version"] == "WARN" and container["fabric.gpu"] == "OK"
     assert _status(fabric_check.grade("550.90.07", 6, "", "", SMI_Q_PENDING))["fabric.gpu"] == "FAIL"
