@@ -125,8 +125,8 @@ def diagnose_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     """The ``runbook diagnose`` parser (the allocation check, notebook 00)."""
     p = _parser(subparsers, "diagnose", "run the allocation check (notebook 00) and write a report")
     p.add_argument("--backend", choices=jobs.BACKENDS, default="auto")
-    p.add_argument("--nproc", type=positive_int_arg("--nproc"), default=2,
-                   help="ranks per node (default 2; use the GPU count on a GPU node)")
+    p.add_argument("--nproc", type=positive_int_arg("--nproc"), default=None,
+                   help="ranks per node (default: the visible GPUs, capped by SLURM_GPUS_ON_NODE; 2 without a GPU)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="collective timeout per job, seconds")
     p.add_argument("--max-bytes", type=int, default=None, help="largest message of the bandwidth sweep, bytes")
     p.add_argument("--out-dir", default=None, help="where report folders go (default build/reports)")
@@ -141,9 +141,9 @@ def diagnose(args: argparse.Namespace) -> int:
     """Run the allocation check notebook under papermill; print its report; return the exit status."""
     import papermill
 
-    from helpers.diagnostics import new_report_dir
+    from helpers.diagnostics import default_nproc, new_report_dir
 
-    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": args.nproc, "TIMEOUT_S": args.timeout_s}
+    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": args.nproc or default_nproc(), "TIMEOUT_S": args.timeout_s}
     if args.max_bytes is not None:
         params["MAX_BYTES"] = args.max_bytes
     for name, value in args.param or []:

@@ -13,8 +13,33 @@ file is line-buffered, so it is complete up to the moment a rank hangs or dies.
 
 Why not torch's flight recorder: on gloo it records but does not dump on a timeout, and
 torch's bundled analyzer crashed on a gloo dump (platform-facts.md); it also cannot name
-the user's source line of a rank that never entered the collective.  This trace works on
-gloo and NCCL alike and costs two small writes per collective (see benchmarks/).
+the user's source line of a rank that never entered the collective.  This trace costs two
+small writes per collective (see benchmarks/).
+
+What ``exit`` means, per backend:
+
+* gloo: the collective returns when it has finished, so ``exit`` is written after the data
+  arrived and a rank stuck in it has ``enter`` without ``exit``.
+* NCCL: every collective is asynchronous: the Python call returns once the kernel is *queued*
+  on the NCCL stream (torch's ``ProcessGroupNCCL.hpp``: "All NCCL functions provided by this
+  class are asynchronous"), so without help every rank would "exit" the collective that hangs
+  and block later, at the next sync point (``.item()``, a barrier, ``destroy_process_group``).
+  Two things make the trace truthful there, at the cost of blocking collectives (slower: the
+  trace is a debugging aid):
+
+  1. :func:`enable` sets ``TORCH_NCCL_BLOCKING_WAIT=1`` (unless already set) when no process
+     group exists yet; ProcessGroupNCCL reads it when the group is created
+     (``ProcessGroupNCCL.hpp``: "Control whether or not wait() is blocking"), so the collective's
+     own ``work.wait()`` blocks the CPU and a hung rank's py-spy stack sits *in* the collective
+     (``distributed_c10d.py``), where the doctor looks.  Call :func:`enable` before
+     ``init_process_group`` (every scenario here does).
+  2. Whenever an argument is a CUDA tensor, the current CUDA stream of its device is
+     synchronized before ``exit`` is written (this also covers a group created before
+     :func:`enable`; the hung rank's stack then shows ``synchronize`` under this module).
+
+  A call with ``async_op=True`` is not synchronized (the caller waits on the returned work
+  later); its ``exit`` record carries ``"async_op": true`` and means "queued".
+  Not run on a GPU here: these statements come from torch's source (issue 17, docs/gpu-path.md).
 
 Only Python-level calls are traced: DDP's gradient all-reduce runs inside its C++ reducer
 and appears in py-spy stacks as ``backward`` instead.
@@ -70,6 +95,15 @@ def _describe(args: tuple, kwargs: dict) -> dict:
     return {}
 
 
+def _cuda_device(args: tuple, kwargs: dict) -> Any:
+    """The device of the first CUDA tensor among the arguments (also inside lists), else ``None``."""
+    for value in (*args, *kwargs.values()):
+        for item in (value if isinstance(value, (list, tuple)) else (value,)):
+            if getattr(item, "is_cuda", False) is True:
+                return item.device
+    return None
+
+
 def _write(fh: IO[str], record: dict) -> None:
     fh.write(json.dumps(record, separators=(",", ":")) + "\n")
 
@@ -83,6 +117,14 @@ def _wrap(op: str, fn: Callable) -> Callable:
         _write(fh, {"seq": seq, "op": op, "phase": "enter", "site": _call_site(), "t": time.time(),
                     **_describe(args, kwargs)})
         result = fn(*args, **kwargs)
+        if kwargs.get("async_op"):
+            _write(fh, {"seq": seq, "op": op, "phase": "exit", "t": time.time(), "async_op": True})
+            return result
+        device = _cuda_device(args, kwargs)
+        if device is not None:  # NCCL only queued the kernel: wait for it, so that "exit" means finished
+            import torch
+
+            torch.cuda.current_stream(device).synchronize()
         _write(fh, {"seq": seq, "op": op, "phase": "exit", "t": time.time()})
         return result
 
@@ -91,6 +133,10 @@ def _wrap(op: str, fn: Callable) -> Callable:
 
 def enable(directory: str | os.PathLike[str] | None = None, rank: int | None = None) -> Path:
     """Start tracing this process's collectives; return the trace file's path.
+
+    Called before ``init_process_group``, it also sets ``TORCH_NCCL_BLOCKING_WAIT=1`` (unless
+    already set) so that NCCL collectives block until done (see the module docstring); gloo
+    ignores it.
 
     Args:
         directory: where ``rank<R>.jsonl`` goes (default :func:`trace_dir`).
@@ -108,6 +154,8 @@ def enable(directory: str | os.PathLike[str] | None = None, rank: int | None = N
         rank = int(raw)
     if _state["file"] is not None:
         return Path(_state["file"].name)
+    if not dist.is_initialized():  # NCCL: make work.wait() block, so that a hung rank waits inside its collective
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     path = Path(directory) if directory else trace_dir()
     path.mkdir(parents=True, exist_ok=True)
     _state["file"] = open(path / f"rank{rank}.jsonl", "a", buffering=1)

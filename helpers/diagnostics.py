@@ -95,7 +95,12 @@ def grade_env(records: Sequence[dict]) -> Check:
     """WARN when any value that should be the same on every rank differs (versions, NCCL_*...).
 
     ``CUDA_VISIBLE_DEVICES`` may differ when each rank is given exactly one distinct GPU (a
-    scheduler binding one GPU per task); any other difference is a WARN.
+    scheduler binding one GPU per task); any other difference is a WARN.  Also WARN when a
+    node's ranks may run on fewer CPUs than there are ranks (the smallest ``cpu_affinity``,
+    ``len(os.sched_getaffinity(0))``, below the node's rank count): the ``srun`` without
+    ``--cpus-per-task`` case (Slurm >= 22.05 no longer passes the batch value to ``srun``),
+    which makes starts slow and stall windows fire (issue 17, finding 8).
+    ``values["cpu_affinity"]``: the crowded nodes, ``{node: {"ranks", "min_cpus"}}``.
     """
     flats = [_flatten(r) for r in records]
     keys = sorted(set().union(*flats) - PER_RANK_KEYS)
@@ -116,6 +121,18 @@ def grade_env(records: Sequence[dict]) -> Check:
               "gpu_memory_bytes": (first.get("gpu") or {}).get("total_memory_bytes"),
               "variables": sorted(k[4:] for k in keys if k.startswith("env.")),
               "differing": differing}
+    crowded = _crowded_hosts(records)
+    values["cpu_affinity"] = crowded
+    if crowded:
+        where = "; ".join(f"{host}: {v['ranks']} ranks on {v['min_cpus']} CPU(s)" for host, v in crowded.items())
+        return Check("env.diff", f"fewer CPUs than ranks ({where})"
+                     + (f"; {len(differing)} value(s) differ across ranks: {', '.join(differing)}" if differing else ""),
+                     "WARN", values, "give every rank at least one core: under srun pass --cpus-per-task=N on the srun "
+                     "line itself (Slurm >= 22.05 no longer passes the batch value to srun; or export "
+                     "SRUN_CPUS_PER_TASK), check taskset/numactl bindings"
+                     + ("; and make every rank see the same settings (gilbreth-hpc-guide.md 8.12 failure mode 4)"
+                        if differing else ""),
+                     "Slurm 22.05 release notes (srun --cpus-per-task); gilbreth-hpc-guide.md 8.12")
     if differing:
         return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
                      values, "make every rank see the same software and NCCL_*/TORCH_*/GLOO_* settings "
@@ -123,6 +140,15 @@ def grade_env(records: Sequence[dict]) -> Check:
                      "gilbreth-hpc-guide.md 8.12 failure mode 4)", "gilbreth-hpc-guide.md 8.12; D1")
     return Check("env.diff", f"environment identical on all {len(records)} ranks "
                  f"(torch {values['torch']}, {values['gpu'] or 'no GPU'})", "OK", values, "", "D1")
+
+
+def _crowded_hosts(records: Sequence[dict]) -> dict[str, dict[str, int]]:
+    """Per node (hostname/GROUP_RANK): ranks and the smallest ``cpu_affinity``, where that is below the rank count."""
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        if isinstance(r.get("cpu_affinity"), int):
+            by_node[f"{r.get('hostname')}/node{(r.get('contract') or {}).get('GROUP_RANK')}"].append(r["cpu_affinity"])
+    return {node: {"ranks": len(cpus), "min_cpus": min(cpus)} for node, cpus in by_node.items() if min(cpus) < len(cpus)}
 
 
 def grade_contract(records: Sequence[dict]) -> Check:
@@ -281,7 +307,9 @@ SMOKE = {
            "gilbreth-hpc-guide.md 5"),
     "02": ("smoke.02_ddp", "torchrun", "smoke_ddp.py", "DDP trains, rank 0 saves model.module.state_dict()",
            "gilbreth-hpc-guide.md 6"),
-    "03": ("smoke.03_deepspeed_zero1", "deepspeed", "smoke_deepspeed.py",
+    # torchrun, not `deepspeed --num_gpus`: that launcher drops CUDA_VISIBLE_DEVICES (runner.py) and would use
+    # other jobs' GPUs on a shared node; smoke_deepspeed.py reads torchrun's env contract (issue 17, finding 7)
+    "03": ("smoke.03_deepspeed_zero1", "torchrun", "smoke_deepspeed.py",
            "DeepSpeed ZeRO-1 bf16, collective save and reload", "gilbreth-hpc-guide.md 7"),
 }
 
@@ -301,8 +329,14 @@ def grade_smoke(check_id: str, title: str, data: dict, source: str) -> Check:
 
 
 def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int, hidden: int, batch: int,
-              timeout_s: float) -> tuple[Check, jobs.JobResult]:
+              timeout_s: float, fused_adam: bool = True) -> tuple[Check, jobs.JobResult]:
     """Run Gilbreth smoke test ``which`` (``01``, ``02``, ``03``) for real and grade it.
+
+    Every smoke test starts under ``torchrun`` or ``python``, which keep ``CUDA_VISIBLE_DEVICES``.
+    ``fused_adam=False`` runs 03 on NCCL with ``configs/ds_zero1_gpu.json`` plus
+    ``"torch_adam": true`` (written to ``out_dir``), for a node where :func:`check_toolchain`
+    found no usable CUDA toolkit: the smoke test then measures the allocation, not the toolkit.
+    The ``peak_memory`` the scripts report is the training peak, read before the checkpoint reload.
 
     Raises:
         ValueError: unknown ``which`` (names the accepted values).
@@ -316,12 +350,15 @@ def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int
     if which != "01":
         args += ["--backend", backend]
     if which == "03":
-        config = "ds_zero1_gpu.json" if backend == "nccl" else "ds_zero1_cpu.json"
-        args += ["--deepspeed-config", str(CONFIGS / config)]
-    # the deepspeed launcher defaults to port 29500, taken by any other job on the node (D4)
-    launcher_args = [f"--master_port={hostinfo.free_port()}"] if launcher == "deepspeed" else []
+        config = CONFIGS / ("ds_zero1_gpu.json" if backend == "nccl" else "ds_zero1_cpu.json")
+        if backend == "nccl" and not fused_adam:
+            cfg = json.loads(config.read_text())
+            cfg["optimizer"]["params"]["torch_adam"] = True
+            config = Path(out_dir) / "ds_zero1_gpu_torch_adam.json"
+            config.write_text(json.dumps(cfg, indent=2))
+        args += ["--deepspeed-config", str(config)]
+    # torchrun --standalone picks a free rendezvous port itself (D4)
     job = jobs.run_job(SCENARIOS / script, args, launcher=launcher, nproc=1 if which == "01" else nproc,
-                       launcher_args=launcher_args,
                        timeout_s=timeout_s * 2 + 60, stall_s=timeout_s + 30, name=f"smoke-{which}")
     ckpt_bytes = sum(f.stat().st_size for f in (Path(out_dir) / "checkpoints" / which).rglob("*") if f.is_file())
     shutil.rmtree(Path(out_dir) / "checkpoints" / which, ignore_errors=True)  # GBs on a GPU node: not report material
@@ -333,6 +370,119 @@ def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int
     if not job.ok and check.status == "OK":
         return job_failure(check_id, f"{title}: passed but the job exited badly", job, source), job
     return check, job
+
+
+def default_nproc(environ: dict[str, str] | None = None) -> int:
+    """Ranks per node for ``runbook diagnose`` when ``--nproc`` is not given.
+
+    The CUDA GPUs this process can see (``helpers.tiers.gpu_count``; under SLURM capped by
+    ``SLURM_GPUS_ON_NODE``, the allocation's share of the node); with no visible GPU,
+    ``SLURM_GPUS_ON_NODE`` when set (the report then says why NCCL could not run); else 2 (a CPU
+    box: two gloo ranks).  Issue 17, finding 15: a default of 2 on an 8-GPU node tested 2 GPUs.
+    """
+    import os
+
+    from helpers import tiers
+
+    environ = dict(os.environ) if environ is None else environ
+    raw = environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    slurm = int(raw) if raw.isdigit() and int(raw) > 0 else None
+    gpus = tiers.gpu_count()
+    if gpus > 0:
+        return min(gpus, slurm) if slurm else gpus
+    return slurm or 2
+
+
+def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release: str | None,
+                    build: dict[str, Any] | None = None) -> Check:
+    """Grade the CUDA toolchain that DeepSpeed's FusedAdam (smoke test 03 on GPU) JIT-builds with.
+
+    Args:
+        torch_cuda: ``torch.version.cuda`` (``"12.8"``), ``None`` for a CPU build of torch.
+        cuda_home: torch's ``cpp_extension.CUDA_HOME`` (``None``: not found).
+        nvcc_release: ``"12.8"`` from ``nvcc -V``, ``None`` when nvcc could not run.
+        build: the FusedAdam build attempt, ``{"ok": bool, "wall_s": float, "log": path, "error": str}``,
+            or ``None`` when not attempted.
+
+    Returns:
+        ``toolchain.fused_adam``: OK when the build succeeded (or would be possible and was not
+        tried), WARN with the fix otherwise (an allocation can be fine without a toolkit: jobs
+        then need ``"torch_adam": true``).  Rule: DeepSpeed ``op_builder/builder.py``
+        (``installed_cuda_version``: no CUDA_HOME -> MissingCUDAException; torch and nvcc CUDA
+        major versions must match).
+    """
+    source = "deepspeed op_builder/builder.py (installed_cuda_version, assert_no_cuda_mismatch); gilbreth-hpc-guide.md 7.4"
+    values: dict[str, Any] = {"torch_cuda": torch_cuda, "cuda_home": cuda_home, "nvcc_release": nvcc_release,
+                              "build": build}
+    avoid = 'or avoid the build: "torch_adam": true in the DeepSpeed config\'s optimizer params'
+    if torch_cuda is None:
+        return Check("toolchain.fused_adam", "torch has no CUDA: FusedAdam cannot be built", "WARN", values,
+                     "install a CUDA build of torch (environment.yml), " + avoid, source)
+    if cuda_home is None or nvcc_release is None:
+        what = "no CUDA_HOME" if cuda_home is None else f"no runnable nvcc in {cuda_home}/bin"
+        return Check("toolchain.fused_adam", f"{what}: DeepSpeed cannot JIT-build FusedAdam", "WARN", values,
+                     f"load a CUDA {torch_cuda.split('.')[0]}.x toolkit (module load cuda/{torch_cuda}, or "
+                     f"export CUDA_HOME=/usr/local/cuda-{torch_cuda}) so that $CUDA_HOME/bin/nvcc exists, " + avoid, source)
+    if nvcc_release.split(".")[0] != torch_cuda.split(".")[0]:
+        return Check("toolchain.fused_adam", f"nvcc {nvcc_release} does not match torch's CUDA {torch_cuda}", "WARN",
+                     values, f"point CUDA_HOME at a CUDA {torch_cuda.split('.')[0]}.x toolkit, " + avoid, source)
+    if build is not None and not build.get("ok"):
+        return Check("toolchain.fused_adam", f"FusedAdam JIT build failed: {build.get('error', '')[:200]}", "WARN",
+                     values, f"read {build.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,
+                     source)
+    built = f", FusedAdam built in {build['wall_s']:.0f} s" if build else ""
+    return Check("toolchain.fused_adam", f"nvcc {nvcc_release} matches torch CUDA {torch_cuda}{built}", "OK", values,
+                 "", source)
+
+
+def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_s: float = 900.0) -> list[Check]:
+    """Before smoke test 03 on GPU: find nvcc/CUDA_HOME and JIT-build FusedAdam once, outside any stall window.
+
+    The first use of FusedAdam compiles it silently (DeepSpeed ``FusedAdamBuilder().load()``);
+    inside the smoke test's stall window a slow build or a missing toolkit read as an allocation
+    FAIL or a hang (issue 17, finding 6).  Here the build runs in its own process, with its log in
+    ``out_dir/fused_adam_build.log``; the result is cached in ``TORCH_EXTENSIONS_DIR``.
+
+    Args:
+        backend: the check's backend; on ``gloo`` nothing is checked (the CPU config uses torch_adam).
+        out_dir: where the build log goes.
+        build: also build FusedAdam (else only locate the toolkit).
+        timeout_s: limit for the build, seconds.
+
+    Returns:
+        ``[]`` on gloo, else ``[toolchain.fused_adam]`` (:func:`grade_toolchain`).
+    """
+    import subprocess
+    import sys
+
+    if backend != "nccl":
+        return []
+    import torch
+    from torch.utils import cpp_extension
+
+    cuda_home = cpp_extension.CUDA_HOME
+    release = None
+    if cuda_home:
+        try:
+            out = subprocess.run([str(Path(cuda_home) / "bin" / "nvcc"), "-V"], capture_output=True, text=True,
+                                 timeout=60, check=True).stdout.split()
+            release = out[out.index("release") + 1].rstrip(",")
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            release = None
+    attempt = None
+    if build and release and torch.version.cuda and release.split(".")[0] == torch.version.cuda.split(".")[0]:
+        log = Path(out_dir) / "fused_adam_build.log"
+        t0 = time.monotonic()
+        code = "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load(verbose=True)"
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+            log.write_text(proc.stdout + proc.stderr)
+            lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
+            attempt = {"ok": proc.returncode == 0, "wall_s": time.monotonic() - t0, "log": str(log),
+                       "error": lines[-1] if proc.returncode and lines else ""}
+        except subprocess.TimeoutExpired:
+            attempt = {"ok": False, "wall_s": timeout_s, "log": str(log), "error": f"no result within {timeout_s} s"}
+    return [grade_toolchain(torch.version.cuda, cuda_home, release, attempt)]
 
 
 PREFLIGHT_RUNNERS = ("srun", "lab", "local")

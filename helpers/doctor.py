@@ -12,6 +12,17 @@ it) and the ranks that are *not* in it: stuck elsewhere (their innermost user fr
 different collective (an op mismatch), or dead.  Usable on a job of the runner
 (:func:`diagnose_job`), on a live process tree anywhere (:func:`diagnose_pid`, ``runbook
 doctor --pid PID`` on a node), or on stacks and traces saved earlier (``--job-dir``).
+
+What holds on NCCL (GPU jobs): NCCL collectives are asynchronous (the Python call returns once
+the kernel is queued), so a hung rank's py-spy stack does *not* sit in the collective that hangs
+but at the next point that waits for the GPU (``.item()``, ``.cpu()``, a barrier,
+``destroy_process_group``).  The stacks alone then name that later line.  The collective trace
+is what keeps the verdict right there: it synchronizes the CUDA stream before writing ``exit``
+(:mod:`helpers.collective_trace`), so the op, sequence number and call site of the unfinished
+collective come from the trace.  Without the trace (``--pid`` on a job that does not enable
+it), set ``TORCH_NCCL_BLOCKING_WAIT=1`` in the job (``work.wait()`` then blocks the CPU,
+``ProcessGroupNCCL.hpp``) or read the verdict's collective as "the first sync point after the
+hang".  Verified on gloo (CPU) only; the NCCL statements are from torch's source, not run here.
 """
 
 from __future__ import annotations

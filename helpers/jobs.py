@@ -351,7 +351,16 @@ def launcher_argv(launcher: str, script: str | os.PathLike[str], args: Sequence[
         count = [f"--num_processes={nproc}"] if nproc else []
         return [[exe, "launch", *count, *extra, *body]]
     if launcher == "deepspeed":
-        count = [f"--num_gpus={nproc}"] if nproc else []
+        # --num_gpus=N makes the deepspeed runner drop CUDA_VISIBLE_DEVICES and use GPUs 0..N-1 (runner.py main);
+        # --include=localhost:<ids> keeps the visible set, as the runner itself does without flags (issue 17)
+        visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if nproc and visible and not all(d.isdigit() for d in visible):
+            raise ValueError(f"CUDA_VISIBLE_DEVICES={','.join(visible)!r}: the deepspeed launcher's --include takes GPU "
+                             "indices only; use launcher='torchrun'")
+        if nproc and visible and nproc > len(visible):
+            raise ValueError(f"nproc={nproc}: more than the {len(visible)} GPU(s) in CUDA_VISIBLE_DEVICES")
+        count = [f"--include=localhost:{','.join(visible[:nproc])}"] if nproc and visible else \
+            [f"--num_gpus={nproc}"] if nproc else []
         return [[exe, *count, *extra, *body]]
     return [[exe, f"--ntasks={nproc or 1}", *extra, sys.executable, "-u", *body]]
 

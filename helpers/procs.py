@@ -33,7 +33,9 @@ def py_spy_dump(pid: int, *, native: bool = False, timeout_s: float = 10.0) -> s
 
     py-spy reads the target's memory from outside (``process_vm_readv``), so it works on
     a rank stuck in a C++ collective, where in-process tools such as faulthandler would need
-    the GIL or a signal handler.  Measured here: 0.02-0.04 s per process as root.
+    the GIL or a signal handler.  Measured here: 0.02-0.04 s per process as root.  As non-root
+    under Yama ``ptrace_scope=1`` the kernel refuses the attach; the message then names that
+    cause and its fix (:func:`ptrace_hint`) instead of a bare failure.
 
     Args:
         pid: process id of a Python process.
@@ -58,8 +60,34 @@ def py_spy_dump(pid: int, *, native: bool = False, timeout_s: float = 10.0) -> s
     except subprocess.TimeoutExpired:
         return f"py-spy failed: no answer from pid {pid} within {timeout_s} s"
     if out.returncode != 0:
-        return f"py-spy failed (exit {out.returncode}): {(out.stderr or out.stdout).strip()}"
+        text = (out.stderr or out.stdout).strip()
+        return f"py-spy failed (exit {out.returncode}): {text}{ptrace_hint(text)}"
     return _ANSI.sub("", out.stdout)
+
+
+def ptrace_hint(error: str, scope_file: str = "/proc/sys/kernel/yama/ptrace_scope") -> str:
+    """Cause and fix when py-spy's error is a ptrace refusal (Yama ``ptrace_scope`` >= 1), else ``""``.
+
+    Under Yama ``ptrace_scope=1`` (Ubuntu's default) a non-root process may attach only to its
+    own descendants; py-spy is a sibling of the ranks, not their ancestor, so it gets
+    "Operation not permitted" (EPERM).  Source: the kernel's Yama documentation
+    (https://www.kernel.org/doc/html/latest/admin-guide/LSM/Yama.html) and py-spy's README
+    ("Permission denied" on Linux).
+
+    Args:
+        error: py-spy's stderr/stdout.
+        scope_file: where the kernel exposes the Yama setting (a parameter for tests).
+    """
+    if not re.search(r"Operation not permitted|Permission denied|os error 1\b|EPERM", error):
+        return ""
+    try:
+        scope = Path(scope_file).read_text().strip()
+    except OSError:
+        scope = "unknown"
+    return (f" [cause: ptrace refused (kernel.yama.ptrace_scope={scope}; non-root py-spy may attach only to its own "
+            "descendants); fix: run `runbook doctor` / py-spy as root or with sudo, or give py-spy CAP_SYS_PTRACE "
+            "(sudo setcap cap_sys_ptrace+ep $(which py-spy)), or ask the admins for "
+            "`sysctl kernel.yama.ptrace_scope=0`; in a container add --cap-add SYS_PTRACE]")
 
 
 def descendants(pids: Iterable[int]) -> list[psutil.Process]:

@@ -61,7 +61,9 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
             also what elastic restarts need, chapter 07).
         master_port: rendezvous port on the first node, 1..65535.
         env: variables re-exported in every task (``None`` value: ``unset``).
-        srun_args: extra ``srun`` options (``--gpus-per-node=8``...).
+        srun_args: extra ``srun`` options (``--gpus-per-node=8``...).  Unless they name
+            ``--cpus-per-task``, the line carries ``--cpus-per-task="${SLURM_CPUS_PER_TASK:-nproc_per_node}"``:
+            since Slurm 22.05 ``srun`` no longer inherits the batch value.
         ntasks_per_node: ``srun --ntasks-per-node``; 1 is right (one torchrun per node, §8.2): another
             value is written as given so that the command builder can show the trap it makes.
         export: ``srun --export`` (``ALL``; ``NONE`` is written as given, Failure Mode 4).
@@ -100,7 +102,10 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     body = [*task_env, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
     # The task body is single-quoted, so $SLURM_NODEID expands in each task, not in the batch shell.
     inner = "\n    ".join(body).replace("'", "'\\''")
-    srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={ntasks_per_node}", f"--export={export}",
+    # Slurm >= 22.05: srun no longer inherits the batch --cpus-per-task; without it a task may get 1 CPU (issue 17)
+    cpus = ([] if any(a.split("=")[0] == "--cpus-per-task" for a in srun_args)
+            else [f'--cpus-per-task="${{SLURM_CPUS_PER_TASK:-{nproc_per_node}}}"'])
+    srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={ntasks_per_node}", *cpus, f"--export={export}",
             *map(shlex.quote, srun_args)]
     return ("export MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\"\n"
             f"export MASTER_PORT={master_port}\n"

@@ -42,3 +42,54 @@ def have(tier: str, *, verbose: bool = True) -> bool:
     if not ok and verbose:
         print(f"[SKIP tier-{tier}] {reason}")
     return ok
+
+
+def backend_is(backend: str, wanted: str, why: str) -> bool:
+    """True when ``backend == wanted``; otherwise print ``[SKIP backend-<wanted>] why`` and return False.
+
+    For a cell whose body shows one backend's behaviour (gloo's error texts, FSDP on CPU): on the
+    other backend it is skipped with its reason, never silently (STYLE.md, "A chapter").
+
+    Args:
+        backend: the backend the chapter chose (``gloo``/``nccl``).
+        wanted: the backend the cell needs.
+        why: what the cell shows that only ``wanted`` has (printed on a skip).
+    """
+    if backend == wanted:
+        return True
+    print(f"[SKIP backend-{wanted}] {why}; this run uses {backend}")
+    return False
+
+
+def agent_devices(backend: str, agents: int, nproc_per_agent: int) -> tuple[str, list[dict[str, str | None]]]:
+    """Backend and per-agent environment for ``agents`` torchrun agents on ONE host acting as nodes.
+
+    Each agent's ranks bind ``cuda:LOCAL_RANK``, so two agents on one host would share GPUs, and
+    NCCL refuses that at init ("Duplicate GPU detected", NCCL ``init.cc``; chapter 01 D3).  With
+    NCCL and at least ``agents * nproc_per_agent`` visible GPUs every agent gets its own disjoint
+    ``CUDA_VISIBLE_DEVICES`` slice; with fewer, gloo (the reason is printed); any other backend
+    is returned unchanged with empty environments.
+
+    Returns:
+        ``(backend, [env for agent 0, env for agent 1, ...])``.
+
+    Raises:
+        ValueError: ``agents`` or ``nproc_per_agent`` < 1.
+    """
+    import os
+
+    from helpers.validate import positive_int
+
+    positive_int(agents, "agents", 1)
+    positive_int(nproc_per_agent, "nproc_per_agent", 1)
+    if backend != "nccl":
+        return backend, [{} for _ in range(agents)]
+    need = agents * nproc_per_agent
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    ids = visible or [str(i) for i in range(gpu_count())]
+    if gpu_count() < need or len(ids) < need:
+        print(f"[gloo] {agents} agents x {nproc_per_agent} ranks on one host need {need} GPUs for NCCL "
+              f"(one per rank); this machine has {gpu_count()}")
+        return "gloo", [{} for _ in range(agents)]
+    return "nccl", [{"CUDA_VISIBLE_DEVICES": ",".join(ids[a * nproc_per_agent:(a + 1) * nproc_per_agent])}
+                    for a in range(agents)]

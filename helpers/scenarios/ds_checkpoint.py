@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                      else p.numel() for p in engine.module.parameters()),
                 "compare": compare, "offline_script": offline, "match": ok,
                 "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__}})
-    flag = torch.tensor([int(ok)])
+    # on the engine's device: an NCCL group has no CPU backend (Backend.backend_capability["nccl"] == ["cuda"])
+    flag = torch.tensor([int(ok)], device=engine.device)
     dist.broadcast(flag, src=0)
     _common.finish()
     return 0 if flag.item() else 1

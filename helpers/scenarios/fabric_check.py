@@ -19,6 +19,10 @@ check and exits 1 on a FAIL:
   driver interface version ... don't match with driver version ...", NVIDIA/gpu-operator#544);
 * ``fabric.gpu``: every GPU's ``Fabric State`` in ``nvidia-smi -q`` is ``Completed`` with
   ``Status : Success`` (``In Progress`` = the GPU never registered: fabric manager not running).
+  When every GPU has joined, a missing or inactive host unit (``fabric.service``/``fabric.version``)
+  is a WARN, not a FAIL: the fabric manager then runs outside this host's systemd (GB200/GB300 NVL
+  compute trays, where the NMX-Controller hosts the Global Fabric Manager; GPU-Operator hosts, where
+  it runs in the driver container; NVIDIA/NVSentinel#883).  Not verified on such hardware.
 
 Example::
 
@@ -134,6 +138,12 @@ def grade(driver: str | None, nvswitches: int, service: str, fm_version_text: st
                           f"{len(reported)} GPU(s) registered with the fabric (Completed/Success)"),
                 "fix": "" if not bad else f"'In Progress' = the GPU never registered: {SERVICE} is not running or "
                                           f"not compatible; fix fabric.service / fabric.version, then re-check"})
+    if reported and not bad:  # the GPUs joined the fabric: a fabric manager runs, just not as this host's unit
+        for rec in out:
+            if rec["id"] in ("fabric.service", "fabric.version") and rec["status"] == "FAIL":
+                rec["status"] = "WARN"
+                rec["title"] += (" - but every GPU joined the fabric, so the fabric manager runs elsewhere "
+                                 "(GB200/GB300 NVL: NMX-Controller on the switch trays; GPU Operator: the driver container)")
     return out
 
 

@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             _common.log(f"step {step}/{args.steps} loss {loss.item():.4f}")
     _common.synchronize(device)
     train_s = time.perf_counter() - start
+    peak = _common.peak_memory(device)  # the training peak, read before the checkpoint reload
 
     # Step 7-8: barrier, rank 0 saves the unwrapped module (model.module) + optimizer, barrier.
     dist.barrier()
@@ -183,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
     loss_sum = loss.detach().float().reshape(1).clone()
     dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
     final_loss = float(loss_sum.item()) / world_size
-    peak = _common.peak_memory(device)
     peak_t = torch.tensor([peak["bytes"]], dtype=torch.int64, device=device)
     dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
     flags = torch.tensor([int(params_exact and optim_exact), int(steps_done == args.steps)],

@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             _common.log(f"step {step}/{args.steps} loss {loss.item():.4f}")
     _common.synchronize(device)
     train_s = time.perf_counter() - start
+    peak = _common.peak_memory(device)  # the training peak, read before the checkpoint reload
 
     # Section 7.5 issue 3: save and load are collectives, called on every rank.
     before = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
@@ -252,7 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     loss_sum = loss.detach().float().reshape(1).clone()
     dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
     final_loss = float(loss_sum.item()) / world_size
-    peak = _common.peak_memory(device)
     peak_t = torch.tensor([peak["bytes"]], dtype=torch.int64, device=device)
     dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
     flags = torch.tensor([int(reload_local), int(steps_done == args.steps)], dtype=torch.int64, device=device)

@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             _common.log(f"step {step}/{args.steps} loss {loss.item():.4f}")
     _common.synchronize(device)
     train_s = time.perf_counter() - start
+    peak = _common.peak_memory(device)  # the training peak, read before the checkpoint reload
     final_loss = float(loss.item())
 
     # Checkpoint (section 5.5): model + optimizer state, then reload into fresh objects.
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "samples_per_s": steps_per_s * args.batch,
         "final_loss": final_loss,
         "params": n_params,
-        "peak_memory": _common.peak_memory(device),
+        "peak_memory": peak,
         "checkpoint_path": ckpt_path,
         "checkpoint_reload": reload_ok,
         "checkpoint_bytes": ckpt_bytes,

@@ -19,7 +19,7 @@ def test_srun_torchrun_static_form_follows_gilbreth_4_3():
                                                                                  "NCCL_SOCKET_IFNAME": None})
     assert text.startswith('export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n')
     assert "export MASTER_PORT=29500\n" in text
-    assert "srun --nodes=2 --ntasks-per-node=1 --export=ALL bash -c '" in text
+    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-4}\" --export=ALL bash -c '" in text
     assert "export NCCL_DEBUG=INFO" in text and "unset NCCL_SOCKET_IFNAME" in text
     assert '--node-rank="$SLURM_NODEID"' in text and "--nproc-per-node=4" in text
     assert "'\\''0.1 x'\\''" in text  # an argument with a space survives the single-quoted task body
