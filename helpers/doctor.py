@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from helpers import collective_trace, procs
-from helpers.jobdir import JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
+from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
 
 if TYPE_CHECKING:
     from helpers.jobs import JobResult
@@ -101,7 +101,7 @@ class RankState:
         if self.collective:
             seq = f" #{self.seq}" if self.seq is not None else ""
             return f"rank {self.rank} waits in {self.collective}{seq} called at {self.call_site}"
-        return f"rank {self.rank} is in no collective: at {self.call_site}{last}"
+        return f"rank {self.rank} is in no collective: {_where(self)}{last}"
 
 
 def rank_state(rank: int, stack: str | None, trace: Sequence[dict] = ()) -> RankState:
@@ -141,6 +141,11 @@ class HangVerdict:
             (from traces); site: the line that called it.
         waiting: ranks blocked in that collective; diverged: ranks not in it (the suspects).
         states: every rank's :class:`RankState`; text: the printed verdict.
+        evidence: what named the diverged rank(s): ``majority`` (more ranks on the other side), ``rank branch``
+            (the rank's call chain passes a rank-dependent ``if`` in the source: ``runbook lint``'s taint pass),
+            ``new op`` (Flight Recorder: the rank's op never occurred earlier on the group while the other side's
+            continues the pattern), ``behind`` (fewer collectives entered), ``no dump``, or ``undecided``.
+        group: the process group of a Flight Recorder verdict (``'0'`` = default), else ``None``.
     """
 
     collective: str | None
@@ -150,6 +155,8 @@ class HangVerdict:
     diverged: list[int]
     states: dict[int, RankState]
     text: str = ""
+    evidence: str = ""  # what decided a tie or named the rank: "majority", "rank branch", "new op", "behind", "undecided", ...
+    group: str | None = None  # Flight Recorder process group of the verdict ('0' = default)
 
 
 def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dict]] | None = None) -> HangVerdict:
@@ -175,6 +182,12 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
     best = max(groups.values())
     tied = [key for key, n in groups.items() if n == best]
     key = min(tied, key=lambda k: min(r for r, s in states.items() if (s.collective, s.seq) == k))
+    evidence = "majority"
+    if len(tied) > 1:
+        sides = {k: [r for r, s in states.items() if (s.collective, s.seq) == k] for k in tied}
+        guilty, evidence = break_tie(sides, states)
+        if guilty is not None:
+            key = next(k for k in tied if k != guilty) if len(tied) == 2 else key
     waiting = [r for r, s in states.items() if (s.collective, s.seq) == key]
     diverged = [r for r in states if r not in waiting]
     sites = Counter(states[r].call_site for r in waiting)
@@ -187,14 +200,173 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
     else:
         text = (f"verdict: rank(s) {diverged} diverged. Ranks {waiting} wait in {label} called at {site}.\n"
                 + "\n".join("  " + states[r].describe() for r in diverged))
-        if len(tied) > 1:
-            text += ("\n  note: as many ranks are in another collective: the ranks disagree on which collective "
-                     "comes next, and either side may hold the bug (the reference is the group of the lowest rank)")
+        if len(tied) > 1 and evidence == "undecided":
+            text += ("\n  note: as many ranks are in another collective and nothing separates them (undecided): "
+                     "either side may hold the bug (the reference is the group of the lowest rank)")
+        elif len(tied) > 1:
+            text += f"\n  decided by: {evidence} ({_EVIDENCE[evidence]})"
     if len(sites) > 1:
         text += ("\n  note: the waiting ranks reached it from different lines "
                  + ", ".join(f"rank {r}: {states[r].call_site}" for r in waiting)
                  + ": one collective reached by different code paths pairs calls that do not belong together (D21)")
-    return HangVerdict(op, seq, site, waiting, diverged, states, text)
+    return HangVerdict(op, seq, site, waiting, diverged, states, text, evidence)
+
+
+_EVIDENCE = {
+    "rank branch": "its call chain passes a rank-dependent branch of the source; the other side's does not",
+    "new op": "its op never occurred earlier on this group; the other side's continues the pattern",
+    "call-site count": "it entered the collective at this call site more or fewer times than the other side",
+    "majority": "more ranks are on the other side",
+    "undecided": "nothing separates the ranks",
+}
+
+
+def rank_branches(frames: Sequence[Frame], root: str | os.PathLike[str] | None = None) -> list[str]:
+    """The rank-dependent branches on a rank's user call chain: ``file:line`` of each ``if rank ...`` that guards a frame.
+
+    Uses ``runbook lint``'s rank-taint pass (:meth:`helpers.lint.python_rules.PythonLinter.rank_branch_at`) on each
+    user frame's source file (read from ``frame.file``, or under ``root`` when that path is relative).
+    Unreadable sources are skipped.
+    """
+    from helpers.lint.python_rules import PythonLinter
+
+    linters: dict[str, PythonLinter | None] = {}
+    found = []
+    for f in frames:
+        if any(lib in f.file for lib in _LIBRARY):
+            continue
+        if f.file not in linters:
+            linters[f.file] = None
+            for cand in (Path(f.file), Path(root or ".") / f.file, Path(__file__).resolve().parent.parent / f.file):
+                try:
+                    linters[f.file] = PythonLinter(str(cand), cand.read_text())
+                    break
+                except (OSError, SyntaxError, ValueError):
+                    continue
+        lint = linters[f.file]
+        gate = lint.rank_branch_at(f.line) if lint else None
+        if gate is not None:
+            found.append(f"{os.path.basename(f.file)}:{gate}")
+    return found
+
+
+def break_tie(sides: Mapping[object, Sequence[int]], states: Mapping[int, RankState],
+              history: Mapping[str, int] | None = None, ops: Mapping[object, str] | None = None) -> tuple[object | None, str]:
+    """Decide which of two equal sides of a hang holds the bug; return ``(guilty side key or None, evidence)``.
+
+    Evidence, in order: (1) ``rank branch``: exactly one side's ranks have a rank-dependent branch on their
+    call chain (:func:`rank_branches`); (2) ``new op`` (Flight Recorder): with ``history`` (op -> how often it
+    occurred earlier on the group) and ``ops`` (side -> op), exactly one side's op never occurred before;
+    otherwise ``(None, "undecided")``.  Only two sides are decided.
+    """
+    keys = list(sides)
+    if len(keys) != 2:
+        return None, "undecided"
+    gated = {k: any(rank_branches(states[r].frames) for r in sides[k] if r in states) for k in keys}
+    if gated[keys[0]] != gated[keys[1]]:
+        return (keys[0] if gated[keys[0]] else keys[1]), "rank branch"
+    if history is not None and ops is not None:
+        new = {k: history.get(ops[k], 0) == 0 for k in keys}
+        if new[keys[0]] != new[keys[1]]:
+            return (keys[0] if new[keys[0]] else keys[1]), "new op"
+    return None, "undecided"
+
+
+def _where(state: RankState) -> str:
+    """``in f() called from g() at file:line`` for a rank outside any collective (its two innermost user frames)."""
+    user = [f for f in state.frames if not any(lib in f.file for lib in _LIBRARY)]
+    if not user:
+        return f"at {state.call_site}" if state.call_site else "(no stack)"
+    text = f"in {user[0].func.split('.')[-1]}() at {user[0].site}"
+    if len(user) > 1:
+        text += f" called from {user[1].func.split('.')[-1]}() at {user[1].site}"
+    return text
+
+
+def diagnose_fr(dumps: Mapping[int, Mapping], stacks: Mapping[int, str | None] | None = None,
+                world_size: int | None = None) -> HangVerdict:
+    """Name the diverged rank(s) from Flight Recorder dumps (:mod:`helpers.flight_recorder`), with stacks if given.
+
+    Per process group the ranks are aligned by ``collective_seq_id``.  The group where ranks first entered
+    different ops (possibly long before the hang) decides; else the group where some ranks are behind
+    (entered fewer collectives: stuck elsewhere or dead); else every rank waits in the same collective.
+    Among different ops, the op of most ranks is "the collective"; a two-sided tie is decided by
+    :func:`break_tie`.  Ranks of ``world_size`` (or of the stacks) without a dump count as diverged.  Stacks
+    (py-spy text) add where each rank is: the line, and for a rank outside any collective its function and caller.
+
+    Args:
+        dumps: rank -> dump; stacks: rank -> py-spy text (``None``: not running); world_size: ranks of the job.
+
+    Raises:
+        ValueError: ``dumps`` is empty.
+    """
+    from helpers import flight_recorder as fr
+
+    groups = fr.align(dumps)
+    stacks = dict(stacks or {})
+    ranks = sorted(set(dumps) | set(stacks) | set(range(world_size or 0)))
+    states = {r: rank_state(r, stacks.get(r)) if r in stacks else RankState(r) for r in ranks}
+    no_dump = [r for r in ranks if r not in dumps]
+    pick = next((g for g in groups if g.diverge_seq is not None), None) or next((g for g in groups if g.behind), None) \
+        or (groups[0] if groups else None)
+    if pick is None:
+        text = "verdict: the Flight Recorder dumps hold no collective"
+        return HangVerdict(None, None, None, [], no_dump, states, text, "no dump")
+    label = f"group {pick.group}" + (f" ({pick.desc})" if pick.desc else "")
+    evidence = "majority"
+    if pick.diverge_seq is not None:
+        seq = pick.diverge_seq
+        sides: dict[str, list[int]] = {}
+        for r, op in sorted(pick.ops_at.items()):
+            sides.setdefault(op, []).append(r)
+        best = max(len(v) for v in sides.values())
+        top = [op for op, rs in sides.items() if len(rs) == best]
+        op = top[0] if len(top) == 1 else min(top, key=lambda o: min(sides[o]))
+        if len(top) == 2:
+            guilty, evidence = break_tie({o: sides[o] for o in top}, states, pick.history, {o: o for o in top})
+            if guilty is not None:
+                op = next(o for o in top if o != guilty)
+        waiting = sides[op]
+        diverged = sorted({r for r in pick.ops_at if r not in waiting} | set(no_dump))
+        detail = [f"rank {r} entered {pick.ops_at[r]} as #{seq} on {label}" for r in diverged if r in pick.ops_at]
+    else:
+        seq = max(pick.last.values())
+        behind = pick.behind
+        waiting = [r for r, s in pick.last.items() if s == seq]
+        diverged = sorted(set(behind) | set(no_dump))
+        evidence = "behind" if behind else ("no dump" if no_dump else "majority")
+        ref = next(iter(dumps.values()))
+        op = next((e.op for e in fr.entries_by_group(dumps[waiting[0]]).get(pick.group, []) if e.seq == seq), "?") if waiting else "?"
+        del ref
+        detail = [f"rank {r} stopped after #{pick.last[r]} on {label}" for r in diverged if r in pick.last]
+    detail += [f"rank {r}: no Flight Recorder dump (dead, or no dump requested)" for r in no_dump]
+    for r in diverged:
+        st = states.get(r)
+        if st is not None and st.frames:
+            where = (f"waits in {st.collective} at {st.call_site}" if st.collective else f"is in no collective: {_where(st)}")
+            detail.append(f"  rank {r} (stack) {where}")
+    site = Counter(states[r].call_site for r in waiting if states[r].call_site).most_common(1)
+    site_s = site[0][0] if site else None
+    at = f" called at {site_s}" if site_s else ""
+    if not diverged:
+        text = (f"verdict (Flight Recorder): all {len(waiting)} ranks entered {op} #{seq} on {label}{at}: no rank of this "
+                "job diverged; the peer that never arrives is elsewhere or the transport is stuck")
+    else:
+        text = (f"verdict (Flight Recorder): rank(s) {diverged} diverged. Ranks {waiting} entered {op} (collective #{seq} "
+                f"on {label}){at}.\n" + "\n".join("  " + d for d in detail))
+        if evidence == "undecided":
+            text += "\n  note: two equal sides and nothing separates them (undecided): either side may hold the bug"
+        elif evidence in _EVIDENCE and evidence != "majority":
+            text += f"\n  decided by: {evidence} ({_EVIDENCE[evidence]})"
+        if pick.diverge_seq is not None and pick.diverge_seq < min(pick.last.values()):
+            text += (f"\n  note: the ranks diverged at #{pick.diverge_seq}, {min(pick.last.values()) - pick.diverge_seq} "
+                     "collective(s) before the last one they entered: the pairing went wrong long before the hang")
+    if pick.wrapped:
+        text += f"\n  note: the buffer of rank(s) {pick.wrapped} wrapped (oldest entries lost); raise TORCH_FR_BUFFER_SIZE"
+    others = [g for g in groups if g is not pick and (g.diverge_seq is not None or g.behind)]
+    for g in others:
+        text += "\n  also: " + g.describe()
+    return HangVerdict(op, seq, site_s, waiting, diverged, states, text, evidence, pick.group)
 
 
 def read_traces(directory: str | os.PathLike[str]) -> dict[int, list[dict]]:
@@ -205,6 +377,26 @@ def read_traces(directory: str | os.PathLike[str]) -> dict[int, list[dict]]:
         if m:
             out[int(m[1])] = collective_trace.read(path)
     return out
+
+
+def load_fr(directory: str | os.PathLike[str], world_size: int | None = None) -> dict[int, dict]:
+    """The Flight Recorder dumps of a folder by rank (``<job>/fr``: the ranks' own dumps; else its ``nccl/``: NCCL's dump on timeout).
+
+    Raises:
+        helpers.flight_recorder.DumpError: (a ``ValueError``) no dump, an unreadable one, or dumps of different jobs, naming the file.
+    """
+    from helpers import flight_recorder as fr
+
+    d = Path(directory)
+    nccl = d / "nccl"
+    if d.is_dir() and nccl.is_dir() and not any(fr.rank_of(p) is not None for p in d.iterdir() if p.is_file()
+                                                 and not p.name.endswith(".ready")) and any(nccl.iterdir()):
+        d = nccl
+    return fr.load_dir(d, world_size=world_size)
+
+
+def _has_dumps(directory: Path) -> bool:
+    return directory.is_dir() and any(p.is_file() and re.fullmatch(r"rank\d+", p.name) for p in directory.iterdir())
 
 
 def diagnose_job(job: JobResult) -> HangVerdict:
@@ -223,17 +415,25 @@ def diagnose_job(job: JobResult) -> HangVerdict:
     return diagnose(stacks, read_traces(JobDir(job.job_dir).trace_dir))
 
 
-def diagnose_job_dir(job_dir: str | os.PathLike[str]) -> HangVerdict:
-    """The :class:`HangVerdict` from what a runner job left on disk (``stacks/rank<R>.txt``, ``trace/``, ``ranks/``).
+def diagnose_job_dir(job_dir: str | os.PathLike[str], fr_dir: str | os.PathLike[str] | None = None,
+                     use_fr: bool = True) -> HangVerdict:
+    """The :class:`HangVerdict` from what a runner job left on disk (``stacks/``, ``fr/``, ``trace/``, ``ranks/``).
+
+    With Flight Recorder dumps (``fr_dir``, else the job's ``fr/`` when ``use_fr``) the verdict is
+    :func:`diagnose_fr` on dumps + stacks; otherwise :func:`diagnose` on stacks (+ collective traces).
 
     Raises:
-        ValueError: no saved stacks in ``job_dir``.
+        ValueError: no saved stacks and no dumps in ``job_dir``; a bad dump (naming the file).
     """
     layout = JobDir(job_dir)
     stacks: dict[int, str | None] = {rank: path.read_text() for rank, path in layout.stacks().items()}
+    ranks = layout.rank_ids()
+    if fr_dir is not None or (use_fr and _has_dumps(layout.fr_dir)):
+        dumps = load_fr(fr_dir if fr_dir is not None else layout.fr_dir, world_size=len(ranks) or None)
+        return diagnose_fr(dumps, {r: stacks.get(r) for r in ranks} if stacks else None, world_size=len(ranks) or None)
     if not stacks:
-        raise ValueError(f"job_dir={str(layout.path)!r}: no stacks/rank<R>.txt in it")
-    for rank in layout.rank_ids():
+        raise ValueError(f"job_dir={str(layout.path)!r}: no stacks/rank<R>.txt and no fr/ dumps in it")
+    for rank in ranks:
         stacks.setdefault(rank, None)
     return diagnose(stacks, read_traces(layout.trace_dir))
 
@@ -263,8 +463,12 @@ def rank_processes(pid: int) -> dict[int, psutil.Process]:
     return found
 
 
-def diagnose_pid(pid: int) -> HangVerdict:
+def diagnose_pid(pid: int, fr_dir: str | os.PathLike[str] | None = None) -> HangVerdict:
     """The :class:`HangVerdict` for a live job: py-spy every rank under launcher ``pid``, read their traces if they opted in.
+
+    Flight Recorder dumps come from ``fr_dir`` (e.g. ``TORCH_FR_DUMP_TEMP_FILE``'s folder after NCCL's dump on
+    timeout) or, for a job of the runner (ranks with ``RUNBOOK_FR_DIR``), are requested from the ranks (SIGUSR2);
+    with dumps the verdict is :func:`diagnose_fr`.
 
     Raises:
         ValueError: no such ``pid``, or no rank process under it.
@@ -272,7 +476,16 @@ def diagnose_pid(pid: int) -> HangVerdict:
     ranks = rank_processes(pid)
     if not ranks:
         raise ValueError(f"pid={pid}: no rank processes (with RANK in their environment) under it")
+    fr_dirs = {p.environ().get(FR_DIR_ENV) for p in ranks.values()} - {None, ""}
+    if fr_dir is None and len(fr_dirs) == 1:  # a runner job: ask the ranks for their dumps first
+        from helpers.jobs import request_fr_dumps
+
+        layout = JobDir(Path(next(iter(fr_dirs))).parent)
+        if request_fr_dumps(layout):
+            fr_dir = layout.fr_dir
     stacks: dict[int, str | None] = {r: procs.py_spy_dump(p.pid) for r, p in ranks.items()}
+    if fr_dir is not None:
+        return diagnose_fr(load_fr(fr_dir), stacks, world_size=int(next(iter(ranks.values())).environ().get("WORLD_SIZE", "0")) or None)
     traces: dict[int, list[dict]] = {}
     for r, p in ranks.items():
         env = p.environ()
