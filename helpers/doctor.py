@@ -343,7 +343,7 @@ def diagnose_fr(dumps: Mapping[int, Mapping], stacks: Mapping[int, str | None] |
     for r in diverged:
         st = states.get(r)
         if st is not None and st.frames:
-            where = (f"waits in {st.collective} at {st.call_site}" if st.collective else f"is in no collective: {_where(st)}")
+            where = (f"waits in {st.collective} {_where(st)}" if st.collective else f"is in no collective: {_where(st)}")
             detail.append(f"  rank {r} (stack) {where}")
     site = Counter(states[r].call_site for r in waiting if states[r].call_site).most_common(1)
     site_s = site[0][0] if site else None

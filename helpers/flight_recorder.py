@@ -265,7 +265,8 @@ def align(dumps: Mapping[int, Mapping]) -> list[GroupAlignment]:
         for s in range(lo, hi + 1):
             at = {r: by_seq[r][s] for r in have if s in by_seq[r]}
             if len({e.sig for e in at.values()}) > 1:
-                diverge, ops_at = s, {r: e.op for r, e in at.items()}
+                same_op = len({e.op for e in at.values()}) == 1  # then the sizes differ: name them
+                diverge, ops_at = s, {r: (f"{e.op} sizes={e.sizes}" if same_op else e.op) for r, e in at.items()}
                 break
         wrapped = [r for r, f in first.items() if f > 1 and f > min(first.values())]
         top = max(last.values())
