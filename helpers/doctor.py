@@ -144,7 +144,7 @@ class HangVerdict:
         evidence: what named the diverged rank(s): ``majority`` (more ranks on the other side), ``rank branch``
             (the rank's call chain passes a rank-dependent ``if`` in the source: ``runbook lint``'s taint pass),
             ``new op`` (Flight Recorder: the rank's op never occurred earlier on the group while the other side's
-            continues the pattern), ``behind`` (fewer collectives entered), ``no dump``, or ``undecided``.
+            continues the pattern), ``pattern`` (its op breaks the repeating pattern of the group's history), ``behind`` (fewer collectives entered), ``no dump``, or ``undecided``.
         group: the process group of a Flight Recorder verdict (``'0'`` = default), else ``None``.
     """
 
@@ -215,6 +215,7 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
 _EVIDENCE = {
     "rank branch": "its call chain passes a rank-dependent branch of the source; the other side's does not",
     "new op": "its op never occurred earlier on this group; the other side's continues the pattern",
+    "pattern": "its op breaks the repeating pattern of the collectives before; the other side's continues it",
     "call-site count": "it entered the collective at this call site more or fewer times than the other side",
     "majority": "more ranks are on the other side",
     "undecided": "nothing separates the ranks",
@@ -251,13 +252,17 @@ def rank_branches(frames: Sequence[Frame], root: str | os.PathLike[str] | None =
 
 
 def break_tie(sides: Mapping[object, Sequence[int]], states: Mapping[int, RankState],
-              history: Mapping[str, int] | None = None, ops: Mapping[object, str] | None = None) -> tuple[object | None, str]:
+              history: Mapping[str, int] | None = None, ops: Mapping[object, str] | None = None,
+              expected: str | None = None) -> tuple[object | None, str]:
     """Decide which of two equal sides of a hang holds the bug; return ``(guilty side key or None, evidence)``.
 
     Evidence, in order: (1) ``rank branch``: exactly one side's ranks have a rank-dependent branch on their
     call chain (:func:`rank_branches`); (2) ``new op`` (Flight Recorder): with ``history`` (op -> how often it
     occurred earlier on the group) and ``ops`` (side -> op), exactly one side's op never occurred before;
-    otherwise ``(None, "undecided")``.  Only two sides are decided.
+    (3) ``pattern`` (Flight Recorder): ``expected`` is the op the common history's repeating pattern predicts
+    (:func:`helpers.flight_recorder.expected_next`) and exactly one side's op differs from it (an extra or a
+    missing call earlier, e.g. an evaluation forward through DDP on one rank); otherwise ``(None, "undecided")``.
+    Only two sides are decided.
     """
     keys = list(sides)
     if len(keys) != 2:
@@ -269,6 +274,10 @@ def break_tie(sides: Mapping[object, Sequence[int]], states: Mapping[int, RankSt
         new = {k: history.get(ops[k], 0) == 0 for k in keys}
         if new[keys[0]] != new[keys[1]]:
             return (keys[0] if new[keys[0]] else keys[1]), "new op"
+    if expected is not None and ops is not None:
+        breaks = {k: ops[k] != expected for k in keys}
+        if breaks[keys[0]] != breaks[keys[1]]:
+            return (keys[0] if breaks[keys[0]] else keys[1]), "pattern"
     return None, "undecided"
 
 
@@ -323,7 +332,7 @@ def diagnose_fr(dumps: Mapping[int, Mapping], stacks: Mapping[int, str | None] |
         top = [op for op, rs in sides.items() if len(rs) == best]
         op = top[0] if len(top) == 1 else min(top, key=lambda o: min(sides[o]))
         if len(top) == 2:
-            guilty, evidence = break_tie({o: sides[o] for o in top}, states, pick.history, {o: o for o in top})
+            guilty, evidence = break_tie({o: sides[o] for o in top}, states, pick.history, {o: o for o in top}, pick.expected)
             if guilty is not None:
                 op = next(o for o in top if o != guilty)
         waiting = sides[op]

@@ -199,6 +199,8 @@ class GroupAlignment:
         wrapped: ranks whose buffer no longer holds sequence numbers the others compared (first > 1).
         behind: ranks whose ``last`` is below the group's highest.
         history: op -> how many sequence numbers before ``diverge_seq`` (on the reference rank) used it.
+        expected: the op the repeating pattern of the common history predicts at ``diverge_seq``
+            (:func:`expected_next`), or ``None``.
     """
 
     group: str
@@ -212,6 +214,7 @@ class GroupAlignment:
     wrapped: list[int]
     behind: list[int]
     history: dict[str, int]
+    expected: str | None = None
 
     @property
     def stalled_seq(self) -> int | None:
@@ -273,8 +276,31 @@ def align(dumps: Mapping[int, Mapping]) -> list[GroupAlignment]:
         behind = sorted(r for r, s in last.items() if s < top)
         ref = min(have)
         history = Counter(e.op for e in have[ref] if diverge is None or e.seq < diverge)
-        out.append(GroupAlignment(g, desc, members, missing, last, first, diverge, ops_at, wrapped, behind, dict(history)))
+        expected = None
+        if diverge is not None:
+            prefix = [by_seq[ref][s].sig for s in range(lo, diverge) if s in by_seq[ref]]
+            expected = expected_next(prefix)
+        out.append(GroupAlignment(g, desc, members, missing, last, first, diverge, ops_at, wrapped, behind, dict(history),
+                                  expected))
     return out
+
+
+def expected_next(sigs: list[tuple[str, str]]) -> str | None:
+    """The op that continues the repeating tail of ``sigs`` ((op, sizes) in sequence order), else ``None``.
+
+    A training step's collectives repeat (DDP: buffers broadcast, gradients all-reduced), but start-up does
+    not, so only the tail is matched: the shortest period ``p`` whose last ``max(1, p - 1)`` entries repeat the
+    ones ``p`` earlier predicts ``sigs[-p]``'s op.  A heuristic, used only to break two-rank ties
+    (:func:`helpers.doctor.break_tie`, evidence ``pattern``).
+    """
+    n = len(sigs)
+    for p in range(1, n // 2 + 1):
+        run = 0
+        while run < n - p and sigs[n - 1 - run] == sigs[n - 1 - run - p]:
+            run += 1
+        if run >= max(1, p - 1):
+            return sigs[n - p][0]
+    return None
 
 
 def _members(dumps: Mapping[int, Mapping], group: str) -> tuple[list[int], str]:
