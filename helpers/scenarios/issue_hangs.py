@@ -19,7 +19,8 @@ must name.  None opts into :mod:`helpers.collective_trace`: the evidence is torc
 * ``ddp_eval_rank0``: rank 0 runs an evaluation forward of the DDP model (buffers broadcast) while the
   others go on (https://github.com/huggingface/accelerate/issues/157).
 * ``patience_local``: each rank applies early-stopping patience to its *own* validation loss; rank 1's
-  runs out first; 3 ranks (the fix broadcasts the decision: https://github.com/ultralytics/yolov5/pull/8345).
+  runs out first and it gathers the final metrics while the others train on; 3 ranks (the fix broadcasts
+  the decision: https://github.com/ultralytics/yolov5/pull/8345).
 * ``save_in_main``: ``wait_for_everyone()`` inside the main-process save block; 3 ranks
   (https://github.com/bytedance/UNO/issues/71).
 
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
                     continue  # go on with the next batch
             step(i)
             if case == "patience_local":
-                val = 1.0 if rank != 1 else 1.0 + i  # rank 1's own shard of the validation set gets worse
+                val = 1.0 / i if rank != 1 else 1.0 + i  # rank 1's own shard of the validation set gets worse
                 patience = 0 if val < best else patience + 1
                 best = min(best, val)
                 if patience >= 2:
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
             if case == "save_in_main" and i == 2 and rank == 0:
                 torch.save({"w": grad}, f"{args.ckpt}")
                 dist.barrier()  # wait_for_everyone() inside the main-process block
+        if case == "patience_local":
+            evaluate(grad)  # final metrics of every rank
         dist.barrier()  # end of training
     dist.destroy_process_group()
     return 0
