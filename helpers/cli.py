@@ -143,7 +143,8 @@ def diagnose(args: argparse.Namespace) -> int:
 
     from helpers.diagnostics import default_nproc, new_report_dir
 
-    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": args.nproc or default_nproc(), "TIMEOUT_S": args.timeout_s}
+    nproc = default_nproc() if args.nproc is None else args.nproc
+    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": nproc, "TIMEOUT_S": args.timeout_s}
     if args.max_bytes is not None:
         params["MAX_BYTES"] = args.max_bytes
     for name, value in args.param or []:

@@ -161,6 +161,10 @@ def test_runbook_diagnose_defaults_to_the_gpu_count(gpu_node, monkeypatch, tmp_p
     monkeypatch.delenv("SLURM_GPUS_ON_NODE")
     cli.main(["diagnose", "--out-dir", str(tmp_path)])
     assert seen["NPROC"] == 2
+    seen.clear()
+    with pytest.raises(SystemExit):  # an explicit 0 is refused, never replaced by the default
+        cli.main(["diagnose", "--out-dir", str(tmp_path), "--nproc", "0"])
+    assert seen == {}
 
 
 def test_smoke_03_uses_torchrun_and_torch_adam_without_a_toolkit(monkeypatch, tmp_path):
