@@ -56,8 +56,8 @@ def evaluate(grad: object) -> float:
     import torch
     import torch.distributed as dist
 
-    metrics = [torch.zeros(1) for _ in range(dist.get_world_size())]
-    dist.all_gather(metrics, torch.ones(1))
+    metrics = [torch.zeros(1, device=grad.device) for _ in range(dist.get_world_size())]  # type: ignore[attr-defined]
+    dist.all_gather(metrics, torch.ones(1, device=grad.device))  # type: ignore[attr-defined]
     return float(sum(m.item() for m in metrics))
 
 
@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
     import torch
     import torch.distributed as dist
 
-    _common.init_distributed("gloo", args.timeout_s)
+    _, device = _common.init_distributed("gloo", args.timeout_s)  # gloo: these hangs are the CPU tier's
     rank, world = dist.get_rank(), dist.get_world_size()
-    grad = torch.ones(64)
+    grad = torch.ones(64, device=device)
     case = args.case
 
     def step(i: int, group: object = None) -> None:
@@ -91,12 +91,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
         model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for i in range(1, args.steps + 1):
-            model(torch.randn(4, 8)).sum().backward()
+            model(torch.randn(4, 8, device=device)).sum().backward()
             opt.step()
             _common.log(f"step {i}")
             time.sleep(args.step_s)
             if i == 2 and rank == 0:
-                model(torch.randn(4, 8))  # evaluation forward through DDP: broadcasts BatchNorm buffers
+                model(torch.randn(4, 8, device=device))  # evaluation forward through DDP: broadcasts BatchNorm buffers
     else:
         stop, best, patience = False, math.inf, 0
         for i in range(1, args.steps + 1):
