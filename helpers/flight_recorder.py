@@ -311,3 +311,37 @@ def _members(dumps: Mapping[int, Mapping], group: str) -> tuple[list[int], str]:
             ranks = [int(x) for x in re.findall(r"-?\d+", str(cfg.get("ranks", "")))]
             return ranks, str(cfg.get("desc", ""))
     return [], ""
+
+
+def summary(dumps: Mapping[int, Mapping], last: int = 4) -> str:
+    """The last ``last`` collectives of each rank per process group, one line per rank: ``rank 1 group 0: #1 gloo:all_reduce ...``."""
+    lines = []
+    for rank in sorted(dumps):
+        for group, entries in entries_by_group(dumps[rank]).items():
+            tail = " | ".join(f"#{e.seq} {e.op}" for e in entries[-last:])
+            lines.append(f"rank {rank} group {group}: {tail}")
+    return "\n".join(lines)
+
+
+def torch_analyzer(directory: str | os.PathLike[str], timeout_s: float = 120.0) -> tuple[int, str]:
+    """Run torch's own analyzer (``python -m torch.distributed.flight_recorder.fr_trace``) on the dumps of ``directory``.
+
+    The dumps are copied to a scratch folder as ``rank_<R>`` (the analyzer reads every file with the prefix).
+
+    Returns:
+        ``(exit status, the last 15 lines of its output)``; measured with torch 2.13 on gloo dumps: status 1,
+        ``KeyError: ('0', 0)`` in ``build_collectives`` (gloo registers no ``pg_config``).
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        for p in Path(directory).iterdir():
+            rank = rank_of(p)
+            if p.is_file() and rank is not None and not _SKIP.search(p.name) and not p.name.endswith(".ready"):
+                shutil.copy(p, Path(tmp) / f"rank_{rank}")
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", tmp, "-p", "rank_"],
+                             capture_output=True, text=True, timeout=timeout_s)
+    return out.returncode, "\n".join((out.stdout + out.stderr).strip().splitlines()[-15:])
