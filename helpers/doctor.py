@@ -504,5 +504,174 @@ def diagnose_pid(pid: int, fr_dir: str | os.PathLike[str] | None = None) -> Hang
     return diagnose(stacks, traces)
 
 
+def node_report(job_id: str | None = None, wait_s: float = 3.0) -> dict:
+    """What this node can say about a hung job: every rank process's py-spy stack and Flight Recorder dump.
+
+    Rank processes are the Python processes with ``RANK`` in their environment (and, when ``job_id`` is
+    given, ``SLURM_JOB_ID == job_id``) in this node's network namespace (the network lab's nodes share one
+    process table), except the rank shim.  A rank that runs :mod:`helpers._fr_site`
+    (``RUNBOOK_FR_DIR`` set and ``rank<R>.ready`` naming its pid) is asked for its dump first (SIGUSR2);
+    dumps already in ``RUNBOOK_FR_DIR`` or in ``TORCH_FR_DUMP_TEMP_FILE``'s folder (NCCL's dump on timeout)
+    are read as they are.
+
+    Returns:
+        ``{"host", "ranks": {rank: {"pid", "stack", "world_size"}}, "dumps": {rank: base64 pickle/JSON bytes}}``
+        (JSON-serialisable: what ``python -m helpers.doctor --node-report`` prints for the collector).
+    """
+    import base64
+    import signal
+    import socket
+    import time
+
+    from helpers import flight_recorder as fr
+
+    ranks: dict[int, psutil.Process] = {}
+    here = os.readlink("/proc/self/ns/net")
+    for proc in psutil.process_iter():
+        try:
+            env, cmd = proc.environ(), proc.cmdline()
+            if os.readlink(f"/proc/{proc.pid}/ns/net") != here:  # another node of the network lab
+                continue
+        except (psutil.Error, OSError):
+            continue
+        if not env.get("RANK", "").isdigit() or (job_id and env.get("SLURM_JOB_ID") != str(job_id)):
+            continue
+        if not cmd or "python" not in os.path.basename(cmd[0]) or any("rankshim.py" in c for c in cmd):
+            continue
+        ranks.setdefault(int(env["RANK"]), proc)
+    folders: dict[int, Path] = {}
+    t0 = time.time()
+    for r, proc in ranks.items():
+        env = proc.environ()
+        if env.get(FR_DIR_ENV):
+            d = Path(env[FR_DIR_ENV])
+            folders[r] = d
+            try:
+                if (d / f"rank{r}.ready").read_text().strip() == str(proc.pid):
+                    os.kill(proc.pid, signal.SIGUSR2)
+            except (OSError, ValueError):
+                pass
+        elif env.get("TORCH_FR_DUMP_TEMP_FILE"):
+            folders[r] = Path(env["TORCH_FR_DUMP_TEMP_FILE"]).parent
+    stacks = {r: procs.py_spy_dump(p.pid) for r, p in ranks.items()}
+    dumps: dict[str, str] = {}
+    while time.time() - t0 < wait_s and len(dumps) < len(folders):
+        for r, d in folders.items():
+            for cand in sorted(d.glob(f"*{r}")) if d.is_dir() else []:
+                if fr.rank_of(cand) == r and cand.is_file() and cand.stat().st_mtime >= t0 - 0.01:
+                    dumps[str(r)] = base64.b64encode(cand.read_bytes()).decode()
+        time.sleep(0.05)
+    return {"host": socket.gethostname(), "dumps": dumps,
+            "ranks": {str(r): {"pid": p.pid, "stack": stacks[r], "world_size": int(p.environ().get("WORLD_SIZE", "0") or 0)}
+                      for r, p in ranks.items()}}
+
+
+def diagnose_reports(reports: Sequence[Mapping]) -> HangVerdict:
+    """One verdict from every node's :func:`node_report`: stacks and dumps of all ranks, wherever they run.
+
+    Raises:
+        ValueError: no rank in any report; a dump that is not a Flight Recorder dump (naming host and rank).
+    """
+    import base64
+    import tempfile
+
+    from helpers import flight_recorder as fr
+
+    stacks: dict[int, str | None] = {}
+    world = 0
+    raw: dict[int, tuple[str, bytes]] = {}
+    for rep in reports:
+        for r, info in rep.get("ranks", {}).items():
+            stacks[int(r)] = info.get("stack")
+            world = max(world, int(info.get("world_size") or 0))
+        for r, b64 in rep.get("dumps", {}).items():
+            raw[int(r)] = (str(rep.get("host")), base64.b64decode(b64))
+    if not stacks:
+        raise ValueError("reports: no rank process found on any node (is the job running? --slurm-job the right id?)")
+    for r in range(world):
+        stacks.setdefault(r, None)
+    if not raw:
+        return diagnose(stacks)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        for r, (host, data) in raw.items():
+            (Path(tmp) / f"{host}.rank{r}").write_bytes(data)
+        dumps = fr.load_dir(tmp, world_size=world or None)
+    return diagnose_fr(dumps, stacks, world_size=world or None)
+
+
+def _node_report_argv(job_id: str | None) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "helpers.doctor", "--node-report"] + (["--slurm-job", str(job_id)] if job_id else [])
+
+
+def _parse_reports(text: str) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def diagnose_slurm_job(job_id: str, timeout_s: float = 60.0) -> HangVerdict:
+    """The verdict for a running SLURM job on every node: ``srun --overlap --jobid J`` runs :func:`node_report` once per node.
+
+    As ml-engineering's hang recipe does (``srun --overlap --jobid``, py-spy on every node:
+    https://github.com/stas00/ml-engineering/blob/master/debug/pytorch.md); needs this project on the shared
+    filesystem at the same path on every node.
+
+    Raises:
+        ValueError: ``srun`` failed (its stderr in the message) or no node found a rank.
+    """
+    import subprocess
+
+    nodes = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%D"], capture_output=True, text=True, timeout=timeout_s)
+    n = nodes.stdout.strip()
+    if nodes.returncode or not n.isdigit():
+        raise ValueError(f"slurm job {job_id}: not running ({(nodes.stderr or nodes.stdout).strip() or 'squeue found nothing'})")
+    out = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", f"--nodes={n}", "--ntasks-per-node=1", "--export=ALL",
+                          *_node_report_argv(job_id)], capture_output=True, text=True, timeout=timeout_s,
+                         env=dict(os.environ, PYTHONPATH=_project_pythonpath()))
+    if out.returncode:
+        raise ValueError(f"slurm job {job_id}: srun --overlap failed ({out.stderr.strip()[-300:]})")
+    return diagnose_reports(_parse_reports(out.stdout))
+
+
+def diagnose_lab(name: str, job_id: str | None = None, timeout_s: float = 60.0) -> HangVerdict:
+    """The verdict for a job running on the network lab ``name``: :func:`node_report` on every lab node (the lab's node runner).
+
+    Raises:
+        ValueError: the lab is not up, or no node found a rank.
+    """
+    from helpers import netlab
+
+    lab = netlab.Lab.attach(name)
+    reports: list[dict] = []
+    for node in range(lab.nodes):
+        res = lab.run(node, _node_report_argv(job_id), timeout_s=timeout_s, env={"PYTHONPATH": _project_pythonpath()})
+        reports += _parse_reports(res.stdout)
+    return diagnose_reports(reports)
+
+
+def _project_pythonpath() -> str:
+    root = str(Path(__file__).resolve().parent.parent)
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    """``python -m helpers.doctor --node-report [--slurm-job J]``: print this node's :func:`node_report` as one JSON line."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m helpers.doctor", description=_main.__doc__)
+    p.add_argument("--node-report", action="store_true", required=True)
+    p.add_argument("--slurm-job", default=None)
+    args = p.parse_args(argv)
+    print(json.dumps(node_report(args.slurm_job)))
+    return 0
+
+
 Verdict = HangVerdict
 """Old name of :class:`HangVerdict` (kept so existing callers keep working)."""
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
