@@ -1,11 +1,17 @@
 """The hang doctor: given a hung job, name the rank that diverged, the collective, and the source line.
 
 A distributed hang prints nothing: every healthy rank sits in a collective waiting for a peer
-that never calls it (seed D19-D21).  The doctor reads two kinds of evidence per rank:
+that never calls it (seed D19-D21).  The doctor reads three kinds of evidence per rank:
 
+* torch's Flight Recorder dump (:mod:`helpers.flight_recorder`; :func:`diagnose_fr`): per process
+  group the sequence number and op of each collective; no change to the script (docs/hang-doctor.md);
 * its Python stack, taken from outside with py-spy (no cooperation from the rank needed);
-* optionally its collective trace (:mod:`helpers.collective_trace`): sequence number, op,
-  tensor shape/dtype and call site of every collective it entered and left.
+* optionally its collective trace (:mod:`helpers.collective_trace`): the call site of every
+  collective it entered and left (what the Flight Recorder does not record on gloo).
+
+Two-rank ties are decided from the source's rank-dependent branches (``runbook lint``'s taint pass)
+and the Flight Recorder's history (:func:`break_tie`); the verdict says which evidence decided.
+Across nodes: :func:`diagnose_slurm_job` (``srun --overlap``) and :func:`diagnose_lab`.
 
 HangVerdict: the collective most ranks are blocked in (op, sequence number, the line that called
 it) and the ranks that are *not* in it: stuck elsewhere (their innermost user frame), in a
