@@ -191,7 +191,8 @@ def diagnose(stacks: Mapping[int, str | None], traces: Mapping[int, Sequence[dic
     evidence = "majority"
     if len(tied) > 1:
         sides = {k: [r for r, s in states.items() if (s.collective, s.seq) == k] for k in tied}
-        guilty, evidence = break_tie(sides, states)
+        counts = {r: Counter(rec.get("site") for rec in traces.get(r, ()) if rec.get("phase") == "enter") for r in states}
+        guilty, evidence = break_tie(sides, states, site_counts=counts if any(counts.values()) else None)
         if guilty is not None:
             key = next(k for k in tied if k != guilty) if len(tied) == 2 else key
     waiting = [r for r, s in states.items() if (s.collective, s.seq) == key]
@@ -222,7 +223,7 @@ _EVIDENCE = {
     "rank branch": "its call chain passes a rank-dependent branch of the source; the other side's does not",
     "new op": "its op never occurred earlier on this group; the other side's continues the pattern",
     "pattern": "its op breaks the repeating pattern of the collectives before; the other side's continues it",
-    "call-site count": "it entered the collective at this call site more or fewer times than the other side",
+    "call-site count": "it entered collectives at a call site the other side never used (collective trace)",
     "majority": "more ranks are on the other side",
     "undecided": "nothing separates the ranks",
 }
@@ -259,11 +260,14 @@ def rank_branches(frames: Sequence[Frame], root: str | os.PathLike[str] | None =
 
 def break_tie(sides: Mapping[object, Sequence[int]], states: Mapping[int, RankState],
               history: Mapping[str, int] | None = None, ops: Mapping[object, str] | None = None,
-              expected: str | None = None) -> tuple[object | None, str]:
+              expected: str | None = None, site_counts: Mapping[int, Mapping[str, int]] | None = None
+              ) -> tuple[object | None, str]:
     """Decide which of two equal sides of a hang holds the bug; return ``(guilty side key or None, evidence)``.
 
     Evidence, in order: (1) ``rank branch``: exactly one side's ranks have a rank-dependent branch on their
-    call chain (:func:`rank_branches`); (2) ``new op`` (Flight Recorder): with ``history`` (op -> how often it
+    call chain (:func:`rank_branches`); (1b) ``call-site count``: with collective traces (``site_counts``: rank ->
+    call site -> collectives entered there), exactly one side's ranks entered collectives at a call site the
+    other side never used (an extra call, or a call at the end that the others have not reached); (2) ``new op`` (Flight Recorder): with ``history`` (op -> how often it
     occurred earlier on the group) and ``ops`` (side -> op), exactly one side's op never occurred before;
     (3) ``pattern`` (Flight Recorder): ``expected`` is the op the common history's repeating pattern predicts
     (:func:`helpers.flight_recorder.expected_next`) and exactly one side's op differs from it (an extra or a
@@ -276,6 +280,11 @@ def break_tie(sides: Mapping[object, Sequence[int]], states: Mapping[int, RankSt
     gated = {k: any(rank_branches(states[r].frames) for r in sides[k] if r in states) for k in keys}
     if gated[keys[0]] != gated[keys[1]]:
         return (keys[0] if gated[keys[0]] else keys[1]), "rank branch"
+    if site_counts:
+        seen = {k: set().union(*(set(site_counts.get(r, {})) for r in sides[k])) for k in keys}
+        only = {k: seen[k] - seen[o] for k, o in ((keys[0], keys[1]), (keys[1], keys[0]))}
+        if bool(only[keys[0]]) != bool(only[keys[1]]):
+            return (keys[0] if only[keys[0]] else keys[1]), "call-site count"
     if history is not None and ops is not None:
         new = {k: history.get(ops[k], 0) == 0 for k in keys}
         if new[keys[0]] != new[keys[1]]:

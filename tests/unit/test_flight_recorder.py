@@ -128,3 +128,15 @@ def test_cli_fr_dir_alone(capsys):
     assert cli_main(["doctor", "--fr-dir", str(DATA / "uneven")]) == 0
     out = capsys.readouterr().out
     assert "rank(s) [1] diverged" in out and "gloo:barrier" in out
+
+
+def test_stack_tie_decided_by_call_site_counts():
+    stack = ('Thread 1 (idle): "MainThread"\n    {op} (torch/distributed/distributed_c10d.py:100)\n'
+             '    run (/nonexistent/train.py:{line})\n')
+    stacks = {0: stack.format(op="all_reduce", line=10), 1: stack.format(op="barrier", line=20)}
+    enter = [{"phase": "enter", "seq": i, "op": "all_reduce", "site": "train.py:10"} for i in (1, 2)]
+    traces = {0: [*enter, {"phase": "enter", "seq": 3, "op": "all_reduce", "site": "train.py:10"}],
+              1: [*enter, {"phase": "enter", "seq": 3, "op": "barrier", "site": "train.py:20"}]}
+    v = doctor.diagnose(stacks, traces)
+    assert v.diverged == [1] and v.evidence == "call-site count", v.text
+    assert doctor.diagnose(stacks).evidence == "undecided"
