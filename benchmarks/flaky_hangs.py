@@ -5,7 +5,13 @@ collective the others wait in, its sequence number); for the cases that end on t
 is (ok, failed ranks).  Prints one line per case with the distinct verdicts seen; exits 1
 if any case gave more than one.
 
-Run: ``.venv/bin/python benchmarks/flaky_hangs.py --repeats 10`` (about 10 minutes on 2 cores).
+Flight Recorder (issue 13): ``--set fr`` runs, without ``--trace``, the two-rank versions of the hangs and the
+eight hangs of ``helpers/scenarios/issue_hangs.py`` (2-4 ranks, from public issues); each verdict is (diverged
+ranks from the Flight Recorder alone, from dumps + stacks) and must equal the expected rank(s): a wrong verdict
+counts like a flaky one.  ``--set all`` runs both sets.
+
+Run: ``.venv/bin/python benchmarks/flaky_hangs.py --repeats 10`` (about 10 minutes on 2 cores; ``--set fr``
+about 8 minutes at 2 repeats).
 """
 
 from __future__ import annotations
@@ -29,6 +35,33 @@ CASES = [("mismatch", "bug", 2, STALL_S, None), ("mismatch", "bug", 2, None, {"T
          ("slow_eval", "bug", 2, 2.5, None), ("ckpt_read", "bug", 2, None, None), ("ckpt_read", "fix", 2, None, None)]
 
 
+ISSUE_HANGS = jobs.project_root() / "helpers" / "scenarios" / "issue_hangs.py"
+# (label, script, args, nproc, expected diverged ranks): no --trace, the evidence is torch's Flight Recorder
+FR_CASES = [("mismatch/2", HANGS, ["--case", "mismatch"], 2, (1,)), ("stuck/2", HANGS, ["--case", "stuck"], 2, (1,)),
+            ("rank0_save/2", HANGS, ["--case", "rank0_save"], 2, (0,)),
+            ("uneven/2", HANGS, ["--case", "uneven", "--samples", "9"], 2, (1,)),
+            ("mismatch/4", HANGS, ["--case", "mismatch"], 4, (3,)), ("rank0_save/4", HANGS, ["--case", "rank0_save"], 4, (0,)),
+            ("uneven/3", HANGS, ["--case", "uneven"], 3, (2,))]
+
+
+def fr_verdict(script: Path, args: list[str], nproc: int) -> tuple:
+    """Run one case once (no trace); return (diverged from the Flight Recorder alone, from dumps + stacks)."""
+    r = jobs.run_job(script, [*args, "--timeout-s", "60"], nproc=nproc, timeout_s=90, stall_s=STALL_S,
+                     heartbeat=r"step \d+", env={"RUNBOOK_BACKEND": "gloo"}, verbose=False)
+    if not r.hung:
+        return ("not hung", r.ok)
+    alone = doctor.diagnose_fr(doctor.load_fr(r.job_dir / "fr"))
+    both = doctor.diagnose_job_dir(r.job_dir)
+    return (tuple(alone.diverged), tuple(both.diverged))
+
+
+def fr_cases() -> list[tuple[str, Path, list[str], int, tuple[int, ...]]]:
+    """:data:`FR_CASES` plus every case of ``issue_hangs.py``."""
+    from helpers.scenarios.issue_hangs import CASES as ISSUES
+
+    return FR_CASES + [(f"{c}/{n}", ISSUE_HANGS, ["--case", c], n, tuple(want)) for c, (_url, n, want) in ISSUES.items()]
+
+
 def verdict(case: str, mode: str, nproc: int, stall_s: float | None, env: dict | None) -> tuple:
     """Run one case once and reduce its outcome to a comparable tuple."""
     r = jobs.run_job(HANGS, ["--case", case, "--mode", mode, "--timeout-s", str(TIMEOUT_S), "--trace"], nproc=nproc,
@@ -50,9 +83,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--cases", default="", help="comma-separated case/mode labels to run (default: all)")
+    parser.add_argument("--set", choices=("trace", "fr", "all"), default="trace",
+                        help="trace: chapter 03's runs (default); fr: Flight Recorder verdicts (issue 13); all: both")
     args = parser.parse_args()
     flaky = 0
     t0 = time.monotonic()
+    if args.set in ("fr", "all"):
+        chosen_fr = [c for c in fr_cases() if not args.cases or c[0] in args.cases.split(",")]
+        for label, script, cargs, nproc, want in chosen_fr:
+            seen = Counter(fr_verdict(script, cargs, nproc) for _ in range(args.repeats))
+            bad = len(seen) > 1 or next(iter(seen)) != (want, want)
+            flaky += bad
+            print(f"{'WRONG' if bad else 'right'} {label:22s} expect {want}: {dict(seen)}", flush=True)
+        print(f"{len(chosen_fr) - flaky}/{len(chosen_fr)} FR cases right in {args.repeats} runs ({time.monotonic() - t0:.0f} s)")
+        if args.set == "fr":
+            return 1 if flaky else 0
     chosen = [c for c in CASES if not args.cases or f"{c[0]}/{c[1]}" + (" DETAIL" if c[4] else "")
               in args.cases.split(",")]
     for case in chosen:

@@ -178,11 +178,16 @@ def diagnose(args: argparse.Namespace) -> int:
 
 def doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
                   ) -> argparse.ArgumentParser:
-    """The ``runbook doctor`` parser (``--pid`` or ``--job-dir``)."""
+    """The ``runbook doctor`` parser (``--pid``, ``--job-dir`` and/or ``--fr-dir``)."""
     d = _parser(subparsers, "doctor", "name the rank that diverged in a hung job")
-    where = d.add_mutually_exclusive_group(required=True)
+    where = d.add_mutually_exclusive_group()
     where.add_argument("--pid", type=int, help="pid of the launcher (torchrun, deepspeed...) on this node")
-    where.add_argument("--job-dir", help="a runner job directory with stacks/ (and trace/)")
+    where.add_argument("--job-dir", help="a runner job directory with stacks/ (and fr/, trace/)")
+    d.add_argument("--fr-dir", help="a folder of torch Flight Recorder dumps (<prefix><rank>, pickle or JSON); alone or with "
+                   "--pid/--job-dir (docs/hang-doctor.md)")
+    where.add_argument("--slurm-job", metavar="JOBID", help="a running SLURM job: stacks and dumps from every node "
+                       "(srun --overlap --jobid JOBID)")
+    where.add_argument("--lab", metavar="NAME", help="a job on the network lab NAME: stacks and dumps from every lab node")
     d.add_argument("--stacks", action="store_true", help="also print each rank's innermost frames")
     return d
 
@@ -191,8 +196,20 @@ def doctor(args: argparse.Namespace) -> int:
     """Print the hang doctor's verdict for a live launcher pid or a saved job directory (0; 2 on bad input)."""
     from helpers import doctor as doc
 
+    if args.pid is None and args.job_dir is None and args.fr_dir is None and not args.slurm_job and not args.lab:
+        print("runbook doctor: give --pid, --job-dir, --fr-dir, --slurm-job or --lab", file=sys.stderr)
+        return 2
     try:
-        verdict = doc.diagnose_pid(args.pid) if args.pid is not None else doc.diagnose_job_dir(args.job_dir)
+        if args.slurm_job:
+            verdict = doc.diagnose_slurm_job(args.slurm_job)
+        elif args.lab:
+            verdict = doc.diagnose_lab(args.lab)
+        elif args.pid is not None:
+            verdict = doc.diagnose_pid(args.pid, fr_dir=args.fr_dir)
+        elif args.job_dir is not None:
+            verdict = doc.diagnose_job_dir(args.job_dir, fr_dir=args.fr_dir)
+        else:
+            verdict = doc.diagnose_fr(doc.load_fr(args.fr_dir))
     except ValueError as exc:
         print(f"runbook doctor: {exc}", file=sys.stderr)
         return 2

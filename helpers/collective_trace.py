@@ -11,10 +11,11 @@ Each call to a ``torch.distributed`` collective then appends two JSON lines to
 ``enter`` without its ``exit``; a rank that skipped one has a lower sequence number.  The
 file is line-buffered, so it is complete up to the moment a rank hangs or dies.
 
-Why not torch's flight recorder: on gloo it records but does not dump on a timeout, and
-torch's bundled analyzer crashed on a gloo dump (PF-fr-gloo); it also cannot name
-the user's source line of a rank that never entered the collective.  This trace costs two
-small writes per collective (see benchmarks/).
+The hang doctor's first evidence is torch's Flight Recorder, which needs no change to the script
+(:mod:`helpers.flight_recorder`, docs/hang-doctor.md).  This trace stays only for what the Flight
+Recorder does not give: on gloo its entries carry no call site (``frames`` is ``None``) and no
+completion (``state`` stays ``scheduled``), so the *line* that called each collective, and whether a
+rank left it, come from here.  It costs two small writes per collective (see benchmarks/).
 
 What ``exit`` means, per backend:
 

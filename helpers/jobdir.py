@@ -19,6 +19,8 @@ from pathlib import Path
 
 JOB_DIR_ENV = "RUNBOOK_JOB_DIR"
 """Environment variable through which the runner tells every process its job directory."""
+FR_DIR_ENV = "RUNBOOK_FR_DIR"
+"""Environment variable naming the folder where ranks write Flight Recorder dumps on SIGUSR2 (``<job>/fr``)."""
 TRACE_DIR_ENV = "RUNBOOK_TRACE_DIR"
 """Environment variable that overrides where :mod:`helpers.collective_trace` writes (default ``<job>/trace``)."""
 
@@ -42,6 +44,8 @@ class JobDir:
         │   └── .claim<N>            rank indices claimed under a launcher that sets no rank variable
         ├── stacks/rank<R>.txt       py-spy dump of each rank alive when the job hung or timed out (runner)
         ├── trace/rank<R>.jsonl      collective enter/exit records, when the script opted in (collective_trace)
+        ├── fr/rank<R>               torch Flight Recorder dump (pickle) of each rank, written when the runner
+        │                            declares a stall (SIGUSR2, helpers/_fr_site); fr/rank<R>.ready: rank R can dump
         ├── torchrun/                torchrun's --log-dir; torchrun/node<I>/ per node of a multi-node lab job
         └── nodes/node<I>.stdout     launcher output of node I of a multi-node lab job (netlab), and .stderr
 
@@ -172,6 +176,15 @@ class JobDir:
         return self.trace_dir / f"rank{rank}.jsonl"
 
     # ------------------------------------------------------------------ launchers' own logs
+    @property
+    def fr_dir(self) -> Path:
+        """``fr/``: the ranks' Flight Recorder dumps (:mod:`helpers.flight_recorder`)."""
+        return self.path / "fr"
+
+    def fr(self, rank: int | str) -> Path:
+        """``fr/rank<R>``: rank R's Flight Recorder dump (torch's pickle)."""
+        return self.fr_dir / f"rank{rank}"
+
     @property
     def torchrun_dir(self) -> Path:
         """``torchrun/``: torchrun's ``--log-dir``."""

@@ -14,8 +14,11 @@ What a job gets:
   layout is :class:`helpers.jobdir.JobDir`;
 * ``TMPDIR`` inside the job directory (removed at the end) and ``TORCH_EXTENSIONS_DIR``
   in the shared build cache, so nothing lands in ``/tmp``;
-* a hard timeout and an optional stall window: when either expires, py-spy dumps every
-  live rank's stack, then the whole process tree is killed (psutil), so no rank, port
+* a hard timeout and an optional stall window: when either expires, every live rank writes
+  its torch Flight Recorder dump (``fr/``: the runner sends SIGUSR2, :mod:`helpers._fr_site`;
+  ``TORCH_FR_BUFFER_SIZE=2000`` and, for NCCL, ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` with
+  ``TORCH_FR_DUMP_TEMP_FILE=<job>/fr/nccl/rank`` are set unless the caller set them), py-spy dumps
+  every live rank's stack, then the whole process tree is killed (psutil), so no rank, port
   listener or temp dir outlives the call.
 """
 
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from helpers import envvars, launchers, procs, validate
-from helpers.jobdir import JOB_DIR_ENV, JobDir, LineCounter, LineTail
+from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, JobDir, LineCounter, LineTail
 
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -583,6 +586,11 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     changes: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), JOB_DIR_ENV: str(job_dir),
                                       "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext)),
                                       "PATH": path, "PYTHONPATH": _pythonpath()}
+    (layout.fr_dir / "nccl").mkdir(parents=True, exist_ok=True)
+    for var, value in ((FR_DIR_ENV, str(layout.fr_dir)), ("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE)),
+                       ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"), ("TORCH_FR_DUMP_TEMP_FILE", str(layout.fr_dir / "nccl" / "rank"))):
+        if var not in os.environ and not (var == "TORCH_FR_BUFFER_SIZE" and "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ):
+            changes[var] = value
     changes.update(env or {})
     base_env = envvars.apply(os.environ, changes)
     cmds = [list(map(str, c)) for c in commands]
@@ -627,6 +635,7 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
                     last_progress = now
             if timed_out or hung:
                 stopped_at = time.time()
+                request_fr_dumps(layout)
                 stacks = _collect_stacks(layout)
                 break
     finally:
@@ -670,6 +679,52 @@ def _echo(tail: LineTail) -> None:
     if text:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+FR_BUFFER_SIZE = 2000
+"""Flight Recorder entries kept per rank (``TORCH_FR_BUFFER_SIZE``), the value of torch's own docs
+(https://docs.pytorch.org/tutorials/unstable/flight_recorder_tutorial.html)."""
+FR_WAIT_S = 3.0
+"""Seconds :func:`request_fr_dumps` waits for the ranks' dumps (measured: < 0.1 s on gloo without stack traces)."""
+
+
+def request_fr_dumps(layout: JobDir, wait_s: float = FR_WAIT_S) -> dict[int, Path]:
+    """Ask every live rank of a job for its Flight Recorder dump; return the dumps that arrived.
+
+    Sends SIGUSR2 to each rank whose ``fr/rank<R>.ready`` names its pid (:mod:`helpers._fr_site`; a rank
+    without it is left alone: SIGUSR2 would kill it), then waits up to ``wait_s`` seconds for
+    ``fr/rank<R>`` to be (re)written.
+
+    Args:
+        layout: the job's :class:`JobDir`; wait_s: seconds to wait, > 0.
+
+    Returns:
+        ``{rank: path}`` of the dumps written after the request.
+    """
+    import signal
+
+    t0 = time.time()
+    asked: dict[int, Path] = {}
+    for rank, pid in layout.live_ranks().items():
+        ready = layout.fr_dir / f"rank{rank}.ready"
+        try:
+            if ready.read_text().strip() == str(pid):
+                os.kill(pid, signal.SIGUSR2)
+                asked[rank] = layout.fr(rank)
+        except (OSError, ValueError):
+            continue
+    done: dict[int, Path] = {}
+    while asked and time.time() - t0 < wait_s:
+        for rank, path in asked.items():
+            try:
+                if rank not in done and path.stat().st_mtime >= t0 - 0.01:
+                    done[rank] = path
+            except OSError:
+                pass
+        if len(done) == len(asked):
+            break
+        time.sleep(0.02)
+    return done
 
 
 def _collect_stacks(layout: JobDir) -> dict[int, str]:

@@ -14,7 +14,9 @@ with the same interpreter, environment and arguments, and:
   launcher's merged stream is rank-prefixed whatever the launcher;
 * records the child's PID (for py-spy) and its exit status, signals included
   (``-9`` for SIGKILL), in ``<job>/ranks/rank<R>.json``, written atomically;
-* forwards SIGTERM/SIGINT to the child, so launcher teardown behaves as without it.
+* forwards SIGTERM/SIGINT to the child, so launcher teardown behaves as without it;
+* when ``RUNBOOK_FR_DIR`` is set (the runner sets it), puts ``helpers/_fr_site`` first on the child's
+  ``PYTHONPATH``: its ``sitecustomize`` makes the rank write its Flight Recorder dump on SIGUSR2.
 
 Why our own wrapper: no launcher reports per-rank exit codes or per-rank logs in a
 common form (torchrun's ``--log-dir`` layout, DeepSpeed's ``--enable_each_rank_log``
@@ -38,7 +40,7 @@ import threading
 import time
 from typing import IO
 
-from helpers.jobdir import JobDir
+from helpers.jobdir import FR_DIR_ENV, JobDir
 
 
 def _claim_rank(layout: JobDir) -> str:
@@ -108,6 +110,9 @@ def main(argv: list[str]) -> int:
     layout.ranks_dir.mkdir(parents=True, exist_ok=True)
     rank = _claim_rank(layout)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if env.get(FR_DIR_ENV):  # Flight Recorder dump on SIGUSR2, without touching the user's script (helpers/_fr_site)
+        site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fr_site")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-u", *argv]
     record: dict = {"rank": int(rank), "shim_pid": os.getpid(), "cmd": cmd, "start": time.time()}
     with open(layout.rank_stdout(rank), "ab") as out_log, open(layout.rank_stderr(rank), "ab") as err_log:

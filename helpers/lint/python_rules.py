@@ -375,6 +375,17 @@ class PythonLinter:
             child, p = p, self.parents.get(p)
         return None
 
+    def rank_branch_at(self, line: int) -> int | None:
+        """The line of the innermost rank-dependent branch (``if``/``while``/``and`` on a rank value, within its
+        function) around the statement that starts at ``line``; ``None`` if there is none.  Used by the hang
+        doctor (:mod:`helpers.doctor`) to tell which of two ranks took a rank-only path."""
+        for node in self.nodes:
+            if isinstance(node, ast.stmt) and getattr(node, "lineno", None) == line:
+                gate = self._rank_gate(node)
+                if gate is not None:
+                    return gate.lineno
+        return None
+
     # --- rules ---------------------------------------------------------------------------
     def run(self) -> list[Finding]:
         """Run every rule; return the findings (also kept in :attr:`findings`)."""

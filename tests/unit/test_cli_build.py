@@ -16,7 +16,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_build_prints_the_srun_lines_and_no_trap(capsys):
     code, out, err = run(capsys, "--launcher", "srun+torchrun", "--nodes", "2", "--nproc-per-node", "8", "train.py",
                          "--env", "NCCL_DEBUG=INFO")
-    assert code == 0 and "srun --nodes=2 --ntasks-per-node=1" in out and "--export=ALL" in out and "export NCCL_DEBUG=INFO" in out
+    assert code == 0 and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-8}\" --export=ALL" in out and "export NCCL_DEBUG=INFO" in out
     assert err.strip() == "0 trap(s): none known"
     assert launch_parse.parse(out) == launch_traps.LaunchSpec(kind="srun+torchrun", nnodes=2, nproc_per_node=8, rdzv="static",
                                                                master_port=29500, env={"NCCL_DEBUG": "INFO"})
