@@ -153,7 +153,8 @@ def run_jobs(client: slurm.SlurmClient, work: str | os.PathLike[str], scripts: M
     Args:
         client: the SLURM lab (or :class:`helpers.slurm.LocalSlurm`).
         work: the shared job folder (each script is written there as ``<name>.sbatch``).
-        scripts: name -> batch script text (names: letters, digits, ``_.-``).
+        scripts: name -> batch script text (names: letters, digits, ``_.-``); each job runs as
+            ``--job-name=<name>``, so its files are ``<name>_<id>.out|.err``.
         timeout_s: how long to wait for all of them; a job still running then is cancelled
             (its state says ``CANCELLED``).
         env: the submitting environment (default :func:`job_env`).
@@ -164,7 +165,8 @@ def run_jobs(client: slurm.SlurmClient, work: str | os.PathLike[str], scripts: M
     Raises:
         ValueError: a bad name or ``timeout_s``; RuntimeError: ``sbatch`` refused a script.
     """
-    ids = {name: slurm.submit(client, text, work, name=name, env=job_env(work) if env is None else env)
+    ids = {name: slurm.submit(client, text, work, name=name, env=job_env(work) if env is None else env,
+                              sbatch_args=[f"--job-name={name}"])  # files and logs named by the case: <name>_<id>.out
            for name, text in scripts.items()}
     states = slurm.wait_jobs(client, list(ids.values()), timeout_s)
     return {name: states[job_id] for name, job_id in ids.items()}
