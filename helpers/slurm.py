@@ -357,6 +357,32 @@ def wait_jobs(client: SlurmClient, job_ids: Sequence[str], timeout_s: float = 12
     return {str(j): states[str(j)] for j in job_ids}
 
 
+def wait_output(client: SlurmClient, job_id: str, pattern: str, timeout_s: float = 120.0, poll_s: float = 0.5) -> JobState:
+    """Poll until the job's stdout or stderr matches regex ``pattern``, or the job ends, or ``timeout_s`` passes.
+
+    For a job that does not end by itself (one rank failed, the other node's task still waits): its
+    state *at the moment the error appeared* (``RUNNING``) is the evidence.  Nothing is cancelled here.
+
+    Returns:
+        The :class:`JobState` at that moment (``waited_s`` set).
+
+    Raises:
+        ValueError: ``timeout_s`` or ``poll_s`` not > 0, or a bad regex.
+    """
+    positive_float(timeout_s, "timeout_s")
+    positive_float(poll_s, "poll_s")
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"pattern={pattern!r}: not a regular expression ({exc})") from None
+    t0 = time.monotonic()
+    while True:
+        s = job_state(client, job_id)
+        if s.ended or s.state == "UNKNOWN" or rx.search(s.out()) or rx.search(s.err()) or time.monotonic() - t0 > timeout_s:
+            return dataclasses.replace(s, waited_s=time.monotonic() - t0)
+        time.sleep(poll_s)
+
+
 def queue(client: SlurmClient, fmt: str = "%i %t %M %r") -> list[list[str]]:
     """``squeue -h -o FMT`` rows split on spaces (gilbreth-hpc-guide §3.4: job id, state code, time used, reason)."""
     r = client.slurm(["squeue", "-h", "-o", fmt], timeout_s=20)

@@ -146,6 +146,17 @@ def diff(before: str, after: str) -> str:
     return "\n".join(line for line in lines if line[:1] in "+-" and not line.startswith(("+++", "---")))
 
 
+def submit_all(client: slurm.SlurmClient, work: str | os.PathLike[str], scripts: Mapping[str, str], *,
+               env: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """Submit every script (``--job-name=<name>``, so its files are ``<name>_<id>.out|.err``); name -> job id.
+
+    Raises:
+        ValueError: a bad name; RuntimeError: ``sbatch`` refused a script.
+    """
+    return {name: slurm.submit(client, text, work, name=name, env=job_env(work) if env is None else env,
+                               sbatch_args=[f"--job-name={name}"]) for name, text in scripts.items()}
+
+
 def run_jobs(client: slurm.SlurmClient, work: str | os.PathLike[str], scripts: Mapping[str, str], *,
              timeout_s: float = 90.0, env: Mapping[str, str | None] | None = None) -> dict[str, slurm.JobState]:
     """Submit every script at once (SLURM runs them side by side as far as the CPUs allow) and wait for all.
@@ -165,9 +176,7 @@ def run_jobs(client: slurm.SlurmClient, work: str | os.PathLike[str], scripts: M
     Raises:
         ValueError: a bad name or ``timeout_s``; RuntimeError: ``sbatch`` refused a script.
     """
-    ids = {name: slurm.submit(client, text, work, name=name, env=job_env(work) if env is None else env,
-                              sbatch_args=[f"--job-name={name}"])  # files and logs named by the case: <name>_<id>.out
-           for name, text in scripts.items()}
+    ids = submit_all(client, work, scripts, env=env)
     states = slurm.wait_jobs(client, list(ids.values()), timeout_s)
     return {name: states[job_id] for name, job_id in ids.items()}
 
