@@ -207,7 +207,7 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
     multi = spec.nnodes > 1
     slurm_kind = spec.kind in ("srun+torchrun", "sbatch")
     env = spec.env
-    if multi and (spec.kind == "torchrun" or slurm_kind) and spec.rdzv == "standalone":  # sbatch: chapter 08
+    if multi and spec.kind == "torchrun" and spec.rdzv == "standalone":
         t.append(Trap("standalone-multinode", "FAIL", "rdzv",
                       "--standalone makes a private rendezvous on each node: two groups of one node each, never one job",
                       "use the static form (--node-rank, --master-addr) or c10d (same --rdzv-id/--rdzv-endpoint "

@@ -72,5 +72,5 @@ def test_breakages_the_builder_sees():
         sc.break_script("#!/bin/bash\n", "no-such-break")
     with pytest.raises(ValueError, match="not found"):
         sc.break_script("#!/bin/bash\n", "srun-export-none")
-    spec = launch_traps.LaunchSpec(kind="sbatch", nnodes=2, rdzv="standalone")
-    assert "standalone-multinode" in {t.id for t in launch_traps.find_traps(spec)}
+    spec = launch_traps.LaunchSpec(kind="sbatch", nnodes=2, srun_ntasks_per_node=2)
+    assert "srun-tasks-per-node" in {t.id for t in launch_traps.find_traps(spec)}
