@@ -124,8 +124,8 @@ BREAKS: dict[str, tuple[str, str, Callable[[str], str]]] = {
                           _sub(r"--ntasks-per-node=1", "--ntasks-per-node=2")),
     "standalone-multinode": ("torchrun --standalone (a single-node command) copied into the 2-node job",
                              "D2; torchrun docs (--standalone: single-node)",
-                             _chain(_sub(r'--node-rank="\$SLURM_NODEID" \\\n\s+--master-addr="\$MASTER_ADDR" \\\n\s+'
-                                         r'--master-port="\$MASTER_PORT" --rdzv-conf=timeout=\d+', "--standalone"))),
+                             _sub(r'--node-rank="\$SLURM_NODEID" \\\n\s+--master-addr="\$MASTER_ADDR" \\\n\s+'
+                                  r'--master-port="\$MASTER_PORT" --rdzv-conf=timeout=(\d+)', r"--standalone --rdzv-conf=join_timeout=\1")),
 }
 """Known breakages: name -> (what the user did, seed source, edit of :func:`job_script`'s text)."""
 
