@@ -47,14 +47,15 @@ def test_submit_wait_and_a_failing_job(lab):
     work = sc.ROOT / "build" / "test-slurm-jobs"
     shutil.rmtree(work, ignore_errors=True)
     ok = slurm.submit(lab, f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output={work}/%x_%j.out\nsrun hostname\n", work, name="ok")
-    bad = slurm.submit(lab, f"#!/bin/bash\n#SBATCH --output={work}/%x_%j.out\necho nope; exit 3\n", work, name="bad")
+    bad = slurm.submit(lab, f"#!/bin/bash\n#SBATCH --output={work}/%x_%j.out\necho nope; exit 3\n", work, name="bad",
+                       sbatch_args=["--job-name=bad"])  # else the job is named after the file: bad.sbatch_<id>.out
     states = slurm.wait_jobs(lab, [ok, bad], timeout_s=60)
     assert states[ok].state == "COMPLETED" and states[ok].exit_code == "0:0" and states[ok].ended
     assert sorted(states[ok].out().split()) == ["node0", "node1"]
     assert states[bad].state == "FAILED" and states[bad].exit_status == 3 and states[bad].reason == "NonZeroExitCode"
     assert states[bad].out().strip() == "nope" and states[bad].files() == {str(work / f"bad_{bad}.out"): True}
     with pytest.raises(RuntimeError, match="sbatch .* refused"):
-        slurm.submit(lab, "#!/bin/bash\n#SBATCH --nodes=9\nhostname\n", work, name="toobig")
+        slurm.submit(lab, "#!/bin/bash\n#SBATCH --partition=nosuch\nhostname\n", work, name="nosuch")
     with pytest.raises(ValueError, match="name="):
         slurm.submit(lab, "#!/bin/bash\n", work, name="a b")
     shutil.rmtree(work, ignore_errors=True)
