@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench clean
+.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench course course-sbatch clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -75,6 +75,16 @@ LAB_PORT ?= 8888
 lab: $(STAMP)
 	@mkdir -p build/tmp
 	$(BIN)/python -m helpers.labserver --port $(LAB_PORT)
+
+# The course as a test suite (helpers/course.py): every chapter under papermill, one summary in build/course/.
+# Inside an allocation it uses the allocation; `make course-sbatch` submits configs/slurm/course.sbatch.
+# ARGS: --chapters 00,08, -p 08:JOB_TIMEOUT_S=120 ...
+course: $(STAMP)
+	@mkdir -p build/tmp
+	$(BIN)/python -m helpers.course $(ARGS)
+
+course-sbatch:
+	mkdir -p build/course && sbatch configs/slurm/course.sbatch
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py

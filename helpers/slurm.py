@@ -12,20 +12,31 @@ The forms here carry the guide's fixes for its multi-node failure modes (§8.12)
 * the NCCL/gloo variables are re-exported inside the ``bash -c`` of each task (Failure Mode 4);
   a value of ``None`` becomes ``unset`` (``unset NCCL_SOCKET_IFNAME``, Failure Mode 2).
 
-Nothing here runs anything: the functions return text, validated (bad input raises ``ValueError``
-naming the field).  ``tests/test_slurm.py`` runs the rendered script for real with stand-in
-``srun``/``scontrol`` commands that start one local ``torchrun`` per "node".
+The launch forms return text, validated (bad input raises ``ValueError`` naming the field);
+``tests/lab/test_slurm_lab.py`` runs the rendered script on the real SLURM lab.
+:func:`submit`, :func:`job_state`, :func:`wait_job`/:func:`wait_jobs` and :func:`queue` submit and
+watch jobs through any SLURM client (the lab, or :class:`LocalSlurm` on a login node), reading
+``scontrol show job -o`` (no accounting database needed); :func:`nccl_profile` reads the NCCL
+profiles of §8.4 (``configs/nccl_single_node.env``, ``configs/nccl_multi_node.env``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import shlex
+import subprocess
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
+from helpers import envvars
 from helpers.envvars import shell_lines
 from helpers.launchers import DEFAULT_MASTER_PORT, torchrun_flags
-from helpers.validate import positive_int, tcp_port
+from helpers.validate import one_of, positive_float, positive_int, tcp_port
 
 RDZV_FORMS = ("static", "c10d")
 """The forms of :data:`helpers.launchers.RDZV_FORMS` that span nodes (``standalone`` is one node only)."""
@@ -180,3 +191,233 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         *(f"# export {var:34} # {why}" for var, why in NCCL_TOGGLES),
     ]
     return "\n".join(head) + "\n" + launch
+
+
+# --- Submitting and watching jobs (chapter 08; any cluster, the SLURM lab included) -----------------
+
+END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+              "DEADLINE")
+"""Job states after which a job no longer runs (``scontrol show job``'s ``JobState``; squeue's CD, F, CA, TO...)."""
+NCCL_PROFILES = ("single_node", "multi_node")
+"""The NCCL environment profiles of gilbreth-hpc-guide §8.4, as ``configs/nccl_<name>.env``."""
+
+
+class SlurmClient(Protocol):
+    """Anything that runs a SLURM client command: :class:`helpers.netlab.Lab` (``slurm=True``) or :class:`LocalSlurm`."""
+
+    def slurm(self, argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, str | None] | None = None,
+              cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]: ...
+
+
+class LocalSlurm:
+    """The SLURM clients of this machine (a login node): ``LocalSlurm().slurm(["squeue"])``."""
+
+    def slurm(self, argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, str | None] | None = None,
+              cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` here with ``env`` applied to this process's environment (``None`` removes a variable)."""
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
+                              env=envvars.apply(os.environ, env))
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What SLURM says about one job, and the files it wrote.
+
+    Attributes:
+        job_id: the job id (text).
+        state: ``JobState`` (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``TIMEOUT``, ``CANCELLED``...),
+            or ``UNKNOWN`` when ``scontrol`` no longer knows the job.
+        exit_code: ``ExitCode`` as ``"status:signal"`` (``"0:0"``, ``"1:0"``, ``"0:15"``).
+        reason: ``Reason`` (``None``, ``Resources``, ``Dependency``, ``NonZeroExitCode``, ``TimeLimit``...).
+        stdout, stderr: the ``StdOut``/``StdErr`` paths SLURM was told to write (may not exist).
+        fields: every ``Key=Value`` of ``scontrol show job -o``.
+        waited_s: seconds :func:`wait_job` waited (0 for :func:`job_state`).
+    """
+
+    job_id: str
+    state: str
+    exit_code: str = ""
+    reason: str = ""
+    stdout: Path | None = None
+    stderr: Path | None = None
+    fields: Mapping[str, str] = field(default_factory=dict)
+    waited_s: float = 0.0
+
+    @property
+    def ended(self) -> bool:
+        """True once the job is in one of :data:`END_STATES`."""
+        return self.state in END_STATES
+
+    @property
+    def exit_status(self) -> int | None:
+        """The batch script's exit status (the part before ``:`` of ``exit_code``), or None."""
+        head = self.exit_code.split(":")[0]
+        return int(head) if head.isdigit() else None
+
+    def out(self) -> str:
+        """The text of the job's stdout file ('' when SLURM wrote none)."""
+        return _read(self.stdout)
+
+    def err(self) -> str:
+        """The text of the job's stderr file ('' when SLURM wrote none)."""
+        return _read(self.stderr)
+
+    def files(self) -> dict[str, bool]:
+        """``{path: exists}`` for the job's stdout and stderr files."""
+        return {str(p): p.exists() for p in (self.stdout, self.stderr) if p is not None}
+
+    def summary(self) -> str:
+        """``job 12 FAILED exit 1:0 (NonZeroExitCode) after 8.1 s``."""
+        return f"job {self.job_id} {self.state} exit {self.exit_code or '?'} ({self.reason or '-'}) after {self.waited_s:.1f} s"
+
+
+def _read(path: Path | None) -> str:
+    try:
+        return path.read_text(errors="replace") if path is not None else ""
+    except OSError:
+        return ""
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one ``scontrol show ... -o`` line (values may hold spaces only in the last field, ``Command``...)."""
+    fields: dict[str, str] = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(\S*)", text.strip()):
+        fields.setdefault(m.group(1), m.group(2))
+    return fields
+
+
+def submit(client: SlurmClient, script_text: str, work: str | os.PathLike[str], *, name: str = "job",
+           sbatch_args: Sequence[str] = (), env: Mapping[str, str | None] | None = None,
+           cwd: str | os.PathLike[str] | None = None) -> str:
+    """Write ``script_text`` to ``<work>/<name>.sbatch`` and ``sbatch --parsable`` it; return the job id.
+
+    Args:
+        client: what runs ``sbatch`` (a SLURM lab, or :class:`LocalSlurm`).
+        script_text: the batch script.
+        work: a folder on the shared filesystem (created if missing).
+        name: the script's file name stem (letters, digits, ``_.-``).
+        sbatch_args: extra ``sbatch`` options before the script (``--dependency=afterany:12``...).
+        env: added to the submitting environment (``None`` removes a variable); ``sbatch`` passes it on.
+        cwd: where ``sbatch`` runs (``$SLURM_SUBMIT_DIR``); default ``work``.
+
+    Returns:
+        The job id (text).
+
+    Raises:
+        ValueError: a bad ``name``.
+        RuntimeError: ``sbatch`` refused the job (its stderr in the message).
+    """
+    if not isinstance(name, str) or not _JOB_NAME.fullmatch(name):
+        raise ValueError(f"name={name!r}: letters, digits, '_', '.', '-' only, 1 to 64 characters")
+    folder = Path(work)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.sbatch"
+    path.write_text(script_text)
+    r = client.slurm(["sbatch", "--parsable", *sbatch_args, str(path)], env=env, cwd=cwd or folder)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise RuntimeError(f"sbatch {path} refused (exit {r.returncode}): {r.stderr.strip()}")
+    return r.stdout.strip().split(";")[0]
+
+
+def job_state(client: SlurmClient, job_id: str) -> JobState:
+    """The job's state now, from ``scontrol show job -o`` (``UNKNOWN`` once the controller forgot it)."""
+    r = client.slurm(["scontrol", "show", "job", "-o", str(job_id)], timeout_s=20)
+    f = parse_scontrol(r.stdout) if r.returncode == 0 else {}
+    return JobState(str(job_id), f.get("JobState", "UNKNOWN"), f.get("ExitCode", ""), f.get("Reason", ""),
+                    Path(f["StdOut"]) if f.get("StdOut") else None, Path(f["StdErr"]) if f.get("StdErr") else None, f)
+
+
+def wait_job(client: SlurmClient, job_id: str, timeout_s: float = 120.0, poll_s: float = 0.3) -> JobState:
+    """Poll :func:`job_state` until the job ends (``sbatch --wait`` polls every 10-42 s: platform-facts.md).
+
+    Args:
+        client, job_id: as :func:`job_state`.
+        timeout_s: how long to wait (> 0); a job still running then is cancelled with ``scancel``
+            and waited for a few more seconds.
+        poll_s: seconds between polls (> 0).
+
+    Returns:
+        The last :class:`JobState` (``waited_s`` set).
+
+    Raises:
+        ValueError: ``timeout_s`` or ``poll_s`` not > 0.
+    """
+    return wait_jobs(client, [job_id], timeout_s, poll_s)[str(job_id)]
+
+
+def wait_jobs(client: SlurmClient, job_ids: Sequence[str], timeout_s: float = 120.0,
+              poll_s: float = 0.3) -> dict[str, JobState]:
+    """:func:`wait_job` for several jobs at once (they run side by side): ``{job_id: JobState}``."""
+    positive_float(timeout_s, "timeout_s")
+    positive_float(poll_s, "poll_s")
+    t0 = time.monotonic()
+    states: dict[str, JobState] = {}
+    pending = [str(j) for j in job_ids]
+    cancelled = False
+    while pending:
+        for j in list(pending):
+            s = job_state(client, j)
+            if s.ended or s.state == "UNKNOWN":
+                states[j] = dataclasses.replace(s, waited_s=time.monotonic() - t0)
+                pending.remove(j)
+        if pending and time.monotonic() - t0 > timeout_s:
+            if cancelled:  # scancel'ed and still not ended after 10 s: report what it is
+                states.update({j: dataclasses.replace(job_state(client, j), waited_s=time.monotonic() - t0) for j in pending})
+                break
+            client.slurm(["scancel", *pending], timeout_s=20)
+            cancelled, timeout_s = True, timeout_s + 10
+        if pending:
+            time.sleep(poll_s)
+    return {str(j): states[str(j)] for j in job_ids}
+
+
+def wait_output(client: SlurmClient, job_id: str, pattern: str, timeout_s: float = 120.0, poll_s: float = 0.5) -> JobState:
+    """Poll until the job's stdout or stderr matches regex ``pattern``, or the job ends, or ``timeout_s`` passes.
+
+    For a job that does not end by itself (one rank failed, the other node's task still waits): its
+    state *at the moment the error appeared* (``RUNNING``) is the evidence.  Nothing is cancelled here.
+
+    Returns:
+        The :class:`JobState` at that moment (``waited_s`` set).
+
+    Raises:
+        ValueError: ``timeout_s`` or ``poll_s`` not > 0, or a bad regex.
+    """
+    positive_float(timeout_s, "timeout_s")
+    positive_float(poll_s, "poll_s")
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"pattern={pattern!r}: not a regular expression ({exc})") from None
+    t0 = time.monotonic()
+    while True:
+        s = job_state(client, job_id)
+        if s.ended or s.state == "UNKNOWN" or rx.search(s.out()) or rx.search(s.err()) or time.monotonic() - t0 > timeout_s:
+            return dataclasses.replace(s, waited_s=time.monotonic() - t0)
+        time.sleep(poll_s)
+
+
+def queue(client: SlurmClient, fmt: str = "%i %t %M %r") -> list[list[str]]:
+    """``squeue -h -o FMT`` rows split on spaces (gilbreth-hpc-guide §3.4: job id, state code, time used, reason)."""
+    r = client.slurm(["squeue", "-h", "-o", fmt], timeout_s=20)
+    return [line.split() for line in r.stdout.splitlines() if line.strip()]
+
+
+def nccl_profile_path(name: str) -> Path:
+    """``configs/nccl_<name>.env`` for ``name`` in :data:`NCCL_PROFILES` (gilbreth-hpc-guide §8.4).
+
+    Raises:
+        ValueError: ``name`` not one of :data:`NCCL_PROFILES`.
+    """
+    one_of(name, "profile", NCCL_PROFILES)
+    return Path(__file__).resolve().parent.parent / "configs" / f"nccl_{name}.env"
+
+
+def nccl_profile(name: str) -> dict[str, str | None]:
+    """The variables the profile sets (``None``: ``unset``), commented toggles left out; for ``env=`` of the builders.
+
+    Raises:
+        ValueError: ``name`` not one of :data:`NCCL_PROFILES`, or a malformed line in the file.
+    """
+    text = nccl_profile_path(name).read_text()
+    return envvars.parse_lines("\n".join(re.sub(r"\s+#.*$", "", line) for line in text.splitlines()))

@@ -1,0 +1,180 @@
+"""The course as a test suite: execute chapters with papermill and write one summary (per chapter: tiers run / skipped).
+
+On a cluster this runs inside an allocation (``configs/slurm/course.sbatch``, ``make course-sbatch``):
+the GPU cells run where the allocation has GPUs (``helpers.tiers``), the multi-node cells where it
+has >= 2 nodes, and every skipped tier is listed with the reason the notebook printed
+(``[SKIP tier-gpu] ...``, ``[SKIP lab] ...``: STYLE.md, never silently).
+Executed copies go to ``<out>/executed/``; the summary to ``<out>/summary.json`` and ``<out>/summary.md``.
+
+Command line::
+
+    python -m helpers.course --out build/course [--chapters 00,08] [-p 08:JOB_TIMEOUT_S=120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+_SKIP = re.compile(r"\[SKIP ([\w-]+)\] ([^\n]*)")
+
+
+@dataclass
+class ChapterResult:
+    """One chapter's run.
+
+    Attributes:
+        chapter: the notebook's file name (``08_slurm.ipynb``).
+        status: ``passed`` (every cell ran without an error), ``failed``, or ``skipped`` (not run: reason in ``error``).
+        seconds: wall time of the execution.
+        tiers: tier -> ``{"ran": n, "skipped": n}`` over the cells tagged ``tier-*`` (untagged cells count as ``cpu``).
+        skips: ``[tier or "lab", reason]`` for every ``[SKIP ...]`` line the notebook printed (deduplicated).
+        error: the failing cell's error name and message ('' when passed).
+        executed: path of the executed copy.
+    """
+
+    chapter: str
+    status: str
+    seconds: float = 0.0
+    tiers: dict[str, dict[str, int]] = field(default_factory=dict)
+    skips: list[list[str]] = field(default_factory=list)
+    error: str = ""
+    executed: str = ""
+
+
+def chapters(selected: str | Sequence[str] | None = None) -> list[Path]:
+    """The chapter notebooks (``notebooks/NN_*.ipynb``, in order), or those whose number or name is in ``selected``.
+
+    Args:
+        selected: ``None`` (all), or numbers/names (``"00,08"``, ``["08_slurm"]``).
+
+    Raises:
+        ValueError: a selection that matches no notebook (names the available ones).
+    """
+    found = sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
+    if selected is None:
+        return found
+    wanted = [s.strip() for s in (selected.split(",") if isinstance(selected, str) else selected) if s.strip()]
+    out = []
+    for w in wanted:
+        match = [p for p in found if p.name.split("_")[0] == w or p.stem == w or p.name == w]
+        if not match:
+            raise ValueError(f"chapters: {w!r} matches no notebook; available: {', '.join(p.stem for p in found)}")
+        out += [p for p in match if p not in out]
+    return out
+
+
+def read_result(chapter: str, executed: str | Path, seconds: float = 0.0, error: str = "") -> ChapterResult:
+    """Count tiers run/skipped and collect the ``[SKIP ...]`` reasons of an executed notebook."""
+    import nbformat
+
+    nb = nbformat.read(str(executed), as_version=4)
+    tiers: dict[str, dict[str, int]] = {}
+    skips: list[list[str]] = []
+    failed = bool(error)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = [t[5:] for t in cell.metadata.get("tags", []) if t.startswith("tier-")] or ["cpu"]
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        failed |= any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+        found = _SKIP.findall(text)
+        for tier in tags:
+            counts = tiers.setdefault(tier, {"ran": 0, "skipped": 0})
+            counts["skipped" if any(k == f"tier-{tier}" for k, _ in found) else "ran"] += 1
+        skips += [[k, reason] for k, reason in found if [k, reason] not in skips]
+    return ChapterResult(chapter, "failed" if failed else "passed", seconds, tiers, skips, error, str(executed))
+
+
+def run_chapter(path: Path, out_dir: Path, parameters: Mapping[str, Any] | None = None,
+                timeout_s: float = 1800) -> ChapterResult:
+    """Execute one notebook with papermill into ``out_dir/executed/`` (cwd ``notebooks/``) and read its result."""
+    import papermill
+
+    executed = out_dir / "executed" / path.name
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    error = ""
+    try:
+        papermill.execute_notebook(str(path), str(executed), parameters=dict(parameters or {}), cwd=str(NOTEBOOKS),
+                                   kernel_name="python3", progress_bar=False, execution_timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a failing chapter is a result, not the end of the course
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+    seconds = time.monotonic() - t0
+    if not executed.exists():
+        return ChapterResult(path.name, "failed", seconds, error=error or "no executed notebook written")
+    return read_result(path.name, executed, seconds, error)
+
+
+def render(results: Sequence[ChapterResult]) -> str:
+    """The summary as a markdown table: chapter, status, time, tiers ran/skipped, skip reasons or the error."""
+    lines = ["| chapter | status | time | tiers (ran/skipped cells) | skipped because / error |", "|---|---|---|---|---|"]
+    for r in results:
+        tiers = ", ".join(f"{t} {c['ran']}/{c['skipped']}" for t, c in sorted(r.tiers.items()))
+        why = r.error or "; ".join(sorted({f"{k}: {reason}" for k, reason in r.skips})) or "-"
+        lines.append(f"| {r.chapter} | {r.status} | {r.seconds:.0f} s | {tiers or '-'} | {why} |")
+    passed = sum(r.status == "passed" for r in results)
+    return "\n".join(lines) + f"\n\n{passed}/{len(results)} chapters passed\n"
+
+
+def run_course(out_dir: str | Path, selected: str | Sequence[str] | None = None,
+               parameters: Mapping[str, Mapping[str, Any]] | None = None, timeout_s: float = 1800) -> list[ChapterResult]:
+    """Execute the selected chapters one after another; write ``summary.json`` and ``summary.md`` in ``out_dir``.
+
+    Args:
+        out_dir: where the executed copies and the summary go (created).
+        selected: as :func:`chapters`.
+        parameters: chapter number (``"08"``) -> papermill parameters for that chapter.
+        timeout_s: per-cell execution timeout.
+
+    Returns:
+        One :class:`ChapterResult` per chapter, in order.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = [run_chapter(p, out, (parameters or {}).get(p.name.split("_")[0]), timeout_s) for p in chapters(selected)]
+    (out / "summary.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    (out / "summary.md").write_text(render(results))
+    return results
+
+
+def _parameter(text: str) -> tuple[str, str, Any]:
+    chapter, sep, rest = text.partition(":")
+    key, eq, value = rest.partition("=")
+    if not (sep and eq and chapter and key):
+        raise ValueError(f"-p {text!r}: use CHAPTER:NAME=VALUE (08:JOB_TIMEOUT_S=120)")
+    try:
+        return chapter, key, json.loads(value)
+    except json.JSONDecodeError:
+        return chapter, key, value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: run the course, print the summary; exit 1 when a chapter failed."""
+    p = argparse.ArgumentParser(prog="python -m helpers.course", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(ROOT / "build" / "course"), help="output folder (default build/course)")
+    p.add_argument("--chapters", default=None, help="comma-separated numbers or names (default: all)")
+    p.add_argument("-p", "--parameter", action="append", default=[], help="CHAPTER:NAME=VALUE papermill parameter")
+    p.add_argument("--timeout-s", type=float, default=1800, help="per-cell timeout (default 1800)")
+    args = p.parse_args(argv)
+    params: dict[str, dict[str, Any]] = {}
+    for text in args.parameter:
+        chapter, key, value = _parameter(text)
+        params.setdefault(chapter, {})[key] = value
+    results = run_course(args.out, args.chapters, params, args.timeout_s)
+    print(render(results))
+    return 0 if all(r.status == "passed" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
