@@ -632,6 +632,39 @@ def host_check(nodes: Sequence[str], host: str | None = None) -> Check:
 MULTI_STEPS = ("nodes", "job", "smoke", "preflight")
 
 
+def render_markdown(ev: Mapping[str, Any], checks: Sequence[Check] = ()) -> str:
+    """The report's multi-node sections: the drain list, the node x node matrix, then one section per node.
+
+    Args:
+        ev: the evidence of :func:`run_allocation` (``reports``, ``matrix``, ``drain``, ``node_checks``).
+        checks: the records to list under each node (those with ``node`` set or naming it in ``faulty``);
+            default ``ev["checks"]``.
+    """
+    checks = list(checks) or [Check.from_dict(c) for c in ev.get("checks", [])]
+    drain = ev.get("drain") or {}
+    lines = ["## Drain list", ""]
+    lines += [f"Leave out: `{drain['exclude']}` (FAIL: {', '.join(drain['fail']) or 'none'}; "
+              f"WARN: {', '.join(drain['warn']) or 'none'})" if drain.get("nodes") else "No node to leave out.", ""]
+    matrix = ev.get("matrix") or {}
+    if matrix:
+        names = list(matrix)
+        lines += ["## Node pairs: all_reduce busbw (GB/s), one rank per node", "",
+                  "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        lines += [f"| {a} | " + " | ".join(f"{matrix[a].get(b, float('nan')):.3f}" if b in matrix[a] else "—"
+                                            for b in names) + " |" for a in names]
+        lines.append("")
+    for node, rep in (ev.get("reports") or {}).items():
+        mine = [c for c in checks if c.node == node or node in c.faulty]
+        v = rep["versions"]
+        lines += [f"## Node {node}", "",
+                  f"- versions: torch {v['torch']}, CUDA {v['cuda']}, NCCL {v['nccl']}, driver {v['driver']}, "
+                  f"DeepSpeed {v['deepspeed']}",
+                  f"- GPUs: {rep['gpus']}; NIC {rep['iface']} {rep['nic_mbps']} Mb/s ({rep['nic_source']}); "
+                  f"memory copy {rep['memcpy_GBps']} GB/s", ""]
+        lines += [f"- [{c.status}] `{c.id}`: {c.title}" for c in mine] + [""]
+    return "\n".join(lines)
+
+
 def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun", lab: str = "", nproc: int = 1,
                    backend: str = "gloo", steps: Sequence[str] = MULTI_STEPS, join_timeout_s: float = 60.0,
                    timeout_s: float = 240.0, gpus_per_node: int = 0, smoke_steps: int = 20,
@@ -691,6 +724,7 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
     finally:
         ev["cancelled"] = slurm.cleanup()
     ev["drain"] = drain_list(checks)
+    ev["checks"] = [c.to_dict() for c in checks]
     return checks, ev
 
 
