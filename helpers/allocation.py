@@ -335,7 +335,7 @@ def grade_nodes(reports: Mapping[str, Mapping[str, Any]], *, gpus_per_node: int 
             status, title = "FAIL", title + f"; NVSwitch node with nvidia-fabricmanager {r.get('fabric_manager')!r} (MN1)"
         checks.append(Check(f"node.gpus.{node}", title, status, {"gpus": r["gpus"], "asked": want,
                                                                    "fabric_manager": r.get("fabric_manager")},
-                            f"{node}: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and the job's --gpus-per-node; "
+                            "" if status == "OK" else f"{node}: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and the job's --gpus-per-node; "
                             "NVSwitch nodes: systemctl start nvidia-fabricmanager", "MN1 (seeds/multinode.md)", node=node))
         for c in r["host_checks"]:
             rec = Check.from_dict(c)
@@ -380,7 +380,7 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
         ``{"ok", "data" (rank 0's JSON or None), "missing" (nodes with a rank that never joined),
         "joined", "wall_s", "returncode", "log", "slurm_errors", "stopped" (why it was stopped, or "")}``.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()
     (out_dir / "ranks").mkdir(parents=True, exist_ok=True)
     log = out_dir / "launch.log"
     argv = [*([] if script_args else ["--out-dir", str(out_dir)]), "--backend", backend,
@@ -684,9 +684,19 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
     unknown = [s for s in steps if s not in MULTI_STEPS]
     if unknown:
         raise ValueError(f"steps={unknown!r}: accepted values are {', '.join(MULTI_STEPS)}")
-    slurm = Slurm(runner, lab)
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # the nodes write there: an absolute path on the shared filesystem
     checks: list[Check] = []
+    try:
+        slurm = Slurm(runner, lab)
+    except ValueError as exc:
+        if runner != "lab" or "has no SLURM" not in str(exc):
+            raise
+        checks.append(Check("allocation.slurm", f"{exc}: the per-node steps and the job across nodes are skipped", "INFO",
+                            {"lab": lab}, "", "docs/slurm-lab.md"))
+        if "preflight" in steps:
+            checks += diagnostics.run_network_preflight(nodes, "lab", lab_name=lab or diagnostics.DEFAULT_LAB_NAME)
+        return checks, {"reports": {}, "matrix": {}, "job": None, "drain": drain_list(checks),
+                        "checks": [c.to_dict() for c in checks]}
     ev: dict[str, Any] = {"reports": {}, "matrix": {}, "job": None, "tag": slurm.tag}
     try:
         if "nodes" in steps:

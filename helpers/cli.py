@@ -162,7 +162,7 @@ def diagnose(args: argparse.Namespace) -> int:
         print(f"runbook diagnose: WARNING: this host ({socket.gethostname()}) is not one of the allocation's nodes "
               f"({', '.join(nodes)}): the single-node jobs are skipped, the checks run on the nodes through SLURM",
               file=sys.stderr)
-    report_dir = new_report_dir(args.out_dir)
+    report_dir = new_report_dir(args.out_dir).resolve()  # the notebook runs in notebooks/; nodes write there too
     params["REPORT_DIR"] = str(report_dir)
     executed = report_dir / NOTEBOOK_00
     print(f"runbook diagnose: {source.name} -> {report_dir}", flush=True)
