@@ -578,6 +578,8 @@ def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, A
                             {"plateau_GBps": plat, "envelope_GBps": ref, "floor_GBps": floor, "source": src},
                             f"{node}: check the intra-node transport (NCCL_DEBUG=INFO: P2P/NVLink or SHM), nvidia-smi topo -m",
                             SRC_ENVELOPE, node=node))
+    for c in checks:
+        c.remediation = "" if c.status == "OK" else c.remediation
     return checks
 
 

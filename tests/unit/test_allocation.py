@@ -1,0 +1,114 @@
+"""Pure parts of the allocation check across nodes: pair rounds, SLURM's errors, the pair matrix verdict, the drain list, parameters."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import subprocess
+
+import pytest
+from support import ROOT, SCENARIOS
+
+from helpers import allocation, diagnose_params, slurm
+from helpers.checks import Check
+
+
+def _round_robin():
+    spec = importlib.util.spec_from_file_location("allocation_job", SCENARIOS / "allocation_job.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.round_robin
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 16])
+def test_round_robin_covers_every_pair_once_in_disjoint_rounds(n):
+    rounds = _round_robin()(n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == list(itertools.combinations(range(n), 2))
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    assert len(_round_robin()(n, max_rounds=1)) == 1
+
+
+def test_slurm_errors_name_the_node():
+    text = ("srun: error: Task launch for StepId=12.0 failed on node node2: Connection timed out\n"
+            "srun: error: Application launch failed: Connection timed out\n")
+    errs = allocation.slurm_errors(text)
+    assert errs[0] == {"line": "Task launch for StepId=12.0 failed on node node2: Connection timed out", "node": "node2"}
+    proc = subprocess.CompletedProcess([], 1, "", text)
+    check = allocation.step_failure("node.step.node2", "node2", proc, 30)
+    assert check.status == "FAIL" and check.faulty == ["node2"] and "Connection timed out" in check.title
+    assert "network or daemon fault on that node" in check.remediation
+
+
+def test_pairs_name_the_slow_node_or_the_link():
+    good = 0.1
+    nodes = ["n0", "n1", "n2", "n3"]
+    m = {a: {b: good for b in nodes if b != a} for a in nodes}
+    assert allocation.grade_pairs(m).status == "OK"
+    slow_node = {a: {b: (0.01 if "n2" in (a, b) else good) for b in nodes if b != a} for a in nodes}
+    c = allocation.grade_pairs(slow_node)
+    assert c.status == "WARN" and c.faulty == ["n2"] and "slow node(s) n2" in c.title
+    slow_link = {a: {b: (0.01 if {a, b} == {"n0", "n1"} else good) for b in nodes if b != a} for a in nodes}
+    c = allocation.grade_pairs(slow_link)
+    assert c.status == "WARN" and c.faulty == [] and "slow link(s): n0-n1" in c.title
+    two = {"a": {"b": 0.001}, "b": {"a": 0.001}}
+    assert allocation.grade_pairs(two, 1.25, 0.01).status == "WARN"  # one pair: only the envelope can judge
+    assert allocation.grade_pairs(two, 0.05, 0.01).status == "OK"
+
+
+def test_drain_list_and_login_node():
+    checks = [Check("a", "x", "FAIL", faulty=["node3"]), Check("b", "y", "WARN", node="node1"), Check("c", "z", "OK", node="node0")]
+    assert allocation.drain_list(checks) == {"fail": ["node3"], "warn": ["node1"], "nodes": ["node3", "node1"],
+                                             "exclude": "--exclude=node3,node1"}
+    assert allocation.host_check(["node0", "node1"], "login1").status == "WARN"
+    assert allocation.host_check(["node0", "node1"], "node0.cluster").status == "OK"
+
+
+@pytest.mark.parametrize("params, field", [({"MAX_BYTES": -5}, "MAX_BYTES"), ({"NPROC": 0}, "NPROC"),
+                                           ({"MIN_BYTES": 1024, "MAX_BYTES": 512}, "MAX_BYTES"),
+                                           ({"RUN_SMOKE": "04"}, "RUN_SMOKE"), ({"MULTI_STEPS": "jobs"}, "MULTI_STEPS"),
+                                           ({"JOIN_TIMEOUT_S": 0}, "JOIN_TIMEOUT_S"), ({"MASTER_PORT": 70000}, "MASTER_PORT")])
+def test_bad_parameters_name_the_field(params, field):
+    with pytest.raises(ValueError, match=field):
+        diagnose_params.validate(params)
+
+
+def test_notebook_parameters_are_known():
+    defaults = diagnose_params.notebook_defaults(ROOT / "notebooks" / "00_allocation_check.ipynb")
+    diagnose_params.validate(defaults, defaults)
+    with pytest.raises(ValueError, match="FOO: not a parameter"):
+        diagnose_params.validate({"FOO": 1}, defaults)
+
+
+def test_cli_refuses_a_bad_parameter_before_any_job(capsys):
+    from helpers import cli
+
+    assert cli.main(["diagnose", "-p", "MAX_BYTES", "-5"]) == 2
+    assert "MAX_BYTES=-5: must be an integer >= 4" in capsys.readouterr().err
+
+
+def test_sbatch_defaults_fit_a_cpu_cluster():
+    text = slurm.sbatch_script("cpu", 2, 2, "train.py")
+    active = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert not any("--gpus" in ln or "--partition" in ln or "--account" in ln for ln in active)
+    assert "#SBATCH --cpus-per-task=2" in active and "#SBATCH --output=%x_%j.out" in active
+    assert any(ln.startswith("##SBATCH --gpus-per-node=2") and "# EDIT" in ln for ln in text.splitlines())
+    logs = slurm.sbatch_script("cpu", 2, 2, "train.py", log_dir="logs")
+    assert "mkdir -p logs && sbatch" in logs and "#SBATCH --output=logs/%x_%j.out" in logs
+
+
+def test_allocation_check_sbatch_template():
+    path = ROOT / "configs" / "slurm" / "allocation_check.sbatch"
+    text = path.read_text()
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    assert "sbatch --nodes=4 configs/slurm/allocation_check.sbatch" in text and "set -euo pipefail" in text
+    assert "# EDIT" in text and "# export NCCL_DEBUG=INFO" in text
+    # the same header rules as slurm.sbatch_script: one task per node, output in the submit dir, the toggles it renders
+    rendered = slurm.sbatch_script("allocation-check", 2, 1, "x.py")
+    for line in ("#SBATCH --ntasks-per-node=1", "#SBATCH --output=%x_%j.out", 'cd "$SLURM_SUBMIT_DIR"'):
+        assert line in rendered and line in text, line
+    for var, _ in slurm.NCCL_TOGGLES:
+        assert f"# export {var}" in text and f"# export {var}" in rendered
