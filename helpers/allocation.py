@@ -42,7 +42,8 @@ from helpers.checks import Check, faulty_nodes
 
 TAG = "runbook-check"
 RUNNERS = ("srun", "lab")
-PAIR_SLOW_FRACTION = 0.5  # a pair below half the median pair is slow (bisection as in NVIDIA/nccl-tests PR 376)
+PAIR_SLOW_FRACTION = 0.3  # a pair below 30% of the reference (median over nodes of each node's best pair) is slow
+# (bisection as in NVIDIA/nccl-tests PR 376); healthy pairs on the loaded 2-core lab varied 2.7x (0.074-0.197 GB/s)
 INTER_FLOOR = 0.2  # GPU: inter-node plateau below 20% of the NIC line rate: WARN (a 10 GbE fallback on a 100G NIC is 10%)
 CPU_FLOOR = 0.01  # CPU (gloo): busbw below 1% of the envelope (min of line rate and memory copy): WARN; measured healthy
 # on the 2-core lab under load ~10: inter-node 4%, intra-node 7-9% of a 1.8 GB/s memory copy (docs/allocation-check.md)
@@ -363,10 +364,21 @@ def _job_shell(slurm: Slurm, nodes: Sequence[str], nproc: int, script: Path, arg
             "--immediate=30", "bash", "-c", text]
 
 
-def _joined(out_dir: Path) -> set[tuple[str, int]]:
-    """``(node, local_rank)`` of every ``ranks/joined-<node>-<local_rank>`` marker."""
-    return {(p.name[len("joined-"):].rsplit("-", 1)[0], int(p.name.rsplit("-", 1)[1]))
-            for p in (out_dir / "ranks").glob("joined-*")}
+def _joined(out_dir: Path, what: str = "joined") -> set[tuple[str, int]]:
+    """``(node, local_rank)`` of every ``ranks/<what>-<node>-<local_rank>`` marker (``what``: started or joined)."""
+    return {(p.name[len(what) + 1:].rsplit("-", 1)[0], int(p.name.rsplit("-", 1)[1]))
+            for p in (out_dir / "ranks").glob(f"{what}-*")}
+
+
+def culprits(nodes: Sequence[str], nproc: int, started: set[tuple[str, int]], joined: set[tuple[str, int]]) -> list[str]:
+    """The nodes to blame when not every rank joined: those with a rank that never *started* when others did
+    (their task did not start or the node is gone; the others wait for them in the rendezvous), else those
+    with a rank that never joined when others did; ``[]`` when no node can be told apart."""
+    for markers in (started, joined):
+        missing = [n for n in nodes if any((n, r) not in markers for r in range(nproc))]
+        if 0 < len(missing) < len(nodes):
+            return missing
+    return []
 
 
 def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: int = 1, backend: str = "gloo",
@@ -405,9 +417,11 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
     text = log.read_text(errors="replace") if log.exists() else ""
     data_path = out_dir / result
     data = json.loads(data_path.read_text()) if data_path.exists() else None
-    missing = [n for n in nodes if any((n, r) not in joined for r in range(nproc))] if markers else []
+    started = _joined(out_dir, "started")
+    all_in = {(n, r) for n in nodes for r in range(nproc)} <= joined
+    missing = culprits(nodes, nproc, started, joined) if markers and not all_in else []
     return {"ok": proc.returncode == 0 and data is not None and not stopped, "data": data, "missing": missing,
-            "joined": sorted(f"{n}/{r}" for n, r in joined), "wall_s": round(time.monotonic() - t0, 1),
+            "joined": sorted(f"{n}/{r}" for n, r in joined), "started": sorted(f"{n}/{r}" for n, r in started), "wall_s": round(time.monotonic() - t0, 1),
             "returncode": proc.returncode, "log": str(log), "slurm_errors": slurm_errors(text), "stopped": stopped,
             "tail": [ln for ln in text.splitlines() if ln.strip()][-4:]}
 
@@ -415,16 +429,16 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
 def job_failure(cid: str, title: str, run: Mapping[str, Any], nodes: Sequence[str]) -> Check:
     """A FAIL for a job over the nodes that did not produce its result: the nodes that never joined, SLURM's words."""
     named = [e["node"] for e in run["slurm_errors"] if e["node"]]
-    faulty = list(dict.fromkeys(named + (run["missing"] if len(run["missing"]) < len(nodes) else [])))
+    faulty = list(dict.fromkeys(named + run["missing"]))
     why = run["slurm_errors"][0]["line"] if run["slurm_errors"] else (run["stopped"] or f"exit {run['returncode']}")
-    if run["missing"] and len(run["missing"]) < len(nodes):
+    if run["missing"]:
         head = f"{', '.join(run['missing'])} never joined ({why})"
         fix = (f"the ranks of {', '.join(run['missing'])} never reached the rendezvous: the node is down, unreachable "
                f"or its task failed to start; leave it out: --exclude={','.join(faulty)}")
     else:
         head = f"the job did not complete ({why})"
         fix = f"read {run['log']} and the rank logs; " + ("; ".join(run["tail"]) or "no output")
-    return Check(cid, f"{title}: {head}", "FAIL", {k: run[k] for k in ("missing", "joined", "wall_s", "returncode",
+    return Check(cid, f"{title}: {head}", "FAIL", {k: run[k] for k in ("missing", "joined", "started", "wall_s", "returncode",
                                                                         "stopped", "log", "slurm_errors", "tail")},
                  fix, "MN1, MN3 (seeds/multinode.md); gilbreth-hpc-guide.md 4.3", evidence=run["tail"], faulty=faulty)
 
@@ -504,7 +518,8 @@ def grade_pairs(matrix: Mapping[str, Mapping[str, float]], line_rate_gbps: float
                 floor_fraction: float = INTER_FLOOR) -> Check:
     """Name the outlier of the node x node matrix: a node all of whose pairs are slow, or one slow pair (the link).
 
-    A pair is slow below :data:`PAIR_SLOW_FRACTION` of the median pair (3 or more pairs), or below
+    A pair is slow below :data:`PAIR_SLOW_FRACTION` of the reference, the median over nodes of each node's
+    best pair (3 or more nodes), or below
     ``floor_fraction`` of the envelope ``line_rate_gbps`` when given (:func:`inter_envelope`; with 2 nodes
     there is one pair: only the envelope can judge it).
     """
@@ -513,19 +528,20 @@ def grade_pairs(matrix: Mapping[str, Mapping[str, float]], line_rate_gbps: float
               "slow_fraction_of_median": PAIR_SLOW_FRACTION}
     if not pairs:
         return Check("pairs.bandwidth", "no node pair measured", "WARN", values, "run with 2 or more nodes", SRC_PAIRS)
-    med = sorted(pairs.values())[len(pairs) // 2]
-    floor = max(PAIR_SLOW_FRACTION * med if len(pairs) > 2 else 0.0, floor_fraction * line_rate_gbps if line_rate_gbps else 0.0)
+    best = sorted(max(row.values()) for row in matrix.values() if row)
+    med = best[len(best) // 2]  # the reference: a slow node is in every pair of its own, never in most nodes' best pair
+    floor = max(PAIR_SLOW_FRACTION * med if len(matrix) > 2 else 0.0, floor_fraction * line_rate_gbps if line_rate_gbps else 0.0)
     slow = {p: v for p, v in pairs.items() if v < floor}
-    values.update(median_GBps=med, floor_GBps=round(floor, 4), slow_pairs={f"{a}-{b}": v for (a, b), v in slow.items()})
+    values.update(reference_GBps=med, floor_GBps=round(floor, 4), slow_pairs={f"{a}-{b}": v for (a, b), v in slow.items()})
     if not slow:
-        return Check("pairs.bandwidth", f"{len(pairs)} node pair(s), median busbw {med:.3f} GB/s, none below {floor:.3f}",
+        return Check("pairs.bandwidth", f"{len(pairs)} node pair(s), reference busbw {med:.3f} GB/s, none below {floor:.3f}",
                      "OK", values, "", SRC_PAIRS)
     nodes = list(matrix)
     bad_nodes = [n for n in nodes if all(p in slow for p in pairs if n in p)]
     if len(nodes) == 2:
         bad_nodes = []
     if bad_nodes:
-        title = f"slow node(s) {', '.join(bad_nodes)}: every pair with it below {floor:.3f} GB/s (median {med:.3f})"
+        title = f"slow node(s) {', '.join(bad_nodes)}: every pair with it below {floor:.3f} GB/s (reference {med:.3f})"
         fix = (f"drain {', '.join(bad_nodes)} (--exclude={','.join(bad_nodes)}); check its NIC rate (ethtool, ibstat), "
                "its port's errors, and a throttled or shared link")
         faulty = bad_nodes

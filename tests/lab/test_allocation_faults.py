@@ -31,10 +31,12 @@ NAME = "al"
 
 
 def queue(lab: netlab.Lab) -> str:
-    """SLURM's jobs and steps still known (empty when nothing is left)."""
-    jobs = lab.slurm(["squeue", "-h"], timeout_s=20).stdout.strip()
-    steps = lab.slurm(["squeue", "-h", "-s"], timeout_s=20).stdout.strip()
-    return (jobs + "\n" + steps).strip()
+    """SLURM's jobs left pending, configuring, running or suspended (empty when nothing is left).
+
+    A job on a node that died stays COMPLETING (CG) until slurmctld marks the node DOWN (SlurmdTimeout):
+    that is SLURM's own clean-up, not something left running.
+    """
+    return lab.slurm(["squeue", "-h", "-t", "PD,CF,R,S"], timeout_s=20).stdout.strip()
 
 
 def check(lab: netlab.Lab, tmp_path: Path, steps: list[str], **kw):
@@ -146,4 +148,36 @@ def test_node_lost_after_the_allocation(tmp_path, no_leftovers):
     assert step.status == "FAIL", step.line()
     assert took <= 90, took
     assert ev["drain"]["exclude"] == "--exclude=node1"
+    assert not left, left
+
+
+def test_allocation_check_sbatch_writes_the_report(tmp_path, no_leftovers):
+    """configs/slurm/allocation_check.sbatch as a batch job on the lab (single-node smoke tests off to keep it short)."""
+    out = tmp_path / "reports"
+    env = {"RUNBOOK": str(Path(sys.executable).parent / "runbook"),
+           "RUNBOOK_DIAGNOSE_ARGS": f"--nproc 2 --ranks-per-node 1 --out-dir {out} -p RUN_SMOKE \"\" -p MULTI_STEPS nodes,job"}
+    with netlab.Lab(2, name=NAME, slurm=True) as lab:
+        sub = lab.slurm(["sbatch", "--parsable", "--nodes=2", "--output", f"{tmp_path}/%x_%j.out",
+                         "configs/slurm/allocation_check.sbatch"], env=env)
+        assert sub.returncode == 0, sub.stderr
+        job_id = sub.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + 400
+        state = "?"
+        while time.monotonic() < deadline:
+            info = lab.slurm(["scontrol", "show", "job", "-o", job_id], timeout_s=20).stdout
+            state = next((w.split("=", 1)[1] for w in info.split() if w.startswith("JobState=")), state)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "?"):
+                break
+            time.sleep(2)
+        else:
+            lab.slurm(["scancel", job_id])
+        left = queue(lab)
+    log = next(tmp_path.glob("allocation-check_*.out")).read_text()
+    print(log[-3000:])
+    assert state == "COMPLETED", (state, log[-2000:])
+    data = json.loads(next(out.glob("node0-*/report.json")).read_text())  # written on node0, inside the allocation
+    by_id = {c["id"]: c for c in data["checks"]}
+    assert by_id["allocation.host"]["status"] == "OK" and by_id["job.contract"]["status"] == "OK"
+    assert by_id["launcher.contract"]["status"] == "OK"  # the single-node jobs ran on node0
+    assert data["allocation"]["matrix"]["node0"]["node1"] > 0
     assert not left, left

@@ -112,3 +112,11 @@ def test_allocation_check_sbatch_template():
         assert line in rendered and line in text, line
     for var, _ in slurm.NCCL_TOGGLES:
         assert f"# export {var}" in text and f"# export {var}" in rendered
+
+
+def test_culprits_are_the_nodes_that_never_started():
+    nodes = ["node0", "node1"]
+    started = {("node0", 0), ("node0", 1)}
+    assert allocation.culprits(nodes, 2, started, set()) == ["node1"]  # node0 waits in the rendezvous for node1
+    assert allocation.culprits(nodes, 2, started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
+    assert allocation.culprits(nodes, 2, set(), set()) == []
