@@ -120,3 +120,18 @@ def test_culprits_are_the_nodes_that_never_started():
     assert allocation.culprits(nodes, 2, started, set()) == ["node1"]  # node0 waits in the rendezvous for node1
     assert allocation.culprits(nodes, 2, started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
     assert allocation.culprits(nodes, 2, set(), set()) == []
+
+
+def test_preflight_reports_slurms_own_launch_error():
+    from helpers import preflight
+
+    err = ("srun: error: Task launch for StepId=5.0 failed on node node2: Connection timed out\n"
+           "srun: error: Application launch failed: Connection timed out\nsrun: Job step aborted\n")
+
+    def runner(node, argv, timeout_s):
+        return subprocess.CompletedProcess(argv, 1, "", err)
+
+    checks = preflight.run_preflight(["node0", "node2"], runner, {})
+    c = next(c for c in checks if c.id == "net.node.node2")
+    assert c.status == "FAIL" and "Task launch for StepId=5.0 failed on node node2: Connection timed out" in c.title
+    assert c.faulty == ["node2"] and "network or daemon fault on that node" in c.remediation
