@@ -370,15 +370,22 @@ def _joined(out_dir: Path, what: str = "joined") -> set[tuple[str, int]]:
             for p in (out_dir / "ranks").glob(f"{what}-*")}
 
 
-def culprits(nodes: Sequence[str], nproc: int, started: set[tuple[str, int]], joined: set[tuple[str, int]]) -> list[str]:
-    """The nodes to blame when not every rank joined: those with a rank that never *started* when others did
-    (their task did not start or the node is gone; the others wait for them in the rendezvous), else those
-    with a rank that never joined when others did; ``[]`` when no node can be told apart."""
-    for markers in (started, joined):
-        missing = [n for n in nodes if any((n, r) not in markers for r in range(nproc))]
-        if 0 < len(missing) < len(nodes):
-            return missing
-    return []
+def culprits(nodes: Sequence[str], nproc: int, tasks: set[str], started: set[tuple[str, int]],
+             joined: set[tuple[str, int]]) -> list[str]:
+    """The nodes to blame when not every rank joined, first level that tells nodes apart:
+
+    1. nodes whose SLURM task never started (``tasks``: the ``task-<node>`` markers each task writes
+       before ``torchrun``; torchrun's own rendezvous holds every node's ranks until all agents are in,
+       so on the healthy nodes no rank starts either);
+    2. nodes with a rank that never started (``started-<node>-<local_rank>``);
+    3. nodes with a rank that never joined the process group.
+
+    Returns ``[]`` when no level tells the nodes apart.
+    """
+    levels = ([n for n in nodes if n not in tasks],
+              [n for n in nodes if any((n, r) not in started for r in range(nproc))],
+              [n for n in nodes if any((n, r) not in joined for r in range(nproc))])
+    return next((missing for missing in levels if 0 < len(missing) < len(nodes)), [])
 
 
 def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: int = 1, backend: str = "gloo",
@@ -398,6 +405,11 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
     argv = [*([] if script_args else ["--out-dir", str(out_dir)]), "--backend", backend,
             "--timeout-s", str(collective_timeout_s), *script_args]
     cmd = _job_shell(slurm, nodes, nproc, jobs.project_root() / "helpers" / "scenarios" / script, argv, env, master_port)
+    # Each task leaves a marker before torchrun, whose rendezvous holds every rank until all nodes are in:
+    # the node without one is the node whose task never started (inside the single-quoted task body).
+    if "'" not in str(out_dir):
+        touch = f'touch {out_dir}/ranks/task-"${{SLURMD_NODENAME:-$(hostname)}}"\n    torchrun '
+        cmd[-1] = cmd[-1].replace("\n    torchrun ", "\n    " + touch, 1)
     t0 = time.monotonic()
     proc = slurm.popen(cmd, log)
     expected = {(n, r) for n in nodes for r in range(nproc)}
@@ -418,8 +430,9 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
     data_path = out_dir / result
     data = json.loads(data_path.read_text()) if data_path.exists() else None
     started = _joined(out_dir, "started")
+    tasks = {p.name[len("task-"):] for p in (out_dir / "ranks").glob("task-*")}
     all_in = {(n, r) for n in nodes for r in range(nproc)} <= joined
-    missing = culprits(nodes, nproc, started, joined) if markers and not all_in else []
+    missing = culprits(nodes, nproc, tasks, started, joined) if markers and not all_in else []
     return {"ok": proc.returncode == 0 and data is not None and not stopped, "data": data, "missing": missing,
             "joined": sorted(f"{n}/{r}" for n, r in joined), "started": sorted(f"{n}/{r}" for n, r in started), "wall_s": round(time.monotonic() - t0, 1),
             "returncode": proc.returncode, "log": str(log), "slurm_errors": slurm_errors(text), "stopped": stopped,

@@ -117,9 +117,10 @@ def test_allocation_check_sbatch_template():
 def test_culprits_are_the_nodes_that_never_started():
     nodes = ["node0", "node1"]
     started = {("node0", 0), ("node0", 1)}
-    assert allocation.culprits(nodes, 2, started, set()) == ["node1"]  # node0 waits in the rendezvous for node1
-    assert allocation.culprits(nodes, 2, started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
-    assert allocation.culprits(nodes, 2, set(), set()) == []
+    assert allocation.culprits(nodes, 2, {"node0"}, set(), set()) == ["node1"]  # node0 waits in torchrun's rendezvous
+    assert allocation.culprits(nodes, 2, set(nodes), started, set()) == ["node1"]
+    assert allocation.culprits(nodes, 2, set(nodes), started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
+    assert allocation.culprits(nodes, 2, set(), set(), set()) == []
 
 
 def test_preflight_reports_slurms_own_launch_error():
