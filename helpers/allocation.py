@@ -123,7 +123,8 @@ class Slurm:
 
     def step_argv(self, nodes: Sequence[str], *, ntasks_per_node: int = 1) -> list[str]:
         """``srun`` options for one step on ``nodes`` (``--overlap`` inside an allocation)."""
-        opts = ["srun", "-J", self.tag, "-w", ",".join(nodes), f"-N{len(nodes)}",
+        # -n explicit: inside sbatch, srun inherits SLURM_NTASKS of the whole job ("More processors requested than permitted")
+        opts = ["srun", "-J", self.tag, "-w", ",".join(nodes), f"-N{len(nodes)}", f"-n{len(nodes) * ntasks_per_node}",
                 f"--ntasks-per-node={ntasks_per_node}", "--export=ALL", "--kill-on-bad-exit=1"]
         return opts + (["--overlap"] if self.in_allocation else [])
 
@@ -153,14 +154,18 @@ def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 
 def slurm_errors(text: str) -> list[dict[str, str]]:
-    """SLURM's own launch errors in ``text``: ``[{"line", "node"}]`` (node empty when SLURM names none).
+    """SLURM's own launch errors in ``text``: ``[{"line", "node", "kind"}]``.
+
+    ``kind`` is ``unreachable`` when SLURM names a node it could not launch on (``node`` set), else
+    ``refused`` (SLURM refused the step itself: ``Unable to create step ...``; ``node`` empty).
 
     ``Task launch for StepId=12.0 failed on node node2: Connection timed out`` names ``node2``:
     slurmctld/srun could not reach that node's slurmd, i.e. a network (or daemon) fault on that node.
     """
     found = []
     for m in _LAUNCH_ERR.finditer(text or ""):
-        found.append({"line": m.group(1).strip(), "node": (m.group(2) or m.group(3) or "").strip()})
+        node = (m.group(2) or m.group(3) or "").strip()
+        found.append({"line": m.group(1).strip(), "node": node, "kind": "unreachable" if node else "refused"})
     return found
 
 
@@ -276,6 +281,14 @@ def step_failure(cid: str, node: str, proc: subprocess.CompletedProcess[str], ti
     text = (proc.stderr or "") + (proc.stdout or "")
     errs = slurm_errors(text)
     named = [e["node"] for e in errs if e["node"]] or [node]
+    if errs and all(e["kind"] == "refused" for e in errs):
+        title = f"{node}: SLURM refused the step: {errs[0]['line']}"
+        fix = ("not a node fault: the step asks for more than the allocation grants (check --ntasks/--cpus-per-task "
+               "of the job, and that steps may share it: srun --overlap); run runbook diagnose inside the allocation")
+        refused = Check(cid, title, "FAIL", {"returncode": proc.returncode, "slurm_errors": errs}, fix,
+                        "https://slurm.schedmd.com/srun.html", evidence=[e["line"] for e in errs], node=node)
+        refused.faulty = []  # no node to drain: the request was wrong
+        return refused
     if errs:
         title = f"{node}: SLURM could not run the step: {errs[0]['line']}"
         fix = (f"SLURM itself cannot reach {', '.join(named)} (its slurmd): a network or daemon fault on that node; "
@@ -354,7 +367,8 @@ def _job_shell(slurm: Slurm, nodes: Sequence[str], nproc: int, script: Path, arg
     from helpers import slurm as slurm_forms
 
     text = slurm_forms.srun_torchrun(len(nodes), nproc, str(script), list(args), master_port=master_port, env=env,
-                                     srun_args=["-J", slurm.tag, "-w", ",".join(nodes), "--kill-on-bad-exit=1",
+                                     srun_args=["-J", slurm.tag, "-w", ",".join(nodes), f"--ntasks={len(nodes)}",
+                                                "--kill-on-bad-exit=1",
                                                 *(["--overlap"] if slurm.in_allocation else [])])
     if slurm.in_allocation:
         # SLURM_JOB_NODELIST is the whole allocation; MASTER_ADDR must be the first node *of this job*.

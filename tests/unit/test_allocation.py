@@ -36,7 +36,11 @@ def test_slurm_errors_name_the_node():
     text = ("srun: error: Task launch for StepId=12.0 failed on node node2: Connection timed out\n"
             "srun: error: Application launch failed: Connection timed out\n")
     errs = allocation.slurm_errors(text)
-    assert errs[0] == {"line": "Task launch for StepId=12.0 failed on node node2: Connection timed out", "node": "node2"}
+    assert errs[0] == {"line": "Task launch for StepId=12.0 failed on node node2: Connection timed out", "node": "node2",
+                       "kind": "unreachable"}
+    refused = allocation.step_failure("node.step.node0", "node0", subprocess.CompletedProcess(
+        [], 1, "", "srun: error: Unable to create step for job 1: More processors requested than permitted\n"), 30)
+    assert refused.faulty == [] and "not a node fault" in refused.remediation
     proc = subprocess.CompletedProcess([], 1, "", text)
     check = allocation.step_failure("node.step.node2", "node2", proc, 30)
     assert check.status == "FAIL" and check.faulty == ["node2"] and "Connection timed out" in check.title
