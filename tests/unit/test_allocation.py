@@ -140,3 +140,18 @@ def test_preflight_reports_slurms_own_launch_error():
     c = next(c for c in checks if c.id == "net.node.node2")
     assert c.status == "FAIL" and "Task launch for StepId=5.0 failed on node node2: Connection timed out" in c.title
     assert c.faulty == ["node2"] and "network or daemon fault on that node" in c.remediation
+
+
+def test_preflight_reads_the_allocation_by_default(monkeypatch, capsys):
+    from helpers import cli, diagnostics, preflight
+
+    seen = {}
+    monkeypatch.setattr(diagnostics, "allocation_nodes", lambda nodes="", environ=None: ["gpu-01", "gpu-02"])
+
+    def fake(nodes, runner, env, **kw):
+        seen["nodes"] = nodes
+        return [Check("net.node.gpu-01", "fine", "OK", node="gpu-01")]
+
+    monkeypatch.setattr(preflight, "run_preflight", fake)
+    assert cli.main(["preflight"]) == 0
+    assert seen["nodes"] == ["gpu-01", "gpu-02"]
