@@ -500,7 +500,11 @@ def grade_job(data: Mapping[str, Any], nodes: Sequence[str], nproc: int) -> list
         odd: list[str] = []
         for per_rank in env.values["differing"].values():
             vals = [json.dumps(v) for v in per_rank.values()]
-            common = max(set(vals), key=vals.count)
+            # the most frequent value is the reference; on a tie, rank 0's (the node the job was launched from:
+            # failure mode 4 loses the launch environment on the *other* nodes)
+            top = max(vals.count(v) for v in vals)
+            common = json.dumps(per_rank.get(0)) if vals.count(json.dumps(per_rank.get(0))) == top else \
+                max(set(vals), key=vals.count)
             odd += [hosts[i] for i, v in per_rank.items() if json.dumps(v) != common and hosts[i] not in odd]
         if len(set(hosts)) > 1 and odd and len(set(odd)) < len(set(hosts)):
             env.status = "FAIL"

@@ -155,3 +155,19 @@ def test_preflight_reads_the_allocation_by_default(monkeypatch, capsys):
     monkeypatch.setattr(preflight, "run_preflight", fake)
     assert cli.main(["preflight"]) == 0
     assert seen["nodes"] == ["gpu-01", "gpu-02"]
+
+
+def _rec(host, rank, env):
+    return {"hostname": host, "contract": {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                                           "GROUP_RANK": str(rank), "MASTER_ADDR": "node0", "MASTER_PORT": "29500"},
+            "dist_world_size": 2, "env": {"SLURM_NODEID": str(rank), **env}, "backend": "gloo", "torch": "2"}
+
+
+def test_env_diff_names_the_odd_node_rank0_breaks_ties():
+    data = {"world_size": 2, "correctness": [], "records": [_rec("node0", 0, {}), _rec("node1", 1, {"NCCL_ALGO": "Ring"})]}
+    contract, env, _ = allocation.grade_job(data, ["node0", "node1"], 1)
+    assert contract.status == "OK" and env.status == "FAIL" and env.faulty == ["node1"]
+    data["records"] = [_rec("node0", 0, {"NCCL_IB_DISABLE": "1"}), _rec("node1", 1, {})]  # lost on the other node
+    assert allocation.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
+    data["records"][1]["contract"]["GROUP_RANK"] = "0"
+    assert allocation.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"
