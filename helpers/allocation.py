@@ -41,6 +41,8 @@ from helpers import busbw, jobs
 from helpers.checks import Check, faulty_nodes
 
 TAG = "runbook-check"
+MAX_ALL_PAIRS = 16  # every node pair up to 16 nodes (15 rounds); beyond, the first SAMPLED_ROUNDS round-robin rounds
+SAMPLED_ROUNDS = 8
 RUNNERS = ("srun", "lab")
 PAIR_SLOW_FRACTION = 0.3  # a pair below 30% of the reference (median over nodes of each node's best pair) is slow
 # (bisection as in NVIDIA/nccl-tests PR 376); healthy pairs on the loaded 2-core lab varied 2.7x (0.074-0.197 GB/s)
@@ -418,6 +420,8 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
     log = out_dir / "launch.log"
     argv = [*([] if script_args else ["--out-dir", str(out_dir)]), "--backend", backend,
             "--timeout-s", str(collective_timeout_s), *script_args]
+    if script == "allocation_job.py" and len(nodes) > MAX_ALL_PAIRS:  # sampled: each node meets SAMPLED_ROUNDS partners
+        argv += ["--max-rounds", str(SAMPLED_ROUNDS)]
     cmd = _job_shell(slurm, nodes, nproc, jobs.project_root() / "helpers" / "scenarios" / script, argv, env, master_port)
     # Each task leaves a marker before torchrun, whose rendezvous holds every rank until all nodes are in:
     # the node without one is the node whose task never started (inside the single-quoted task body).
