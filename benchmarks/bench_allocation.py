@@ -78,7 +78,8 @@ def fault_run(name: str, out: Path) -> dict:
             checks, ev = allocation.run_allocation(lab.hostnames, out, runner="lab", lab=NAME, steps=steps,
                                                    log=lambda _: None, **kwargs)
             took = time.monotonic() - t0
-            left = lab.slurm(["squeue", "-h"], timeout_s=20).stdout.strip()
+            # pending/running only: a job on a dead node stays COMPLETING until slurmctld marks the node DOWN
+            left = lab.slurm(["squeue", "-h", "-t", "PD,CF,R,S"], timeout_s=20).stdout.strip()
     finally:
         for k, v in saved.items():
             if v is None:
