@@ -12,7 +12,7 @@ through real SLURM (issue 11, sections 2-3):
   ``joined-*`` marker is a FAIL naming it.  The job (``helpers/scenarios/allocation_job.py``)
   measures the env contract, collectives, intra/inter-node busbw and the node pairs;
   :func:`grade_job` / :func:`grade_pairs` / :func:`grade_envelope` grade them.
-* :func:`run_smoke_across`: the multi-node DeepSpeed ZeRO-1 smoke test (Gilbreth section 8).
+* :func:`run_smoke_across`: the multi-node DeepSpeed ZeRO-1 smoke test (Gilbreth 8.9: the verified multi-node DeepSpeed run).
 * :func:`drain_list`: the nodes to leave out, as ``--exclude=`` for the next ``sbatch``.
 
 Every SLURM command is tagged with a job/step name (:data:`TAG` + a token) and :func:`cleanup`
@@ -636,7 +636,7 @@ def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, A
 
 def run_smoke_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: int, backend: str,
                      steps: int = 20, timeout_s: float = 300.0, join_timeout_s: float = 90.0) -> Check:
-    """The multi-node smoke test (Gilbreth section 8): DeepSpeed ZeRO-1 bf16, every rank saves and loads; one optimizer-state file per rank."""
+    """The multi-node smoke test (Gilbreth 8.9: the verified multi-node DeepSpeed run): DeepSpeed ZeRO-1 bf16, every rank saves and loads; one optimizer-state file per rank."""
     from helpers import diagnostics
 
     out_dir = Path(out_dir)
@@ -650,7 +650,7 @@ def run_smoke_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc
     title = f"multi-node DeepSpeed ZeRO-1 bf16 on {len(nodes)} nodes x {nproc}"
     if not run["data"]:
         return job_failure("smoke.multinode", title, run, nodes)
-    check = diagnostics.grade_smoke("smoke.multinode", title, run["data"], "gilbreth-hpc-guide.md 8")
+    check = diagnostics.grade_smoke("smoke.multinode", title, run["data"], "Gilbreth 8.9")
     optim = [f for f in run["data"].get("checkpoint_files", []) if "optim_states" in f]
     want = len(nodes) * nproc
     check.values.update(optimizer_state_files=len(optim), ranks=want, wall_s=run["wall_s"])
