@@ -59,6 +59,7 @@ import ast
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -134,6 +135,13 @@ def diagnose_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--cell-timeout-s", type=float, default=900.0, help="papermill per-cell limit, seconds")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="override a notebook parameter (repeatable), e.g. -p SMOKE_STEPS 50")
+    p.add_argument("--nodes", default=None,
+                   help="comma-separated nodes to check across (default: the SLURM allocation's node list)")
+    p.add_argument("--runner", choices=("srun", "lab"), default=None,
+                   help="how to reach --nodes: srun (SLURM, default) or lab (the SLURM lab --lab-name)")
+    p.add_argument("--lab-name", default=None, help="the SLURM lab for --runner lab")
+    p.add_argument("--ranks-per-node", type=positive_int_arg("--ranks-per-node"), default=None,
+                   help="ranks per node of the job across nodes (default --nproc)")
     return p
 
 
@@ -141,7 +149,8 @@ def diagnose(args: argparse.Namespace) -> int:
     """Run the allocation check notebook under papermill; print its report; return the exit status."""
     import papermill
 
-    from helpers.diagnostics import default_nproc, new_report_dir
+    from helpers import diagnose_params
+    from helpers.diagnostics import allocation_nodes, default_nproc, new_report_dir
 
     nproc = default_nproc() if args.nproc is None else args.nproc
     params: dict[str, object] = {"BACKEND": args.backend, "NPROC": nproc, "TIMEOUT_S": args.timeout_s}
@@ -149,9 +158,23 @@ def diagnose(args: argparse.Namespace) -> int:
         params["MAX_BYTES"] = args.max_bytes
     for name, value in args.param or []:
         params[name] = _literal(value)
-    report_dir = new_report_dir(args.out_dir)
-    params["REPORT_DIR"] = str(report_dir)
+    for flag, name in (("nodes", "PREFLIGHT_NODES"), ("runner", "PREFLIGHT_RUNNER"), ("lab_name", "PREFLIGHT_LAB"),
+                       ("ranks_per_node", "RANKS_PER_NODE")):
+        if getattr(args, flag, None) is not None:
+            params[name] = getattr(args, flag)
     source = jobs.project_root() / "notebooks" / NOTEBOOK_00
+    try:  # an input error before any job starts (issue 11: -p MAX_BYTES -5 used to read as a broken allocation)
+        diagnose_params.validate(params, diagnose_params.notebook_defaults(source))
+        nodes = allocation_nodes(str(params.get("PREFLIGHT_NODES", "")))
+    except ValueError as exc:
+        print(f"runbook diagnose: {exc}", file=sys.stderr)
+        return 2
+    if nodes and socket.gethostname().split(".")[0] not in nodes:
+        print(f"runbook diagnose: WARNING: this host ({socket.gethostname()}) is not one of the allocation's nodes "
+              f"({', '.join(nodes)}): the single-node jobs are skipped, the checks run on the nodes through SLURM",
+              file=sys.stderr)
+    report_dir = new_report_dir(args.out_dir).resolve()  # the notebook runs in notebooks/; nodes write there too
+    params["REPORT_DIR"] = str(report_dir)
     executed = report_dir / NOTEBOOK_00
     print(f"runbook diagnose: {source.name} -> {report_dir}", flush=True)
     t0 = time.monotonic()
@@ -169,6 +192,9 @@ def diagnose(args: argparse.Namespace) -> int:
         print(f"[{status}]{' ' * (5 - len(status))}{check['id']}: {check['title']}")
         if status != "OK" and check["remediation"]:
             print(f"       -> {check['remediation']}")
+    drain = (data.get("allocation") or {}).get("drain") or {}
+    if drain.get("exclude"):
+        print(f"drain list: {drain['exclude']}   (add it to the next sbatch/salloc)")
     print(f"{data['status']}: {len(data['checks'])} checks in {time.monotonic() - t0:.1f} s wall; "
           f"report: {report_dir / 'report.md'}")
     return 1 if data["status"] == "FAIL" else 0
@@ -386,8 +412,10 @@ def preflight_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p = _parser(subparsers, "preflight", "network pre-flight check across the nodes (IFNAME, MTU, master)",
                 preflight.__doc__)
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--lab", action="store_true", help="check the running network lab (default)")
-    where.add_argument("--nodes", help="comma-separated node names (real nodes; see --runner)")
+    where.add_argument("--lab", action="store_true",
+                       help="check the running network lab (default outside a multi-node SLURM allocation)")
+    where.add_argument("--nodes", help="comma-separated node names (real nodes; see --runner; default inside a "
+                       "multi-node SLURM allocation: its node list)")
     p.add_argument("--runner", choices=("srun", "local"), default="srun", help="how to reach --nodes (default srun)")
     p.add_argument("--name", default=netlab.DEFAULT_NAME, help=f"lab name (default {netlab.DEFAULT_NAME})")
     p.add_argument("--env", action="append", metavar="NAME=VALUE",
@@ -409,6 +437,14 @@ def preflight(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"runbook preflight: {exc}", file=sys.stderr)
         return 2
+    from helpers.diagnostics import allocation_nodes
+
+    if not args.nodes and not args.lab:  # inside a multi-node allocation: its nodes, not the lab (issue 11)
+        try:
+            args.nodes = ",".join(allocation_nodes(""))
+        except ValueError as exc:
+            print(f"runbook preflight: {exc}", file=sys.stderr)
+            return 2
     if args.nodes:
         nodes = [n for n in args.nodes.split(",") if n]
         runner = pf.srun_runner() if args.runner == "srun" else pf.local_runner

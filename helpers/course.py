@@ -3,7 +3,7 @@
 On a cluster this runs inside an allocation (``configs/slurm/course.sbatch``, ``make course-sbatch``):
 the GPU cells run where the allocation has GPUs (``helpers.tiers``), the multi-node cells where it
 has >= 2 nodes, and every skipped tier is listed with the reason the notebook printed
-(``[SKIP tier-gpu] ...``, ``[SKIP lab] ...``: STYLE.md, never silently).
+(``[SKIP tier-gpu] ...``, ``[SKIP lab] ...``: never silently).
 Executed copies go to ``<out>/executed/``; the summary to ``<out>/summary.json`` and ``<out>/summary.md``.
 
 Command line::

@@ -49,3 +49,48 @@ def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[s
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def plot_pair_matrix(matrix: Mapping[str, Mapping[str, float]], path: str | Path, *,
+                     title: str = "node x node busbw (GB/s)") -> Path:
+    """Heat-map of the node-pair busbw matrix (GB/s, one rank per node; see :func:`helpers.allocation.pair_matrix`).
+
+    Args:
+        matrix: ``{a: {b: GB/s}}``, symmetric; missing pairs (not measured, or the diagonal) are blank.
+        path: PNG file to write (parent created).
+
+    Returns:
+        The PNG path.
+
+    Raises:
+        ValueError: ``matrix`` has fewer than 2 nodes.
+    """
+    nodes = list(matrix)
+    if len(nodes) < 2:
+        raise ValueError("matrix: needs 2 or more nodes")
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [[matrix[a].get(b, math.nan) for b in nodes] for a in nodes]
+    size = 1.2 + 0.6 * len(nodes)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size), dpi=110)
+    im = ax.imshow(grid, cmap="viridis")
+    ax.set_xticks(range(len(nodes)), nodes, rotation=90)
+    ax.set_yticks(range(len(nodes)), nodes)
+    if len(nodes) <= 16:
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if not math.isnan(v):
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", color="w", fontsize=7)
+    fig.colorbar(im, ax=ax, label="busbw (GB/s)")
+    ax.set_title(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

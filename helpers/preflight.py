@@ -123,8 +123,18 @@ def srun_runner(extra_args: Sequence[str] = ()) -> Runner:
     from inside the allocation (``salloc``/``sbatch``).
     """
     def run(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        cmd = ["srun", "-w", node, "-N1", "-n1", "--overlap", *map(str, extra_args), *argv]
-        return local_runner(node, cmd, timeout_s)
+        cmd = ["srun", "-J", "runbook-preflight", "-w", node, "-N1", "-n1", "--overlap", *map(str, extra_args), *argv]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            from helpers.allocation import stop  # SIGTERM: srun cancels its step (nothing left pending), then SIGKILL
+
+            stop(proc)
+            out, err = proc.communicate()
+            return subprocess.CompletedProcess(cmd, 124, out or "", (err or "") + f"\nsrun: timed out after {timeout_s} s")
     return run
 
 
@@ -298,12 +308,20 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
         try:
             facts[node] = parse_inventory(ans.stdout)
         except ValueError as exc:
-            err = (ans.stderr or "").strip().splitlines()[-1:] or [str(exc)]
+            from helpers.allocation import slurm_errors  # SLURM's own words (issue 11), not srun's last line
+
+            slurm = slurm_errors((ans.stderr or "") + (ans.stdout or ""))
+            err = [slurm[0]["line"]] if slurm else (ans.stderr or "").strip().splitlines()[-1:] or [str(exc)]
+            blamed = [e["node"] for e in slurm if e["node"]] or [node]
+            fix = (f"SLURM itself cannot reach {', '.join(blamed)} (its slurmd): a network or daemon fault on that node; "
+                   f"leave it out (--exclude={','.join(blamed)}) and report it (scontrol show node {blamed[0]})"
+                   if slurm else
+                   f"{node}: the runner could not run `sh`/`ip -j addr` there (exit {ans.returncode}"
+                   f"{', timed out: busy or unreachable node' if ans.returncode == 124 else ''}): "
+                   "check that the node is up and reachable by the runner (srun/ssh), and that iproute2 is installed")
             checks.append(NodeCheck("net.node." + node, f"{node}: cannot inspect the node: {err[0]}", "FAIL",
-                                    {"returncode": ans.returncode, "stderr": (ans.stderr or "")[-500:]},
-                                    f"{node}: the runner could not run `sh`/`ip -j addr` there (exit {ans.returncode}): "
-                                    "check that the node is up and reachable by the runner (srun/ssh), and that "
-                                    "iproute2 is installed", sources.cite("MN1"), node=node))
+                                    {"returncode": ans.returncode, "stderr": (ans.stderr or "")[-500:],
+                                     "slurm_errors": slurm}, fix, sources.cite("MN1"), node=node, faulty=blamed))
     alive = [n for n in nodes if n in facts]
     multi = len(nodes) > 1
     for node in alive:

@@ -84,9 +84,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
-def to_json(checks: Sequence[Check], meta: dict[str, Any]) -> str:
-    """The ``report.json`` text: ``{"meta": ..., "status": worst, "checks": [Check...]}``."""
-    return json.dumps({"meta": meta, "status": worst(checks), "checks": [c.to_dict() for c in checks]},
+def to_json(checks: Sequence[Check], meta: dict[str, Any], extra: Mapping[str, Any] | None = None) -> str:
+    """The ``report.json`` text: ``{"meta": ..., "status": worst, "checks": [Check...]}`` plus the keys of ``extra``."""
+    return json.dumps({"meta": meta, "status": worst(checks), "checks": [c.to_dict() for c in checks], **(extra or {})},
                       indent=2, default=str)
 
 
@@ -96,12 +96,14 @@ def _cell(value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(checks: Sequence[Check], meta: dict[str, Any], *, images: Sequence[str] = ()) -> str:
-    """The ``report.md`` text: a summary table, then each check's measured values and remediation."""
+def to_markdown(checks: Sequence[Check], meta: dict[str, Any], *, images: Sequence[str] = (), sections_md: str = "") -> str:
+    """The ``report.md`` text: a summary table, ``sections_md`` (e.g. the per-node sections), then each check's values."""
     lines = [f"# Allocation check: {meta.get('host', '?')} — {worst(checks)}", ""]
     lines += [f"- {k}: `{_cell(v)}`" for k, v in meta.items()]
     lines += ["", "| status | check | what | remediation |", "|---|---|---|---|"]
     lines += [f"| {c.status} | `{c.id}` | {_cell(c.title)} | {_cell(c.remediation) or '—'} |" for c in checks]
+    if sections_md:
+        lines += ["", sections_md.rstrip()]
     for c in checks:
         lines += ["", f"## [{c.status}] {c.id}", "", c.title, ""]
         if c.remediation:
@@ -115,8 +117,12 @@ def to_markdown(checks: Sequence[Check], meta: dict[str, Any], *, images: Sequen
 
 
 def write_report(out_dir: str | os.PathLike[str], checks: Sequence[Check], meta: dict[str, Any], *,
-                 images: Sequence[str] = ()) -> tuple[Path, Path]:
+                 images: Sequence[str] = (), sections_md: str = "", extra: Mapping[str, Any] | None = None
+                 ) -> tuple[Path, Path]:
     """Write ``report.json`` and ``report.md`` into ``out_dir`` atomically; return both paths.
+
+    ``sections_md`` goes into ``report.md`` after the summary table; ``extra`` adds top-level keys to
+    ``report.json`` (the allocation check: ``{"allocation": {matrix, drain, ...}}``).
 
     Raises:
         ValueError: ``checks`` is empty or two checks share an id.
@@ -128,6 +134,6 @@ def write_report(out_dir: str | os.PathLike[str], checks: Sequence[Check], meta:
     if dupes:
         raise ValueError(f"checks: duplicate ids {dupes}")
     out = Path(out_dir)
-    json_path = write_atomic(out / "report.json", to_json(checks, meta))
-    md_path = write_atomic(out / "report.md", to_markdown(checks, meta, images=images))
+    json_path = write_atomic(out / "report.json", to_json(checks, meta, extra))
+    md_path = write_atomic(out / "report.md", to_markdown(checks, meta, images=images, sections_md=sections_md))
     return json_path, md_path

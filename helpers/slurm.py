@@ -124,29 +124,38 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
 
 
 def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, script_args: Sequence[object] = (), *,
-                  gpus_per_node: int | None = None, cpus_per_task: int = 8, time: str = "00:30:00",
+                  gpus_per_node: int | None = None, cpus_per_task: int | None = None, time: str = "00:30:00",
                   partition: str | None = None, account: str | None = None, rdzv: str = "static",
                   master_port: int = DEFAULT_MASTER_PORT, env: Mapping[str, str | None] | None = None,
-                  log_dir: str = "logs", setup: Sequence[str] = (), ntasks_per_node: int = 1, export: str = "ALL") -> str:
+                  log_dir: str = ".", setup: Sequence[str] = (), ntasks_per_node: int = 1, export: str = "ALL") -> str:
     """A complete ``sbatch`` job script for ``script`` on ``nodes`` nodes (Gilbreth 8.13, fixed).
 
-    Header: ``#SBATCH`` lines (``--ntasks-per-node=1``: one torchrun per node, §8.2), partition and
-    account marked ``# EDIT`` when not given; ``set -euo pipefail``; the NCCL toggles of
-    :data:`NCCL_TOGGLES` commented out with their purpose; then :func:`srun_torchrun`.
-    The header comment carries the command that submits it.
+    Header: ``#SBATCH`` lines (``--ntasks-per-node=1``: one torchrun per node, Gilbreth 8.2); partition,
+    account and (when not given) the GPU request are written as *disabled* ``##SBATCH ... # EDIT``
+    lines, so the script runs as it is on a small CPU cluster and a GPU user enables one line;
+    ``set -euo pipefail``; the NCCL toggles of :data:`NCCL_TOGGLES` commented out with their purpose;
+    then :func:`srun_torchrun`.  The header comment carries the command that submits it.
+
+    Logs: ``sbatch`` opens ``--output``/``--error`` *before* the script runs, so a missing folder fails
+    the job with no output file anywhere (issue 11); the default ``log_dir="."`` writes them next to
+    the submit directory, which always exists; another ``log_dir`` must be created before ``sbatch``
+    (the header's submit command does ``mkdir -p``).
 
     Args:
         job_name: ``--job-name`` (letters, digits, ``_.-``; at most 64).
         nodes: ``--nodes``, >= 1.
         nproc_per_node: ranks per node, >= 1.
         script, script_args, rdzv, master_port, env: as in :func:`srun_torchrun`.
-        gpus_per_node: ``--gpus-per-node``; ``None`` means ``nproc_per_node``; 0 writes no GPU
-            request (a CPU job: gloo).
-        cpus_per_task: ``--cpus-per-task`` (cores for the one torchrun task of each node), >= 1.
+        gpus_per_node: ``--gpus-per-node``; ``None`` (default) writes the request disabled
+            (``##SBATCH --gpus-per-node=<nproc_per_node>  # EDIT``: a CPU cluster runs it as it is);
+            0 writes none (a CPU job: gloo).
+        cpus_per_task: ``--cpus-per-task`` (cores for the one torchrun task of each node), >= 1;
+            ``None``: ``nproc_per_node`` (one core per rank: a larger default stays pending forever on
+            small CPU nodes).
         time: ``--time`` in a SLURM format (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``).
-        partition, account: written as given, or as an ``# EDIT`` placeholder.
-        log_dir: where ``%x_%j.out``/``.err`` go; ``sbatch`` opens them before the script runs, so
-            the folder must exist at submit time (the header's submit command creates it).
+        partition, account: written as given, or as a disabled ``##SBATCH ... # EDIT`` line.
+        log_dir: where ``%x_%j.out``/``.err`` go (default the submit directory); it must exist at
+            submit time (see above).
         setup: shell lines run before the launch (``module load ...``, ``source .venv/bin/activate``).
         ntasks_per_node, export: as in :func:`srun_torchrun` (the ``srun`` line's options; keep 1 and ``ALL``).
 
@@ -160,8 +169,8 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         raise ValueError(f"job_name={job_name!r}: letters, digits, '_', '.', '-' only, 1 to 64 characters")
     positive_int(nodes, "nodes", 1)
     positive_int(nproc_per_node, "nproc_per_node", 1)
-    gpus = nproc_per_node if gpus_per_node is None else positive_int(gpus_per_node, "gpus_per_node", 0)
-    positive_int(cpus_per_task, "cpus_per_task", 1)
+    gpus = None if gpus_per_node is None else positive_int(gpus_per_node, "gpus_per_node", 0)
+    cpus = nproc_per_node if cpus_per_task is None else positive_int(cpus_per_task, "cpus_per_task", 1)
     if not isinstance(time, str) or not _TIME.fullmatch(time):
         raise ValueError(f"time={time!r}: a SLURM time such as 30, 00:30:00 or 1-00:00:00")
     for name, value in (("partition", partition), ("account", account), ("log_dir", log_dir)):
@@ -170,19 +179,26 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
     launch = srun_torchrun('"$SLURM_JOB_NUM_NODES"', nproc_per_node, script, script_args, rdzv=rdzv,
                            master_port=master_port, env=env, ntasks_per_node=ntasks_per_node, export=export)
     log = shlex.quote(log_dir)
+    out = "" if log_dir in (".", "./") else f"{log_dir}/"
+    submit = "sbatch job.sbatch" if not out else f"mkdir -p {log} && sbatch job.sbatch"
+    if gpus is None:
+        gpu_line = [f"##SBATCH --gpus-per-node={nproc_per_node}   # EDIT: GPU clusters: remove one '#'"]
+    else:
+        gpu_line = [f"#SBATCH --gpus-per-node={gpus}"] if gpus else []
     head = [
         "#!/bin/bash",
-        f"# Submit from the project directory (on a shared filesystem): mkdir -p {log} && sbatch job.sbatch",
+        f"# Submit from the project directory (on a shared filesystem): {submit}",
+        "# (sbatch opens --output before the script runs: a missing log folder fails the job with no output anywhere)",
         f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --partition={partition}" if partition else "#SBATCH --partition=CHANGE_ME   # EDIT: your partition",
-        f"#SBATCH --account={account}" if account else "#SBATCH --account=CHANGE_ME     # EDIT: your account",
+        f"#SBATCH --partition={partition}" if partition else "##SBATCH --partition=CHANGE_ME   # EDIT: your partition (remove one '#')",
+        f"#SBATCH --account={account}" if account else "##SBATCH --account=CHANGE_ME     # EDIT: your account (remove one '#')",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1        # one torchrun per node; it spawns the node's ranks",
-        f"#SBATCH --cpus-per-task={cpus_per_task}",
-        *([f"#SBATCH --gpus-per-node={gpus}"] if gpus else []),
+        f"#SBATCH --cpus-per-task={cpus}",
+        *gpu_line,
         f"#SBATCH --time={time}",
-        f"#SBATCH --output={log_dir}/%x_%j.out",
-        f"#SBATCH --error={log_dir}/%x_%j.err",
+        f"#SBATCH --output={out}%x_%j.out",
+        f"#SBATCH --error={out}%x_%j.err",
         "set -euo pipefail",
         'cd "$SLURM_SUBMIT_DIR"   # shared filesystem: /tmp is node-local (Gilbreth 8.12)',
         'echo "job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST"',
@@ -199,7 +215,7 @@ END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_O
               "DEADLINE")
 """Job states after which a job no longer runs (``scontrol show job``'s ``JobState``; squeue's CD, F, CA, TO...)."""
 NCCL_PROFILES = ("single_node", "multi_node")
-"""The NCCL environment profiles of gilbreth-hpc-guide §8.4, as ``configs/nccl_<name>.env``."""
+"""The NCCL environment profiles of Gilbreth 8.4, as ``configs/nccl_<name>.env``."""
 
 
 class SlurmClient(Protocol):
@@ -328,7 +344,7 @@ def job_state(client: SlurmClient, job_id: str) -> JobState:
 
 
 def wait_job(client: SlurmClient, job_id: str, timeout_s: float = 120.0, poll_s: float = 0.3) -> JobState:
-    """Poll :func:`job_state` until the job ends (``sbatch --wait`` polls every 10-42 s: platform-facts.md).
+    """Poll :func:`job_state` until the job ends (``sbatch --wait`` polls every 10-42 s: PF-slurm-namespaces).
 
     Args:
         client, job_id: as :func:`job_state`.
@@ -398,13 +414,13 @@ def wait_output(client: SlurmClient, job_id: str, pattern: str, timeout_s: float
 
 
 def queue(client: SlurmClient, fmt: str = "%i %t %M %r") -> list[list[str]]:
-    """``squeue -h -o FMT`` rows split on spaces (gilbreth-hpc-guide §3.4: job id, state code, time used, reason)."""
+    """``squeue -h -o FMT`` rows split on spaces (Gilbreth 3.4: job id, state code, time used, reason)."""
     r = client.slurm(["squeue", "-h", "-o", fmt], timeout_s=20)
     return [line.split() for line in r.stdout.splitlines() if line.strip()]
 
 
 def nccl_profile_path(name: str) -> Path:
-    """``configs/nccl_<name>.env`` for ``name`` in :data:`NCCL_PROFILES` (gilbreth-hpc-guide §8.4).
+    """``configs/nccl_<name>.env`` for ``name`` in :data:`NCCL_PROFILES` (Gilbreth 8.4).
 
     Raises:
         ValueError: ``name`` not one of :data:`NCCL_PROFILES`.

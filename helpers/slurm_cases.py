@@ -1,7 +1,7 @@
 """Chapter 08's batch jobs: the command builder's working ``sbatch`` script and the breakages users make of it.
 
-:func:`job_script` renders the working pattern with :func:`helpers.slurm.sbatch_script` (gilbreth-hpc-guide
-§4.3, §8.5: ``sbatch`` -> ``srun`` one task per node -> ``torchrun --node-rank=$SLURM_NODEID``,
+:func:`job_script` renders the working pattern with :func:`helpers.slurm.sbatch_script` (Gilbreth
+4.3 and 8.5: ``sbatch`` -> ``srun`` one task per node -> ``torchrun --node-rank=$SLURM_NODEID``,
 ``MASTER_ADDR`` from ``scontrol show hostnames``, exported, ``--export=ALL``) for 2 CPU nodes of the
 SLURM lab (gloo); :func:`break_script` makes one known mistake in it, as a textual edit of that
 script, so that :func:`diff` shows the one or two lines that differ.  Each entry of :data:`BREAKS`
@@ -99,28 +99,28 @@ def _hostfile(text: str) -> str:
 
 BREAKS: dict[str, tuple[str, str, Callable[[str], str]]] = {
     "output-in-tmp": ("--output/--error in node-local /tmp (made on the login node only)",
-                      "gilbreth-hpc-guide §8.12 Failure Mode 1; platform-facts.md (Could not open stdout file)",
+                      "Gilbreth 8.12 failure mode 1; PF-slurm-node-tmp",
                       _sub(r"^(#SBATCH --(?:output|error))=\S+/(%x_%j\.(?:out|err))$", r"\1=/tmp/ch08/\2")),
     "script-in-tmp": ("the training script in node-local /tmp (written on the login node only)",
-                      "gilbreth-hpc-guide §8.12 Failure Mode 1",
+                      "Gilbreth 8.12 failure mode 1",
                       _sub(r"^(\s+)\S*/helpers/scenarios/(\w+\.py) \\$", r"\1/tmp/ch08/\2 \\")),
     "deepspeed-hostfile": ("deepspeed --hostfile from scontrol show hostnames instead of srun + torchrun",
-                           "gilbreth-hpc-guide §8.5, §8.12 Failure Mode 3; D6", _hostfile),
+                           "Gilbreth 8.5, Gilbreth 8.12 failure mode 3; D6", _hostfile),
     "srun-export-none": ("srun --export=NONE: the tasks start without the batch shell's environment",
-                         "gilbreth-hpc-guide §8.5, §8.12 Failure Mode 4",
+                         "Gilbreth 8.5, Gilbreth 8.12 failure mode 4",
                          _sub(r"--export=ALL", "--export=NONE")),
     "set-not-exported": ("NCCL_DEBUG=INFO set in the batch shell, not exported, not re-exported in the task",
-                         "gilbreth-hpc-guide §8.12 Failure Mode 4",
+                         "Gilbreth 8.12 failure mode 4",
                          _sub(r"^(export MASTER_PORT=\d+)$", r"NCCL_DEBUG=INFO\n\1")),
     "master-addr-not-exported": ("MASTER_ADDR computed but not exported before the single-quoted srun bash -c",
-                                 "gilbreth-hpc-guide §8.5 (export MASTER_ADDR MASTER_PORT); platform-facts.md",
+                                 "Gilbreth 8.5 (export MASTER_ADDR MASTER_PORT); PF-slurm-unexported-master",
                                  _sub(r"^export (MASTER_ADDR=)", r"\1")),
     "node-rank-expanded-early": ("NODE_RANK=$SLURM_NODEID taken in the batch shell (node 0) and passed to every task",
-                                 "gilbreth-hpc-guide §4.3, §8.5 (NODE_RANK=$SLURM_NODEID inside the task)",
+                                 "Gilbreth 4.3, Gilbreth 8.5 (NODE_RANK=$SLURM_NODEID inside the task)",
                                  _chain(_sub(r"^(srun )", 'export NODE_RANK="$SLURM_NODEID"   # in the batch shell: node 0\n\\1'),
                                         _sub(r'--node-rank="\$SLURM_NODEID"', '--node-rank="$NODE_RANK"'))),
     "ntasks-per-node-2": ("--ntasks-per-node=2 (one per GPU, as for srun python) with torchrun --nproc-per-node=1",
-                          "gilbreth-hpc-guide §8.2 (one task per node: torchrun spawns the ranks)",
+                          "Gilbreth 8.2 (one task per node: torchrun spawns the ranks)",
                           _sub(r"--ntasks-per-node=1", "--ntasks-per-node=2")),
     "standalone-multinode": ("torchrun --standalone (a single-node command) copied into the 2-node job",
                              "D2; torchrun docs (--standalone: single-node)",

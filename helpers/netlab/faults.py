@@ -2,7 +2,7 @@
 
 :class:`FaultsMixin` gives :class:`helpers.netlab.Lab` its fault methods (``lab.set_mtu``,
 ``lab.add_decoy``, ``lab.rename_data_iface``, ``lab.cut_link`` / ``lab.restore_link``,
-``lab.kill_node``, ``lab.set_sysctl`` / ``lab.get_sysctl``, ``lab.set_host_entry``): MN2-MN4,
+``lab.kill_node``, ``lab.rate_limit``, ``lab.set_sysctl`` / ``lab.get_sysctl``, ``lab.set_host_entry``): MN2-MN4,
 PF-netns-nodes.
 
 :func:`inject_when` fires a fault while a job runs, at the moment one of its ranks prints a
@@ -127,6 +127,25 @@ class FaultsMixin:
         """Plug ``node``'s cable back (its switch port up)."""
         for i in self._nodes_arg(node):
             self._ip_batch(self.switch_ns, [f"link set dev {self.port_name(i)} up"])
+
+    def rate_limit(self, node: int | str, rate_mbit: float | None) -> None:
+        """Cap ``node``'s switch port (``pI``, traffic towards the node) at ``rate_mbit`` Mb/s with a ``tc`` tbf; ``None`` removes it.
+
+        A slow node or a throttled link (issue 11: one node's link rate-limited to a tenth): every
+        pair with that node is slow, pairs without it are not.
+
+        Raises:
+            ValueError: bad node, or a rate that is not a number > 0.
+        """
+        if rate_mbit is not None and (isinstance(rate_mbit, bool) or not isinstance(rate_mbit, (int, float))
+                                      or not rate_mbit > 0):
+            raise ValueError(f"rate_mbit={rate_mbit!r}: a rate in Mb/s > 0, or None to remove the limit")
+        for i in self._nodes_arg(node):
+            port = self.port_name(i)
+            self._nsexec(self.switch_ns, ["tc", "qdisc", "del", "dev", port, "root"], check=False)
+            if rate_mbit is not None:
+                self._nsexec(self.switch_ns, ["tc", "qdisc", "add", "dev", port, "root", "tbf", "rate",
+                                              f"{rate_mbit}mbit", "burst", "64kb", "latency", "100ms"])
 
     def kill_node(self, node: int | str, sig: int = signal.SIGKILL) -> list[int]:
         """Kill every process in ``node``'s network namespace with ``sig`` (a node crash); return their pids."""

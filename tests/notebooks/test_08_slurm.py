@@ -1,4 +1,4 @@
-"""Chapter 08 (SLURM: gilbreth-hpc-guide §3, §4.3, §8.4-8.13) submits real jobs to the SLURM lab end to end.
+"""Chapter 08 (SLURM: Gilbreth 3, 4.3, 8.4-8.13) submits real jobs to the SLURM lab end to end.
 
 Every reproduction asserts on its own job inside the notebook (state, exit code, files, ranks' output);
 here: the notebook executes without an error, the key texts of the real runs are in its output, and

@@ -52,7 +52,7 @@ def test_sbatch_bad_input_names_the_field(kwargs, field):
 
 
 def test_sbatch_script_header_and_syntax(tmp_path):
-    text = slurm.sbatch_script("smoke", 4, 2, "train.py", partition="a100-80gb", time="01:00:00")
+    text = slurm.sbatch_script("smoke", 4, 2, "train.py", partition="a100-80gb", time="01:00:00", gpus_per_node=2)
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash" and "set -euo pipefail" in lines
     assert "#SBATCH --nodes=4" in lines and "#SBATCH --gpus-per-node=2" in lines

@@ -1,0 +1,173 @@
+"""Pure parts of the allocation check across nodes: pair rounds, SLURM's errors, the pair matrix verdict, the drain list, parameters."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import subprocess
+
+import pytest
+from support import ROOT, SCENARIOS
+
+from helpers import allocation, diagnose_params, slurm
+from helpers.checks import Check
+
+
+def _round_robin():
+    spec = importlib.util.spec_from_file_location("allocation_job", SCENARIOS / "allocation_job.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.round_robin
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 16])
+def test_round_robin_covers_every_pair_once_in_disjoint_rounds(n):
+    rounds = _round_robin()(n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == list(itertools.combinations(range(n), 2))
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    assert len(_round_robin()(n, max_rounds=1)) == 1
+
+
+def test_slurm_errors_name_the_node():
+    text = ("srun: error: Task launch for StepId=12.0 failed on node node2: Connection timed out\n"
+            "srun: error: Application launch failed: Connection timed out\n")
+    errs = allocation.slurm_errors(text)
+    assert errs[0] == {"line": "Task launch for StepId=12.0 failed on node node2: Connection timed out", "node": "node2",
+                       "kind": "unreachable"}
+    refused = allocation.step_failure("node.step.node0", "node0", subprocess.CompletedProcess(
+        [], 1, "", "srun: error: Unable to create step for job 1: More processors requested than permitted\n"), 30)
+    assert refused.faulty == [] and "not a node fault" in refused.remediation
+    proc = subprocess.CompletedProcess([], 1, "", text)
+    check = allocation.step_failure("node.step.node2", "node2", proc, 30)
+    assert check.status == "FAIL" and check.faulty == ["node2"] and "Connection timed out" in check.title
+    assert "network or daemon fault on that node" in check.remediation
+
+
+def test_pairs_name_the_slow_node_or_the_link():
+    good = 0.1
+    nodes = ["n0", "n1", "n2", "n3"]
+    m = {a: {b: good for b in nodes if b != a} for a in nodes}
+    assert allocation.grade_pairs(m).status == "OK"
+    slow_node = {a: {b: (0.01 if "n2" in (a, b) else good) for b in nodes if b != a} for a in nodes}
+    c = allocation.grade_pairs(slow_node)
+    assert c.status == "WARN" and c.faulty == ["n2"] and "slow node(s) n2" in c.title
+    slow_link = {a: {b: (0.01 if {a, b} == {"n0", "n1"} else good) for b in nodes if b != a} for a in nodes}
+    c = allocation.grade_pairs(slow_link)
+    assert c.status == "WARN" and c.faulty == [] and "slow link(s): n0-n1" in c.title
+    two = {"a": {"b": 0.001}, "b": {"a": 0.001}}
+    assert allocation.grade_pairs(two, 1.25, 0.01).status == "WARN"  # one pair: only the envelope can judge
+    assert allocation.grade_pairs(two, 0.05, 0.01).status == "OK"
+
+
+def test_drain_list_and_login_node():
+    checks = [Check("a", "x", "FAIL", faulty=["node3"]), Check("b", "y", "WARN", node="node1"), Check("c", "z", "OK", node="node0")]
+    assert allocation.drain_list(checks) == {"fail": ["node3"], "warn": ["node1"], "nodes": ["node3", "node1"],
+                                             "exclude": "--exclude=node3,node1"}
+    assert allocation.host_check(["node0", "node1"], "login1").status == "WARN"
+    assert allocation.host_check(["node0", "node1"], "node0.cluster").status == "OK"
+
+
+@pytest.mark.parametrize("params, field", [({"MAX_BYTES": -5}, "MAX_BYTES"), ({"NPROC": 0}, "NPROC"),
+                                           ({"MIN_BYTES": 1024, "MAX_BYTES": 512}, "MAX_BYTES"),
+                                           ({"RUN_SMOKE": "04"}, "RUN_SMOKE"), ({"MULTI_STEPS": "jobs"}, "MULTI_STEPS"),
+                                           ({"JOIN_TIMEOUT_S": 0}, "JOIN_TIMEOUT_S"), ({"MASTER_PORT": 70000}, "MASTER_PORT")])
+def test_bad_parameters_name_the_field(params, field):
+    with pytest.raises(ValueError, match=field):
+        diagnose_params.validate(params)
+
+
+def test_notebook_parameters_are_known():
+    defaults = diagnose_params.notebook_defaults(ROOT / "notebooks" / "00_allocation_check.ipynb")
+    diagnose_params.validate(defaults, defaults)
+    with pytest.raises(ValueError, match="FOO: not a parameter"):
+        diagnose_params.validate({"FOO": 1}, defaults)
+
+
+def test_cli_refuses_a_bad_parameter_before_any_job(capsys):
+    from helpers import cli
+
+    assert cli.main(["diagnose", "-p", "MAX_BYTES", "-5"]) == 2
+    assert "MAX_BYTES=-5: must be an integer >= 4" in capsys.readouterr().err
+
+
+def test_sbatch_defaults_fit_a_cpu_cluster():
+    text = slurm.sbatch_script("cpu", 2, 2, "train.py")
+    active = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert not any("--gpus" in ln or "--partition" in ln or "--account" in ln for ln in active)
+    assert "#SBATCH --cpus-per-task=2" in active and "#SBATCH --output=%x_%j.out" in active
+    assert any(ln.startswith("##SBATCH --gpus-per-node=2") and "# EDIT" in ln for ln in text.splitlines())
+    logs = slurm.sbatch_script("cpu", 2, 2, "train.py", log_dir="logs")
+    assert "mkdir -p logs && sbatch" in logs and "#SBATCH --output=logs/%x_%j.out" in logs
+
+
+def test_allocation_check_sbatch_template():
+    path = ROOT / "configs" / "slurm" / "allocation_check.sbatch"
+    text = path.read_text()
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    assert "sbatch --nodes=4 configs/slurm/allocation_check.sbatch" in text and "set -euo pipefail" in text
+    assert "# EDIT" in text and "# export NCCL_DEBUG=INFO" in text
+    # the same header rules as slurm.sbatch_script: one task per node, output in the submit dir, the toggles it renders
+    rendered = slurm.sbatch_script("allocation-check", 2, 1, "x.py")
+    for line in ("#SBATCH --ntasks-per-node=1", "#SBATCH --output=%x_%j.out", 'cd "$SLURM_SUBMIT_DIR"'):
+        assert line in rendered and line in text, line
+    for var, _ in slurm.NCCL_TOGGLES:
+        assert f"# export {var}" in text and f"# export {var}" in rendered
+
+
+def test_culprits_are_the_nodes_that_never_started():
+    nodes = ["node0", "node1"]
+    started = {("node0", 0), ("node0", 1)}
+    assert allocation.culprits(nodes, 2, {"node0"}, set(), set()) == ["node1"]  # node0 waits in torchrun's rendezvous
+    assert allocation.culprits(nodes, 2, set(nodes), started, set()) == ["node1"]
+    assert allocation.culprits(nodes, 2, set(nodes), started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
+    assert allocation.culprits(nodes, 2, set(), set(), set()) == []
+
+
+def test_preflight_reports_slurms_own_launch_error():
+    from helpers import preflight
+
+    err = ("srun: error: Task launch for StepId=5.0 failed on node node2: Connection timed out\n"
+           "srun: error: Application launch failed: Connection timed out\nsrun: Job step aborted\n")
+
+    def runner(node, argv, timeout_s):
+        return subprocess.CompletedProcess(argv, 1, "", err)
+
+    checks = preflight.run_preflight(["node0", "node2"], runner, {})
+    c = next(c for c in checks if c.id == "net.node.node2")
+    assert c.status == "FAIL" and "Task launch for StepId=5.0 failed on node node2: Connection timed out" in c.title
+    assert c.faulty == ["node2"] and "network or daemon fault on that node" in c.remediation
+
+
+def test_preflight_reads_the_allocation_by_default(monkeypatch, capsys):
+    from helpers import cli, diagnostics, preflight
+
+    seen = {}
+    monkeypatch.setattr(diagnostics, "allocation_nodes", lambda nodes="", environ=None: ["gpu-01", "gpu-02"])
+
+    def fake(nodes, runner, env, **kw):
+        seen["nodes"] = nodes
+        return [Check("net.node.gpu-01", "fine", "OK", node="gpu-01")]
+
+    monkeypatch.setattr(preflight, "run_preflight", fake)
+    assert cli.main(["preflight"]) == 0
+    assert seen["nodes"] == ["gpu-01", "gpu-02"]
+
+
+def _rec(host, rank, env):
+    return {"hostname": host, "contract": {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                                           "GROUP_RANK": str(rank), "MASTER_ADDR": "node0", "MASTER_PORT": "29500"},
+            "dist_world_size": 2, "env": {"SLURM_NODEID": str(rank), **env}, "backend": "gloo", "torch": "2"}
+
+
+def test_env_diff_names_the_odd_node_rank0_breaks_ties():
+    data = {"world_size": 2, "correctness": [], "records": [_rec("node0", 0, {}), _rec("node1", 1, {"NCCL_ALGO": "Ring"})]}
+    contract, env, _ = allocation.grade_job(data, ["node0", "node1"], 1)
+    assert contract.status == "OK" and env.status == "FAIL" and env.faulty == ["node1"]
+    data["records"] = [_rec("node0", 0, {"NCCL_IB_DISABLE": "1"}), _rec("node1", 1, {})]  # lost on the other node
+    assert allocation.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
+    data["records"][1]["contract"]["GROUP_RANK"] = "0"
+    assert allocation.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"
