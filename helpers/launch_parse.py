@@ -407,7 +407,7 @@ def parse_sbatch(text: str) -> LaunchSpec:
 
     ``--nodes`` and ``--ntasks-per-node`` (inherited by ``srun`` unless it overrides them) and
     ``--gpus-per-node`` / ``--gres=gpu:N`` come from the header (no GPU request at all: ``gpus_per_node=0``,
-    for an ``srun`` launch); exports at the top and inside the
+    for an ``srun`` launch; a request left disabled, ``##SBATCH --gpus-per-node=N  # EDIT``: ``None``); exports at the top and inside the
     task's ``bash -c`` go to ``env``.  A script that launches with ``srun`` is ``kind="sbatch"``; one
     that runs ``deepspeed`` / ``accelerate launch`` / ``torchrun`` directly keeps that kind, with the
     allocation's node count (so ``deepspeed --hostfile`` in an allocation is ``deepspeed-ssh``).
@@ -436,8 +436,9 @@ def parse_sbatch(text: str) -> LaunchSpec:
     gpus = header.get("--gpus-per-node")
     gres = re.search(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)", header.get("--gres", ""))
     g = _int(gpus.split(":")[-1]) if gpus else (int(gres.group(1)) if gres else None)
-    if g is None and fields.get("kind") == "sbatch" and not any(k in header for k in _GPU_REQUESTS):
-        g = 0  # no GPU request at all: the allocation has none (a CPU job, gloo)
+    disabled = re.search(r"^##SBATCH\s+--(?:gpus-per-node|gres)\b", text, re.M)
+    if g is None and fields.get("kind") == "sbatch" and not any(k in header for k in _GPU_REQUESTS) and not disabled:
+        g = 0  # no GPU request at all: the allocation has none (a CPU job, gloo); a disabled one: unknown (None)
     if g is not None:
         fields["gpus_per_node"] = g
     return _finish(fields, env, early)
@@ -466,7 +467,8 @@ def canonical(spec: LaunchSpec) -> LaunchSpec:
 
     * defaults the command writes become explicit: the port 29500 (every form that writes a port), node
       rank 0 (multi-node static torchrun, accelerate), ``127.0.0.1`` for one torchrun node with a port,
-      ``gpus_per_node`` = ``nproc_per_node`` in an sbatch script without one;
+      (``gpus_per_node`` of an sbatch script stays as given: ``None`` is written as a disabled request,
+      ``##SBATCH --gpus-per-node=N  # EDIT``, which reads back as ``None``);
     * fields the form does not write are reset to their defaults: ``master_addr`` / ``node_rank`` on
       one node and in the SLURM forms (``scontrol`` and ``$SLURM_NODEID`` give them), ``gpus_per_node``
       outside ``sbatch``, ``accelerate_cpu`` outside accelerate, ``srun_*`` outside the SLURM forms;
@@ -487,7 +489,7 @@ def canonical(spec: LaunchSpec) -> LaunchSpec:
         keep.update(rdzv="c10d" if spec.rdzv == "c10d" else "static", master_port=spec.master_port or default_port,
                     srun_ntasks_per_node=spec.srun_ntasks_per_node, srun_export=spec.srun_export)
         if spec.kind == "sbatch":
-            keep["gpus_per_node"] = spec.nproc_per_node if spec.gpus_per_node is None else spec.gpus_per_node
+            keep["gpus_per_node"] = spec.gpus_per_node
     elif spec.kind == "torchrun":
         if not multi and spec.rdzv == "standalone" and spec.master_port is None:
             keep.update(rdzv="standalone")

@@ -212,6 +212,12 @@ def _entries() -> tuple[Source, ...]:
         s("Gilbreth 8.3", "Multi-node NCCL on Gilbreth: InfiniBand on (NCCL_IB_DISABLE=0), NCCL_SOCKET_IFNAME and "
                           "GLOO_SOCKET_IFNAME unset, since a hard-coded IB name fails on nodes that name it differently "
                           "(`Bootstrap : no socket interface found`).", (NCCL_IFNAME_DOCS,)),
+        s("Gilbreth 3.4", "Watch a job with `squeue -u $USER -o \"%i %t %M %r\"`: job id, state code, time used and the "
+                          "pending reason; states PD (pending: Resources, Priority), R, CD, F.",
+          ("https://slurm.schedmd.com/squeue.html",)),
+        s("Gilbreth 8.5", "The multi-node launch that works without ssh: MASTER_ADDR from `scontrol show hostnames` and "
+                          "exported, then `srun --ntasks-per-node=1 --export=ALL` running one torchrun per node with "
+                          "its node rank taken from SLURM_NODEID inside the task.", (SRUN_DOCS, TORCHRUN_DOCS)),
         s("Gilbreth 8.4", "Single-node vs multi-node settings side by side: IB/NET off vs on, socket interface `lo` or "
                           "unset vs unset, SHM/direct vs NET/IB between nodes plus P2P/CUMEM inside a node.",
           (NCCL_ENV_DOCS,)),
