@@ -57,7 +57,7 @@ lint-code: $(STAMP)
 
 test: lint-code
 	@mkdir -p build/tmp
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --junitxml=build/test-results.xml
 
 # One layer each (tests/README.md: what each checks, how long it takes).  test-lab needs root or user namespaces.
 LAYER_TARGETS := test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser
