@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from helpers import hostinfo, jobs, procs
+from helpers import hostinfo, jobs, launchers, procs
 from helpers.checkpoint import (
     PIECES,
     Diff,
@@ -458,8 +458,8 @@ def elastic_commands(name: str, port: int, ckpt: Path, a_rank0_log: Path, *, ste
     if max_world < 1:
         raise ValueError(f"max_world={max_world}: must be >= 1")
     torchrun = procs.find_tool("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    agent = [torchrun, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}", "--max-restarts=0", f"--rdzv-conf={rdzv_conf}"]
+    agent = [torchrun, *launchers.torchrun_flags("c10d", nnodes="1:2", nproc_per_node=1, rdzv_id=name,
+                                                 rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf=rdzv_conf, max_restarts=0)]
     args = ["--steps", str(steps), "--micro", str(micro), "--ckpt", str(ckpt), "--ckpt-every", "1",
             "--scale", scale, "--max-world", str(max_world), "--step-sleep", str(step_sleep),
             "--sleep-below-world", str(max_world), "--backend", "gloo"]

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from helpers import jobs, procs
+from helpers.jobdir import JobDir
 
 SIDES = ("node", "bridge")
 _IFNAME_RX = re.compile(r"[A-Za-z0-9_.-]{1,15}")
@@ -226,8 +227,8 @@ def _job_dirs(name: str) -> set[Path]:
 
 
 def _rank_logs(job_dir: Path) -> list[Path]:
-    """The per-rank stdout files the rank shim writes (``<job_dir>/ranks/rankN.stdout``)."""
-    return sorted((job_dir / "ranks").glob("rank*.stdout"))
+    """The per-rank stdout files the rank shim writes (:meth:`helpers.jobdir.JobDir.rank_stdouts`)."""
+    return JobDir(job_dir).rank_stdouts()
 
 
 class FaultWatch:

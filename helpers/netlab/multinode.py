@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from helpers import jobs
-from helpers.launchers import DEFAULT_MASTER_PORT, positive_int, tcp_port
+from helpers import jobs, launchers
+from helpers.jobdir import JobDir
+from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.validate import positive_int, tcp_port
 
 FORMS = ("c10d", "static")
 
@@ -40,12 +42,16 @@ def rendezvous_flags(form: str, master: str, port: int, node_rank: int, rdzv_id:
     """
     if form not in FORMS:
         raise ValueError(f"form={form!r}: accepted values are {', '.join(FORMS)}")
-    if form == "c10d":
-        flags = ["--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={rdzv_id}"]
-        return flags + ([f"--rdzv-conf={rdzv_conf}"] if rdzv_conf else [])
-    if rdzv_conf:
+    if rdzv_conf and form != "c10d":
         raise ValueError("rdzv_conf: only the c10d form takes --rdzv-conf")
-    return [f"--master-addr={master}", f"--master-port={port}", f"--node-rank={node_rank}"]
+    # The one builder of torchrun's flags; the size flags (its first, --nnodes) come from jobs.launcher_argv.
+    if form == "c10d":
+        flags = launchers.torchrun_flags("c10d", nnodes="lab", nproc_per_node=None, master_addr=master, master_port=port,
+                                         rdzv_id=rdzv_id, rdzv_conf=rdzv_conf)
+    else:
+        flags = launchers.torchrun_flags("static", nnodes="lab", nproc_per_node=None, master_addr=master,
+                                         master_port=port, node_rank=node_rank)
+    return flags[1:]
 
 
 def _new_job_dir(name: str) -> Path:
@@ -150,14 +156,15 @@ class MultiNodeMixin:
         job_dir = _new_job_dir(name)
         try:
             cmds = self.torchrun_commands(script, args, nproc_per_node, form, master_node, chosen, rdzv_conf,
-                                          extra_args, port, rdzv_id=job_dir.name, log_dir=job_dir / "torchrun")
+                                          extra_args, port, rdzv_id=job_dir.name, log_dir=JobDir(job_dir).torchrun_dir)
         except ValueError:
             shutil.rmtree(job_dir, ignore_errors=True)
             raise
-        (job_dir / "nodes").mkdir()
+        layout = JobDir(job_dir)
+        layout.nodes_dir.mkdir()
         wrapped = []
         for i, cmd in zip(chosen, cmds):
-            out, err = job_dir / "nodes" / f"node{i}.stdout", job_dir / "nodes" / f"node{i}.stderr"
+            out, err = layout.node_stdout(i), layout.node_stderr(i)
             tee = ('set -o pipefail; "$@" 2> >(tee -a ' + shlex.quote(str(err)) + " >&2) | tee -a "
                    + shlex.quote(str(out)))
             wrapped.append(["bash", "-c", tee, "lab-node", *cmd])
