@@ -21,6 +21,7 @@ from typing import Any
 
 from helpers import busbw, hostinfo, ifnames, jobs, sources
 from helpers.checks import Check, worst_status
+from helpers.jobdir import JobDir
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.netlab import DEFAULT_NAME as DEFAULT_LAB_NAME
 from helpers.report import GIB, MIB
@@ -210,6 +211,42 @@ def grade_contract(records: Sequence[dict]) -> Check:
                  values, "", "D1, D3")
 
 
+def nccl_debug_env(backend: str) -> dict[str, str | None]:
+    """The variables that make NCCL log what the NCCL log interpreter reads, on the NCCL backend only.
+
+    ``NCCL_DEBUG=INFO`` with ``NCCL_DEBUG_SUBSYS=INIT,NET`` (bootstrap interface, network, transports,
+    ``Init COMPLETE``: enough for :mod:`helpers.nccl_log`, without per-collective lines); ``{}`` on gloo.
+    A value the user already exported wins.  Source: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-debug
+    """
+    if backend != "nccl":
+        return {}
+    return {key: os.environ.get(key, value) for key, value in (("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"))}
+
+
+def nccl_checks(backend: str, *results: jobs.JobResult | None) -> list[Check]:
+    """The NCCL log interpreter's verdicts on the rank logs of ``results`` (issue 15), for the report.
+
+    On gloo, or when no log holds an NCCL line, ``[]``.  Each verdict keeps its record (cause, evidence,
+    fix naming the command that confirms it on the node) with its id prefixed ``nccl.`` so the report
+    groups them (``nccl.bad-interface``, ``nccl.shm-full``...).
+
+    Args:
+        backend: the backend the jobs ran with (``gloo`` / ``nccl``).
+        results: the jobs whose ``ranks/rank<R>.stdout|.stderr`` to read (None entries are skipped).
+    """
+    from helpers import nccl_log
+
+    if backend != "nccl":
+        return []
+    paths = [p for r in results if r is not None for p in JobDir(r.job_dir).rank_logs()]
+    if not paths:
+        return []
+    found = nccl_log.checks_for_job(paths)
+    for c in found:
+        c.id = f"nccl.{c.id}"
+    return found
+
+
 def run_env_contract(out_dir: Path, *, nproc: int, backend: str, timeout_s: float) -> tuple[list[Check], list[dict], jobs.JobResult]:
     """Checks 1 and 2: one job where every rank reports its environment and contract.
 
@@ -220,7 +257,7 @@ def run_env_contract(out_dir: Path, *, nproc: int, backend: str, timeout_s: floa
     out = Path(out_dir) / "env_ranks.json"
     job = jobs.run_job(SCENARIOS / "env_report.py", ["--out", str(out), "--backend", backend,
                                                      "--timeout-s", str(timeout_s)],
-                       nproc=nproc, timeout_s=timeout_s + 30, name="env-contract")
+                       nproc=nproc, timeout_s=timeout_s + 30, name="env-contract", env=nccl_debug_env(backend))
     if not job.ok or not out.exists():
         return [job_failure("env.diff", "environment report job failed", job, "D1")], [], job
     records = json.loads(out.read_text())
@@ -292,7 +329,7 @@ def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float
     args = ["--out", str(out), "--backend", backend, "--timeout-s", str(timeout_s), "--min-bytes", str(min_bytes),
             "--max-bytes", str(max_bytes), "--check-elements", str(check_elements), "--corrupt-rank", str(corrupt_rank)]
     job = jobs.run_job(SCENARIOS / "collectives.py", args, nproc=nproc, timeout_s=timeout_s * 4 + 60,
-                       stall_s=timeout_s + 10, name="collectives")
+                       stall_s=timeout_s + 10, name="collectives", env=nccl_debug_env(backend))
     if job.hung or job.timed_out or not out.exists():
         return [job_failure("collectives.correctness", "collectives job did not finish", job,
                             sources.cite("Gilbreth 6.3"))], [], job

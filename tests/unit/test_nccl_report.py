@@ -1,0 +1,45 @@
+"""The allocation check attaches the NCCL log interpreter's verdicts to its report on NCCL (issue 15)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+from helpers import diagnostics
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
+
+
+def _job(tmp_path: Path, log: str) -> SimpleNamespace:
+    """A job directory as the runner leaves it, rank 0's stderr holding a real NCCL_DEBUG=INFO log."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir(parents=True)
+    shutil.copy(DATA / log, ranks / "rank0.stderr")
+    (ranks / "rank0.stdout").write_text("step 1\n")
+    return SimpleNamespace(job_dir=tmp_path)
+
+
+def test_nccl_jobs_get_the_interpreters_verdicts(tmp_path):
+    found = diagnostics.nccl_checks("nccl", _job(tmp_path, "single_node_net_ib.log"), None)
+    assert found and all(c.id.startswith("nccl.") for c in found)
+    fail = [c for c in found if c.status == "FAIL"]
+    assert [c.id for c in fail] == ["nccl.single-node-net-transport"]
+    assert fail[0].evidence and fail[0].remediation
+
+
+def test_gloo_and_silent_logs_add_nothing(tmp_path):
+    assert diagnostics.nccl_checks("gloo", _job(tmp_path / "a", "single_node_net_ib.log")) == []
+    quiet = tmp_path / "b" / "ranks"
+    quiet.mkdir(parents=True)
+    (quiet / "rank0.stdout").write_text("step 1\nstep 2\n")
+    assert diagnostics.nccl_checks("nccl", SimpleNamespace(job_dir=tmp_path / "b")) == []
+
+
+def test_nccl_jobs_log_init_and_net_only(monkeypatch):
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.delenv("NCCL_DEBUG_SUBSYS", raising=False)
+    assert diagnostics.nccl_debug_env("gloo") == {}
+    assert diagnostics.nccl_debug_env("nccl") == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    monkeypatch.setenv("NCCL_DEBUG", "TRACE")
+    assert diagnostics.nccl_debug_env("nccl")["NCCL_DEBUG"] == "TRACE"
