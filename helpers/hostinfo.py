@@ -42,11 +42,7 @@ def interfaces() -> list[dict[str, Any]]:
     unchanged under ``ip netns exec``.
 
     Returns:
-        One dict per interface, in kernel order: ``name`` (str), ``state`` (operstate as the kernel
-        reports it: ``UP``, ``DOWN``, ``UNKNOWN`` (e.g. ``lo``), ``LOWERLAYERDOWN``...), ``mtu``
-        (int, bytes), ``flags`` (list[str]), ``link_type`` (str), ``loopback`` (bool), ``up``
-        (bool: admin-up and operstate ``UP``/``UNKNOWN``), ``ipv4`` and ``ipv6`` (lists of
-        ``"addr/prefix"``).
+        One dict per interface, in kernel order, as :func:`parse_ip_addr` gives them.
 
     Raises:
         RuntimeError: ``ip`` is not installed, fails, hangs (10 s), or prints something that is not JSON.
@@ -61,9 +57,29 @@ def interfaces() -> list[dict[str, Any]]:
     if proc.returncode != 0:
         raise RuntimeError(f"`ip -j addr show` failed (rc={proc.returncode}): {proc.stderr.strip()}")
     try:
-        links = json.loads(proc.stdout or "[]")
-    except json.JSONDecodeError as exc:
+        return parse_ip_addr(proc.stdout)
+    except ValueError as exc:
         raise RuntimeError(f"`ip -j addr show` printed no JSON (iproute2 too old for -j?): {exc}") from exc
+
+
+def parse_ip_addr(text: str) -> list[dict[str, Any]]:
+    """Interfaces from ``ip -j [-d] addr show`` output (this host's, or a node's through a runner).
+
+    Returns:
+        One dict per interface, kernel order: ``name``, ``state`` (operstate: ``UP``, ``DOWN``,
+        ``UNKNOWN`` (e.g. ``lo``), ``LOWERLAYERDOWN``...), ``mtu`` (int, bytes), ``flags`` (list[str]),
+        ``link_type``, ``kind`` (``veth``, ``bridge``... with ``-d``, else None), ``loopback`` (bool),
+        ``up`` (admin up and operstate ``UP``/``UNKNOWN``), ``running`` (admin up and carrier: ``UP``
+        without ``NO-CARRIER``, what NCCL's ``IFF_RUNNING`` test accepts), ``ipv4`` / ``ipv6``
+        (``"addr/prefix"`` lists).
+
+    Raises:
+        ValueError: the text is not ``ip -j`` JSON.
+    """
+    try:
+        links = json.loads(text or "[]")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"ip -j addr output is not JSON: {exc}") from None
     out: list[dict[str, Any]] = []
     for link in links:
         if "ifname" not in link:
@@ -72,13 +88,10 @@ def interfaces() -> list[dict[str, Any]]:
         state = str(link.get("operstate", "UNKNOWN"))
         addrs = link.get("addr_info", [])
         out.append({
-            "name": link["ifname"],
-            "state": state,
-            "mtu": int(link.get("mtu", 0)),
-            "flags": flags,
-            "link_type": str(link.get("link_type", "")),
-            "loopback": "LOOPBACK" in flags,
-            "up": "UP" in flags and state in ("UP", "UNKNOWN"),
+            "name": link["ifname"], "state": state, "mtu": int(link.get("mtu", 0)), "flags": flags,
+            "link_type": str(link.get("link_type", "")), "kind": (link.get("linkinfo") or {}).get("info_kind"),
+            "loopback": "LOOPBACK" in flags, "up": "UP" in flags and state in ("UP", "UNKNOWN"),
+            "running": "UP" in flags and "NO-CARRIER" not in flags,
             "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet"],
             "ipv6": [f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet6"],
         })

@@ -43,6 +43,7 @@ from typing import Any
 
 from helpers import ifnames, sources
 from helpers.checks import Check, faulty_nodes, worst  # noqa: F401  (faulty_nodes: re-exported for callers of preflight.faulty_nodes)
+from helpers.hostinfo import parse_ip_addr  # noqa: F401  (re-exported: preflight.parse_ip_addr)
 from helpers.ifnames import IFNAME_VARS
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.validate import tcp_port
@@ -146,40 +147,6 @@ def _call(runner: Runner, node: str, argv: Sequence[str], timeout_s: float) -> s
 
 
 # --------------------------------------------------------------------------- parsing
-
-def parse_ip_addr(text: str) -> list[dict[str, Any]]:
-    """Interfaces from ``ip -j [-d] addr show`` output.
-
-    Returns:
-        One dict per interface, kernel order: ``name``, ``mtu`` (bytes), ``state`` (operstate),
-        ``flags``, ``kind`` (``veth``, ``bridge``... or None), ``loopback``, ``up`` (admin up and
-        operstate UP/UNKNOWN), ``running`` (admin up and carrier: ``UP`` without ``NO-CARRIER``,
-        what NCCL's ``IFF_RUNNING`` test accepts), ``ipv4`` / ``ipv6`` (``"addr/prefix"`` lists).
-
-    Raises:
-        ValueError: the text is not ``ip -j`` JSON.
-    """
-    try:
-        links = json.loads(text or "[]")
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"ip -j addr output is not JSON: {exc}") from None
-    out = []
-    for link in links:
-        if "ifname" not in link:
-            continue
-        flags = list(link.get("flags", []))
-        state = str(link.get("operstate", "UNKNOWN"))
-        addrs = link.get("addr_info", [])
-        out.append({
-            "name": link["ifname"], "mtu": int(link.get("mtu", 0)), "state": state, "flags": flags,
-            "kind": (link.get("linkinfo") or {}).get("info_kind"), "loopback": "LOOPBACK" in flags,
-            "up": "UP" in flags and state in ("UP", "UNKNOWN"),
-            "running": "UP" in flags and "NO-CARRIER" not in flags,
-            "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet"],
-            "ipv6": [f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet6"],
-        })
-    return out
-
 
 def parse_inventory(text: str) -> dict[str, Any]:
     """Split the phase-1 script's output into its sections (see ``_INVENTORY``).
