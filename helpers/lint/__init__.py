@@ -19,6 +19,76 @@ from collections.abc import Iterable, Sequence
 from helpers.lint.findings import Finding
 
 UNREADABLE = "input-unreadable"
+
+RULES: dict[str, str] = {
+    # meta: an input the linter cannot read or parse
+    UNREADABLE: "runbook lint",
+    "config-unparsable": "D5, D17",
+    "command-unparsable": "D7",
+    "python-syntax": "runbook lint",
+    # helpers.lint.python_rules
+    "rank-gated-collective": "D21; Gilbreth 7.5",
+    "rank-early-exit-collective": "D21",
+    "device-from-global-rank": "D3",
+    "sampler-no-set-epoch": "D22",
+    "rank-sliced-data": "D9, D22",
+    "deepspeed-raw-backward": "D18",
+    "find-unused-parameters": "D8",
+    "batchnorm-without-syncbn": "D10",
+    "fsdp-no-wrap-policy": "D12",
+    "fsdp-partial-mixed-precision": "D14",
+    "fsdp-full-state-dict-all-ranks": "D15",
+    "write-on-every-rank": "D23",
+    "hardcoded-master-port": "D4",
+    "init-without-timeout": "MN3",
+    # cross-file (lint_texts)
+    "half-config-float32-inputs": "Gilbreth 7.5",
+    # helpers.lint.deepspeed_rules
+    "ds-unknown-key": "D17",
+    "ds-misplaced-key": "D17",
+    "ds-invalid-section": "D17",
+    "ds-zero-without-optimizer": "Gilbreth 7.5",
+    "ds-batch-mismatch": "Gilbreth 7.4",
+    "ds-auto-raw-initialize": "D18",
+    "ds-fp16-and-bf16": "D17",
+    # helpers.lint.accelerate_rules
+    "acc-invalid-config": "D5",
+    "acc-ds-file-overrides": "D17",
+    "acc-accumulation-twice": "D18",
+    "acc-processes-not-divisible": "D5",
+    "acc-multinode-ssh-launcher": "Gilbreth 4.3, 8.12",
+    # helpers.lint.shell_rules (text only)
+    "master-addr-not-exported": "Gilbreth 4.3",
+    # helpers.launch_traps.find_traps (sbatch/shell files and --command, through shell_rules.traps_as_findings)
+    "standalone-multinode": "D2",
+    "master-addr-missing": "D1",
+    "master-addr-loopback": "D1, MN1",
+    "default-port-shared": "D4",
+    "port-in-use": "D4",
+    "nproc-exceeds-gpus": "D3",
+    "accelerate-cpu-one-process": "D5",
+    "deepspeed-ssh": "D6, Gilbreth 4.3, 8.12",
+    "script-in-tmp": "Gilbreth 8.12",
+    "args-in-tmp": "Gilbreth 8.12",
+    "srun-tasks-per-node": "Gilbreth 8.2",
+    "node-rank-fixed": "Gilbreth 4.3",
+    "srun-export-none": "Gilbreth 8.12",
+    "gloo-nccl-syntax": "MN2",
+    "ifname-loopback": "Gilbreth 4.1, 4.2, MN2",
+    "ifname-bridge": "MN2",
+    "ifname-node-specific": "Gilbreth 8.12, MN2",
+    "nccl-exclude-keeps-lo": "MN2",
+    "single-node-net-transport": "Gilbreth 6.3",
+    "multinode-net-disabled": "Gilbreth 4.1, 4.2",
+    "deprecated-async-error-handling": "MN3",
+    "async-error-handling-off": "MN3",
+}
+"""Every rule id ``runbook lint`` (and :func:`helpers.launch_traps.find_traps`) can emit -> its seed (docs/lint.md).
+
+``port-in-use`` comes only from ``find_traps(check_port=True)`` (the command builder), not from the
+linter.  tests/unit/test_lint_summary_tables.py checks this table against the ids written in the
+rule modules, so a new rule must be added here too.
+"""
 _SHELL_EXT = (".sh", ".sbatch", ".slurm", ".bash", ".job")
 
 
@@ -138,4 +208,4 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = No
     return bad + lint_texts(files, command)
 
 
-__all__ = ["UNREADABLE", "Finding", "lint_paths", "lint_texts"]
+__all__ = ["RULES", "UNREADABLE", "Finding", "lint_paths", "lint_texts"]
