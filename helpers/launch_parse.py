@@ -82,74 +82,16 @@ def _norm(flag: str) -> str:
     return flag.replace("_", "-")
 
 
-_TORCHRUN_VALUE = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-id",
-                   "--rdzv-backend", "--rdzv-endpoint", "--rdzv-conf", "--max-restarts", "--monitor-interval",
-                   "--start-method", "--role", "--log-dir", "--redirects", "--tee", "--local-addr", "--logs-specs",
-                   "--local-ranks-filter", "--omp-num-threads"}
-_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--run-path", "--module", "-m"}
+def _options(args: list[str], value_opts: set[str]) -> tuple[dict[str, str], set[str], str, tuple[str, ...]]:
+    """Walk a launcher's argv: ``(values, flags, script, script_args)``.
 
-
-def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": "torchrun", "rdzv": None}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        key, _, val = a.partition("=")
-        nkey = _norm(key)
-        if nkey in _TORCHRUN_FLAGS:
-            if nkey == "--standalone":
-                out["rdzv"] = "standalone"
-            i += 1
-            continue
-        if nkey in _TORCHRUN_VALUE:
-            if not _:
-                val = args[i + 1] if i + 1 < len(args) else ""
-                i += 2
-            else:
-                i += 1
-            out[nkey] = val
-            continue
-        if a.startswith("-"):
-            i += 1
-            continue
-        out["script"], out["script_args"] = a, tuple(args[i + 1:])
-        break
-    spec: dict[str, Any] = {"kind": "torchrun"}
-    nnodes = out.get("--nnodes")
-    if nnodes is not None:
-        spec["nnodes"] = _int(nnodes.split(":")[-1]) or nnodes
-    nproc = out.get("--nproc-per-node")
-    if nproc is not None:
-        spec["nproc_per_node"] = _int(nproc) or nproc
-    if out.get("--rdzv-backend") == "c10d" or out.get("--rdzv-endpoint"):
-        spec["rdzv"] = "c10d"
-        host, _, port = (out.get("--rdzv-endpoint") or "").rpartition(":")
-        spec["master_addr"] = host or None
-        spec["master_port"] = _int(port)
-    elif out.get("rdzv") == "standalone":
-        spec["rdzv"] = "standalone"
-    else:
-        spec["rdzv"] = "static"
-        spec["master_addr"] = out.get("--master-addr")
-        spec["master_port"] = _int(out.get("--master-port"))
-    if "--node-rank" in out:
-        nr = out["--node-rank"]
-        spec["node_rank"] = _int(nr)
-        if spec["node_rank"] is None and early.get("node_rank_early"):
-            spec["node_rank"] = 0  # $SLURM_NODEID expanded once by the batch shell: 0 on every node
-    spec["script"] = out.get("script", "")
-    spec["script_args"] = out.get("script_args", ())
-    return spec
-
-
-def _accelerate(args: list[str]) -> dict[str, Any]:
+    An option in ``value_opts`` takes a value (``--opt=v`` or ``--opt v``); any other ``-...`` word is a
+    flag; the first other word is the script and everything after it its arguments.  Option names are
+    normalised (``_`` -> ``-``), as the launchers accept both spellings.
+    """
     vals: dict[str, str] = {}
     flags: set[str] = set()
-    i, script, rest = 0, "", ()
-    value_opts = {"--config-file", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
-                  "--main-process-port", "--mixed-precision", "--gpu-ids", "--num-cpu-threads-per-process",
-                  "--dynamo-backend", "--deepspeed-config-file", "--zero-stage", "--gradient-accumulation-steps",
-                  "--deepspeed-hostfile", "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}
+    i = 0
     while i < len(args):
         a = args[i]
         key, eq, val = a.partition("=")
@@ -162,9 +104,54 @@ def _accelerate(args: list[str]) -> dict[str, Any]:
         elif a.startswith("-"):
             flags.add(nkey)
         else:
-            script, rest = a, tuple(args[i + 1:])
-            break
+            return vals, flags, a, tuple(args[i + 1:])
         i += 1
+    return vals, flags, "", ()
+
+
+_TORCHRUN_VALUE = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-id",
+                   "--rdzv-backend", "--rdzv-endpoint", "--rdzv-conf", "--max-restarts", "--monitor-interval",
+                   "--start-method", "--role", "--log-dir", "--redirects", "--tee", "--local-addr", "--logs-specs",
+                   "--local-ranks-filter", "--omp-num-threads"}
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--run-path", "--module", "-m"}
+
+
+def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
+    out, flags, script, script_args = _options(args, _TORCHRUN_VALUE)
+    spec: dict[str, Any] = {"kind": "torchrun"}
+    nnodes = out.get("--nnodes")
+    if nnodes is not None:
+        spec["nnodes"] = _int(nnodes.split(":")[-1]) or nnodes
+    nproc = out.get("--nproc-per-node")
+    if nproc is not None:
+        spec["nproc_per_node"] = _int(nproc) or nproc
+    if out.get("--rdzv-backend") == "c10d" or out.get("--rdzv-endpoint"):
+        spec["rdzv"] = "c10d"
+        host, _, port = (out.get("--rdzv-endpoint") or "").rpartition(":")
+        spec["master_addr"] = host or None
+        spec["master_port"] = _int(port)
+    elif "--standalone" in flags:
+        spec["rdzv"] = "standalone"
+    else:
+        spec["rdzv"] = "static"
+        spec["master_addr"] = out.get("--master-addr")
+        spec["master_port"] = _int(out.get("--master-port"))
+    if "--node-rank" in out:
+        nr = out["--node-rank"]
+        spec["node_rank"] = _int(nr)
+        if spec["node_rank"] is None and early.get("node_rank_early"):
+            spec["node_rank"] = 0  # $SLURM_NODEID expanded once by the batch shell: 0 on every node
+    spec["script"] = script
+    spec["script_args"] = script_args
+    return spec
+
+
+def _accelerate(args: list[str]) -> dict[str, Any]:
+    value_opts = {"--config-file", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
+                  "--main-process-port", "--mixed-precision", "--gpu-ids", "--num-cpu-threads-per-process",
+                  "--dynamo-backend", "--deepspeed-config-file", "--zero-stage", "--gradient-accumulation-steps",
+                  "--deepspeed-hostfile", "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}
+    vals, flags, script, rest = _options(args, value_opts)
     total = _int(vals.get("--num-processes")) or 1
     machines = _int(vals.get("--num-machines")) or 1
     spec: dict[str, Any] = {"kind": "accelerate", "nnodes": machines,
@@ -178,26 +165,9 @@ def _accelerate(args: list[str]) -> dict[str, Any]:
 
 
 def _deepspeed(args: list[str]) -> dict[str, Any]:
-    vals: dict[str, str] = {}
-    flags: set[str] = set()
-    i, script, rest = 0, "", ()
     value_opts = {"--num-gpus", "--num-nodes", "--hostfile", "-H", "--node-rank", "--master-addr", "--master-port",
                   "--include", "-i", "--exclude", "-e", "--launcher", "--launcher-args", "--ssh-port"}
-    while i < len(args):
-        a = args[i]
-        key, eq, val = a.partition("=")
-        nkey = _norm(key)
-        if nkey in value_opts:
-            if not eq:
-                val = args[i + 1] if i + 1 < len(args) else ""
-                i += 1
-            vals[nkey] = val
-        elif a.startswith("-"):
-            flags.add(nkey)
-        else:
-            script, rest = a, tuple(args[i + 1:])
-            break
-        i += 1
+    vals, flags, script, rest = _options(args, value_opts)
     nproc = _int(vals.get("--num-gpus"))
     include = vals.get("--include") or vals.get("-i")
     if nproc is None and include:
