@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (parent folders created), close it; return the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
 
 def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[str, Mapping] | None = None,
                title: str = "busbw vs message size") -> Path:
@@ -43,12 +55,7 @@ def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[s
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_pair_matrix(matrix: Mapping[str, Mapping[str, float]], path: str | Path, *,
@@ -88,9 +95,4 @@ def plot_pair_matrix(matrix: Mapping[str, Mapping[str, float]], path: str | Path
                     ax.text(j, i, f"{v:.3g}", ha="center", va="center", color="w", fontsize=7)
     fig.colorbar(im, ax=ax, label="busbw (GB/s)")
     ax.set_title(title)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
