@@ -642,12 +642,27 @@ def diagnose_slurm_job(job_id: str, timeout_s: float = 60.0) -> HangVerdict:
     n = nodes.stdout.strip()
     if nodes.returncode or not n.isdigit():
         raise ValueError(f"slurm job {job_id}: not running ({(nodes.stderr or nodes.stdout).strip() or 'squeue found nothing'})")
-    out = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", f"--nodes={n}", "--ntasks-per-node=1", "--export=ALL",
-                          *_node_report_argv(job_id)], capture_output=True, text=True, timeout=timeout_s,
-                         env=dict(os.environ, PYTHONPATH=_project_pythonpath()))
-    if out.returncode:
-        raise ValueError(f"slurm job {job_id}: srun --overlap failed ({out.stderr.strip()[-300:]})")
-    return diagnose_reports(_parse_reports(out.stdout))
+    import shutil
+    import tempfile
+
+    from helpers import jobs
+
+    # One file per task (srun --output=...%t): srun forwards task output in chunks, so two nodes' long JSON
+    # lines (base64 dumps) interleave on a shared stdout.  The folder is in build/, on the shared filesystem.
+    scratch = jobs.build_dir() / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"doctor-{job_id}-", dir=scratch))
+    try:
+        out = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", f"--nodes={n}", "--ntasks-per-node=1",
+                              "--export=ALL", f"--output={folder}/node-%t.json", *_node_report_argv(job_id)],
+                             capture_output=True, text=True, timeout=timeout_s,
+                             env=dict(os.environ, PYTHONPATH=_project_pythonpath()))
+        if out.returncode:
+            raise ValueError(f"slurm job {job_id}: srun --overlap failed ({out.stderr.strip()[-300:]})")
+        text = "\n".join(f.read_text() for f in sorted(folder.glob("node-*.json")))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return diagnose_reports(_parse_reports(text))
 
 
 def diagnose_lab(name: str, job_id: str | None = None, timeout_s: float = 60.0) -> HangVerdict:
