@@ -67,6 +67,7 @@ TOPOLOGIES = ("single-node", "multi-node", "unknown")
 # Stages of communicator setup a rank's log can reach, in order (used to find the rank
 # that stopped first, seed MN1).
 STAGES = ("none", "bootstrap", "network", "init-start", "channels", "init-complete")
+_STAGE_INDEX = {name: i for i, name in enumerate(STAGES)}
 
 GILBRETH_SINGLE_NODE_FIX = ("export NCCL_IB_DISABLE=1 NCCL_NET_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 "
                             "for single-node jobs (Gilbreth 6.3, also Gilbreth 4.1 and Gilbreth 9.2); channels then "
@@ -352,6 +353,7 @@ class NcclLog:
     catalog: dict[str, CatalogHit] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     reconstructed: int = 0
+    _owners: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)
 
     def all_infos(self) -> list[RankInfo]:
         """The ranks plus :attr:`unattributed` when it holds anything."""
@@ -529,7 +531,11 @@ def bad_interface_reason(iface: Iface) -> str | None:
     The one list the command builder, the pre-flight and this interpreter share (loopback, Docker,
     libvirt and CNI bridges, veth pairs; seed MN2).
     """
-    return ifnames.node_local_reason(iface.name, iface.ip)
+    return _node_local_reason(iface.name, iface.ip)
+
+
+# The same few interfaces recur on every rank of a big log (tens of thousands of ranks): look each up once.
+_node_local_reason = lru_cache(maxsize=4096)(ifnames.node_local_reason)
 
 
 def _ifaces(text: str) -> list[Iface]:
@@ -572,8 +578,10 @@ class _Parser:
         self._best_nranks: dict[str, int] = {}
         # memo tables (bounded): big logs repeat the same heads and messages millions of times
         self._heads: dict[str, tuple] = {}
-        self._events: dict[str, list[tuple]] = {}
-        self._hits: dict[str, tuple[int | None, tuple[str, str, bool] | None]] = {}
+        self._hits: dict[str, tuple[int | None, tuple[str, str, bool] | None, list[tuple]]] = {}
+        # head ("host:pid:tid [dev] ", with any label) -> its rank, for heads whose attribution never changes
+        # (NCCL's prefix, no torchrun local label); cleared by finish(), which merges records
+        self._rank_of: dict[str, RankInfo] = {}
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
               dev: int | None = None) -> RankInfo:
@@ -588,63 +596,97 @@ class _Parser:
         """Read ``lines`` one at a time (a file object streams); return how many were NCCL or catalog lines.
 
         Lines longer than ``_READ_MAX`` characters are cut; nothing but counters and a few
-        examples per kind is kept, so memory stays bounded on a log of any size.
+        examples per kind is kept, so memory stays bounded on a log of any size.  The loop is the
+        hot path of a 200 MB log (2.4 M lines): what depends only on the text after the
+        ``host:pid:tid [dev] `` prefix (catalog hit, NCCL split, events) is worked out once per
+        distinct text (``_hits``), and the per-line work is slicing and dict lookups.
         """
         self.log.sources.append(source)
         previous: str | None = None
-        count = 0
+        count = nccl = seen = 0
         catalog = _catalog_regex()
         log = self.log
-        for raw in lines:
-            log.lines_seen += 1
-            line = raw[:_READ_MAX].rstrip()
-            if not line:
-                continue
-            if "\x1b" in line:
-                line = _ANSI.sub("", line)
-            if line[0] == "#" or (line[0] in " \t" and line.lstrip().startswith("#")):
-                continue
-            if _RECONSTRUCTED in line:
-                line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
-                log.reconstructed += 1
-            k = line.find("] ", 0, 200)
-            if k >= 0:
-                pre = line[:k]
-                if "NCCL" in pre or " : " in pre or " [" not in pre:
-                    k = -1      # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
-            ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
-            memo = self._hits.get(ckey)
-            if memo is None:
-                # the line after its "host:pid:tid [dev] " prefix repeats across ranks: work it out once
-                hit = None
-                if any(word in ckey for word in _CATALOG_KEYS):
-                    m = catalog.search(ckey)
-                    hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
-                rel = None
-                if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
-                    rel = self._split(ckey)
-                if len(self._hits) >= _MEMO_MAX:
-                    self._hits.clear()
-                memo = self._hits[ckey] = (hit, rel)
-            hit, rel = memo
-            split = None if rel is None else ((line[:k + 2] + rel[0] if k >= 0 else rel[0]), rel[1], rel[2])
-            if split is None:
-                if hit is not None:
-                    count += 1
-                    pm = _PREFIX_ANY.search(line[:300])
-                    info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
-                                       int(pm["dev"])) if pm else self.log.unattributed)
+        hits = self._hits
+        on_line = self._line
+        apply = self._apply
+        rank_of = self._rank_of
+        unparsed = 0
+        try:
+            for raw in lines:
+                seen += 1
+                line = (raw if len(raw) <= _READ_MAX else raw[:_READ_MAX]).rstrip()
+                if "\x1b" in line:
+                    line = _ANSI.sub("", line).rstrip()
+                if not line:
+                    continue
+                first = line[0]
+                if first == "#" or (first in " \t" and line.lstrip().startswith("#")):
+                    continue
+                if _RECONSTRUCTED in line:
+                    line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
+                    log.reconstructed += 1
+                k = line.find("] ", 0, 200)
+                if k >= 0:
+                    pre = line[:k]
+                    if "NCCL" in pre or " : " in pre or " [" not in pre:
+                        k = -1      # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
+                ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
+                memo = hits.get(ckey)
+                if memo is None:
+                    memo = self._memo(ckey, catalog)
+                hit, rel, events = memo
+                if rel is None:
+                    if hit is not None:
+                        count += 1
+                        pm = _PREFIX_ANY.search(line[:300])
+                        info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
+                                           int(pm["dev"])) if pm else log.unattributed)
+                        info.lines += 1
+                        info.last_line = _cut(line)
+                        self._catalog_hit(hit, line, info)
+                    continue
+                count += 1
+                nccl += 1
+                head = (line[:k + 2] + rel[0]) if k >= 0 else rel[0]
+                info = rank_of.get(head)
+                if info is None:
+                    previous, info = on_line(line, head, events, previous, rel[2])
+                else:  # a prefix seen before: the same rank, nothing to work out again (what _line does, minus that)
+                    previous = info.key
                     info.lines += 1
-                    info.last_line = _cut(line)
+                    cut = line if len(line) <= _LINE_MAX else _cut(line)
+                    info.last_line = cut
+                    if rel[2]:
+                        info.warn_count += 1
+                        if len(info.warns) < _KEEP_MAX:
+                            info.warns.append(cut)
+                    if events:
+                        for event in events:
+                            apply(info, event, cut)
+                    else:
+                        unparsed += 1
+                if hit is not None:
                     self._catalog_hit(hit, line, info)
-                continue
-            head, msg, warn = split
-            count += 1
-            log.nccl_lines += 1
-            previous, info = self._line(line, head, msg[:_SCAN_MAX], previous, warn)
-            if hit is not None:
-                self._catalog_hit(hit, line, info)
+        finally:
+            log.lines_seen += seen
+            log.nccl_lines += nccl
+            log.unparsed_count += unparsed
         return count
+
+    def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
+        """``(catalog entry index or None, NCCL split of ckey or None, events of its message)``, memoised (bounded)."""
+        hit = None
+        if any(word in ckey for word in _CATALOG_KEYS):
+            m = catalog.search(ckey)
+            hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
+        rel = None
+        if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
+            rel = self._split(ckey)
+        events = _classify(rel[1][:_SCAN_MAX]) if rel is not None else []
+        if len(self._hits) >= _MEMO_MAX:
+            self._hits.clear()
+        memo = self._hits[ckey] = (hit, rel, events)
+        return memo
 
     def _catalog_hit(self, index: int, line: str, info: RankInfo) -> None:
         entry = load_catalog()[index]
@@ -675,9 +717,12 @@ class _Parser:
             return line[:b.start()], line[b.start():].strip(), False
         return None
 
-    def _line(self, line: str, head: str, msg: str, previous: str | None,
+    def _line(self, line: str, head: str, events: list[tuple], previous: str | None,
               warn: bool = False) -> tuple[str | None, RankInfo]:
-        """Attribute one NCCL line to a rank and record what it says; return the key used and its record."""
+        """Attribute one NCCL line to a rank and record its ``events`` (:func:`_classify` of its message).
+
+        Returns the key used and its record.
+        """
         tail = head[-300:]
         parsed = self._heads.get(tail)
         if parsed is None:
@@ -686,12 +731,6 @@ class _Parser:
                 self._heads.clear()
             self._heads[tail] = parsed
         pm, label_rank, ll, lh, pkey = parsed
-        events = self._events.get(msg)
-        if events is None:
-            events = _classify(msg)
-            if len(self._events) >= _MEMO_MAX:
-                self._events.clear()
-            self._events[msg] = events
         host = pid = dev = None
         content_rank: int | None = None
         if pm:
@@ -737,10 +776,16 @@ class _Parser:
             self.log.unparsed_count += 1
         for event in events:
             self._apply(info, event, cut)
+        if pm and not ll:
+            if len(self._rank_of) >= _MEMO_MAX:
+                self._rank_of.clear()
+            self._rank_of[head] = info
         return key, info
 
     def _stage(self, info: RankInfo, name: str) -> None:
-        info.stage = max(info.stage, STAGES.index(name))
+        stage = _STAGE_INDEX[name]
+        if stage > info.stage:
+            info.stage = stage
 
     def _set_rank(self, info: RankInfo, rank: int, nranks: int) -> None:
         if info.key in self._rank_from_label:
@@ -753,7 +798,14 @@ class _Parser:
         """Record one event of a line (``line`` already cut to ``_LINE_MAX``)."""
         kind = event[0]
         cut = line
-        if kind == "version":
+        if kind == "channel":  # the most frequent kind in a big log: tested first
+            ch: Channel = event[1]
+            ckey = (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)
+            if ckey not in info._channel_keys and len(info._channel_keys) < _CHANNELS_MAX:
+                info._channel_keys.add(ckey)
+                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut))
+            self._stage(info, "channels")
+        elif kind == "version":
             info.nccl_version = event[1]
             self._stage(info, "bootstrap")
         elif kind == "driver":
@@ -807,13 +859,6 @@ class _Parser:
             if done.n_nodes:
                 info.n_nodes = max(info.n_nodes or 0, done.n_nodes)
             self._stage(info, "init-complete")
-        elif kind == "channel":
-            ch: Channel = event[1]
-            ckey = (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)
-            if ckey not in info._channel_keys and len(info._channel_keys) < _CHANNELS_MAX:
-                info._channel_keys.add(ckey)
-                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut))
-            self._stage(info, "channels")
         elif kind == "connect":
             _keep(info.connect_errors, cut)
         elif kind == "no_iface":
@@ -841,6 +886,7 @@ class _Parser:
         prefixed key with the same label; a process's keys for another cudaDev that carry only
         pre-init lines (printed before ``torch.cuda.set_device``) fold into its main key.
         """
+        self._rank_of.clear()
         for label_rank, full_key in self._label_to_key.items():
             bare = self.log.ranks.get(f"rank{label_rank}")
             if bare is not None and bare.host is None and full_key in self.log.ranks:
@@ -1112,12 +1158,15 @@ def _by_topology(topology: str, multi: str, unknown: str, single: str) -> str:
 
 
 def _address_owners(log: NcclLog) -> dict[str, set[str]]:
-    """IP address -> hosts whose bootstrap / socket / OOB interface has it."""
+    """IP address -> hosts whose bootstrap / socket / OOB interface has it (worked out once per log)."""
+    if log._owners is not None:
+        return log._owners
     owners: dict[str, set[str]] = {}
     for info in log.ranks.values():
         for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else []):
             if info.host:
                 owners.setdefault(iface.ip, set()).add(info.host)
+    log._owners = owners
     return owners
 
 
