@@ -14,7 +14,7 @@ The forms here carry the guide's fixes for its multi-node failure modes (§8.12)
 
 The launch forms return text, validated (bad input raises ``ValueError`` naming the field);
 ``tests/lab/test_slurm_lab.py`` runs the rendered script on the real SLURM lab.
-:func:`submit`, :func:`job_state`, :func:`wait_job`/:func:`wait_jobs` and :func:`queue` submit and
+:func:`submit`, :func:`job_state`, :func:`wait_job`/:func:`wait_jobs`, :func:`wait_stalled` and :func:`queue` submit and
 watch jobs through any SLURM client (the lab, or :class:`LocalSlurm` on a login node), reading
 ``scontrol show job -o`` (no accounting database needed); :func:`nccl_profile` reads the NCCL
 profiles of §8.4 (``configs/nccl_single_node.env``, ``configs/nccl_multi_node.env``).
@@ -411,6 +411,53 @@ def wait_output(client: SlurmClient, job_id: str, pattern: str, timeout_s: float
         if s.ended or s.state == "UNKNOWN" or rx.search(s.out()) or rx.search(s.err()) or time.monotonic() - t0 > timeout_s:
             return dataclasses.replace(s, waited_s=time.monotonic() - t0)
         time.sleep(poll_s)
+
+
+def wait_stalled(client: SlurmClient, job_id: str, stall_s: float, heartbeat: str = r"step \d+",
+                 timeout_s: float = 120.0, poll_s: float = 0.2) -> tuple[JobState, float]:
+    """Poll until the job's stdout shows ``heartbeat`` and then stays unchanged for ``stall_s``: the job hangs.
+
+    The stall window is the one :func:`helpers.jobs.run_job` uses on one node (no new output for
+    ``stall_s`` seconds after the first heartbeat), here read from the ``--output`` file SLURM writes on the
+    shared filesystem, so it works from the login node for a job on any nodes.
+
+    Args:
+        client: the SLURM lab or :class:`LocalSlurm`.
+        job_id: the job to watch.
+        stall_s: seconds without new output that count as a stall (> 0).
+        heartbeat: regex that must have appeared first (the job got past start-up).
+        timeout_s, poll_s: give up after ``timeout_s`` seconds; poll every ``poll_s`` seconds (> 0).
+
+    Returns:
+        ``(state, last_output)``: the :class:`JobState` when the window closed (``RUNNING`` for a hang;
+        ``waited_s`` set) and the epoch time (s) of the job's last output.
+
+    Raises:
+        ValueError: a non-positive duration or a bad regex.
+        TimeoutError: the job ended, or did not stall within ``timeout_s`` (its state and output tail in the message).
+    """
+    for value, name in ((stall_s, "stall_s"), (timeout_s, "timeout_s"), (poll_s, "poll_s")):
+        positive_float(value, name)
+    try:
+        rx = re.compile(heartbeat)
+    except re.error as exc:
+        raise ValueError(f"heartbeat={heartbeat!r}: not a regular expression ({exc})") from None
+    t0 = time.monotonic()
+    state = job_state(client, job_id)
+    while time.monotonic() - t0 < timeout_s:
+        out = state.stdout
+        if out is not None and out.exists() and rx.search(state.out()):
+            last = out.stat().st_mtime
+            if time.time() - last >= stall_s:
+                state = job_state(client, job_id)
+                if not state.ended:
+                    return dataclasses.replace(state, waited_s=time.monotonic() - t0), last
+        if state.ended:
+            break
+        time.sleep(poll_s)
+        state = job_state(client, job_id)
+    raise TimeoutError(f"job {job_id}: no stall of {stall_s} s within {timeout_s} s ({state.summary()}); "
+                       f"last output: {state.out()[-500:]!r}")
 
 
 def queue(client: SlurmClient, fmt: str = "%i %t %M %r") -> list[list[str]]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from helpers import slurm
+from helpers import jobdir, jobs, slurm
 from helpers.validate import one_of, positive_int
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -63,6 +63,33 @@ def job_script(work: str | os.PathLike[str], name: str, script: str | os.PathLik
                                partition="lab", account="lab", time=time, master_port=port, log_dir=str(work),
                                env={"RUNBOOK_BACKEND": "gloo", **(env or {})})
     return text.replace('--master-port="$MASTER_PORT"', f'--master-port="$MASTER_PORT" --rdzv-conf=timeout={rdzv_timeout_s}')
+
+
+def hang_script(work: str | os.PathLike[str], name: str, *, port: int, mode: str = "bug", case: str = "mismatch",
+                timeout_s: int = 120, rdzv_timeout_s: int = 10) -> str:
+    """A 2-node batch job of ``scenarios/hangs.py --case CASE`` that hangs (``mode="bug"``) or completes (``"fix"``).
+
+    The ranks run under the rank shim (:mod:`helpers.rankshim`) with ``RUNBOOK_FR_DIR=<work>/fr`` and
+    ``TORCH_FR_BUFFER_SIZE=2000``: torch's Flight Recorder is on, and a rank writes its dump when asked
+    (:mod:`helpers._fr_site`), so ``runbook doctor --slurm-job`` reads torch's own record of the collectives,
+    with no change to the script.  ``case="mismatch"`` (D19): at step 2 the last rank calls ``broadcast``
+    where the others call ``all_reduce``.
+
+    Args:
+        work, name, port, rdzv_timeout_s: as :func:`job_script`.
+        mode: ``bug`` or ``fix``.
+        case: one of ``scenarios/hangs.py``'s cases.
+        timeout_s: the collective timeout of the process group (s, >= 1): how long the hang lasts before
+            gloo raises; keep it well above the stall window so that the doctor sees the live hang.
+
+    Raises:
+        ValueError: a bad ``mode``, ``timeout_s``, or as :func:`job_script`.
+    """
+    one_of(mode, "mode", ("bug", "fix"))
+    positive_int(timeout_s, "timeout_s", 1)
+    args = [SCENARIOS / "hangs.py", "--case", case, "--mode", mode, "--timeout-s", timeout_s, "--steps", 4]
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", jobdir.FR_DIR_ENV: str(Path(work) / "fr")}
+    return job_script(work, name, jobs.SHIM, args, port=port, env=env, rdzv_timeout_s=rdzv_timeout_s)
 
 
 def _sub(pattern: str, repl: str, count: int = 0) -> Callable[[str], str]:

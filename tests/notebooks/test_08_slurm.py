@@ -39,5 +39,6 @@ def test_chapter_08_slurm(no_leftovers):
                  "was not reachable via ssh", "execve(): bash: No such file or directory",
                  "{'node0': 'INFO', 'node1': 'INFO'}", "The hostname of the rendezvous endpoint ':",
                  "torchelastic/role_info", "EADDRINUSE", "RendezvousTimeoutError", "multinode-net-disabled",
-                 "PD 0:00 Resources", "PD 0:00 Dependency", "TIMEOUT", "DUE TO TIME LIMIT", "lab ch down"):
+                 "PD 0:00 Resources", "PD 0:00 Dependency", "TIMEOUT", "DUE TO TIME LIMIT", "rank(s) [1] diverged",
+                 "entered gloo:broadcast", "decided by:", "lab ch down"):
         assert seen in text, seen
