@@ -367,8 +367,11 @@ def grade_smoke(check_id: str, title: str, data: dict, source: str) -> Check:
 
 
 def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int, hidden: int, batch: int,
-              timeout_s: float, fused_adam: bool = True) -> tuple[Check, jobs.JobResult]:
+              timeout_s: float, fused_adam: bool = True) -> tuple[Check, jobs.JobResult | None]:
     """Run Gilbreth smoke test ``which`` (``01``, ``02``, ``03``) for real and grade it.
+
+    Returns ``(check, job)``; ``job`` is None when 03 was not started because a stale JIT build lock would
+    have hung it (:func:`stale_lock_failure`).
 
     Every smoke test starts under ``torchrun`` or ``python``, which keep ``CUDA_VISIBLE_DEVICES``.
     ``fused_adam=False`` runs 03 on NCCL with ``configs/ds_zero1_gpu.json`` plus
@@ -395,6 +398,8 @@ def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int
             config = Path(out_dir) / "ds_zero1_gpu_torch_adam.json"
             config.write_text(json.dumps(cfg, indent=2))
         args += ["--deepspeed-config", str(config)]
+    if which == "03" and (locked := stale_lock_failure(check_id, title)) is not None:
+        return locked, None
     # torchrun --standalone picks a free rendezvous port itself (D4)
     job = jobs.run_job(SCENARIOS / script, args, launcher=launcher, nproc=1 if which == "01" else nproc,
                        timeout_s=timeout_s * 2 + 60, stall_s=timeout_s + 30, name=f"smoke-{which}")
@@ -654,6 +659,48 @@ def _check_shm() -> Check:
     return _record("host.shm", title, "OK", info, "", src)
 
 
+STALE_BUILD_LOCK_S = 600.0
+"""A JIT build lock older than this, with no local process building in its folder, is stale.  A CPU DeepSpeed op
+builds in 30-90 s on 2 cores (measured, ``make ds-ops``) and a CUDA op such as fused_adam in a few minutes
+(PF-jit-lock)."""
+
+
+def _check_build_locks(env: Mapping[str, str], roots: Sequence[str] | None = None) -> Check:
+    src = sources.cite("PF-jit-lock")
+    roots = hostinfo.extension_roots(env) if roots is None else list(roots)
+    locks = hostinfo.build_locks(roots=roots)
+    values: dict[str, Any] = {"roots": roots, "locks": locks, "stale_after_s": STALE_BUILD_LOCK_S}
+    stale = [lk for lk in locks if lk["age_s"] >= STALE_BUILD_LOCK_S and not lk["builders"]]
+    if stale:
+        paths = " ".join(lk["path"] for lk in stale)
+        return _record("host.jit_lock", f"stale JIT build lock {stale[0]['path']} ({stale[0]['age_s'] / 60:.0f} min old, "
+                       "no build running): every job that loads this op (DeepSpeed's comm/optimizer ops) waits "
+                       "on it forever", "FAIL", values,
+                       f"a build was killed while it held the lock; remove it: rm {paths}  (no process builds in that "
+                       "folder here; on a shared filesystem make sure no other node is building it)", src)
+    if locks:
+        busy = locks[0]
+        how = f"building now (pids {busy['builders']})" if busy["builders"] else f"{busy['age_s']:.0f} s old"
+        return _record("host.jit_lock", f"JIT build lock {busy['path']} {how}: jobs that load this op wait for it",
+                       "INFO", values, f"if no build finishes within {STALE_BUILD_LOCK_S / 60:.0f} min, remove it: "
+                       f"rm {busy['path']}", src)
+    return _record("host.jit_lock", "no JIT build lock in " + (", ".join(values["roots"]) or "the extension folders"),
+                   "OK", values, "", src)
+
+
+def stale_lock_failure(check_id: str, title: str) -> Check | None:
+    """A FAIL for a job that would load a JIT-built op while a stale build lock waits (``host.jit_lock``), or None.
+
+    Looks in the folder the project's jobs build in (:func:`helpers.jobs.extensions_dir`).  Lets the DeepSpeed
+    smoke tests fail at once, naming the file, instead of hanging until their timeout.
+    """
+    lock = _check_build_locks(os.environ, roots=[str(jobs.extensions_dir())])
+    if lock.status != "FAIL":
+        return None
+    return Check(check_id, f"{title}: not run, {lock.title}", "FAIL", lock.values, lock.remediation, lock.source,
+                 evidence=[lk["path"] for lk in lock.values["locks"]])
+
+
 def _check_interfaces(ifaces: list[dict[str, Any]]) -> Check:
     src = sources.cite("MN4")
     carriers = [i for i in ifaces if i["up"] and not i["loopback"] and i["ipv4"]]
@@ -737,8 +784,8 @@ def _check_socket_ifname(env: Mapping[str, str], ifaces: list[dict[str, Any]]) -
 
 def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEFAULT_MASTER_PORT) -> list[Check]:
     """Measure this host (:mod:`helpers.hostinfo`) and grade it: the :class:`helpers.checks.Check` records
-    ``host.port``, ``host.shm``, ``host.interfaces``, ``host.socket_ifname``, in that order (``status``
-    OK/WARN/FAIL, ``remediation`` empty when OK, sizes in bytes).
+    ``host.port``, ``host.shm``, ``host.interfaces``, ``host.socket_ifname``, ``host.jit_lock``, in that order
+    (``status`` OK/INFO/WARN/FAIL, ``remediation`` empty when OK, sizes in bytes).
 
     Thresholds and their sources: ``host.port`` WARN when the rendezvous port is busy (D4);
     ``host.shm`` FAIL below 64 MiB (Docker's default, already too small for NCCL on 8 GPUs), WARN
@@ -747,7 +794,8 @@ def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEF
     MTUs between UP interfaces of one link type (MN4; the cross-node comparison is the multi-node
     preflight's); ``host.socket_ifname`` FAIL when a set ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME``
     selects no interface with an address or uses syntax gloo lacks, WARN when it selects only DOWN
-    interfaces or only loopback on a multi-node job (Gilbreth guide 4.2, 8.12; MN2).
+    interfaces or only loopback on a multi-node job (Gilbreth guide 4.2, 8.12; MN2); ``host.jit_lock`` FAIL on a
+    torch JIT build lock older than :data:`STALE_BUILD_LOCK_S` with no local builder (PF-jit-lock), INFO on a younger one.
 
     Args:
         environ: the environment to judge (``os.environ`` when None); ``MASTER_PORT`` there
@@ -766,6 +814,6 @@ def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEF
         for cid in ("host.interfaces", "host.socket_ifname"):
             records.append(_record(cid, f"cannot list interfaces: {exc}", "FAIL", {}, "install iproute2 (`ip`)",
                                    sources.cite("MN2", "MN4")))
-        return records
-    records += [_check_interfaces(ifaces), _check_socket_ifname(env, ifaces)]
+        return [*records, _check_build_locks(env)]
+    records += [_check_interfaces(ifaces), _check_socket_ifname(env, ifaces), _check_build_locks(env)]
     return records

@@ -107,7 +107,7 @@ class RankState:
         if self.collective:
             seq = f" #{self.seq}" if self.seq is not None else ""
             return f"rank {self.rank} waits in {self.collective}{seq} called at {self.call_site}"
-        return f"rank {self.rank} is in no collective: {_where(self)}{last}"
+        return f"rank {self.rank} is in no collective: {_where(self)}{last}{known_wait(self.frames)}"
 
 
 def rank_state(rank: int, stack: str | None, trace: Sequence[dict] = ()) -> RankState:
@@ -294,6 +294,20 @@ def break_tie(sides: Mapping[object, Sequence[int]], states: Mapping[int, RankSt
         if breaks[keys[0]] != breaks[keys[1]]:
             return (keys[0] if breaks[keys[0]] else keys[1]), "pattern"
     return None, "undecided"
+
+
+KNOWN_WAITS = {
+    "FileBaton.wait": ("waits for torch's JIT build lock (the file `lock` in the op's folder under TORCH_EXTENSIONS_DIR "
+                       "or ~/.cache/torch_extensions); if no build is running it is stale, left by a killed build, and "
+                       "every rank waits forever: `runbook diagnose` names it (host.jit_lock); remove it (PF-jit-lock)"),
+}
+"""Library frames that explain a wait outside any collective: innermost function (as py-spy names it) -> hint."""
+
+
+def known_wait(frames: Sequence[Frame]) -> str:
+    """``"; <hint>"`` when a frame of ``frames`` is a known wait of :data:`KNOWN_WAITS`, else ``""``."""
+    hit = next((KNOWN_WAITS[f.func] for f in frames if f.func in KNOWN_WAITS), "")
+    return f"; {hit}" if hit else ""
 
 
 def _where(state: RankState) -> str:

@@ -1,7 +1,7 @@
 """Measure this host for the allocation check (check 5): network interfaces, ``/dev/shm``, TCP ports.
 
 The measuring functions (:func:`interfaces`, :func:`shm_info`, :func:`port_free`, :func:`free_port`,
-:func:`free_ports`, :func:`port_holders`) look at the real host and return plain data.  Grading
+:func:`free_ports`, :func:`port_holders`, :func:`build_locks`) look at the real host and return plain data.  Grading
 them into :class:`helpers.checks.Check` records is :func:`helpers.diagnostics.host_checks`'s job
 (:func:`host_checks` here forwards to it for one release); the ``*_SOCKET_IFNAME`` rules are
 :mod:`helpers.ifnames`'.  Nothing runs at import.
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -110,6 +112,49 @@ def shm_info(path: str = "/dev/shm") -> dict[str, Any]:
     """
     st = os.statvfs(path)
     return {"path": path, "total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
+
+
+def extension_roots(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The folders torch JIT-builds C++ extensions in (DeepSpeed's ops among them): ``$TORCH_EXTENSIONS_DIR``
+    when set, and torch's default ``$XDG_CACHE_HOME/torch_extensions`` (``~/.cache/torch_extensions``), the
+    path of ``torch.utils.cpp_extension.get_default_build_root`` on Linux, worked out here without importing torch.
+
+    Returns the existing folders only, each once.
+    """
+    env = os.environ if environ is None else environ
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    roots = [env.get("TORCH_EXTENSIONS_DIR") or "", os.path.join(cache, "torch_extensions")]
+    return list(dict.fromkeys(os.path.realpath(r) for r in roots if r and os.path.isdir(r)))
+
+
+def build_locks(environ: Mapping[str, str] | None = None, now: float | None = None,
+                roots: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Every JIT build lock under ``roots`` (default :func:`extension_roots` of ``environ``): the file ``lock`` that torch's ``FileBaton`` keeps in
+    an extension's build folder while one process builds it (``<root>/<op>/lock``, or ``<root>/<py>_<acc>/<op>/lock``
+    under the default root).
+
+    torch removes the file when the build ends; a builder killed meanwhile leaves it, and every later load waits for
+    it forever (PF-jit-lock; https://github.com/pytorch/pytorch/issues/189245).  A build in progress runs ninja and the
+    compiler in that folder: ``builders`` lists the local processes whose working directory it is.
+
+    Returns:
+        ``[{"path": str, "age_s": float (seconds since the file was last changed), "builders": [pid, ...]}]``.
+    """
+    now = time.time() if now is None else now
+    found: list[dict[str, Any]] = []
+    for root in extension_roots(environ) if roots is None else [os.path.realpath(r) for r in roots]:
+        for pattern in ("*/lock", "*/*/lock"):
+            for path in sorted(glob.glob(os.path.join(root, pattern))):
+                with contextlib.suppress(OSError):
+                    found.append({"path": path, "age_s": round(now - os.stat(path).st_mtime, 1), "builders": []})
+    if found:
+        folders = {os.path.dirname(f["path"]): f for f in found}
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                cwd = proc.cwd()
+                if cwd in folders:
+                    folders[cwd]["builders"].append(proc.pid)
+    return found
 
 
 def port_free(port: int, host: str = "0.0.0.0") -> bool:

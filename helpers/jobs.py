@@ -84,6 +84,17 @@ def build_dir() -> Path:
     return path
 
 
+def extensions_dir() -> Path:
+    """Where jobs JIT-build torch extensions (DeepSpeed's ops): ``$TORCH_EXTENSIONS_DIR``, else ``<build>/torch_extensions``.
+
+    Inside the project's build folder (on a cluster: the shared filesystem, so every node loads the op one node
+    built), never torch's default ``~/.cache/torch_extensions``; created if missing.
+    """
+    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or build_dir() / "torch_extensions").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def choose_backend(requested: str = "auto", nproc_per_node: int = 1, *, verbose: bool = True) -> str:
     """Resolve a backend name for a job of ``nproc_per_node`` ranks on this node.
 
@@ -578,13 +589,11 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     job_dir = job_dir or new_job_dir(name)
     layout = JobDir(job_dir).create()
     tmp = layout.tmp_dir
-    ext = build_dir() / "torch_extensions"
-    ext.mkdir(exist_ok=True)
     # The interpreter's own bin first on PATH: the launchers, and the ninja that built the cached
     # DeepSpeed ops (a different ninja sees "command line changed" and rebuilds them, ~30 s).
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     changes: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), JOB_DIR_ENV: str(job_dir),
-                                      "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ext)),
+                                      "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
                                       "PATH": path, "PYTHONPATH": _pythonpath()}
     (layout.fr_dir / "nccl").mkdir(parents=True, exist_ok=True)
     for var, value in ((FR_DIR_ENV, str(layout.fr_dir)), ("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE)),

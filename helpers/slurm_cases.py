@@ -33,7 +33,7 @@ def job_env(work: str | os.PathLike[str]) -> dict[str, str]:
     return {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
             "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "RUNBOOK_JOB_DIR": str(work),
             # DeepSpeed JIT-builds its CPU comm op there once (~30-90 s); every later job reuses it (helpers.jobs does the same)
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / "build" / "torch_extensions"))}
+            "TORCH_EXTENSIONS_DIR": str(jobs.extensions_dir())}
 
 
 def job_script(work: str | os.PathLike[str], name: str, script: str | os.PathLike[str], args: Sequence[object] = (), *,

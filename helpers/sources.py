@@ -263,6 +263,12 @@ def _entries() -> tuple[Source, ...]:
                                "DDP needs ACCELERATE_USE_CPU=1 (or `Accelerator(cpu=True)`), FSDP through Accelerate does "
                                "not run on CPU, and `accelerate test` reports success after running one process.",
           (ACCELERATE_LAUNCH_DOCS,)),
+        s("PF-jit-lock", "Measured (torch 2.13.0+cpu, DeepSpeed 0.19.8): a JIT build of a DeepSpeed op killed while it "
+                         "held torch's build lock (the file `lock` in the op's folder under TORCH_EXTENSIONS_DIR, "
+                         "default ~/.cache/torch_extensions) leaves the file behind, and every later job waits in "
+                         "`FileBaton.wait` forever, with no message after DeepSpeed's accelerator line.",
+          ("https://github.com/pytorch/pytorch/issues/189245", "https://github.com/OpenRLHF/OpenRLHF/issues/208",
+           "https://github.com/huggingface/transformers/issues/26015")),
         s("PF-fr-gloo", "Measured (torch 2.13.0+cpu, gloo): the Flight Recorder (TORCH_FR_BUFFER_SIZE) records gloo "
                         "collectives with their sequence ids but writes no dump at a gloo timeout, and torch's bundled "
                         "analyzer (`python -m torch.distributed.flight_recorder.fr_trace`) crashed on the dumps with "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +208,9 @@ def test_unset_ifname_is_ok():
 def test_record_shape():
     records = host_checks({})
     assert all(type(r) is Check for r in records)
-    assert [r.id for r in records] == ["host.port", "host.shm", "host.interfaces", "host.socket_ifname"]
+    assert [r.id for r in records] == ["host.port", "host.shm", "host.interfaces", "host.socket_ifname", "host.jit_lock"]
     for rec in records:
-        assert rec.status in ("OK", "WARN", "FAIL") and rec.source
+        assert rec.status in ("OK", "INFO", "WARN", "FAIL") and rec.source
         assert (rec.remediation == "") == (rec.status == "OK")
         json.dumps(rec.to_dict())  # plain data
     lo = [i for i in _by_id(records)["host.interfaces"]["values"]["interfaces"] if i["name"] == "lo"]
@@ -216,3 +219,55 @@ def test_record_shape():
 
 def test_hostinfo_host_checks_alias_grades_the_same():
     assert [r.id for r in hostinfo.host_checks({})] == [r.id for r in host_checks({})]
+
+
+# ---------------------------------------------------------------- host.jit_lock: torch's JIT build lock (PF-jit-lock)
+
+def _lock(root, age_s, op="deepspeed_shm_comm"):
+    folder = root / op
+    folder.mkdir(parents=True)
+    lock = folder / "lock"
+    lock.touch()
+    t = time.time() - age_s
+    os.utime(lock, (t, t))
+    return lock
+
+
+def test_stale_build_lock_is_a_fail_naming_the_file(tmp_path):
+    ext = tmp_path / "ext"
+    lock = _lock(ext, diagnostics.STALE_BUILD_LOCK_S + 60)
+    env = {"TORCH_EXTENSIONS_DIR": str(ext), "HOME": str(tmp_path / "home")}
+    found = hostinfo.build_locks(env)
+    assert [f["path"] for f in found] == [str(lock)] and found[0]["age_s"] >= diagnostics.STALE_BUILD_LOCK_S
+    rec = _by_id(host_checks(env))["host.jit_lock"]
+    assert rec["status"] == "FAIL" and str(lock) in rec["title"] and f"rm {lock}" in rec["remediation"]
+
+
+def test_young_lock_or_running_build_is_info_and_no_lock_is_ok(tmp_path):
+    home = tmp_path / "home"
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "none"), "HOME": str(home)}
+    assert _by_id(host_checks(env))["host.jit_lock"]["status"] == "OK"
+    # torch's default root: ~/.cache/torch_extensions/<py>_<accelerator>/<op>/lock
+    young = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", 5)
+    rec = _by_id(host_checks(env))["host.jit_lock"]
+    assert rec["status"] == "INFO" and str(young) in rec["title"]
+    old = _lock(tmp_path / "ext", diagnostics.STALE_BUILD_LOCK_S * 2)
+    builder = subprocess.Popen(["sleep", "30"], cwd=old.parent)  # a build in progress works in that folder
+    try:
+        env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "ext")
+        rec = _by_id(host_checks(env))["host.jit_lock"]
+        locks = {lk["path"]: lk for lk in rec["values"]["locks"]}
+        assert builder.pid in locks[str(old)]["builders"] and rec["status"] == "INFO"
+    finally:
+        builder.kill()
+        builder.wait()
+
+
+def test_smoke_is_not_started_on_a_stale_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    assert diagnostics.stale_lock_failure("smoke.03", "DeepSpeed smoke") is None
+    lock = _lock(tmp_path / "ext", diagnostics.STALE_BUILD_LOCK_S + 1)
+    rec = diagnostics.stale_lock_failure("smoke.03", "DeepSpeed smoke")
+    assert rec.status == "FAIL" and rec.id == "smoke.03" and "not run" in rec.title and rec.evidence == [str(lock)]
+    check, job = diagnostics.run_smoke("03", tmp_path, nproc=2, backend="gloo", steps=1, hidden=8, batch=2, timeout_s=5)
+    assert job is None and check.status == "FAIL" and str(lock) in check.title
