@@ -10,6 +10,9 @@ eight hangs of ``helpers/scenarios/issue_hangs.py`` (2-4 ranks, from public issu
 ranks from the Flight Recorder alone, from dumps + stacks) and must equal the expected rank(s): a wrong verdict
 counts like a flaky one.  ``--set all`` runs both sets.
 
+``--set fr`` also runs the hung 2-node SLURM job of chapter 08 (lab ``fh``; ``runbook doctor --slurm-job`` on the
+head node, then the dumps alone) and prints the time from the stall window's end to the verdict.
+
 Run: ``.venv/bin/python benchmarks/flaky_hangs.py --repeats 10`` (about 10 minutes on 2 cores; ``--set fr``
 about 8 minutes at 2 repeats).
 """
@@ -17,6 +20,7 @@ about 8 minutes at 2 repeats).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections import Counter
@@ -62,6 +66,41 @@ def fr_cases() -> list[tuple[str, Path, list[str], int, tuple[int, ...]]]:
     return FR_CASES + [(f"{c}/{n}", ISSUE_HANGS, ["--case", c], n, tuple(want)) for c, (_url, n, want) in ISSUES.items()]
 
 
+TWO_NODE = "mismatch/2 nodes"  # chapter 08 section 10 and tests/lab/test_fr_doctor_lab.py, on the SLURM lab
+
+
+def two_node_verdicts(repeats: int) -> Counter:
+    """The hung 2-node SLURM job ``repeats`` times on one lab ``fh``: (diverged from the dumps alone, from
+    ``runbook doctor --slurm-job`` run on the head node, i.e. stacks + dumps of every node), and the seconds
+    from the stall window's end to that verdict."""
+    import re
+
+    from helpers import hostinfo, netlab, slurm
+    from helpers import slurm_cases as sc
+
+    seen: Counter = Counter()
+    delays = []
+    with netlab.Lab(2, name="fh", subnet="10.77.14.0/24", slurm=True) as lab:
+        for i in range(repeats):
+            work = jobs.new_job_dir(f"fr-2node-{i}")
+            env = sc.job_env(work)
+            job_id = slurm.submit(lab, sc.hang_script(work, "hung", port=hostinfo.free_port()), work, name="hung", env=env,
+                                  sbatch_args=["--job-name=hung"])
+            try:
+                _, last = slurm.wait_stalled(lab, job_id, STALL_S)
+                out = lab.slurm([sys.executable, "-m", "helpers.cli", "doctor", "--slurm-job", job_id], env=env, timeout_s=90)
+                delays.append(time.time() - last - STALL_S)
+            finally:
+                lab.slurm(["scancel", job_id], timeout_s=10)
+                slurm.wait_job(lab, job_id, timeout_s=30)
+            m = re.search(r"rank\(s\) \[([\d, ]+)\] diverged", out.stdout)
+            both = tuple(int(x) for x in m.group(1).split(",")) if m else ("no verdict", out.returncode)
+            alone = tuple(doctor.diagnose_fr(doctor.load_fr(work / "fr")).diverged)
+            seen[(alone, both)] += 1
+    print(f"  two nodes: verdict {statistics.median(delays):.2f} s (median), {max(delays):.2f} s (max) after the stall window")
+    return seen
+
+
 def verdict(case: str, mode: str, nproc: int, stall_s: float | None, env: dict | None) -> tuple:
     """Run one case once and reduce its outcome to a comparable tuple."""
     r = jobs.run_job(HANGS, ["--case", case, "--mode", mode, "--timeout-s", str(TIMEOUT_S), "--trace"], nproc=nproc,
@@ -90,8 +129,13 @@ def main() -> int:
     t0 = time.monotonic()
     if args.set in ("fr", "all"):
         chosen_fr = [c for c in fr_cases() if not args.cases or c[0] in args.cases.split(",")]
+        if not args.cases or TWO_NODE in args.cases.split(","):
+            chosen_fr.append((TWO_NODE, None, [], 2, (1,)))
         for label, script, cargs, nproc, want in chosen_fr:
-            seen = Counter(fr_verdict(script, cargs, nproc) for _ in range(args.repeats))
+            if label == TWO_NODE:
+                seen = two_node_verdicts(args.repeats)
+            else:
+                seen = Counter(fr_verdict(script, cargs, nproc) for _ in range(args.repeats))
             bad = len(seen) > 1 or next(iter(seen)) != (want, want)
             flaky += bad
             print(f"{'WRONG' if bad else 'right'} {label:22s} expect {want}: {dict(seen)}", flush=True)
