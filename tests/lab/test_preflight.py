@@ -41,7 +41,7 @@ def lab():
 def run(lab: netlab.Lab, env: dict[str, str]) -> list[preflight.NodeCheck]:
     t0 = time.monotonic()
     checks = preflight.run_preflight(lab.hostnames, lab.runner(), env)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # bounded: every step has its own timeout
     return checks
 
 
