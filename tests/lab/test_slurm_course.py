@@ -8,7 +8,6 @@ the lab.  Skipped with the reason printed when the lab or slurm-wlm/munge are mi
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 
@@ -25,14 +24,6 @@ pytestmark = [pytest.mark.skipif(not LAB_OK, reason=f"network lab unavailable: {
 if not (LAB_OK and SLURM_OK):
     print(f"tests/lab/test_slurm_course.py skipped: {LAB_WHY if not LAB_OK else SLURM_WHY}", file=sys.stderr)
 LAB_NAME = "ch"
-
-
-def lab_script(text: str) -> str:
-    """course.sbatch with its # EDIT lines filled in for the lab's CPU nodes."""
-    text = re.sub(r"^#SBATCH --partition=.*$", "#SBATCH --partition=lab", text, flags=re.M)
-    text = re.sub(r"^#SBATCH --account=.*$", "#SBATCH --account=lab", text, flags=re.M)
-    text = re.sub(r"^#SBATCH --cpus-per-task=.*$", "#SBATCH --cpus-per-task=1", text, flags=re.M)
-    return re.sub(r"^#SBATCH --gpus-per-node=.*\n", "", text, flags=re.M)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +53,7 @@ def test_submit_wait_and_a_failing_job(lab):
 
 
 def test_course_sbatch_runs_one_chapter_on_the_allocation(lab):
-    text = lab_script((sc.ROOT / "configs" / "slurm" / "course.sbatch").read_text())
+    text = course.lab_sbatch((sc.ROOT / "configs" / "slurm" / "course.sbatch").read_text())
     work = sc.ROOT / "build" / "course"
     work.mkdir(parents=True, exist_ok=True)
     env = {**sc.job_env(work), "COURSE_CHAPTERS": "00"}
