@@ -665,6 +665,10 @@ builds in 30-90 s on 2 cores (measured, ``make ds-ops``) and a CUDA op such as f
 (PF-jit-lock)."""
 
 
+BUSY_BUILD_LOCK_S = 60.0
+"""A build lock younger than this, with no builder process, is an op being loaded right now: OK."""
+
+
 def _check_build_locks(env: Mapping[str, str], roots: Sequence[str] | None = None) -> Check:
     src = sources.cite("PF-jit-lock")
     roots = hostinfo.extension_roots(env) if roots is None else list(roots)
@@ -678,6 +682,8 @@ def _check_build_locks(env: Mapping[str, str], roots: Sequence[str] | None = Non
                        "on it forever", "FAIL", values,
                        f"a build was killed while it held the lock; remove it: rm {paths}  (no process builds in that "
                        "folder here; on a shared filesystem make sure no other node is building it)", src)
+    # a load of a built op holds the lock for a moment (ninja finds nothing to do): only a lingering one is news
+    locks = [lk for lk in locks if lk["builders"] or lk["age_s"] >= BUSY_BUILD_LOCK_S]
     if locks:
         busy = locks[0]
         how = f"building now (pids {busy['builders']})" if busy["builders"] else f"{busy['age_s']:.0f} s old"
@@ -795,7 +801,8 @@ def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEF
     preflight's); ``host.socket_ifname`` FAIL when a set ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME``
     selects no interface with an address or uses syntax gloo lacks, WARN when it selects only DOWN
     interfaces or only loopback on a multi-node job (Gilbreth guide 4.2, 8.12; MN2); ``host.jit_lock`` FAIL on a
-    torch JIT build lock older than :data:`STALE_BUILD_LOCK_S` with no local builder (PF-jit-lock), INFO on a younger one.
+    torch JIT build lock older than :data:`STALE_BUILD_LOCK_S` with no local builder (PF-jit-lock), INFO on a younger
+    one older than :data:`BUSY_BUILD_LOCK_S` or with a build running.
 
     Args:
         environ: the environment to judge (``os.environ`` when None); ``MASTER_PORT`` there

@@ -248,9 +248,11 @@ def test_young_lock_or_running_build_is_info_and_no_lock_is_ok(tmp_path):
     env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "none"), "HOME": str(home)}
     assert _by_id(host_checks(env))["host.jit_lock"]["status"] == "OK"
     # torch's default root: ~/.cache/torch_extensions/<py>_<accelerator>/<op>/lock
-    young = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", 5)
+    loading = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", 5, op="loading_now")
+    assert _by_id(host_checks(env))["host.jit_lock"]["status"] == "OK"  # a load holds it for a moment
+    young = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", diagnostics.BUSY_BUILD_LOCK_S + 5)
     rec = _by_id(host_checks(env))["host.jit_lock"]
-    assert rec["status"] == "INFO" and str(young) in rec["title"]
+    assert rec["status"] == "INFO" and str(young) in rec["title"] and str(loading) not in rec["title"]
     old = _lock(tmp_path / "ext", diagnostics.STALE_BUILD_LOCK_S * 2)
     builder = subprocess.Popen(["sleep", "30"], cwd=old.parent)  # a build in progress works in that folder
     try:
