@@ -1,7 +1,7 @@
 """Measure this host for the allocation check (check 5): network interfaces, ``/dev/shm``, TCP ports.
 
 The measuring functions (:func:`interfaces`, :func:`shm_info`, :func:`port_free`, :func:`free_port`,
-:func:`free_ports`, :func:`port_holders`, :func:`build_locks`) look at the real host and return plain data.  Grading
+:func:`free_ports`, :func:`port_holders`, :func:`build_locks`, :func:`nic_speed_mbps`, :func:`memcpy_gbps`) look at the real host and return plain data.  Grading
 them into :class:`helpers.checks.Check` records is :func:`helpers.diagnostics.host_checks`'s job
 (:func:`host_checks` here forwards to it for one release); the ``*_SOCKET_IFNAME`` rules are
 :mod:`helpers.ifnames`'.  Nothing runs at import.
@@ -17,11 +17,13 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -155,6 +157,39 @@ def build_locks(environ: Mapping[str, str] | None = None, now: float | None = No
                 if cwd in folders:
                     folders[cwd]["builders"].append(proc.pid)
     return found
+
+
+def nic_speed_mbps(iface: str) -> tuple[float | None, str]:
+    """Line rate of ``iface`` in Mb/s and where it came from (sysfs ``speed``, ``ethtool``, ``ibstat``)."""
+    try:
+        value = int(Path(f"/sys/class/net/{iface}/speed").read_text().strip())
+        if value > 0:
+            return float(value), f"/sys/class/net/{iface}/speed"
+    except (OSError, ValueError):
+        pass
+    for argv, rx, unit in ((["ethtool", iface], r"Speed:\s*(\d+)\s*Mb/s", 1.0), (["ibstat"], r"Rate:\s*(\d+)", 1000.0)):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        m = re.search(rx, out)
+        if m:
+            return float(m.group(1)) * unit, " ".join(argv)
+    return None, "unknown (no sysfs speed, ethtool or ibstat)"
+
+
+def memcpy_gbps(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """This host's memory-copy bandwidth, GB/s (best of ``repeats`` copies of ``nbytes``, read + write counted once)."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
 
 
 def port_free(port: int, host: str = "0.0.0.0") -> bool:

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from support import ROOT, SCENARIOS
 
-from helpers import allocation, diagnose_params, slurm
+from helpers import allocation, allocation_grades, diagnose_params, slurm
 from helpers.checks import Check
 
 
@@ -51,16 +51,16 @@ def test_pairs_name_the_slow_node_or_the_link():
     good = 0.1
     nodes = ["n0", "n1", "n2", "n3"]
     m = {a: {b: good for b in nodes if b != a} for a in nodes}
-    assert allocation.grade_pairs(m).status == "OK"
+    assert allocation_grades.grade_pairs(m).status == "OK"
     slow_node = {a: {b: (0.01 if "n2" in (a, b) else good) for b in nodes if b != a} for a in nodes}
-    c = allocation.grade_pairs(slow_node)
+    c = allocation_grades.grade_pairs(slow_node)
     assert c.status == "WARN" and c.faulty == ["n2"] and "slow node(s) n2" in c.title
     slow_link = {a: {b: (0.01 if {a, b} == {"n0", "n1"} else good) for b in nodes if b != a} for a in nodes}
-    c = allocation.grade_pairs(slow_link)
+    c = allocation_grades.grade_pairs(slow_link)
     assert c.status == "WARN" and c.faulty == [] and "slow link(s): n0-n1" in c.title
     two = {"a": {"b": 0.001}, "b": {"a": 0.001}}
-    assert allocation.grade_pairs(two, 1.25, 0.01).status == "WARN"  # one pair: only the envelope can judge
-    assert allocation.grade_pairs(two, 0.05, 0.01).status == "OK"
+    assert allocation_grades.grade_pairs(two, 1.25, 0.01).status == "WARN"  # one pair: only the envelope can judge
+    assert allocation_grades.grade_pairs(two, 0.05, 0.01).status == "OK"
 
 
 def test_drain_list_and_login_node():
@@ -165,9 +165,9 @@ def _rec(host, rank, env):
 
 def test_env_diff_names_the_odd_node_rank0_breaks_ties():
     data = {"world_size": 2, "correctness": [], "records": [_rec("node0", 0, {}), _rec("node1", 1, {"NCCL_ALGO": "Ring"})]}
-    contract, env, _ = allocation.grade_job(data, ["node0", "node1"], 1)
+    contract, env, _ = allocation_grades.grade_job(data, ["node0", "node1"], 1)
     assert contract.status == "OK" and env.status == "FAIL" and env.faulty == ["node1"]
     data["records"] = [_rec("node0", 0, {"NCCL_IB_DISABLE": "1"}), _rec("node1", 1, {})]  # lost on the other node
-    assert allocation.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
+    assert allocation_grades.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
     data["records"][1]["contract"]["GROUP_RANK"] = "0"
-    assert allocation.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"
+    assert allocation_grades.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"

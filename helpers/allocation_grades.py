@@ -1,0 +1,253 @@
+"""Grading the allocation check across nodes: per-node reports, the job over every node, the node-pair matrix, the envelope.
+
+Pure functions over what :mod:`helpers.allocation` measured (no SLURM, no job here):
+
+* :func:`grade_nodes`: the per-node reports (:func:`helpers.allocation.node_report`) -> ``node.versions``,
+  ``node.gpus.<node>``, ``node.<host check>.<node>``.
+* :func:`grade_job`: the job across nodes -> ``job.contract``, ``job.env_diff`` (the odd node named),
+  ``job.correctness``.
+* :func:`pair_matrix` / :func:`grade_pairs`: the node x node busbw matrix and its outlier (a slow node is slow
+  in every pair of its own; one slow pair is the link), bisection as nccl-tests users do by hand
+  (NVIDIA/nccl-tests PR 376, NVIDIA/nccl issue 349).
+* :func:`inter_envelope` / :func:`grade_envelope`: "is my number normal": plateau busbw against the NIC line
+  rate, the host's memory copy (CPU) or published NVLink/PCIe figures (GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from helpers import busbw, sources
+from helpers.checks import Check
+
+PAIR_SLOW_FRACTION = 0.3  # a pair below 30% of the reference (median over nodes of each node's best pair) is slow
+# (bisection as in NVIDIA/nccl-tests PR 376); healthy pairs on the loaded 2-core lab varied 2.7x (0.074-0.197 GB/s)
+INTER_FLOOR = 0.2  # GPU: inter-node plateau below 20% of the NIC line rate: WARN (a 10 GbE fallback on a 100G NIC is 10%)
+CPU_FLOOR = 0.01  # CPU (gloo): busbw below 1% of the envelope (min of line rate and memory copy): WARN; measured healthy
+# on the 2-core lab under load ~10: inter-node 4%, intra-node 7-9% of a 1.8 GB/s memory copy (docs/allocation-check.md)
+SRC_PAIRS = "https://github.com/NVIDIA/nccl-tests/pull/376; https://github.com/NVIDIA/nccl/issues/349"
+SRC_ENVELOPE = "https://github.com/NVIDIA/nccl-tests/issues/40; nccl-tests doc/PERFORMANCE.md"
+# Published per-GPU NVLink / PCIe bandwidth, GB/s per direction (the GPU path: written and gated, not run here).
+GPU_LINK_GBPS = {
+    "H100": (450.0, "NVLink 4: 900 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/h100/"),
+    "H200": (450.0, "NVLink 4: 900 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/h200/"),
+    "A100": (300.0, "NVLink 3: 600 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/a100/"),
+    "V100": (150.0, "NVLink 2: 300 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/v100/"),
+    "PCIe4": (32.0, "PCIe 4.0 x16: 32 GB/s per direction, https://pcisig.com/specifications"),
+    "PCIe5": (64.0, "PCIe 5.0 x16: 64 GB/s per direction, https://pcisig.com/specifications"),
+}
+
+
+def grade_nodes(reports: Mapping[str, Mapping[str, Any]], *, gpus_per_node: int = 0) -> list[Check]:
+    """Checks from the per-node reports: versions equal everywhere, GPU count, host checks and fabric manager per node.
+
+    Args:
+        reports: ``{node: node_report()}``.
+        gpus_per_node: GPUs the allocation asked for per node (0: none expected, CPU).
+
+    Returns:
+        ``node.versions`` (FAIL naming the odd node(s) on a torch/CUDA/NCCL/DeepSpeed difference, WARN on the
+        driver), then per node ``node.gpus.<node>`` and ``node.<host check id>.<node>`` (node set).
+    """
+    checks: list[Check] = []
+    keys = ("torch", "cuda", "nccl", "driver", "deepspeed")
+    differing: dict[str, dict[str, Any]] = {}
+    odd: list[str] = []
+    for key in keys:
+        seen = {n: r["versions"].get(key) for n, r in reports.items()}
+        values = [json.dumps(v) for v in seen.values()]
+        if len(set(values)) > 1:
+            common = max(set(values), key=values.count)
+            differing[key] = seen
+            odd += [n for n, v in seen.items() if json.dumps(v) != common and n not in odd]
+    table = {n: r["versions"] for n, r in reports.items()}
+    if differing:
+        status = "FAIL" if set(differing) - {"driver"} else "WARN"
+        checks.append(Check("node.versions", f"versions differ across nodes: {', '.join(differing)} (odd: {', '.join(odd)})",
+                            status, {"per_node": table, "differing": differing},
+                            f"install the same torch/CUDA/NCCL/DeepSpeed on {', '.join(odd)} (one venv on the shared "
+                            "filesystem); ranks with different NCCL versions hang or crash (Gilbreth 8.12 failure mode 4)",
+                            sources.cite("Gilbreth 8.12"), faulty=odd))
+    else:
+        first = next(iter(table.values()), {})
+        checks.append(Check("node.versions", f"same versions on {len(table)} nodes: " +
+                            ", ".join(f"{k} {first.get(k)}" for k in keys), "OK", {"per_node": table}, "", "D1"))
+    for node, r in reports.items():
+        want = gpus_per_node
+        status = "OK" if r["gpus"] >= want else "FAIL"
+        title = f"{node}: {r['gpus']} GPU(s) visible, {want} asked for"
+        if r.get("nvswitch") and r.get("fabric_manager") != "active":
+            status, title = "FAIL", title + f"; NVSwitch node with nvidia-fabricmanager {r.get('fabric_manager')!r} (MN1)"
+        checks.append(Check(f"node.gpus.{node}", title, status, {"gpus": r["gpus"], "asked": want,
+                                                                   "fabric_manager": r.get("fabric_manager")},
+                            "" if status == "OK" else f"{node}: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and the job's --gpus-per-node; "
+                            "NVSwitch nodes: systemctl start nvidia-fabricmanager", sources.cite("MN1"), node=node))
+        for c in r["host_checks"]:
+            rec = Check.from_dict(c)
+            rec.id, rec.node, rec.title = f"node.{rec.id}.{node}", node, f"{node}: {rec.title}"
+            # a stale JIT build lock sits in a user's folder (often the shared home), not in the node: nothing to drain
+            rec.faulty = [node] if rec.status in ("WARN", "FAIL") and c["id"] != "host.jit_lock" else []
+            checks.append(rec)
+    return checks
+
+
+def grade_job(data: Mapping[str, Any], nodes: Sequence[str], nproc: int) -> list[Check]:
+    """The env contract and env diff across all ranks of all nodes, and collectives correctness across nodes.
+
+    Adds to :func:`helpers.diagnostics.grade_contract`: ``GROUP_RANK == SLURM_NODEID`` on every rank and
+    ``WORLD_SIZE == nodes x ranks per node``.
+    """
+    from helpers import diagnostics
+
+    records = data["records"]
+    contract = diagnostics.grade_contract(records)
+    extra = []
+    for r in records:
+        c, nid = r.get("contract", {}), r.get("env", {}).get("SLURM_NODEID")
+        if nid is not None and str(c.get("GROUP_RANK")) != str(nid):
+            extra.append(f"{r['hostname']}: GROUP_RANK={c.get('GROUP_RANK')} but SLURM_NODEID={nid}")
+    if data["world_size"] != len(nodes) * nproc:
+        extra.append(f"WORLD_SIZE={data['world_size']} != {len(nodes)} nodes x {nproc} ranks")
+    if extra:
+        contract = Check("launcher.contract", f"env contract broken across nodes: {extra[0]}", "FAIL",
+                         {**contract.values, "problems": contract.values["problems"] + extra},
+                         "start one torchrun per node with --node-rank=$SLURM_NODEID (Gilbreth 4.3)", "D1, D3",
+                         faulty=sorted({e.split(":")[0] for e in extra if ":" in e}))
+    contract.id = "job.contract"
+    env = diagnostics.grade_env(records)
+    env.id = "job.env_diff"
+    if env.status != "OK":  # name the node(s) whose value is the odd one out
+        hosts = [r["hostname"] for r in records]
+        odd: list[str] = []
+        for per_rank in env.values["differing"].values():
+            vals = [json.dumps(v) for v in per_rank.values()]
+            # the most frequent value is the reference; on a tie, rank 0's (the node the job was launched from:
+            # failure mode 4 loses the launch environment on the *other* nodes)
+            top = max(vals.count(v) for v in vals)
+            common = json.dumps(per_rank.get(0)) if vals.count(json.dumps(per_rank.get(0))) == top else \
+                max(set(vals), key=vals.count)
+            odd += [hosts[i] for i, v in per_rank.items() if json.dumps(v) != common and hosts[i] not in odd]
+        if len(set(hosts)) > 1 and odd and len(set(odd)) < len(set(hosts)):
+            env.status = "FAIL"
+        env.faulty = list(dict.fromkeys(odd))
+        env.title += f" (odd: {', '.join(env.faulty)})"
+    corr = diagnostics.grade_correctness({"correctness": data["correctness"], "world_size": data["world_size"]})
+    corr.id = "job.correctness"
+    return [contract, env, corr]
+
+
+def _plateau(rows: Sequence[Mapping[str, Any]]) -> float:
+    ann = busbw.annotate(rows, rows[0]["ranks"])
+    return busbw.plateau([r["bytes"] for r in ann], [r["busbw_GBps"] for r in ann])["plateau_GBps"]
+
+
+def pair_matrix(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{a: {b: busbw GB/s}}`` (symmetric) from the job's pair rows (2-rank all_reduce: busbw = algbw)."""
+    m: dict[str, dict[str, float]] = {h: {} for h in data["hosts"]}
+    for p in data["pairs"]:
+        v = busbw.busbw_gbps("all_reduce", 2, p["bytes"], p["time_s"])
+        m[p["a"]][p["b"]] = m[p["b"]][p["a"]] = round(v, 4)
+    return m
+
+
+def inter_envelope(reports: Mapping[str, Mapping[str, Any]], cpu: bool) -> tuple[float | None, float, str]:
+    """``(envelope GB/s, floor fraction, what it is)`` for inter-node busbw.
+
+    GPU: the slowest node's NIC line rate (sysfs/ethtool/ibstat), floor :data:`INTER_FLOOR`.  CPU (gloo):
+    the smaller of that and the slowest node's measured memory copy (gloo over TCP is CPU-bound long
+    before a 10 GbE line), floor :data:`CPU_FLOOR`.
+    """
+    rates = [r["nic_mbps"] / 8000 for r in reports.values() if r.get("nic_mbps")]
+    line = min(rates) if rates else None
+    if not cpu:
+        return line, INTER_FLOOR, "NIC line rate"
+    mem = [r["memcpy_GBps"] for r in reports.values() if r.get("memcpy_GBps")]
+    cands = [v for v in (line, min(mem) if mem else None) if v]
+    return (min(cands) if cands else None), CPU_FLOOR, "min(NIC line rate, host memory copy): CPU/gloo"
+
+
+def grade_pairs(matrix: Mapping[str, Mapping[str, float]], line_rate_gbps: float | None = None,
+                floor_fraction: float = INTER_FLOOR) -> Check:
+    """Name the outlier of the node x node matrix: a node all of whose pairs are slow, or one slow pair (the link).
+
+    A pair is slow below :data:`PAIR_SLOW_FRACTION` of the reference, the median over nodes of each node's
+    best pair (3 or more nodes), or below
+    ``floor_fraction`` of the envelope ``line_rate_gbps`` when given (:func:`inter_envelope`; with 2 nodes
+    there is one pair: only the envelope can judge it).
+    """
+    pairs = {tuple(sorted((a, b))): v for a, row in matrix.items() for b, v in row.items()}
+    values = {"matrix": matrix, "envelope_GBps": line_rate_gbps, "floor_fraction": floor_fraction,
+              "slow_fraction_of_median": PAIR_SLOW_FRACTION}
+    if not pairs:
+        return Check("pairs.bandwidth", "no node pair measured", "WARN", values, "run with 2 or more nodes", SRC_PAIRS)
+    best = sorted(max(row.values()) for row in matrix.values() if row)
+    med = best[len(best) // 2]  # the reference: a slow node is in every pair of its own, never in most nodes' best pair
+    floor = max(PAIR_SLOW_FRACTION * med if len(matrix) > 2 else 0.0, floor_fraction * line_rate_gbps if line_rate_gbps else 0.0)
+    slow = {p: v for p, v in pairs.items() if v < floor}
+    values.update(reference_GBps=med, floor_GBps=round(floor, 4), slow_pairs={f"{a}-{b}": v for (a, b), v in slow.items()})
+    if not slow:
+        return Check("pairs.bandwidth", f"{len(pairs)} node pair(s), reference busbw {med:.3f} GB/s, none below {floor:.3f}",
+                     "OK", values, "", SRC_PAIRS)
+    nodes = list(matrix)
+    bad_nodes = [n for n in nodes if all(p in slow for p in pairs if n in p)]
+    if len(nodes) == 2:
+        bad_nodes = []
+    if bad_nodes:
+        title = f"slow node(s) {', '.join(bad_nodes)}: every pair with it below {floor:.3f} GB/s (reference {med:.3f})"
+        fix = (f"drain {', '.join(bad_nodes)} (--exclude={','.join(bad_nodes)}); check its NIC rate (ethtool, ibstat), "
+               "its port's errors, and a throttled or shared link")
+        faulty = bad_nodes
+    else:
+        links = ", ".join(f"{a}-{b} ({v:.3f} GB/s)" for (a, b), v in slow.items())
+        title = f"slow link(s): {links}, below {floor:.3f} GB/s"
+        fix = "the nodes are fine with others: the cable/switch path between them is slow; report the link"
+        faulty = sorted({n for p in slow for n in p}) if len(slow) == 1 and len(nodes) == 2 else []
+    return Check("pairs.bandwidth", title, "WARN", values, fix, SRC_PAIRS, faulty=faulty)
+
+
+def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]]) -> list[Check]:
+    """"Is my number normal": inter-node plateau vs the NIC line rate, intra-node vs memory copy (CPU) or NVLink/PCIe (GPU).
+
+    The envelope is printed in each record.  Floors: inter-node :data:`INTER_FLOOR` of the slowest node's line rate;
+    CPU intra-node :data:`CPU_FLOOR` of the node's measured memory-copy bandwidth; GPU intra-node half of the
+    published per-GPU figure of :data:`GPU_LINK_GBPS` (gated: only with a GPU named there).
+    """
+    checks = []
+    rates = {n: r["nic_mbps"] / 8000 for n, r in reports.items() if r.get("nic_mbps")}
+    gpu_name = (data["records"][0].get("gpu") or {}).get("name") or ""
+    line, floor_frac, what = inter_envelope(reports, cpu=not gpu_name)
+    inter = _plateau(data["inter"])
+    env = {"envelope_GBps": line, "envelope": what, "per_node_line_rate_GBps": rates,
+           "per_node_memcpy_GBps": {n: r.get("memcpy_GBps") for n, r in reports.items()},
+           "sources": {n: r.get("nic_source") for n, r in reports.items()}}
+    if line is None:
+        checks.append(Check("envelope.inter", f"inter-node plateau busbw {inter:.3f} GB/s; line rate unknown", "INFO",
+                            {"plateau_GBps": inter, **env}, "", SRC_ENVELOPE))
+    else:
+        frac = inter / line
+        status = "OK" if frac >= floor_frac else "WARN"
+        checks.append(Check("envelope.inter", f"inter-node plateau busbw {inter:.3f} GB/s = {frac:.1%} of the "
+                            f"{line:.3f} GB/s envelope ({what}; floor {floor_frac:.0%})", status,
+                            {"plateau_GBps": inter, "fraction": round(frac, 3), **env},
+                            "far below the NIC: a fallback path (TCP instead of IB, 10 GbE), a slow node (see "
+                            "pairs.bandwidth) or NCCL_SOCKET_IFNAME on the wrong NIC", SRC_ENVELOPE))
+    for node, rows in data.get("intra", {}).items():
+        plat = _plateau(rows)
+        rep = reports.get(node, {})
+        if gpu_name:
+            key = next((k for k in GPU_LINK_GBPS if k in gpu_name), "PCIe4")
+            ref, src = GPU_LINK_GBPS[key]
+            floor = 0.5 * ref
+        else:
+            ref, src, floor = rep.get("memcpy_GBps"), "memory copy of this host, measured", CPU_FLOOR * (rep.get("memcpy_GBps") or 0)
+        status = "OK" if not ref or plat >= floor else "WARN"
+        checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s vs envelope "
+                            f"{ref} GB/s ({src}); floor {floor:.3f}", status,
+                            {"plateau_GBps": plat, "envelope_GBps": ref, "floor_GBps": floor, "source": src},
+                            f"{node}: check the intra-node transport (NCCL_DEBUG=INFO: P2P/NVLink or SHM), nvidia-smi topo -m",
+                            SRC_ENVELOPE, node=node))
+    for c in checks:
+        c.remediation = "" if c.status == "OK" else c.remediation
+    return checks
