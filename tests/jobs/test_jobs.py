@@ -166,7 +166,16 @@ def test_run_together_bad_input_names_the_field(calls, error, field):
         jobs.run_together(*calls)
 
 
-def test_interrupting_run_together_kills_every_job_at_once(no_leftovers):
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt here, as in a terminal or a notebook kernel, even when the test process was
+    started with SIGINT ignored (a background job of a shell without job control: Python then installs no handler)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupting_run_together_kills_every_job_at_once(no_leftovers, ctrl_c):
     tag = uuid.uuid4().hex[:8]
     started = time.monotonic()
     timer = threading.Timer(6.0, os.kill, args=(os.getpid(), signal.SIGINT))  # Ctrl-C while both jobs hang
@@ -184,7 +193,7 @@ def test_interrupting_run_together_kills_every_job_at_once(no_leftovers):
     assert len(results) == 2 and all("cancelled" in r["stop_reason"] for r in results)
 
 
-def test_interrupt_cancels_a_nested_run_together(no_leftovers):
+def test_interrupt_cancels_a_nested_run_together(no_leftovers, ctrl_c):
     """A helper that runs its own jobs side by side (resume.run_elastic, check_variants) inside run_together."""
     tag = uuid.uuid4().hex[:8]
 
