@@ -533,7 +533,7 @@ def diagnose_pid(pid: int, fr_dir: str | os.PathLike[str] | None = None) -> Hang
     return diagnose(stacks, traces)
 
 
-def node_report(job_id: str | None = None, wait_s: float = 3.0) -> dict:
+def node_report(job_id: str | None = None, wait_s: float | None = None) -> dict:
     """What this node can say about a hung job: every rank process's py-spy stack and Flight Recorder dump.
 
     Rank processes are the Python processes with ``RANK`` in their environment (and, when ``job_id`` is
@@ -542,6 +542,11 @@ def node_report(job_id: str | None = None, wait_s: float = 3.0) -> dict:
     (``RUNBOOK_FR_DIR`` set and ``rank<R>.ready`` naming its pid) is asked for its dump first (SIGUSR2);
     dumps already in ``RUNBOOK_FR_DIR`` or in ``TORCH_FR_DUMP_TEMP_FILE``'s folder (NCCL's dump on timeout)
     are read as they are.
+
+    Args:
+        job_id: only the ranks of this SLURM job.
+        wait_s: how long to wait for the requested dumps after the stacks were taken (default
+            :data:`helpers.jobs.FR_WAIT_S`); returns as soon as every asked rank has written its dump.
 
     Returns:
         ``{"host", "ranks": {rank: {"pid", "stack", "world_size"}}, "dumps": {rank: base64 pickle/JSON bytes}}``
@@ -553,6 +558,7 @@ def node_report(job_id: str | None = None, wait_s: float = 3.0) -> dict:
     import time
 
     from helpers import flight_recorder as fr
+    from helpers.jobs import FR_WAIT_S
 
     ranks: dict[int, psutil.Process] = {}
     here = os.readlink("/proc/self/ns/net")
@@ -584,11 +590,16 @@ def node_report(job_id: str | None = None, wait_s: float = 3.0) -> dict:
             folders[r] = Path(env["TORCH_FR_DUMP_TEMP_FILE"]).parent
     stacks = {r: procs.py_spy_dump(p.pid) for r, p in ranks.items()}
     dumps: dict[str, str] = {}
-    while time.time() - t0 < wait_s and len(dumps) < len(folders):
+    # the window opens once the stacks are taken: py-spy alone can take seconds on a loaded node, and a window
+    # counted from the signal closed before the first look (chapter 08 under load 7: no dump read at all)
+    deadline = time.time() + (FR_WAIT_S if wait_s is None else wait_s)
+    while True:
         for r, d in folders.items():
-            for cand in sorted(d.glob(f"*{r}")) if d.is_dir() else []:
+            for cand in sorted(d.glob(f"*{r}")) if d.is_dir() and str(r) not in dumps else []:
                 if fr.rank_of(cand) == r and cand.is_file() and cand.stat().st_mtime >= t0 - 0.01:
                     dumps[str(r)] = base64.b64encode(cand.read_bytes()).decode()
+        if len(dumps) >= len(folders) or time.time() > deadline:
+            break
         time.sleep(0.05)
     return {"host": socket.gethostname(), "dumps": dumps,
             "ranks": {str(r): {"pid": p.pid, "stack": stacks[r], "world_size": int(p.environ().get("WORLD_SIZE", "0") or 0)}

@@ -693,8 +693,9 @@ def _echo(tail: LineTail) -> None:
 FR_BUFFER_SIZE = 2000
 """Flight Recorder entries kept per rank (``TORCH_FR_BUFFER_SIZE``), the value of torch's own docs
 (https://docs.pytorch.org/tutorials/unstable/flight_recorder_tutorial.html)."""
-FR_WAIT_S = 3.0
-"""Seconds :func:`request_fr_dumps` waits for the ranks' dumps (measured: < 0.1 s on gloo without stack traces)."""
+FR_WAIT_S = 10.0
+"""Seconds :func:`request_fr_dumps` (and the doctor's node report) wait at most for the ranks' dumps; both return as
+soon as every asked rank has written its dump (measured: < 0.1 s on gloo on an idle machine; seconds at load 7)."""
 
 
 def request_fr_dumps(layout: JobDir, wait_s: float = FR_WAIT_S) -> dict[int, Path]:
