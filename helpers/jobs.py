@@ -560,7 +560,8 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
             is given, a new line matching that regex in a rank's stdout.  The window opens at
             the first progress, so a slow start (imports, rendezvous on a loaded machine) is
             bounded by ``timeout_s`` alone; and a job whose ranks have all exited is never
-            declared hung (the launcher is only slow to tear down).
+            declared hung (the launcher is only slow to tear down), nor one whose ranks all exited 0
+            while its stacks and dumps were being taken (slow, not hung: a loaded machine).
         env: variables to set for every process (``None`` removes a variable).
         name: job name, used in the job directory's name.
         job_dir: directory to use (default: a fresh ``build/jobs/<name>-<stamp>``).
@@ -646,6 +647,11 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
                 stopped_at = time.time()
                 request_fr_dumps(layout)
                 stacks = _collect_stacks(layout)
+                if hung and _ended_well(layout, popens):
+                    # slow, not hung: every rank had exited 0 by the time the evidence was taken (a loaded machine
+                    # stretched a quiet phase past the window); the job's own outcome stands
+                    hung, stop_reason, stopped_at, stacks = False, "", None, {}
+                    continue
                 break
     finally:
         procs.kill_tree([p.pid for p in popens], sessions=[p.pid for p in popens], grace_s=2.0)
@@ -668,6 +674,17 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     if verbose:
         print(result.summary().splitlines()[0])
     return result
+
+
+def _ended_well(layout: JobDir, popens: Sequence[subprocess.Popen[bytes]], grace_s: float = 5.0) -> bool:
+    """True when every rank that started has exited 0 and every launcher then exits 0 within ``grace_s`` seconds."""
+    records = layout.rank_records()
+    if not records or any(rec.get("exit_code") != 0 for rec in records.values()):
+        return False
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in popens) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return all(p.poll() == 0 for p in popens)
 
 
 def _pythonpath() -> str:

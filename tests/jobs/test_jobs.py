@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -243,3 +244,33 @@ def test_run_together_max_parallel_and_stagger():
     for bad, field in (({"stagger_s": -1}, "stagger_s"), ({"max_parallel": 0}, "max_parallel")):
         with pytest.raises(ValueError, match=field):
             jobs.run_together(span, **bad)
+
+
+def test_a_stall_is_no_hang_when_every_rank_ended_well(tmp_path):
+    """The runner's second look after a stall (jobs._ended_well): ranks all exited 0 and the launchers exit 0 ->
+    slow, not hung; a rank with another exit code, a rank still running, or a failing launcher -> still hung."""
+    from helpers.jobdir import JobDir
+
+    layout = JobDir(tmp_path / "job").create()
+    layout.ranks_dir.mkdir(parents=True, exist_ok=True)
+
+    def records(*codes):
+        for r, code in enumerate(codes):
+            rec = {"rank": r, "pid": 1000 + r, **({} if code is None else {"exit_code": code})}
+            (layout.ranks_dir / f"rank{r}.json").write_text(json.dumps(rec))
+
+    def launchers(*argv):
+        return [subprocess.Popen(a) for a in argv]
+
+    records(0, 0)
+    assert jobs._ended_well(layout, launchers(["true"], ["true"]))
+    assert not jobs._ended_well(layout, launchers(["true"], ["false"]))
+    records(0, 1)
+    assert not jobs._ended_well(layout, launchers(["true"]))
+    records(0, None)
+    assert not jobs._ended_well(layout, launchers(["true"]))
+    slow = launchers(["sleep", "30"])
+    records(0, 0)
+    assert not jobs._ended_well(layout, slow, grace_s=0.2)  # the launcher did not exit within the grace
+    slow[0].kill()
+    slow[0].wait()
