@@ -95,7 +95,7 @@ def two_node_verdicts(repeats: int) -> Counter:
                 slurm.wait_job(lab, job_id, timeout_s=30)
             m = re.search(r"rank\(s\) \[([\d, ]+)\] diverged", out.stdout)
             both = tuple(int(x) for x in m.group(1).split(",")) if m else ("no verdict", out.returncode)
-            alone = tuple(doctor.diagnose_fr(doctor.load_fr(work / "fr")).diverged)
+            alone = tuple(doctor.diagnose_fr(doctor.load_fr(sc.hang_fr_dir(work, "hung"))).diverged)
             seen[(alone, both)] += 1
     print(f"  two nodes: verdict {statistics.median(delays):.2f} s (median), {max(delays):.2f} s (max) after the stall window")
     return seen

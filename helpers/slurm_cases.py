@@ -69,7 +69,7 @@ def hang_script(work: str | os.PathLike[str], name: str, *, port: int, mode: str
                 timeout_s: int = 120, rdzv_timeout_s: int = 10) -> str:
     """A 2-node batch job of ``scenarios/hangs.py --case CASE`` that hangs (``mode="bug"``) or completes (``"fix"``).
 
-    The ranks run under the rank shim (:mod:`helpers.rankshim`) with ``RUNBOOK_FR_DIR=<work>/fr`` and
+    The ranks run under the rank shim (:mod:`helpers.rankshim`) with ``RUNBOOK_FR_DIR`` = :func:`hang_fr_dir` and
     ``TORCH_FR_BUFFER_SIZE=2000``: torch's Flight Recorder is on, and a rank writes its dump when asked
     (:mod:`helpers._fr_site`), so ``runbook doctor --slurm-job`` reads torch's own record of the collectives,
     with no change to the script.  ``case="mismatch"`` (D19): at step 2 the last rank calls ``broadcast``
@@ -88,8 +88,17 @@ def hang_script(work: str | os.PathLike[str], name: str, *, port: int, mode: str
     one_of(mode, "mode", ("bug", "fix"))
     positive_int(timeout_s, "timeout_s", 1)
     args = [SCENARIOS / "hangs.py", "--case", case, "--mode", mode, "--timeout-s", timeout_s, "--steps", 4]
-    env = {"TORCH_FR_BUFFER_SIZE": "2000", jobdir.FR_DIR_ENV: str(Path(work) / "fr")}
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", jobdir.FR_DIR_ENV: str(hang_fr_dir(work, name))}
     return job_script(work, name, jobs.SHIM, args, port=port, env=env, rdzv_timeout_s=rdzv_timeout_s)
+
+
+def hang_fr_dir(work: str | os.PathLike[str], name: str) -> Path:
+    """The Flight Recorder folder of job ``name`` of :func:`hang_script`: ``<work>/fr-<name>``.
+
+    One per job: two jobs writing ``rank<R>.ready`` into one folder overwrite each other's pids, and the
+    doctor then asks no rank for its dump.
+    """
+    return Path(work) / f"fr-{name}"
 
 
 def _sub(pattern: str, repl: str, count: int = 0) -> Callable[[str], str]:
