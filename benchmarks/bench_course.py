@@ -34,7 +34,7 @@ def main() -> int:
     text = course.lab_sbatch((sc.ROOT / "configs" / "slurm" / "course.sbatch").read_text())
     text = text.replace("#SBATCH --time=02:00:00", f"#SBATCH --time={int(args.timeout_s // 60) + 5}")
     # the chapters' own labs get names of their own: a test run or another benchmark may hold "ch"/"ch06" meanwhile
-    env = {**sc.job_env(work), "COURSE_ARGS": "-p 06:LAB_NAME=cb6 -p 08:LAB_NAME=cb8",
+    env = {**sc.job_env(work), "COURSE_ARGS": "-p 06:LAB_NAME=cb6 -p 08:LAB_NAME=cb8 -p 08:OUT_DIR=build/cb08",
            **({"COURSE_CHAPTERS": args.chapters} if args.chapters else {})}
     load = os.getloadavg()[0]
     with netlab.Lab(2, name="cb", subnet="10.77.15.0/24", slurm=True) as lab:
