@@ -520,7 +520,8 @@ class Lab(FaultsMixin, MultiNodeMixin):
         ``write_json_atomic`` with ``Invalid cross-device link``).
 
         On a SLURM lab, ``SLURM_CONF`` is set too, so ``srun``/``sbatch``/``scontrol`` work on
-        every node (and ``node`` may be ``"head"``).
+        every node (and ``node`` may be ``"head"``), and the caller's other ``SLURM_*`` variables (those of an
+        outer SLURM job this process runs in) are unset.
 
         Args:
             node: index or hostname.
@@ -535,7 +536,12 @@ class Lab(FaultsMixin, MultiNodeMixin):
         if not argv:
             raise ValueError("argv: give the command to run inside the node")
         prefix = self.host.enter_argv(NETNS_DIR / self.ns(node), self._uts_file(node), self._mnt_file(node))
-        conf = [f"SLURM_CONF={slurmlab.conf_path(self.name)}"] if self.has_slurm else []
+        conf: list[str] = []
+        if self.has_slurm:
+            # the lab is a cluster of its own: the variables of an outer SLURM job this process may run in (the
+            # course as a batch job on a real allocation) would point srun at that job ("Unable to confirm allocation")
+            conf = [f"--unset={k}" for k in sorted(os.environ) if k.startswith("SLURM_") and k != "SLURM_CONF"]
+            conf.append(f"SLURM_CONF={slurmlab.conf_path(self.name)}")
         return [*prefix, "env", f"--chdir={os.fspath(cwd) if cwd is not None else os.getcwd()}", *conf, *argv]
 
     def run(self, node: int | str, argv: Sequence[str], timeout_s: float = 30.0, *,

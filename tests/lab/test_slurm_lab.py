@@ -109,6 +109,18 @@ def test_srun_gives_each_node_its_identity_and_a_local_tmp(cluster):
     assert cluster.slurm(["sinfo", "-h", "-o", "%D %T"]).stdout.split() == ["2", "idle"]
 
 
+def test_an_outer_slurm_job_does_not_leak_into_the_lab(cluster, monkeypatch):
+    """Chapter 08 run by configs/slurm/course.sbatch builds its lab inside a real job: that job's SLURM_* must not
+    reach the lab's clients (an inherited SLURM_JOB_ID made srun ask the wrong controller about the wrong job)."""
+    for var, value in (("SLURM_JOB_ID", "424242"), ("SLURM_JOBID", "424242"), ("SLURM_NODELIST", "gpu-a[01-02]"),
+                       ("SLURM_JOB_NODELIST", "gpu-a[01-02]"), ("SLURM_STEP_ID", "0")):
+        monkeypatch.setenv(var, value)
+    r = cluster.slurm(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", 'echo "$(hostname) $SLURM_JOB_NODELIST"'],
+                      timeout_s=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split("\n")[:2]) == ["node0 node[0-1]", "node1 node[0-1]"]
+
+
 @pytest.mark.parametrize("rdzv", slurm.RDZV_FORMS)
 def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     work = jobs.new_job_dir(f"slurmlab-{rdzv}")  # the shared filesystem (never /tmp: node-local here)
