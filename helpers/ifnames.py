@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 NCCL_IFNAME_URL = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname"
@@ -220,6 +221,7 @@ def select(var: str, value: str, ifaces: Sequence[Mapping[str, Any]]) -> dict[st
     return out
 
 
+@lru_cache(maxsize=4096)  # a 200 MB NCCL log asks about the same few interfaces for tens of thousands of ranks
 def node_local_reason(name: str, ip: str = "") -> str | None:
     """Why the interface ``name`` (address ``ip``, optional) cannot carry traffic between nodes, or None.
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 import io
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -353,7 +353,6 @@ class NcclLog:
     catalog: dict[str, CatalogHit] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     reconstructed: int = 0
-    _owners: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)
 
     def all_infos(self) -> list[RankInfo]:
         """The ranks plus :attr:`unattributed` when it holds anything."""
@@ -531,11 +530,7 @@ def bad_interface_reason(iface: Iface) -> str | None:
     The one list the command builder, the pre-flight and this interpreter share (loopback, Docker,
     libvirt and CNI bridges, veth pairs; seed MN2).
     """
-    return _node_local_reason(iface.name, iface.ip)
-
-
-# The same few interfaces recur on every rank of a big log (tens of thousands of ranks): look each up once.
-_node_local_reason = lru_cache(maxsize=4096)(ifnames.node_local_reason)
+    return ifnames.node_local_reason(iface.name, iface.ip)
 
 
 def _ifaces(text: str) -> list[Iface]:
@@ -599,7 +594,8 @@ class _Parser:
         examples per kind is kept, so memory stays bounded on a log of any size.  The loop is the
         hot path of a 200 MB log (2.4 M lines): what depends only on the text after the
         ``host:pid:tid [dev] `` prefix (catalog hit, NCCL split, events) is worked out once per
-        distinct text (``_hits``), and the per-line work is slicing and dict lookups.
+        distinct text (``_hits``), a head seen before maps straight to its rank (:meth:`_line`), and the
+        per-line work is slicing and dict lookups.
         """
         self.log.sources.append(source)
         previous: str | None = None
@@ -608,9 +604,6 @@ class _Parser:
         log = self.log
         hits = self._hits
         on_line = self._line
-        apply = self._apply
-        rank_of = self._rank_of
-        unparsed = 0
         try:
             for raw in lines:
                 seen += 1
@@ -647,30 +640,12 @@ class _Parser:
                     continue
                 count += 1
                 nccl += 1
-                head = (line[:k + 2] + rel[0]) if k >= 0 else rel[0]
-                info = rank_of.get(head)
-                if info is None:
-                    previous, info = on_line(line, head, events, previous, rel[2])
-                else:  # a prefix seen before: the same rank, nothing to work out again (what _line does, minus that)
-                    previous = info.key
-                    info.lines += 1
-                    cut = line if len(line) <= _LINE_MAX else _cut(line)
-                    info.last_line = cut
-                    if rel[2]:
-                        info.warn_count += 1
-                        if len(info.warns) < _KEEP_MAX:
-                            info.warns.append(cut)
-                    if events:
-                        for event in events:
-                            apply(info, event, cut)
-                    else:
-                        unparsed += 1
+                previous, info = on_line(line, (line[:k + 2] + rel[0]) if k >= 0 else rel[0], events, previous, rel[2])
                 if hit is not None:
                     self._catalog_hit(hit, line, info)
         finally:
             log.lines_seen += seen
             log.nccl_lines += nccl
-            log.unparsed_count += unparsed
         return count
 
     def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
@@ -721,7 +696,31 @@ class _Parser:
               warn: bool = False) -> tuple[str | None, RankInfo]:
         """Attribute one NCCL line to a rank and record its ``events`` (:func:`_classify` of its message).
 
-        Returns the key used and its record.
+        A head (``host:pid:tid [dev] `` with any label) seen before maps straight to its rank
+        (``_rank_of``); otherwise :meth:`_attribute` works it out.  Returns the key used and its record.
+        """
+        info = self._rank_of.get(head)
+        if info is None:
+            key, info = self._attribute(head, events, previous)
+        else:
+            key = info.key
+        info.lines += 1
+        cut = line if len(line) <= _LINE_MAX else _cut(line)
+        info.last_line = cut
+        if warn:
+            info.warn_count += 1
+            if len(info.warns) < _KEEP_MAX:
+                info.warns.append(cut)
+        if not events:
+            self.log.unparsed_count += 1
+        for event in events:
+            self._apply(info, event, cut)
+        return key, info
+
+    def _attribute(self, head: str, events: list[tuple], previous: str | None) -> tuple[str | None, RankInfo]:
+        """The key and record of the rank a line with this ``head`` belongs to (labels, prefix, content, the previous line).
+
+        Heads whose attribution never changes (NCCL's prefix, no torchrun local label) are remembered in ``_rank_of``.
         """
         tail = head[-300:]
         parsed = self._heads.get(tail)
@@ -765,17 +764,6 @@ class _Parser:
             self._rank_from_label[info.key] = label_rank
         elif ll and info.label is None:
             info.label = ll
-        info.lines += 1
-        cut = line if len(line) <= _LINE_MAX else _cut(line)
-        info.last_line = cut
-        if warn:
-            info.warn_count += 1
-            if len(info.warns) < _KEEP_MAX:
-                info.warns.append(cut)
-        if not events:
-            self.log.unparsed_count += 1
-        for event in events:
-            self._apply(info, event, cut)
         if pm and not ll:
             if len(self._rank_of) >= _MEMO_MAX:
                 self._rank_of.clear()
@@ -1158,22 +1146,19 @@ def _by_topology(topology: str, multi: str, unknown: str, single: str) -> str:
 
 
 def _address_owners(log: NcclLog) -> dict[str, set[str]]:
-    """IP address -> hosts whose bootstrap / socket / OOB interface has it (worked out once per log)."""
-    if log._owners is not None:
-        return log._owners
+    """IP address -> hosts whose bootstrap / socket / OOB interface has it (:func:`interpret` works it out once)."""
     owners: dict[str, set[str]] = {}
     for info in log.ranks.values():
         for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else []):
             if info.host:
                 owners.setdefault(iface.ip, set()).add(info.host)
-    log._owners = owners
     return owners
 
 
-def _check_interfaces(log: NcclLog, topology: str) -> list[Verdict]:
+def _check_interfaces(log: NcclLog, topology: str, owners: Mapping[str, set[str]]) -> list[Verdict]:
     """Bootstrap / NET/Socket / IB OOB bound to lo, docker0, virbr*, br-*, veth* (seed MN2)."""
     found: list[tuple[RankInfo, str, Iface, str]] = []
-    shared = {ip: hosts for ip, hosts in _address_owners(log).items() if len(hosts) > 1}
+    shared = {ip: hosts for ip, hosts in owners.items() if len(hosts) > 1}
     for info in log.all_infos():
         used = [("bootstrap", i) for i in info.bootstrap] + [("NET/Socket", i) for i in info.socket_ifaces]
         if info.oob is not None:
@@ -1291,14 +1276,13 @@ def _check_ib_fallback(log: NcclLog, topology: str) -> list[Verdict]:
                     _hosts(infos), evidence, fix)]
 
 
-def _check_connect(log: NcclLog) -> list[Verdict]:
+def _check_connect(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Verdict]:
     """``Connection refused`` / ``No route to host`` / ``connect ... failed`` / timed out."""
     infos = [i for i in log.all_infos() if i.connect_errors]
     if not infos:
         return []
     lines = [line for i in infos for line in i.connect_errors]
     reasons = [r for r in _CONNECT_REASONS if any(r in line for line in lines)] or ["connect failed"]
-    owners = _address_owners(log)
     bad_ips = {iface.ip for info in log.all_infos()
                for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else [])
                if bad_interface_reason(iface) or len(owners.get(iface.ip, ())) > 1}
@@ -1454,7 +1438,7 @@ def _check_catalog(log: NcclLog) -> list[Verdict]:
     return out
 
 
-def _check_cross_host(log: NcclLog) -> list[Verdict]:
+def _check_cross_host(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Verdict]:
     """Compare hosts: network (IB vs sockets), net plugin, hostname collisions, shared addresses, NCCL_HOSTID.
 
     Sources: https://github.com/NVIDIA/nccl-tests/issues/188 (IB on one node, sockets on the other),
@@ -1498,7 +1482,6 @@ def _check_cross_host(log: NcclLog) -> list[Verdict]:
                 _evidence(line for r in ranks if r.host == host for line in r.evidence_lines if "Bootstrap" in line),
                 "give each machine its own hostname (hostnamectl set-hostname) so logs and NCCL's host hash tell them apart",
                 "issue 15"))
-    owners = _address_owners(log)
     bad_ips = {i.ip for r in ranks for i in r.bootstrap if bad_interface_reason(i)}
     for ip, hosts in sorted(owners.items()):
         if len(hosts) > 1 and ip not in bad_ips:
@@ -1556,8 +1539,9 @@ def interpret(log: NcclLog) -> list[Verdict]:
     if not isinstance(log, NcclLog):
         raise ValueError(f"log: expected an NcclLog from parse(), got {type(log).__name__}")
     topology = log.topology()
-    verdicts = (_check_catalog(log) + _check_cross_host(log) +
-                _check_interfaces(log, topology) + _check_no_interface(log) + _check_connect(log) +
+    owners = _address_owners(log)
+    verdicts = (_check_catalog(log) + _check_cross_host(log, owners) +
+                _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
                 _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log))
     explained = {h for v in verdicts if v.severity == "FAIL" for h in v.hosts}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
