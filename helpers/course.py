@@ -28,7 +28,6 @@ NOTEBOOKS = ROOT / "notebooks"
 _SKIP = re.compile(r"\[SKIP ([\w-]+)\] ([^\n]*)")
 
 
-
 def lab_sbatch(text: str) -> str:
     """``configs/slurm/course.sbatch`` with its ``# EDIT`` lines filled in for the SLURM lab's CPU nodes
     (partition and account ``lab``, one CPU per task, no GPU request)."""
@@ -36,6 +35,7 @@ def lab_sbatch(text: str) -> str:
     text = re.sub(r"^#SBATCH --account=.*$", "#SBATCH --account=lab", text, flags=re.M)
     text = re.sub(r"^#SBATCH --cpus-per-task=.*$", "#SBATCH --cpus-per-task=1", text, flags=re.M)
     return re.sub(r"^#SBATCH --gpus-per-node=.*\n", "", text, flags=re.M)
+
 
 @dataclass
 class ChapterResult:

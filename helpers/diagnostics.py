@@ -672,7 +672,7 @@ BUSY_BUILD_LOCK_S = 60.0
 def _check_build_locks(env: Mapping[str, str], roots: Sequence[str] | None = None) -> Check:
     src = sources.cite("PF-jit-lock")
     roots = hostinfo.extension_roots(env) if roots is None else list(roots)
-    locks = hostinfo.build_locks(roots=roots)
+    locks = hostinfo.build_locks(roots)
     values: dict[str, Any] = {"roots": roots, "locks": locks, "stale_after_s": STALE_BUILD_LOCK_S}
     stale = [lk for lk in locks if lk["age_s"] >= STALE_BUILD_LOCK_S and not lk["builders"]]
     if stale:

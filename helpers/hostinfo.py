@@ -129,10 +129,9 @@ def extension_roots(environ: Mapping[str, str] | None = None) -> list[str]:
     return list(dict.fromkeys(os.path.realpath(r) for r in roots if r and os.path.isdir(r)))
 
 
-def build_locks(environ: Mapping[str, str] | None = None, now: float | None = None,
-                roots: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Every JIT build lock under ``roots`` (default :func:`extension_roots` of ``environ``): the file ``lock`` that torch's ``FileBaton`` keeps in
-    an extension's build folder while one process builds it (``<root>/<op>/lock``, or ``<root>/<py>_<acc>/<op>/lock``
+def build_locks(roots: Sequence[str]) -> list[dict[str, Any]]:
+    """Every JIT build lock under ``roots`` (:func:`extension_roots`): the file ``lock`` that torch's ``FileBaton`` keeps
+    in an extension's build folder while one process builds it (``<root>/<op>/lock``, or ``<root>/<py>_<acc>/<op>/lock``
     under the default root).
 
     torch removes the file when the build ends; a builder killed meanwhile leaves it, and every later load waits for
@@ -142,9 +141,9 @@ def build_locks(environ: Mapping[str, str] | None = None, now: float | None = No
     Returns:
         ``[{"path": str, "age_s": float (seconds since the file was last changed), "builders": [pid, ...]}]``.
     """
-    now = time.time() if now is None else now
+    now = time.time()
     found: list[dict[str, Any]] = []
-    for root in extension_roots(environ) if roots is None else [os.path.realpath(r) for r in roots]:
+    for root in (os.path.realpath(r) for r in roots):
         for pattern in ("*/lock", "*/*/lock"):
             for path in sorted(glob.glob(os.path.join(root, pattern))):
                 with contextlib.suppress(OSError):

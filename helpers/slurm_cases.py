@@ -70,7 +70,7 @@ def hang_script(work: str | os.PathLike[str], name: str, *, port: int, mode: str
     """A 2-node batch job of ``scenarios/hangs.py --case CASE`` that hangs (``mode="bug"``) or completes (``"fix"``).
 
     The ranks run under the rank shim (:mod:`helpers.rankshim`) with ``RUNBOOK_FR_DIR`` = :func:`hang_fr_dir` and
-    ``TORCH_FR_BUFFER_SIZE=2000``: torch's Flight Recorder is on, and a rank writes its dump when asked
+    ``TORCH_FR_BUFFER_SIZE`` = :data:`helpers.jobs.FR_BUFFER_SIZE`: torch's Flight Recorder is on, and a rank writes its dump when asked
     (:mod:`helpers._fr_site`), so ``runbook doctor --slurm-job`` reads torch's own record of the collectives,
     with no change to the script.  ``case="mismatch"`` (D19): at step 2 the last rank calls ``broadcast``
     where the others call ``all_reduce``.
@@ -88,7 +88,7 @@ def hang_script(work: str | os.PathLike[str], name: str, *, port: int, mode: str
     one_of(mode, "mode", ("bug", "fix"))
     positive_int(timeout_s, "timeout_s", 1)
     args = [SCENARIOS / "hangs.py", "--case", case, "--mode", mode, "--timeout-s", timeout_s, "--steps", 4]
-    env = {"TORCH_FR_BUFFER_SIZE": "2000", jobdir.FR_DIR_ENV: str(hang_fr_dir(work, name))}
+    env = {"TORCH_FR_BUFFER_SIZE": str(jobs.FR_BUFFER_SIZE), jobdir.FR_DIR_ENV: str(hang_fr_dir(work, name))}
     return job_script(work, name, jobs.SHIM, args, port=port, env=env, rdzv_timeout_s=rdzv_timeout_s)
 
 

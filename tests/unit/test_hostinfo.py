@@ -237,7 +237,7 @@ def test_stale_build_lock_is_a_fail_naming_the_file(tmp_path):
     ext = tmp_path / "ext"
     lock = _lock(ext, diagnostics.STALE_BUILD_LOCK_S + 60)
     env = {"TORCH_EXTENSIONS_DIR": str(ext), "HOME": str(tmp_path / "home")}
-    found = hostinfo.build_locks(env)
+    found = hostinfo.build_locks(hostinfo.extension_roots(env))
     assert [f["path"] for f in found] == [str(lock)] and found[0]["age_s"] >= diagnostics.STALE_BUILD_LOCK_S
     rec = _by_id(host_checks(env))["host.jit_lock"]
     assert rec["status"] == "FAIL" and str(lock) in rec["title"] and f"rm {lock}" in rec["remediation"]
