@@ -297,7 +297,7 @@ def lint_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] 
                 "(docs/lint.md). Exit 1 on an error, 2 on unreadable input, 0 otherwise.")
     p.add_argument("paths", nargs="*", help="files: *.py, DeepSpeed *.json, Accelerate *.yaml, *.sbatch/*.sh")
     p.add_argument("--command", default=None, help="a launch command to check too (torchrun/accelerate/deepspeed/srun ...)")
-    p.add_argument("--json", action="store_true", help='print {"findings": [{rule, seed, severity, file, line, message, fix}]}')
+    p.add_argument("--json", action="store_true", help='print {"checks": [...]}: every finding as a check record (id = rule, file, line_no, status...)')
     return p
 
 
@@ -308,6 +308,7 @@ def lint(args: argparse.Namespace) -> int:
         2 when an input is unreadable (named on stderr; the other files are still linted), else 1
         when an error-level finding exists, else 0.
     """
+    from helpers.checks import LINT_WORDS, lint_line, to_json
     from helpers.lint import UNREADABLE, lint_paths
 
     if not args.paths and not args.command:
@@ -315,19 +316,19 @@ def lint(args: argparse.Namespace) -> int:
         return 2
     findings = lint_paths(args.paths, command=args.command)
     for f in findings:
-        if f.rule == UNREADABLE:
+        if f.id == UNREADABLE:
             print(f"runbook lint: {f.title}", file=sys.stderr)
-    rest = [f for f in findings if f.rule != UNREADABLE]
+    rest = [f for f in findings if f.id != UNREADABLE]
     if args.json:
-        print(json.dumps({"findings": [f.to_lint_dict() for f in findings]}, indent=2))
+        print(json.dumps(to_json(findings), indent=2))
     else:
         for f in rest:
-            print(f.text())
-        counts = {s: sum(f.lint_severity == s for f in rest) for s in ("error", "warning", "info")}
+            print(lint_line(f))
+        counts = {s: sum(LINT_WORDS[f.status] == s for f in rest) for s in ("error", "warning", "info")}
         print(f"{len(rest)} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info")
-    if any(f.rule == UNREADABLE for f in findings):
+    if any(f.id == UNREADABLE for f in findings):
         return 2
-    return 1 if any(f.lint_severity == "error" for f in findings) else 0
+    return 1 if any(f.status == "FAIL" for f in findings) else 0
 
 
 # ---------------------------------------------------------------- lab
