@@ -14,10 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers.checks import STATUSES, Check, worst
+from helpers.checks import Check, worst
 
-__all__ = ["GIB", "KIB", "MIB", "STATUSES", "Check", "human_bytes", "markdown_table", "to_json", "to_markdown",
-           "worst", "write_atomic", "write_report"]
+__all__ = ["GIB", "KIB", "MIB", "human_bytes", "markdown_table", "to_json", "to_markdown", "write_atomic", "write_report"]
 
 KIB = 1024
 MIB = 1024**2

@@ -20,9 +20,8 @@ job, and it has two halves:
 late.  Jobs that run side by side (:func:`check_variants`, the two agents) go through
 :func:`helpers.jobs.run_together`, so an interrupt stops them all.
 
-The rank-side names (``save_checkpoint``, ``load_checkpoint``, ``rng_state``, ``set_rng_state``,
-``parse_omit``, ``compare_state_dicts``, ``Diff``, ``PIECES``, ``naive_save``) are re-exported
-from :mod:`helpers.checkpoint`.  Nothing runs at import; torch is imported inside the functions
+The rank side (``save_checkpoint``, ``load_checkpoint``, ``compare_state_dicts``...) is
+:mod:`helpers.checkpoint`.  Nothing runs at import; torch is imported inside the functions
 that need it.  Sources: seed MN5 and https://docs.pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html.
 """
 
@@ -46,18 +45,13 @@ from helpers.checkpoint import (
     Diff,
     compare_state_dicts,
     load_checkpoint,
-    naive_save,
     parse_omit,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
 )
 from helpers.jobdir import JobDir
 from helpers.jobs import JobResult
 
 __all__ = [
-    "PIECES", "Diff", "compare_state_dicts", "load_checkpoint", "naive_save", "parse_omit", "rng_state",
-    "save_checkpoint", "set_rng_state",
     "SCRIPT", "STEP_LINE", "CrashWrite", "crash_mid_write", "parse_steps", "TrainingRun", "training_args",
     "run_training", "ResumeCheck", "check_resume", "check_variants", "ELASTIC_RDZV_CONF", "ElasticRun",
     "elastic_commands", "run_elastic", "epoch_coverage",

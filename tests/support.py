@@ -77,5 +77,5 @@ def not_ok(checks: Sequence[Any]) -> dict[str, Any]:
 
 
 def record_by_id(records: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """Check records (:class:`helpers.checks.Check`, e.g. from ``diagnostics.host_checks``) as dicts, by id."""
+    """Check records (:class:`helpers.checks.Check`, e.g. from ``local.host_checks``) as dicts, by id."""
     return {r.id: r.to_dict() for r in records}

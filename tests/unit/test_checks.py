@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import checks, launch_traps, preflight, report
+from helpers import checks, launch_traps
 from helpers.checks import Check
 
 
@@ -49,15 +49,6 @@ def test_dict_round_trip_and_unknown_keys():
     assert Check.from_dict(data) == c
     with pytest.raises(ValueError, match="unknown key"):
         Check.from_dict({**data, "severity": "FAIL"})
-
-
-def test_report_reexports_the_one_record():
-    assert report.Check is Check and report.worst is checks.worst and report.STATUSES is checks.STATUSES
-
-
-def test_node_check_is_a_check():
-    c = preflight.NodeCheck("net.x.n1", "t", "FAIL", node="n1")
-    assert isinstance(c, Check) and c.faulty == ["n1"]
 
 
 def test_trap_is_a_thin_check():
