@@ -67,7 +67,7 @@ def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Compl
 
 
 def by_id(checks: Sequence[Any]) -> dict[str, Any]:
-    """Check records (anything with an ``id``, e.g. ``preflight.NodeCheck``) by id."""
+    """Check records (anything with an ``id``, e.g. a pre-flight ``Check``) by id."""
     return {c.id: c for c in checks}
 
 
