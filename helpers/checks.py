@@ -133,10 +133,10 @@ class Check:
         return Check(**dict(data))
 
 
-STYLES = ("runbook", "lint")
-"""Text styles of :func:`render`: ``runbook`` (``[WARN] id @node (field): title`` and ``-> remediation``)
-and ``lint`` (``file:line: warning id [source]: title`` and ``    fix: remediation``, the compiler-style
-line that editors and CI annotators read)."""
+STYLES = ("runbook", "lint", "markdown")
+"""Text styles of :func:`render`: ``runbook`` (``[WARN] id @node (field): title`` and ``-> remediation``),
+``lint`` (``file:line: warning id [source]: title`` and ``    fix: remediation``, the compiler-style
+line that editors and CI annotators read) and ``markdown`` (``- [WARN] `id`: title`` list items, for reports)."""
 
 LINT_WORDS = {"OK": "info", "INFO": "info", "WARN": "warning", "FAIL": "error"}
 """The ``lint`` style's words for the statuses (a display mapping, not a second scale)."""
@@ -150,6 +150,13 @@ def lint_line(check: Check) -> str:
     return text
 
 
+def markdown_line(check: Check) -> str:
+    """One record in the ``markdown`` style: ``- [WARN] `id`: title`` (``@node`` and ``file:line`` when set)."""
+    where = f" @{check.node}" if check.node else ""
+    at = f" ({check.file}:{check.line_no})" if check.file else ""
+    return f"- [{check.status}] `{check.id}`{where}{at}: {check.title}"
+
+
 def render(checks: Iterable[Check], style: str = "runbook") -> str:
     """The text form of ``checks``, one record after the other, in ``style`` (one of :data:`STYLES`).
 
@@ -158,7 +165,7 @@ def render(checks: Iterable[Check], style: str = "runbook") -> str:
     """
     if style not in STYLES:
         raise ValueError(f"style={style!r}: accepted values are {', '.join(STYLES)}")
-    one = Check.line if style == "runbook" else lint_line
+    one = {"runbook": Check.line, "lint": lint_line, "markdown": markdown_line}[style]
     return "\n".join(one(c) for c in checks)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from helpers import jobs, sources
 from helpers.allocation import local
 from helpers.allocation.grades import grade_envelope, grade_job, grade_nodes, grade_pairs, grade_smoke, inter_envelope, pair_matrix
-from helpers.checks import Check, faulty_nodes
+from helpers.checks import Check, faulty_nodes, render
 from helpers.jobdir import JobDir
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.procs import stop_session
@@ -351,7 +351,7 @@ def render_markdown(ev: Mapping[str, Any], checks: Sequence[Check] = ()) -> str:
                   f"DeepSpeed {v['deepspeed']}",
                   f"- GPUs: {rep['gpus']}; NIC {rep['iface']} {rep['nic_mbps']} Mb/s ({rep['nic_source']}); "
                   f"memory copy {rep['memcpy_GBps']} GB/s", ""]
-        lines += [f"- [{c.status}] `{c.id}`: {c.title}" for c in mine] + [""]
+        lines += [render(mine, "markdown"), ""] if mine else []
     return "\n".join(lines)
 
 
