@@ -39,6 +39,7 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from helpers import ifnames, sources
@@ -49,6 +50,8 @@ from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.slurm import SlurmClient, slurm_errors
 from helpers.validate import tcp_port
 
+ICMP_PROBE = Path(__file__).resolve().parent / "scenarios" / "icmp_probe.py"
+"""The raw-socket ping each node runs without iputils-ping (the project folder is on the shared filesystem)."""
 SMALL_PING = 1472  # 1500 - 20 (IPv4) - 8 (ICMP): the payload that fits a standard frame
 SRC_MN2 = sources.cite("MN2")
 SRC_MN4 = sources.cite("MN4", "PF-mtu-blackhole")
@@ -70,38 +73,6 @@ echo "@@end"
 # Phase 2: the pings of one node, in parallel; each prints one line "@@ping ID RC OUTPUT".
 _PING_FN = ('p() { id=$1; shift; o=$("$@" 2>&1); rc=$?; '
             'o=$(printf %s "$o" | tr "\\n" " " | cut -c1-240); echo "@@ping $id $rc $o"; }')
-# The same probe in Python, for nodes without iputils-ping (raw ICMP socket; needs root/CAP_NET_RAW).
-_ICMP_PROBE = r"""
-import os, select, socket, struct, sys, time
-dst, size, df, src = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-def csum(b):
-    b += b"\0" * (len(b) % 2)
-    s = sum(struct.unpack("!%dH" % (len(b) // 2), b)); s = (s >> 16) + (s & 0xffff); s += s >> 16
-    return ~s & 0xffff
-ident, payload = os.getpid() & 0xffff, bytes(size)
-pkt = struct.pack("!BBHHH", 8, 0, csum(struct.pack("!BBHHH", 8, 0, 0, ident, 1) + payload), ident, 1) + payload
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-if df:
-    s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: never fragment
-if src != "-":
-    s.bind((src, 0))
-try:
-    s.sendto(pkt, (dst, 0))
-except OSError as e:
-    print("local error: %s" % e.strerror); sys.exit(2)
-end = time.monotonic() + 1.0
-while True:
-    left = end - time.monotonic()
-    if left <= 0 or not select.select([s], [], [], left)[0]:
-        print("1 packets transmitted, 0 received (python icmp probe)"); sys.exit(1)
-    data, addr = s.recvfrom(65535)
-    ihl = (data[0] & 15) * 4
-    kind, _, _, rid, _ = struct.unpack("!BBHHH", data[ihl:ihl + 8])
-    if kind == 0 and rid == ident and addr[0] == dst:
-        print("1 packets transmitted, 1 received (python icmp probe)"); sys.exit(0)
-"""
-
-
 def _call(runner: SlurmClient, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     try:
         return runner.on_node(node, argv, timeout_s)
@@ -296,7 +267,8 @@ def _ping_argv(f: Mapping[str, Any], dst: str, size: int | None, src: str | None
         argv += ["-M", "do", "-s", str(size)] if size is not None else []
         argv += ["-I", src] if src else []
         return argv + [dst]
-    return ["python3", "-c", _ICMP_PROBE, dst, str(size if size is not None else 56), "1" if size else "0", src or "-"]
+    # the same probe in Python, for nodes without iputils-ping (raw ICMP socket; needs root/CAP_NET_RAW)
+    return ["python3", str(ICMP_PROBE), dst, str(size if size is not None else 56), "1" if size else "0", src or "-"]
 
 
 def df_ping(runner: SlurmClient, node: str, dst: str, size: int, timeout_s: float = 10.0) -> tuple[int, str, str]:
