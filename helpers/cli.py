@@ -34,7 +34,8 @@ and its known traps: the command builder of chapter 01 without JupyterLab (``hel
 script (``helpers.launch_parse``) and lists its traps.  Exit status 1 on a FAIL trap.
 
 Exit statuses, for every command: 0 OK, 1 a FAIL was found, 2 bad input or the check could not run
-(argparse also exits 2 on a bad flag, naming it).
+(argparse also exits 2 on a bad flag, naming it); 141 when stdout was closed early (``| head``), as a
+program killed by SIGPIPE.
 
 Adding a command (the protocol of accelerate's ``commands/estimate.py``):
 
@@ -105,6 +106,24 @@ def positive_int_arg(flag: str, minimum: int = 1) -> Callable[[str], int]:
             return validate.positive_int(int(text), flag, minimum)
         except ValueError as exc:
             msg = str(exc) if str(exc).startswith(flag) else f"{flag}={text!r}: must be an integer >= {minimum}"
+            raise argparse.ArgumentTypeError(msg) from None
+
+    parse.__name__ = flag.lstrip("-").replace("-", "_")
+    return parse
+
+
+def positive_float_arg(flag: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number > 0 (``0``, ``nan``, ``inf`` refused) whose error names ``flag``.
+
+    Returns:
+        A callable ``str -> float``; it raises ``argparse.ArgumentTypeError`` with
+        :func:`helpers.validate.positive_float`'s message (``--timeout-s=0.0: must be a finite number > 0``).
+    """
+    def parse(text: str) -> float:
+        try:
+            return validate.positive_float(float(text), flag)
+        except ValueError as exc:
+            msg = str(exc) if str(exc).startswith(flag) else f"{flag}={text[:40]!r}: must be a finite number > 0"
             raise argparse.ArgumentTypeError(msg) from None
 
     parse.__name__ = flag.lstrip("-").replace("-", "_")
@@ -234,8 +253,9 @@ def doctor(args: argparse.Namespace) -> int:
             verdict = doc.diagnose_job_dir(args.job_dir, fr_dir=args.fr_dir)
         else:
             verdict = doc.diagnose_fr(doc.load_fr(args.fr_dir))
-    except ValueError as exc:
-        print(f"runbook doctor: {exc}", file=sys.stderr)
+    except ValueError as exc:  # one line per problem (every unreadable file is named)
+        for line in str(exc).splitlines() or ["bad input"]:
+            print(f"runbook doctor: {line}", file=sys.stderr)
         return 2
     print(verdict.text)
     if args.stacks:
@@ -421,7 +441,8 @@ def preflight_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--env", action="append", metavar="NAME=VALUE",
                    help="a job variable (MASTER_ADDR, MASTER_PORT, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); repeat")
     p.add_argument("--master", default=None, help="the node that runs rank 0 (default: the first node)")
-    p.add_argument("--timeout-s", type=float, default=15.0, help="limit per command on a node, seconds")
+    p.add_argument("--timeout-s", type=positive_float_arg("--timeout-s"), default=15.0,
+                   help="limit per command on a node, seconds (> 0)")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     return p
 
@@ -585,20 +606,18 @@ def tcp_port_arg(flag: str) -> Callable[[str], int]:
 def build_command(args: argparse.Namespace) -> int:
     """Print the built command (stdout) and its traps (stderr), or a read command's traps (stdout).
 
-    Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input.
+    Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input or when no command could be built
+    (the traps found are still listed).
     """
-    from helpers import envvars, launch_parse, launch_traps
+    from helpers import envvars, inputs, launch_parse, launch_traps
     from helpers.checks import worst
 
     checking = args.check is not None or args.check_file is not None
     try:
         if checking:
-            if args.check_file is not None:
-                if args.check_file == "-":
-                    text = sys.stdin.read()
-                else:
-                    with open(args.check_file, encoding="utf-8") as f:
-                        text = f.read()
+            if args.check_file is not None:  # a regular file or stdin, bounded, BOM dropped (helpers.inputs)
+                text = inputs.read_text(args.check_file, max_bytes=launch_parse.MAX_TEXT_CHARS * 4,
+                                        max_line_chars=launch_parse.MAX_LINE_CHARS)
             else:
                 text = args.check
             spec = launch_parse.parse(text)
@@ -618,19 +637,19 @@ def build_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"runbook build: {exc}", file=sys.stderr)
         return 2
+    failed = False
     if not checking:
         try:
             print(launch_traps.render(spec), end="")
-        except ValueError as exc:
+        except ValueError as exc:  # nothing on stdout: never exit 0 then (`runbook build ... > job.sh` would be empty)
             print(f"runbook build: no command: {exc}", file=sys.stderr)
-            if not traps:
-                return 2
+            failed = True
     report = sys.stdout if checking else sys.stderr  # built: the command alone on stdout (> job.sbatch)
     for trap in traps:
         print(trap.line() + f"  [{trap.source}]", file=report)
     print(f"{len(traps)} trap(s)" + (f", {sum(t.severity == 'FAIL' for t in traps)} FAIL" if traps else ": none known"),
           file=report)
-    return 1 if worst(traps) == "FAIL" else 0
+    return 2 if failed else (1 if worst(traps) == "FAIL" else 0)
 
 
 # ---------------------------------------------------------------- registry
@@ -665,7 +684,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         SystemExit: on bad arguments (argparse names the flag and the accepted values; status 2).
     """
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # stdout closed early (`runbook ... | head`): end quietly, as a program killed by SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the recipe of Python's signal docs
+        return 141
 
 
 if __name__ == "__main__":

@@ -180,12 +180,54 @@ def disable() -> None:
         _state["file"] = None
 
 
+MAX_TRACE_BYTES = 1 << 30
+"""Largest trace file read (bytes): two short lines per collective, about 200 bytes, so ~5 million collectives."""
+
+_PHASES = ("enter", "exit")
+
+
 def read(path: str | os.PathLike[str]) -> list[dict]:
-    """The records of one trace file, in order (a torn last line, from a killed rank, is skipped)."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    """The records of one trace file, in order, each checked: a torn last line (a killed rank's) is skipped.
+
+    Returns:
+        One dict per line: ``phase`` (``enter``/``exit``), ``seq`` (int >= 1), ``op`` (str) and, on ``enter``,
+        ``site`` (``file:line``, str); other keys as written.
+
+    Raises:
+        ValueError: the file cannot be read (:mod:`helpers.inputs`: not a regular file, over
+            :data:`MAX_TRACE_BYTES`, a line over ``inputs.MAX_LINE_CHARS``); a line other than the last is not
+            JSON; a record lacks a field or has the wrong type (``<path>:<line>: seq = 'x': ...``).
+    """
+    from helpers import inputs
+
+    records: list[dict] = []
+    torn: int | None = None
+    with inputs.open_lines(path, max_bytes=MAX_TRACE_BYTES) as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            if torn is not None:
+                raise ValueError(f"{path}:{torn}: not a JSON record (only the last line may be torn)")
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError, ValueError):
+                torn = number
+                continue
+            records.append(_check_record(rec, f"{path}:{number}"))
     return records
+
+
+def _check_record(rec: object, where: str) -> dict:
+    """``rec`` when it is a trace record of the shape :func:`_wrap` writes, else ``ValueError`` naming the field."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: a trace record must be a JSON object, not {type(rec).__name__}")
+    if rec.get("phase") not in _PHASES:
+        raise ValueError(f"{where}: phase = {str(rec.get('phase'))[:40]!r}: must be one of {', '.join(_PHASES)}")
+    seq = rec.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 1 <= seq < 2**63:
+        raise ValueError(f"{where}: seq = {str(seq)[:40]!r}: must be an integer >= 1")
+    if not isinstance(rec.get("op"), str):
+        raise ValueError(f"{where}: op = {str(rec.get('op'))[:40]!r}: must be the collective's name (a string)")
+    if rec["phase"] == "enter" and not isinstance(rec.get("site", ""), str):
+        raise ValueError(f"{where}: site = {str(rec.get('site'))[:40]!r}: must be 'file:line' (a string)")
+    return rec

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING
 import psutil
 
 from helpers import collective_trace, procs
+from helpers.inputs import os_reason
 from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
 
 if TYPE_CHECKING:
     from helpers.jobs import JobResult
     from helpers.slurm import SlurmClient
 
-_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 _LIBRARY = ("torch/", "site-packages/", "dist-packages/", "rankshim.py", "collective_trace.py", "threading.py",
             "runpy.py", "<frozen")
 _COLLECTIVE_FILE = "distributed_c10d.py"
@@ -71,6 +71,29 @@ class Frame:
         return f"{os.path.basename(self.file)}:{self.line}"
 
 
+def parse_frame(line: str) -> Frame | None:
+    """One py-spy frame line, ``    func (file:line)``, as a :class:`Frame`; ``None`` for any other line.
+
+    Linear in the line's length: the file part holds no parenthesis, so the frame's ``(`` is the line's last one
+    and its ``:`` the last one inside it.  (The regular expression this replaces backtracked: a 100,000-character
+    line took 52 s.)  Line numbers past 10 digits are not py-spy's and give ``None``.
+    """
+    body = line.rstrip()
+    if not body.endswith(")") or not line[:1].isspace():
+        return None
+    open_at = body.rfind("(")
+    if open_at < 2 or body[open_at - 1] != " ":
+        return None
+    file, colon, number = body[open_at + 1:-1].rpartition(":")
+    func = body[:open_at - 1].lstrip()
+    if not (colon and file and func) or ")" in file or not _LINE_NO.fullmatch(number):
+        return None
+    return Frame(func, file, int(number))
+
+
+_LINE_NO = re.compile(r"\d{1,10}")
+
+
 def parse_stack(text: str) -> list[Frame]:
     """The main thread's frames of a ``py-spy dump``, innermost first (empty if py-spy failed)."""
     frames: list[Frame] = []
@@ -79,9 +102,8 @@ def parse_stack(text: str) -> list[Frame]:
         if line.startswith("Thread "):
             in_main = '"MainThread"' in line
             continue
-        m = _FRAME.match(line)
-        if m and in_main:
-            frames.append(Frame(m["func"], m["file"], int(m["line"])))
+        if in_main and (frame := parse_frame(line)) is not None:
+            frames.append(frame)
     return frames
 
 
@@ -409,13 +431,43 @@ def diagnose_fr(dumps: Mapping[int, Mapping], stacks: Mapping[int, str | None] |
 
 
 def read_traces(directory: str | os.PathLike[str]) -> dict[int, list[dict]]:
-    """Every ``rank<R>.jsonl`` of a trace directory, by rank (empty if the directory is missing)."""
+    """Every ``rank<R>.jsonl`` of a trace directory, by rank (empty if the directory is missing).
+
+    Raises:
+        ValueError: a trace file cannot be read or holds a bad record (:func:`helpers.collective_trace.read`); every
+            such file is named, one line each, after all were tried.
+    """
     out: dict[int, list[dict]] = {}
-    for path in Path(directory).glob("rank*.jsonl"):
-        m = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
+    problems: list[str] = []
+    for path in sorted(Path(directory).glob("rank*.jsonl")):
+        m = re.fullmatch(r"rank([0-9]{1,9})\.jsonl", path.name)
         if m:
-            out[int(m[1])] = collective_trace.read(path)
+            try:
+                out[int(m[1])] = collective_trace.read(path)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise ValueError("\n".join(problems))
     return out
+
+
+def read_stacks(paths: Mapping[int, str | os.PathLike[str]]) -> dict[int, str]:
+    """The saved py-spy stacks (rank -> file, :meth:`helpers.jobdir.JobDir.stacks`) as text, by rank.
+
+    Each file is read through :mod:`helpers.inputs` (a regular file, bounded; a directory, FIFO, device, link loop
+    or unreadable file is refused).  A rank whose stack cannot be read is not guessed at (taking it as "not
+    running" would blame it), so every bad file is reported together.
+
+    Raises:
+        ValueError: one line per stack file that could not be read, naming it.
+    """
+    from helpers import inputs
+
+    by_path = {os.fspath(p): r for r, p in paths.items()}
+    good, bad = inputs.read_each(sorted(by_path), lambda p: inputs.read_text(p, errors="replace"))
+    if bad:
+        raise ValueError("\n".join(str(e) for e in bad))
+    return {by_path[p]: text for p, text in good}
 
 
 def load_fr(directory: str | os.PathLike[str], world_size: int | None = None) -> dict[int, dict]:
@@ -428,14 +480,21 @@ def load_fr(directory: str | os.PathLike[str], world_size: int | None = None) ->
 
     d = Path(directory)
     nccl = d / "nccl"
-    if d.is_dir() and nccl.is_dir() and not any(fr.rank_of(p) is not None for p in d.iterdir() if p.is_file()
-                                                 and not p.name.endswith(".ready")) and any(nccl.iterdir()):
-        d = nccl
+    try:
+        if d.is_dir() and nccl.is_dir() and not any(fr.rank_of(p) is not None for p in d.iterdir() if p.is_file()
+                                                     and not p.name.endswith(".ready")) and any(nccl.iterdir()):
+            d = nccl
+    except OSError as exc:
+        raise fr.DumpError(f"{exc.filename or d}: cannot list the folder: {os_reason(exc)}") from None
     return fr.load_dir(d, world_size=world_size)
 
 
 def _has_dumps(directory: Path) -> bool:
-    return directory.is_dir() and any(p.is_file() and re.fullmatch(r"rank\d+", p.name) for p in directory.iterdir())
+    """Whether ``directory`` holds a ``rank<R>`` file; true when it cannot be listed (:func:`load_fr` then says why)."""
+    try:
+        return directory.is_dir() and any(p.is_file() and re.fullmatch(r"rank\d+", p.name) for p in directory.iterdir())
+    except OSError:
+        return True
 
 
 def diagnose_job(job: JobResult) -> HangVerdict:
@@ -462,10 +521,10 @@ def diagnose_job_dir(job_dir: str | os.PathLike[str], fr_dir: str | os.PathLike[
     :func:`diagnose_fr` on dumps + stacks; otherwise :func:`diagnose` on stacks (+ collective traces).
 
     Raises:
-        ValueError: no saved stacks and no dumps in ``job_dir``; a bad dump (naming the file).
+        ValueError: no saved stacks and no dumps in ``job_dir``; a bad dump, stack or trace file (each named).
     """
     layout = JobDir(job_dir)
-    stacks: dict[int, str | None] = {rank: path.read_text() for rank, path in layout.stacks().items()}
+    stacks: dict[int, str | None] = dict(read_stacks(layout.stacks()))
     ranks = layout.rank_ids()
     if fr_dir is not None or (use_fr and _has_dumps(layout.fr_dir)):
         dumps = load_fr(fr_dir if fr_dir is not None else layout.fr_dir, world_size=len(ranks) or None)

@@ -19,7 +19,6 @@ buffer wrapped before the point compared.  The verdict itself is the doctor's (:
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import re
@@ -27,6 +26,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from helpers import inputs
 
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$")
 _SKIP = re.compile(r"\.tmp\d*$|\.tmp\d+|^\.")
@@ -36,43 +38,182 @@ class DumpError(ValueError):
     """A file that is not a Flight Recorder dump (truncated, foreign pickle, another job's); names the file."""
 
 
-class _Restricted(pickle.Unpickler):
-    """Unpickler that builds only plain containers: a Flight Recorder dump holds dicts, lists, str, numbers."""
+MAX_DUMP_BYTES = 64 * 2**20
+"""Largest dump file read (bytes).  torch's default buffer (2,000 entries) pickles to about 1 MB with 20 frames
+per entry; a dump is unpickled in pure Python (see :class:`_Restricted`), about 0.5 s per MB here."""
+
+MAX_ENTRIES = 1_000_000
+"""Most entries one dump may hold (torch keeps ``TORCH_FR_BUFFER_SIZE`` of them, 2,000 by default)."""
+
+MAX_FRAMES = 2_000_000
+"""Most stack frames (``frames`` records) one dump may hold, over all its entries."""
+
+MAX_SEQ = 2**63
+"""Sequence numbers and timestamps are C++ ``int64``/``uint64`` in torch; anything at or above this bound is not one."""
+
+MAX_RANK = 2**31
+"""Ranks are C ``int``; a ``pg_config`` rank at or above this bound is not one."""
+
+
+class _Restricted(pickle._Unpickler):  # type: ignore[name-defined]
+    """Unpickler that builds only plain containers: a Flight Recorder dump holds dicts, lists, str, numbers.
+
+    The pure-Python unpickler (``pickle._Unpickler``), not the C one: the C unpickler sizes its memo from the
+    index a ``LONG_BINPUT`` opcode names, so a 10-byte pickle can make it allocate 2^31 slots (a MemoryError, or
+    gigabytes).  The Python one keeps its memo in a dict and allocates only for data present in the stream.
+    """
 
     def find_class(self, module: str, name: str) -> object:  # noqa: D401 - pickle API
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a Flight Recorder dump")
 
+    def persistent_load(self, pid: object) -> object:  # noqa: D401 - pickle API
+        raise pickle.UnpicklingError("persistent ids are not allowed in a Flight Recorder dump")
+
 
 def load_dump(path: str | os.PathLike[str]) -> dict:
-    """Read one Flight Recorder dump, pickle or JSON.
+    """Read one Flight Recorder dump, pickle or JSON, and check the type of every field the doctor uses.
 
     Args:
         path: the file (torch's pickle, e.g. ``nccl_trace_rank_0``, or ``_dump_fr_trace_json()`` output).
 
     Returns:
-        The dump: a dict with at least ``version`` and ``entries`` (a list of dicts).
+        The dump: a dict with at least ``version`` and ``entries`` (a list of dicts), each field used by
+        :func:`entries_by_group` / :func:`align` of the type torch writes (:func:`check_dump`).
 
     Raises:
-        DumpError: the file cannot be read, is truncated, is a pickle of something else, or lacks
-            ``entries``/``version`` (the message names the file).
+        DumpError: the file cannot be read (not a regular file, over :data:`MAX_DUMP_BYTES`), is truncated, is a
+            pickle of something else, lacks ``entries``/``version``, or a field has the wrong type or range (the
+            message names the file and the field, e.g. ``entries[3].collective_seq_id``).
     """
     p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise DumpError(f"{p}: cannot read: {exc.strerror or exc}") from None
+        raw = inputs.read_bytes(p, max_bytes=MAX_DUMP_BYTES)
+    except inputs.InputError as exc:
+        raise DumpError(str(exc)) from None
     if not raw:
         raise DumpError(f"{p}: empty file, not a Flight Recorder dump")
-    try:
-        if raw.lstrip()[:1] == b"{":
-            data = json.loads(raw)
-        else:
+    body = raw.removeprefix(b"\xef\xbb\xbf")
+    if body.lstrip()[:1] == b"{":
+        try:
+            data = inputs.load_json(body, p, allow_nan=True)  # NaN/Infinity: named by check_dump, field by field
+        except inputs.InputError as exc:
+            raise DumpError(f"{p}: not a Flight Recorder dump ({exc.reason})") from None
+    else:
+        try:
             data = _Restricted(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
-        raise DumpError(f"{p}: not a Flight Recorder dump (truncated or foreign file: {exc})") from None
-    if not isinstance(data, dict) or "entries" not in data or "version" not in data or not isinstance(data["entries"], list):
-        raise DumpError(f"{p}: not a Flight Recorder dump (no 'version'/'entries'; keys: {sorted(data)[:6] if isinstance(data, dict) else type(data).__name__})")
+        except Exception as exc:  # noqa: BLE001 - foreign bytes: any failure of the unpickler means "not a dump"
+            raise DumpError(f"{p}: not a Flight Recorder dump (truncated or foreign file: {type(exc).__name__}: "
+                            f"{_show(str(exc))})") from None
+    if not isinstance(data, dict) or "entries" not in data or "version" not in data:
+        keys = sorted(map(_show, data))[:6] if isinstance(data, dict) else type(data).__name__
+        raise DumpError(f"{p}: not a Flight Recorder dump (no 'version'/'entries'; keys: {keys})")
+    check_dump(data, str(p))
     return data
+
+
+def _show(value: object, width: int = 60) -> str:
+    """``repr(value)`` cut to ``width`` characters, safe for any value (an int of 5,000 digits has no ``repr``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (list, tuple, dict)):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    text = repr(value) if not isinstance(value, str) else repr(value[:width + 1])
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _is_int(value: object, lo: int = 0, hi: int = MAX_SEQ) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value < hi
+
+
+def check_dump(data: Mapping[str, Any], name: str) -> None:
+    """Check the type and range of every field of a dump that this module reads; raise :class:`DumpError` naming it.
+
+    What torch writes (``torch/csrc/distributed/c10d/FlightRecorder*``; measured in tests/data/fr): ``version`` a
+    str; ``pg_config`` a dict of group name (str) -> {``desc``: str, ``ranks``: str such as ``"[0, 1]"`` or a list
+    of ints}; ``entries`` a list of dicts with ``collective_seq_id`` (int >= 0), ``profiling_name`` / ``state`` (str),
+    ``process_group`` ((name, desc) of str), ``pg_id`` (int), ``is_p2p`` (bool), ``input_sizes`` (a list of
+    shapes, each a list of ints), ``time_created_ns`` (int) and ``frames`` (None or a list of {``name``,
+    ``filename``: str, ``line``: int}).  Missing optional fields are allowed; fields not read are not checked.
+    Counts are bounded (:data:`MAX_ENTRIES`, :data:`MAX_FRAMES`, :data:`MAX_SEQ`, :data:`MAX_RANK`).
+
+    Raises:
+        DumpError: ``"<name>: <field> = <value>: <what it must be>"``.
+    """
+    def bad(field_name: str, value: object, must: str) -> DumpError:
+        return DumpError(f"{name}: {field_name} = {_show(value)}: {must}")
+
+    if not isinstance(data.get("version"), (str, int, float)) or isinstance(data.get("version"), bool):
+        raise bad("version", data.get("version"), "must be a version string such as '2.10'")
+    cfg = data.get("pg_config")
+    if cfg is not None:
+        if not isinstance(cfg, dict):
+            raise bad("pg_config", cfg, "must be a mapping of process-group name -> {desc, ranks}")
+        for key, value in cfg.items():
+            where = f"pg_config[{_show(key)}]"
+            if not isinstance(key, str):
+                raise bad(where, key, "a process-group name must be a string")
+            if not isinstance(value, dict):
+                raise bad(where, value, "must be a mapping with 'desc' and 'ranks'")
+            if not isinstance(value.get("desc", ""), str):
+                raise bad(where + ".desc", value.get("desc"), "must be a string")
+            _check_ranks(value.get("ranks", ""), where + ".ranks", bad)
+    entries = data["entries"]
+    if not isinstance(entries, list):
+        raise bad("entries", entries, "must be a list of collectives")
+    if len(entries) > MAX_ENTRIES:
+        raise bad("entries", entries, f"more than {MAX_ENTRIES:,} entries")
+    frames_seen = 0
+    for i, e in enumerate(entries):
+        at = f"entries[{i}]"
+        if not isinstance(e, dict):
+            raise bad(at, e, "must be a mapping (one collective)")
+        seq = e.get("collective_seq_id", 0)
+        if not _is_int(seq):
+            raise bad(at + ".collective_seq_id", seq, f"must be an integer in 0..{MAX_SEQ - 1}")
+        for key in ("profiling_name", "state"):
+            if key in e and not isinstance(e[key], str):
+                raise bad(f"{at}.{key}", e[key], "must be a string")
+        if not isinstance(e.get("is_p2p", False), bool):
+            raise bad(at + ".is_p2p", e.get("is_p2p"), "must be true or false")
+        pg = e.get("process_group")
+        if pg is not None and not (isinstance(pg, (list, tuple)) and 1 <= len(pg) <= 2 and all(isinstance(x, str) for x in pg)):
+            raise bad(at + ".process_group", pg, "must be [name, description], two strings")
+        if pg is None and "pg_id" in e and not _is_int(e["pg_id"], 0, MAX_RANK):
+            raise bad(at + ".pg_id", e["pg_id"], "must be an integer >= 0")
+        t = e.get("time_created_ns")
+        if t is not None and not _is_int(t, 0, 2**64):
+            raise bad(at + ".time_created_ns", t, "must be an integer (nanoseconds)")
+        sizes = e.get("input_sizes")
+        if sizes is not None and not (isinstance(sizes, list) and all(
+                isinstance(shape, list) and all(_is_int(n) for n in shape) for shape in sizes)):
+            raise bad(at + ".input_sizes", sizes, "must be a list of shapes, each a list of integers >= 0")
+        frames = e.get("frames")
+        if frames is None:
+            continue
+        if not isinstance(frames, list):
+            raise bad(at + ".frames", frames, "must be a list of {name, filename, line}, or null")
+        frames_seen += len(frames)
+        if frames_seen > MAX_FRAMES:
+            raise bad(at + ".frames", frames, f"more than {MAX_FRAMES:,} frames in the dump")
+        for j, f in enumerate(frames):
+            if not (isinstance(f, dict) and isinstance(f.get("name", ""), str) and isinstance(f.get("filename", ""), str)
+                    and _is_int(f.get("line", 0), 0, 2**31)):
+                raise bad(f"{at}.frames[{j}]", f, "must be {name: str, filename: str, line: int}")
+
+
+def _check_ranks(ranks: object, where: str, bad: Any) -> None:
+    """A ``pg_config`` ``ranks`` value: a string of integers (``"[0, 1]"``) or a list of them, each in 0..MAX_RANK-1."""
+    if isinstance(ranks, str):
+        if len(ranks) > 16 * 2**20:
+            raise bad(where, ranks, "too long")
+        numbers = re.findall(r"-?[0-9]+", ranks)
+        if any(len(x) > 10 or not 0 <= int(x) < MAX_RANK for x in numbers):
+            raise bad(where, ranks, f"each rank must be an integer in 0..{MAX_RANK - 1}")
+    elif isinstance(ranks, list):
+        if not all(_is_int(r, 0, MAX_RANK) for r in ranks):
+            raise bad(where, ranks, f"each rank must be an integer in 0..{MAX_RANK - 1}")
+    else:
+        raise bad(where, ranks, "must be a string such as '[0, 1]' or a list of ranks")
 
 
 def rank_of(path: str | os.PathLike[str]) -> int | None:
@@ -92,16 +233,18 @@ def load_dir(directory: str | os.PathLike[str], *, world_size: int | None = None
         ``{rank: dump}``.
 
     Raises:
-        DumpError: the folder is missing or holds no dump; a file is unreadable (named); two files claim
-            one rank; the dumps disagree on the default group's members or on which groups exist (dumps of
+        DumpError: the folder is missing or holds no dump; a file named like a dump is unreadable, not a
+            regular file or not a dump (every such file named, one line each); two files claim one rank; the dumps disagree on the default group's members or on which groups exist (dumps of
             different jobs mixed, naming the file that disagrees).
     """
     d = Path(directory)
-    if not d.is_dir():
-        raise DumpError(f"{d}: no such folder")
-    files = sorted(p for p in d.iterdir() if p.is_file() and not _SKIP.search(p.name))
+    try:
+        files = sorted(p for p in d.iterdir() if not _SKIP.search(p.name) and not p.name.endswith(".ready"))
+    except OSError as exc:
+        raise DumpError(f"{d}: cannot list the folder: {inputs.os_reason(exc)}") from None
     dumps: dict[int, dict] = {}
     names: dict[int, Path] = {}
+    problems: list[str] = []
     for p in files:
         rank = rank_of(p)
         if rank is None:
@@ -110,7 +253,12 @@ def load_dir(directory: str | os.PathLike[str], *, world_size: int | None = None
             raise DumpError(f"{p}: a second dump for rank {rank} (also {names[rank].name}): dumps of different jobs mixed?")
         if world_size is not None and rank >= world_size:
             raise DumpError(f"{p}: rank {rank} but the job has {world_size} ranks")
-        dumps[rank], names[rank] = load_dump(p), p
+        try:  # every file is read, so that one message names every bad dump
+            dumps[rank], names[rank] = load_dump(p), p
+        except DumpError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise DumpError("\n".join(problems))
     if not dumps:
         raise DumpError(f"{d}: no Flight Recorder dump in it (files named <prefix><rank>, e.g. rank0 or nccl_trace_rank_0)")
     ref_rank = min(dumps)
@@ -265,7 +413,8 @@ def align(dumps: Mapping[int, Mapping]) -> list[GroupAlignment]:
         by_seq = {r: {e.seq: e for e in lst} for r, lst in have.items()}
         lo, hi = max(first.values()), max(last.values())
         diverge, ops_at = None, {}
-        for s in range(lo, hi + 1):
+        # only the sequence numbers some rank recorded: a gap (1, then 10**12) is not walked number by number
+        for s in sorted({s for seqs in by_seq.values() for s in seqs if lo <= s <= hi}):
             at = {r: by_seq[r][s] for r in have if s in by_seq[r]}
             if len({e.sig for e in at.values()}) > 1:
                 same_op = len({e.op for e in at.values()}) == 1  # then the sizes differ: name them
@@ -278,11 +427,15 @@ def align(dumps: Mapping[int, Mapping]) -> list[GroupAlignment]:
         history = Counter(e.op for e in have[ref] if diverge is None or e.seq < diverge)
         expected = None
         if diverge is not None:
-            prefix = [by_seq[ref][s].sig for s in range(lo, diverge) if s in by_seq[ref]]
+            prefix = [e.sig for e in have[ref] if lo <= e.seq < diverge]
             expected = expected_next(prefix)
         out.append(GroupAlignment(g, desc, members, missing, last, first, diverge, ops_at, wrapped, behind, dict(history),
                                   expected))
     return out
+
+
+PATTERN_WINDOW = 4096
+"""How many of the latest collectives :func:`expected_next` searches for a repeating pattern."""
 
 
 def expected_next(sigs: list[tuple[str, str]]) -> str | None:
@@ -291,8 +444,10 @@ def expected_next(sigs: list[tuple[str, str]]) -> str | None:
     A training step's collectives repeat (DDP: buffers broadcast, gradients all-reduced), but start-up does
     not, so only the tail is matched: the shortest period ``p`` whose last ``max(1, p - 1)`` entries repeat the
     ones ``p`` earlier predicts ``sigs[-p]``'s op.  A heuristic, used only to break two-rank ties
-    (:func:`helpers.doctor.break_tie`, evidence ``pattern``).
+    (:func:`helpers.doctor.break_tie`, evidence ``pattern``).  Only the last :data:`PATTERN_WINDOW` entries are
+    matched: a step's pattern is far shorter, and the search is quadratic in what it is given.
     """
+    sigs = sigs[-PATTERN_WINDOW:]
     n = len(sigs)
     for p in range(1, n // 2 + 1):
         run = 0
@@ -308,7 +463,8 @@ def _members(dumps: Mapping[int, Mapping], group: str) -> tuple[list[int], str]:
     for d in dumps.values():
         cfg = (d.get("pg_config") or {}).get(group)
         if isinstance(cfg, Mapping):
-            ranks = [int(x) for x in re.findall(r"-?\d+", str(cfg.get("ranks", "")))]
+            raw = cfg.get("ranks", "")
+            ranks = list(raw) if isinstance(raw, list) else [int(x) for x in re.findall(r"-?[0-9]+", str(raw))]
             return ranks, str(cfg.get("desc", ""))
     return [], ""
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
-import json
 import os
 import re
 import shutil
@@ -77,26 +76,41 @@ def parse_ip_addr(text: str) -> list[dict[str, Any]]:
         (``"addr/prefix"`` lists).
 
     Raises:
-        ValueError: the text is not ``ip -j`` JSON.
+        ValueError: the text is not ``ip -j`` JSON (nesting bounded, :func:`helpers.inputs.load_json`), or a field
+            the check uses has the wrong type (named).
     """
-    try:
-        links = json.loads(text or "[]")
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"ip -j addr output is not JSON: {exc}") from None
+    from helpers import inputs
+
+    links = inputs.load_json(text or "[]", "ip -j addr output", max_depth=16)
+    if not isinstance(links, list):
+        raise ValueError(f"ip -j addr output: a JSON list of interfaces expected, got {type(links).__name__}")
     out: list[dict[str, Any]] = []
-    for link in links:
-        if "ifname" not in link:
+    for i, link in enumerate(links):
+        if not isinstance(link, dict) or "ifname" not in link:
             continue
-        flags = list(link.get("flags", []))
+        where = f"ip -j addr output: interface {i}"
+        flags, addrs, info = link.get("flags", []), link.get("addr_info", []), link.get("linkinfo") or {}
+        mtu = link.get("mtu", 0)
+        if not isinstance(link["ifname"], str) or not link["ifname"]:
+            raise ValueError(f"{where}: ifname = {str(link['ifname'])[:40]!r}: must be a name")
+        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+            raise ValueError(f"{where} ({link['ifname']}): flags must be a list of strings")
+        if not isinstance(mtu, int) or isinstance(mtu, bool) or not 0 <= mtu < 2**32:
+            raise ValueError(f"{where} ({link['ifname']}): mtu = {str(mtu)[:40]!r}: must be an integer in 0..2^32-1")
+        if not isinstance(addrs, list) or not isinstance(info, dict):
+            raise ValueError(f"{where} ({link['ifname']}): addr_info must be a list and linkinfo an object")
+        good = [a for a in addrs if isinstance(a, dict) and isinstance(a.get("local"), str)
+                and isinstance(a.get("prefixlen"), int) and not isinstance(a.get("prefixlen"), bool)]
+        if len(good) != len(addrs):
+            raise ValueError(f"{where} ({link['ifname']}): each addr_info entry needs 'local' (str) and 'prefixlen' (int)")
         state = str(link.get("operstate", "UNKNOWN"))
-        addrs = link.get("addr_info", [])
         out.append({
-            "name": link["ifname"], "state": state, "mtu": int(link.get("mtu", 0)), "flags": flags,
-            "link_type": str(link.get("link_type", "")), "kind": (link.get("linkinfo") or {}).get("info_kind"),
+            "name": link["ifname"], "state": state, "mtu": mtu, "flags": flags,
+            "link_type": str(link.get("link_type", "")), "kind": info.get("info_kind"),
             "loopback": "LOOPBACK" in flags, "up": "UP" in flags and state in ("UP", "UNKNOWN"),
             "running": "UP" in flags and "NO-CARRIER" not in flags,
-            "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet"],
-            "ipv6": [f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet6"],
+            "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in good if a.get("family") == "inet"],
+            "ipv6": [f"{a['local']}/{a['prefixlen']}" for a in good if a.get("family") == "inet6"],
         })
     return out
 

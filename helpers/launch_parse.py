@@ -24,7 +24,7 @@ from typing import Any
 
 from helpers.launch_traps import LaunchSpec
 
-_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)  # a quoted value may hold newlines
 _EARLY_SLURM = re.compile(r"\$\{?SLURM_(NODEID|PROCID|LOCALID|NODE_RANK)\}?")
 
 
@@ -71,11 +71,31 @@ def _opt(args: list[str], i: int, names: tuple[str, ...]) -> tuple[str | None, i
     return None, i
 
 
-def _int(value: str | None) -> int | None:
+MAX_TEXT_CHARS = 2**20
+"""Longest command or batch script :func:`parse` reads: 1 Mi characters (a batch script is a few KB)."""
+
+MAX_LINE_CHARS = 128 * 1024
+"""Longest line :func:`parse` reads: 128 KiB, Linux's ``MAX_ARG_STRLEN`` (the longest single argument ``execve``
+takes, ``include/uapi/linux/binfmts.h``), far above any launch line."""
+
+_MAX_DIGITS = 18
+
+
+def _int(value: str | None, option: str = "a number") -> int | None:
+    """The whole number ``value`` states (``None`` when it is not one: a variable, ``2:4``...).
+
+    Raises:
+        ValueError: more than 18 digits (naming ``option``): no launcher count or port is that large, and Python
+            refuses to convert past 4,300 digits.
+    """
     if value is None:
         return None
     value = value.strip().strip('"')
-    return int(value) if re.fullmatch(r"\d+", value) else None
+    if not re.fullmatch(r"\d+", value):
+        return None
+    if len(value) > _MAX_DIGITS:
+        raise ValueError(f"{option}={value[:12]}...: a number of {len(value):,} digits; no launcher accepts it")
+    return int(value)
 
 
 def _norm(flag: str) -> str:
@@ -121,24 +141,24 @@ def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {"kind": "torchrun"}
     nnodes = out.get("--nnodes")
     if nnodes is not None:
-        spec["nnodes"] = _int(nnodes.split(":")[-1]) or nnodes
+        spec["nnodes"] = _int(nnodes.split(":")[-1], "--nnodes") or nnodes
     nproc = out.get("--nproc-per-node")
     if nproc is not None:
-        spec["nproc_per_node"] = _int(nproc) or nproc
+        spec["nproc_per_node"] = _int(nproc, "--nproc-per-node") or nproc
     if out.get("--rdzv-backend") == "c10d" or out.get("--rdzv-endpoint"):
         spec["rdzv"] = "c10d"
         host, _, port = (out.get("--rdzv-endpoint") or "").rpartition(":")
         spec["master_addr"] = host or None
-        spec["master_port"] = _int(port)
+        spec["master_port"] = _int(port, "--rdzv-endpoint port")
     elif "--standalone" in flags:
         spec["rdzv"] = "standalone"
     else:
         spec["rdzv"] = "static"
         spec["master_addr"] = out.get("--master-addr")
-        spec["master_port"] = _int(out.get("--master-port"))
+        spec["master_port"] = _int(out.get("--master-port"), "--master-port")
     if "--node-rank" in out:
         nr = out["--node-rank"]
-        spec["node_rank"] = _int(nr)
+        spec["node_rank"] = _int(nr, "--node-rank")
         if spec["node_rank"] is None and early.get("node_rank_early"):
             spec["node_rank"] = 0  # $SLURM_NODEID expanded once by the batch shell: 0 on every node
     spec["script"] = script
@@ -152,14 +172,14 @@ def _accelerate(args: list[str]) -> dict[str, Any]:
                   "--dynamo-backend", "--deepspeed-config-file", "--zero-stage", "--gradient-accumulation-steps",
                   "--deepspeed-hostfile", "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}
     vals, flags, script, rest = _options(args, value_opts)
-    total = _int(vals.get("--num-processes")) or 1
-    machines = _int(vals.get("--num-machines")) or 1
+    total = _int(vals.get("--num-processes"), "--num-processes") or 1
+    machines = _int(vals.get("--num-machines"), "--num-machines") or 1
     spec: dict[str, Any] = {"kind": "accelerate", "nnodes": machines,
                             "nproc_per_node": max(1, total // machines), "script": script, "script_args": rest,
-                            "master_port": _int(vals.get("--main-process-port")),
+                            "master_port": _int(vals.get("--main-process-port"), "--main-process-port"),
                             "accelerate_cpu": "--cpu" in flags, "rdzv": "static" if machines > 1 else "standalone"}
     if machines > 1:
-        spec["node_rank"] = _int(vals.get("--machine-rank"))
+        spec["node_rank"] = _int(vals.get("--machine-rank"), "--machine-rank")
         spec["master_addr"] = vals.get("--main-process-ip")
     return spec
 
@@ -168,17 +188,17 @@ def _deepspeed(args: list[str]) -> dict[str, Any]:
     value_opts = {"--num-gpus", "--num-nodes", "--hostfile", "-H", "--node-rank", "--master-addr", "--master-port",
                   "--include", "-i", "--exclude", "-e", "--launcher", "--launcher-args", "--ssh-port"}
     vals, flags, script, rest = _options(args, value_opts)
-    nproc = _int(vals.get("--num-gpus"))
+    nproc = _int(vals.get("--num-gpus"), "--num-gpus")
     include = vals.get("--include") or vals.get("-i")
     if nproc is None and include:
         nproc = max(len(part.split(":", 1)[-1].split(",")) for part in include.split("@"))
-    nnodes = _int(vals.get("--num-nodes")) or (2 if (vals.get("--hostfile") or vals.get("-H")) and "--no-ssh" not in flags
+    nnodes = _int(vals.get("--num-nodes"), "--num-nodes") or (2 if (vals.get("--hostfile") or vals.get("-H")) and "--no-ssh" not in flags
                                                 and not vals.get("--num-nodes") else 1)
     spec: dict[str, Any] = {"kind": "deepspeed", "nproc_per_node": nproc or 1, "nnodes": nnodes, "script": script,
-                            "script_args": rest, "master_port": _int(vals.get("--master-port")), "rdzv": "static"}
+                            "script_args": rest, "master_port": _int(vals.get("--master-port"), "--master-port"), "rdzv": "static"}
     if nnodes > 1:
         spec["master_addr"] = vals.get("--master-addr")
-        spec["node_rank"] = _int(vals.get("--node-rank")) if "--no-ssh" in flags else None
+        spec["node_rank"] = _int(vals.get("--node-rank"), "--node-rank") if "--no-ssh" in flags else None
     return spec
 
 
@@ -237,13 +257,13 @@ def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dic
     if not spec.get("script"):
         return {}  # the task is not a launcher we can read (a variable, a wrapper script): no spec
     spec["kind"] = "srun+torchrun"
-    nodes = _int(opts.get("--nodes"))
+    nodes = _int(opts.get("--nodes"), "srun --nodes")
     if nodes:
         spec["nnodes"] = nodes
     elif "--nodes" in opts:
         spec["nnodes_expr"] = opts["--nodes"]
     if "--ntasks-per-node" in opts:
-        spec["srun_ntasks_per_node"] = _int(opts["--ntasks-per-node"]) or 1
+        spec["srun_ntasks_per_node"] = _int(opts["--ntasks-per-node"], "srun --ntasks-per-node") or 1
     if "--export" in opts:
         spec["srun_export"] = opts["--export"]
     return spec
@@ -309,7 +329,7 @@ def _finish(fields: dict[str, Any], env: dict[str, str | None], early: dict[str,
     if not isinstance(kwargs.get("nproc_per_node", 1), int):
         kwargs.pop("nproc_per_node")
     if kwargs.get("kind") in ("srun+torchrun", "sbatch"):
-        port = _int(early.get("MASTER_PORT"))
+        port = _int(early.get("MASTER_PORT"), "MASTER_PORT")
         if port:
             kwargs["master_port"] = port
         kwargs.pop("master_addr", None)
@@ -391,13 +411,13 @@ def parse_sbatch(text: str) -> LaunchSpec:
     fields = _parse_lines(text, env, early)
     if not fields:
         raise ValueError("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
-    nodes = _int(header.get("--nodes", "").split("-")[0]) if header.get("--nodes") else None
+    nodes = _int(header.get("--nodes", "").split("-")[0], "#SBATCH --nodes") if header.get("--nodes") else None
     if fields.get("kind") == "srun+torchrun":
         fields["kind"] = "sbatch"
         if nodes and not isinstance(fields.get("nnodes"), int):
             fields["nnodes"] = nodes
         if "srun_ntasks_per_node" not in fields and header.get("--ntasks-per-node"):
-            fields["srun_ntasks_per_node"] = _int(header["--ntasks-per-node"]) or 1
+            fields["srun_ntasks_per_node"] = _int(header["--ntasks-per-node"], "#SBATCH --ntasks-per-node") or 1
         if "srun_export" not in fields and header.get("--export"):
             fields["srun_export"] = header["--export"]
     elif nodes and fields.get("kind") == "deepspeed" and fields.get("nnodes", 1) == 1 and nodes > 1:
@@ -405,7 +425,7 @@ def parse_sbatch(text: str) -> LaunchSpec:
         fields.setdefault("master_addr", None)
     gpus = header.get("--gpus-per-node")
     gres = re.search(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)", header.get("--gres", ""))
-    g = _int(gpus.split(":")[-1]) if gpus else (int(gres.group(1)) if gres else None)
+    g = _int(gpus.split(":")[-1], "#SBATCH --gpus-per-node") if gpus else (_int(gres.group(1), "#SBATCH --gres") if gres else None)
     disabled = re.search(r"^##SBATCH\s+--(?:gpus-per-node|gres)\b", text, re.M)
     if g is None and fields.get("kind") == "sbatch" and not any(k in header for k in _GPU_REQUESTS) and not disabled:
         g = 0  # no GPU request at all: the allocation has none (a CPU job, gloo); a disabled one: unknown (None)
@@ -420,10 +440,16 @@ def parse(text: str) -> LaunchSpec:
     What the command builder's "paste to check" box and ``runbook build --check`` call.
 
     Raises:
-        ValueError: as :func:`parse_command` / :func:`parse_sbatch`; an empty ``text``.
+        ValueError: as :func:`parse_command` / :func:`parse_sbatch`; an empty ``text``; more than
+            :data:`MAX_TEXT_CHARS` characters or a line over :data:`MAX_LINE_CHARS`.
     """
     if not isinstance(text, str) or not text.strip():
         raise ValueError("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(f"command: {len(text):,} characters, over the limit of {MAX_TEXT_CHARS:,} (a launch line or batch script)")
+    for number, line in enumerate(text.splitlines(), 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise ValueError(f"command: line {number} is {len(line):,} characters long, over the limit of {MAX_LINE_CHARS:,}")
     if text.lstrip().startswith("#!") or re.search(r"^\s*#SBATCH\b", text, re.MULTILINE):
         return parse_sbatch(text)
     return parse_command(text)

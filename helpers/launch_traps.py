@@ -96,8 +96,8 @@ def validate(spec: LaunchSpec) -> None:
     """Raise ``ValueError`` naming the field when ``spec`` cannot describe a launch at all.
 
     Checks: ``kind`` in :data:`KINDS`, ``rdzv`` in :data:`helpers.launchers.RDZV_FORMS`, ``nnodes``/``nproc_per_node`` >= 1,
-    ``master_port`` in 1..65535, ``gpus_per_node`` >= 0, ``srun_ntasks_per_node`` >= 1, a script,
-    ``srun_export`` a word such as ``ALL``/``NONE``.
+    ``master_port`` in 1..65535, ``gpus_per_node`` >= 0, ``srun_ntasks_per_node`` >= 1, a script whose path
+    does not start with ``-``, ``srun_export`` a word such as ``ALL``/``NONE``.
     """
     if spec.kind not in KINDS:
         raise ValueError(f"kind={spec.kind!r}: accepted values are {', '.join(KINDS)}")
@@ -111,6 +111,9 @@ def validate(spec: LaunchSpec) -> None:
         raise ValueError(f"gpus_per_node={spec.gpus_per_node!r}: must be an integer >= 0, or None when unknown")
     if not isinstance(spec.script, str) or not spec.script.strip():
         raise ValueError("script: the training script's path is required")
+    if spec.script.startswith("-"):
+        raise ValueError(f"script={spec.script[:40]!r}: a path, not an option (the launcher would read it as its own "
+                         "flag: `runbook build -- --help` built `torchrun ... --help`); write ./" + spec.script[:40])
     if not isinstance(spec.srun_export, str) or not re.fullmatch(r"[A-Za-z0-9_,=]+", spec.srun_export):
         raise ValueError(f"srun_export={spec.srun_export!r}: ALL, NONE or a comma-separated list of variable names")
 

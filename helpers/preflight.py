@@ -34,7 +34,7 @@ https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-i
 from __future__ import annotations
 
 import ipaddress
-import json
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from helpers import ifnames, sources
+from helpers import ifnames, inputs, sources
 from helpers.checks import Check, worst
 from helpers.hostinfo import parse_ip_addr
 from helpers.ifnames import IFNAME_VARS
@@ -112,10 +112,12 @@ def parse_inventory(text: str) -> dict[str, Any]:
     raw_route = "\n".join(sections.get("route", [])).strip()
     if raw_route:
         try:
-            entry = json.loads(raw_route)[0]
-            route = {"dev": entry.get("dev"), "prefsrc": entry.get("prefsrc"), "dst": entry.get("dst")}
-        except (json.JSONDecodeError, IndexError, KeyError, TypeError):
-            route = None
+            entries = inputs.load_json(raw_route, "ip -j route output", max_depth=16)
+        except inputs.InputError:
+            entries = None
+        entry = entries[0] if isinstance(entries, list) and entries and isinstance(entries[0], dict) else None
+        if entry is not None:  # fields other than strings are not ip's: left out (None)
+            route = {k: entry[k] if isinstance(entry.get(k), str) else None for k in ("dev", "prefsrc", "dst")}
     return {"hostname": first("hostname"), "ifaces": parse_ip_addr("\n".join(sections.get("addr", []))),
             "master_addr": first("master") or None, "self_addr": first("self") or None, "route": route,
             "listeners": [ln for ln in sections.get("listen", []) if ln.strip()] if "ss ok" in sections else None,
@@ -345,7 +347,7 @@ def _run_pings(runner: SlurmClient, node: str, plan: Mapping[str, Mapping[str, A
     for line in ans.stdout.splitlines():
         parts = line.split(" ", 3)
         if len(parts) >= 3 and parts[0] == "@@ping":
-            out[parts[1]] = {"ok": parts[2] == "0", "rc": int(parts[2]) if parts[2].lstrip("-").isdigit() else None,
+            out[parts[1]] = {"ok": parts[2] == "0", "rc": int(parts[2]) if re.fullmatch(r"-?[0-9]{1,6}", parts[2]) else None,
                              "output": parts[3] if len(parts) > 3 else "", **plan.get(parts[1], {})}
     for pid, p in plan.items():
         out.setdefault(pid, {"ok": False, "rc": None, "output": f"no answer from the runner: {ans.stderr.strip()[-200:]}",
