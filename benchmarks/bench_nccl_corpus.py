@@ -27,7 +27,7 @@ def score(entry: dict) -> tuple[str, list[str]]:
     """(``right``/``partial``/``wrong``/``silent``, the FAIL/WARN verdict ids) for one manifest entry."""
     log = nl.parse_files([CORPUS / entry["file"]])
     verdicts = nl.interpret(log)
-    ids = [v.id for v in verdicts if v.severity in ("FAIL", "WARN")]
+    ids = [v.id for v in verdicts if v.status in ("FAIL", "WARN")]
     expect = entry["expect"]
     if not ids and any(v.id == expect for v in verdicts):
         return "partial", [f"{expect} (INFO)"]

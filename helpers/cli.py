@@ -274,7 +274,8 @@ def nccl_log_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p = _parser(subparsers, "nccl-log", "interpret NCCL_DEBUG=INFO logs: per-rank table and verdicts",
                 (nl.__doc__ or "").split("\n\n")[0])
     p.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log(s); several = one job; - = stdin")
-    p.add_argument("--json", action="store_true", help="print JSON (ranks and verdicts, bounded) instead of text")
+    p.add_argument("--json", action="store_true",
+                   help='print {"checks": [...], "log": {...}}: the verdicts as check records and the per-rank summary (bounded)')
     return p
 
 
@@ -303,7 +304,7 @@ def nccl_log(args: argparse.Namespace) -> int:
         print(nl.render(log, verdicts), end="")
     if problems:
         return 2
-    return 1 if any(v.severity == "FAIL" for v in verdicts) else 0
+    return 1 if any(v.status == "FAIL" for v in verdicts) else 0
 
 
 # ---------------------------------------------------------------- lint

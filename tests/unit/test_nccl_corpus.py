@@ -35,23 +35,38 @@ def test_corpus_log_gets_its_verdict(entry: dict) -> None:
     log = nl.parse_files([REAL / entry["file"]])
     verdicts = nl.interpret(log)
     assert all(isinstance(v, Check) for v in verdicts)
-    acting = {v.id: v for v in verdicts if v.severity in ("FAIL", "WARN")}
+    acting = {v.id: v for v in verdicts if v.status in ("FAIL", "WARN")}
     if entry["expect"] == "none":
         assert not acting, acting
         return
     found = {v.id: v for v in verdicts}
     assert entry["expect"] in found, [v.line() for v in verdicts]
     v = found[entry["expect"]]
-    assert v.evidence and v.fix
+    assert v.evidence and v.remediation
     if entry["file"] not in PARTIAL:
-        assert v.severity in ("FAIL", "WARN")
+        assert v.status in ("FAIL", "WARN")
         others = set(acting) - {entry["expect"], "connect-failed", "init-incomplete"}
         assert not others, others
 
 
+# Catalog entries a real run in this suite shows (PyTorch's TCPStore on CPU: test_tcpstore_failures_are_read) or
+# a real log of the blind set (tests/data/nccl/blind/manifest.yaml) shows, besides the corpus above.
+REAL_RUNS = {"tcpstore-client-timeout", "tcpstore-port-in-use", "tcpstore-clients-missing"}
+BLIND = DATA / "blind" / "manifest.yaml"
+
+
+def _blind_ids() -> set[str]:
+    if not BLIND.exists():
+        return set()
+    ids: set[str] = set()
+    for e in yaml.safe_load(BLIND.read_text()) or []:
+        ids.update(e.get("catalog_hits", []))
+    return ids
+
+
 def test_catalog_entries_all_exercised_and_name_a_command() -> None:
     catalog = nl.load_catalog()
-    expected = {e["expect"] for e in MANIFEST}
+    expected = {e["expect"] for e in MANIFEST} | REAL_RUNS | _blind_ids()
     for entry in catalog:
         assert entry["id"] in expected, entry["id"]
         assert entry["source"].startswith("https://")
@@ -60,9 +75,9 @@ def test_catalog_entries_all_exercised_and_name_a_command() -> None:
 
 def test_catalog_verdict_names_cause_and_command() -> None:
     v = {v.id: v for v in nl.interpret(nl.parse_files([REAL / "shm_full_ci_pods.log"]))}["shm-full"]
-    assert v.severity == "FAIL" and "/dev/shm" in v.message and "df -h /dev/shm" in v.fix
+    assert v.status == "FAIL" and "/dev/shm" in v.title and "df -h /dev/shm" in v.remediation
     assert v.source == "https://github.com/NVIDIA/nccl/issues/525"
-    assert v.faulty == v.hosts == ["mt-l-x86iavx512-45-172-t4-4-csmpw-runner-g4sfw-workflow"]
+    assert v.faulty == v.values["hosts"] == ["mt-l-x86iavx512-45-172-t4-4-csmpw-runner-g4sfw-workflow"]
 
 
 def test_old_formats() -> None:
@@ -97,10 +112,10 @@ def test_cross_host_network_and_plugin() -> None:
             "b:2:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>\n"
             "b:2:2 [0] NCCL INFO socketPollConnect: connect to 10.0.0.9<4000> returned Connection refused, retrying\n")
     found = {v.id: v for v in nl.interpret(nl.parse(text))}
-    assert found["mixed-network"].severity == "FAIL" and found["mixed-network"].hosts == ["a", "b"]
-    assert "ibv_devinfo" in found["mixed-network"].fix
-    assert found["net-plugin-partial"].hosts == ["a", "b"]
-    assert "10.0.0.9" in found["dialled-unknown-address"].message
+    assert found["mixed-network"].status == "FAIL" and found["mixed-network"].values["hosts"] == ["a", "b"]
+    assert "ibv_devinfo" in found["mixed-network"].remediation
+    assert found["net-plugin-partial"].values["hosts"] == ["a", "b"]
+    assert "10.0.0.9" in found["dialled-unknown-address"].title
 
 
 def test_ib_fallback_only_with_ib_evidence() -> None:
@@ -149,8 +164,8 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     monkeypatch.setattr("sys.stdin", io.StringIO((REAL / "dup_gpu_horovod.log").read_text()))
     assert nl.main(["-", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["sources"] == ["<stdin>"] and data["catalog"] == {"duplicate-gpu": 3}
-    assert {v["id"] for v in data["verdicts"]} >= {"duplicate-gpu"}
+    assert data["log"]["sources"] == ["<stdin>"] and data["log"]["catalog"] == {"duplicate-gpu": 3}
+    assert {v["id"] for v in data["checks"]} >= {"duplicate-gpu"}
 
 
 def test_json_is_bounded() -> None:
@@ -158,9 +173,9 @@ def test_json_is_bounded() -> None:
     text = "".join(line.format(n=n) for n in range(2000))
     log = nl.parse(text)
     data = nl.to_json(log, nl.interpret(log))
-    assert data["ranks_omitted"] == 2000 - 64
+    assert data["log"]["ranks_omitted"] == 2000 - 64
     assert len(json.dumps(data)) < 200_000
-    assert all(len(v["evidence"]) <= 6 and len(v["ranks"]) <= 32 for v in data["verdicts"])
+    assert all(len(v["evidence"]) <= 6 and len(v["values"]["ranks"]) <= 32 for v in data["checks"])
 
 
 def test_checks_for_job(tmp_path: Path) -> None:
@@ -173,3 +188,32 @@ def test_checks_for_job(tmp_path: Path) -> None:
     assert nl.checks_for_job(tmp_path) == []
     with pytest.raises(ValueError, match="job"):
         nl.checks_for_job(tmp_path / "missing")
+
+
+def test_tcpstore_failures_are_read() -> None:
+    """Real TCPStore failures (torch on CPU): a client with no server, a port in use, a missing client."""
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    texts = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(Exception) as client:
+        TCPStore("127.0.0.1", free, 2, False, timeout=datetime.timedelta(seconds=0.1))
+    texts.append(str(client.value))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(Exception) as server:
+            TCPStore("127.0.0.1", s.getsockname()[1], 2, True, timeout=datetime.timedelta(seconds=0.1))
+    texts.append(str(server.value))
+    with pytest.raises(Exception) as waiting:
+        TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=0.1), wait_for_workers=True)
+    texts.append(str(waiting.value))
+    found = {v.id: v for v in nl.interpret(nl.parse("\n".join(texts)))}
+    assert REAL_RUNS <= set(found), [v.line() for v in found.values()]
+    assert all(found[i].status == "FAIL" and found[i].remediation for i in REAL_RUNS)
+    assert "nc -zv MASTER_ADDR MASTER_PORT" in found["tcpstore-client-timeout"].remediation

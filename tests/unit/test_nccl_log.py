@@ -8,12 +8,14 @@ are hand-written in real NCCL formats (sources in their headers).
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from helpers import nccl_log as nl
+from helpers.checks import Check
 
 DATA = Path(__file__).parents[1] / "data" / "nccl"
 
@@ -22,12 +24,12 @@ def load(name: str) -> nl.NcclLog:
     return nl.parse_files([DATA / name])
 
 
-def verdicts(name: str) -> dict[str, nl.Verdict]:
+def verdicts(name: str) -> dict[str, Check]:
     return {v.id: v for v in nl.interpret(load(name))}
 
 
 def severities(vs) -> set[str]:
-    return {v.severity for v in (vs.values() if isinstance(vs, dict) else vs)}
+    return {v.status for v in (vs.values() if isinstance(vs, dict) else vs)}
 
 
 # ------------------------------------------------------------------------------- per sample log
@@ -61,12 +63,12 @@ def test_sample_verdict_and_exit_status(name: str, capsys: pytest.CaptureFixture
     if vid is None:
         assert not severities(found) & {"FAIL", "WARN"}, found
     else:
-        assert found[vid].severity == severity
-        assert found[vid].evidence and found[vid].fix
+        assert found[vid].status == severity
+        assert found[vid].evidence and found[vid].remediation
     assert nl.main([str(DATA / name)]) == status
     out = capsys.readouterr().out
     if vid is not None:
-        assert f"[{severity}] {vid}: " in out
+        assert re.search(rf"\[{severity}\]\s+{re.escape(vid)}(?: @\S+)?: ", out)
 
 
 def test_healthy_multinode_fields() -> None:
@@ -104,7 +106,7 @@ def test_gilbreth_6_3_incorrect_output() -> None:
     log = load("gilbreth_6_3_incorrect_single_node.log")
     assert log.unattributed.network == "IB"
     assert log.ranks["rank0"].connections() == {(0, 1): ["P2P/CUMEM"]}
-    assert "Gilbreth 6.3" in verdicts("gilbreth_6_3_incorrect_single_node.log")["single-node-ib-loaded"].message
+    assert "Gilbreth 6.3" in verdicts("gilbreth_6_3_incorrect_single_node.log")["single-node-ib-loaded"].title
 
 
 def test_gilbreth_8_9_multinode() -> None:
@@ -118,7 +120,7 @@ def test_gilbreth_8_9_multinode() -> None:
 def test_gilbreth_8_12_fix_cites_the_guide() -> None:
     v = verdicts("gilbreth_8_12_no_socket_interface.log")["no-interface"]
     assert v.evidence == ["Bootstrap : no socket interface found"]
-    assert "unset NCCL_SOCKET_IFNAME" in v.fix and "Gilbreth 8.12" in v.fix
+    assert "unset NCCL_SOCKET_IFNAME" in v.remediation and "Gilbreth 8.12" in v.remediation
 
 
 # -------------------------------------------------------------------------- one verdict each
@@ -128,18 +130,18 @@ def test_bridge_bootstrap_and_refused() -> None:
     assert list(log.ranks) == ["node-a:9120[0]", "node-b:7731[0]"]   # [rank1]: lines folded into node-b's key
     found = {v.id: v for v in nl.interpret(log)}
     bad = found["bad-interface"]
-    assert "virbr0 (libvirt bridge)" in bad.message and bad.hosts == ["node-a", "node-b"]
-    assert "NCCL_SOCKET_IFNAME=^docker0,lo" in bad.fix and "MN2" in bad.fix
+    assert "virbr0 (libvirt bridge)" in bad.title and bad.values["hosts"] == ["node-a", "node-b"]
+    assert "NCCL_SOCKET_IFNAME=^docker0,lo" in bad.remediation and "MN2" in bad.remediation
     conn = found["connect-failed"]
-    assert conn.severity == "FAIL" and conn.ranks == ["node-b:7731[0]"]
-    assert "192.168.122.1:35547" in conn.message and "Connection refused" in conn.message
+    assert conn.status == "FAIL" and conn.values["ranks"] == ["node-b:7731[0]"]
+    assert "192.168.122.1:35547" in conn.title and "Connection refused" in conn.title
     assert "ib-fallback-socket" not in found      # no line shows IB was expected (issue 15: no fallback note)
 
 
 def test_lo_names_the_environment_variable() -> None:
     bad = verdicts("lo_socket_ifname.log")["bad-interface"]
-    assert "lo (loopback)" in bad.message
-    assert bad.fix.startswith("NCCL_SOCKET_IFNAME is set to lo by the environment")
+    assert "lo (loopback)" in bad.title
+    assert bad.remediation.startswith("NCCL_SOCKET_IFNAME is set to lo by the environment")
     assert load("lo_socket_ifname.log").ranks["node2:4410[0]"].env == {"NCCL_SOCKET_IFNAME": "lo",
                                                                        "NCCL_IB_DISABLE": "1"}
 
@@ -148,30 +150,32 @@ def test_single_node_net_is_the_gilbreth_trap() -> None:
     log = load("single_node_net_ib.log")
     assert log.topology() == "single-node" and list(log.ranks) == ["gpu-node-07:18211[0]", "gpu-node-07:18212[1]"]
     v = {v.id: v for v in nl.interpret(log)}["single-node-net-transport"]
-    assert v.hosts == ["gpu-node-07"] and "NET/IB" in v.message
-    assert "NCCL_P2P_DISABLE=1" in v.message
-    # the four settings of Gilbreth 6.3 "Required Environment Variables", verbatim
-    for setting in ("NCCL_IB_DISABLE=1", "NCCL_NET_DISABLE=1", "NCCL_P2P_LEVEL=NVL", "NCCL_SHM_DISABLE=0"):
-        assert setting in v.fix
-    assert "Gilbreth 6.3" in v.fix
+    assert v.values["hosts"] == ["gpu-node-07"] and "NET/IB" in v.title
+    assert "NCCL_P2P_DISABLE=1" in v.title
+    # the settings of Gilbreth 6.3 "Required Environment Variables", corrected against NCCL's source: the guide's
+    # NCCL_NET_DISABLE is read by no NCCL release; NCCL_NET_DISABLE_INTRA keeps NET off inside a node
+    for setting in ("NCCL_IB_DISABLE=1", "NCCL_NET_DISABLE_INTRA=1", "NCCL_P2P_LEVEL=NVL", "NCCL_SHM_DISABLE=0"):
+        assert setting in v.remediation
+    assert "NCCL_NET_DISABLE=" not in v.remediation and "unset NCCL_P2P_DISABLE" in v.remediation
+    assert "Gilbreth 6.3" in v.remediation
 
 
 def test_ib_fallback_is_warn_only() -> None:
     found = verdicts("ib_fallback_socket.log")
-    assert severities(found) == {"WARN"}
-    assert "ens5" in found["ib-fallback-socket"].message
+    assert severities(found) - {"INFO"} == {"WARN"}
+    assert "ens5" in found["ib-fallback-socket"].title
 
 
 def test_no_route_names_the_address_and_its_host() -> None:
     v = verdicts("connect_no_route.log")["connect-failed"]
-    assert v.hosts == ["node5"] and v.ranks == ["node5:240[0]", "node5:241[1]"]
-    assert "10.0.0.4:56849 (advertised by node4)" in v.message and "No route to host" in v.message
+    assert v.values["hosts"] == ["node5"] and v.values["ranks"] == ["node5:240[0]", "node5:241[1]"]
+    assert "10.0.0.4:56849 (advertised by node4)" in v.title and "No route to host" in v.title
 
 
 def test_no_interface_names_the_variable_and_host() -> None:
     found = verdicts("no_socket_interface.log")
     v = found["no-interface"]
-    assert v.hosts == ["gilbreth-i004"] and "NCCL_SOCKET_IFNAME=ibp65s0" in v.message
+    assert v.values["hosts"] == ["gilbreth-i004"] and "NCCL_SOCKET_IFNAME=ibp65s0" in v.title
     assert "init-incomplete" not in found                 # already explained by the FAIL above
 
 
@@ -181,15 +185,15 @@ def test_mn1_names_the_stuck_host() -> None:
     assert log.ranks["node-a:1201[0]"].label == "default0"
     found = {v.id: v for v in nl.interpret(log)}
     v = found["init-incomplete"]
-    assert v.severity == "FAIL" and v.hosts == ["node-b"]
-    assert v.ranks == ["node-b:3377[0]", "node-b:3378[1]"] and "MN1" in v.message
-    assert [f.id for f in found.values() if f.severity == "FAIL"] == ["init-incomplete"]
+    assert v.status == "FAIL" and v.values["hosts"] == ["node-b"]
+    assert v.values["ranks"] == ["node-b:3377[0]", "node-b:3378[1]"] and "MN1" in v.title
+    assert [f.id for f in found.values() if f.status == "FAIL"] == ["init-incomplete"]
 
 
 def test_mixed_versions() -> None:
     v = verdicts("mixed_versions.log")["mixed-nccl-version"]
-    assert "2.18.3 on node-b" in v.message and "2.21.5 on node-a" in v.message
-    assert "rank 0 runs 2.21.5, rank 2 runs 2.18.3" in v.message
+    assert "2.18.3 on node-b" in v.title and "2.21.5 on node-a" in v.title
+    assert "rank 0 runs 2.21.5, rank 2 runs 2.18.3" in v.title
 
 
 # -------------------------------------------------------------------------------- line formats
@@ -257,7 +261,7 @@ def test_veth_second_in_socket_list_fails_multinode() -> None:
     text = TWO_HOSTS + ("a:1:1 [0] NCCL INFO NET/Socket : Using [0]ens5:10.0.0.1<0> "
                         "[1]veth75fa783:fe80::14ad:64ff:fe64:b31e%veth75fa783<0>\n")
     v = {v.id: v for v in nl.interpret(nl.parse(text))}["bad-interface"]
-    assert v.severity == "FAIL" and "NET/Socket on veth75fa783" in v.message and v.hosts == ["a"]
+    assert v.status == "FAIL" and "NET/Socket on veth75fa783" in v.title and v.values["hosts"] == ["a"]
 
 
 def test_docker0_and_same_address_on_two_hosts() -> None:
@@ -266,15 +270,15 @@ def test_docker0_and_same_address_on_two_hosts() -> None:
             "b:2:2 [0] NCCL INFO Bootstrap : Using cni0:10.244.0.1<0>\n"
             "c:3:3 [0] NCCL INFO Bootstrap : Using cni0:10.244.0.1<0>\n")
     v = {v.id: v for v in nl.interpret(nl.parse(text))}["bad-interface"]
-    assert "docker0 (Docker bridge)" in v.message and "advertised by 2 hosts" in v.message
-    assert v.hosts == ["a", "b", "c"] and "set to docker0" in v.fix
+    assert "docker0 (Docker bridge)" in v.title and "advertised by 2 hosts" in v.title
+    assert v.values["hosts"] == ["a", "b", "c"] and "set to docker0" in v.remediation
 
 
 def test_loopback_on_one_node_is_only_info() -> None:
     text = ("a:1:1 [0] NCCL INFO Bootstrap : Using lo:127.0.0.1<0>\n"
             "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0\n")
     v = {v.id: v for v in nl.interpret(nl.parse(text))}["bad-interface"]
-    assert v.severity == "INFO"
+    assert v.status == "INFO"
 
 
 def test_connect_retry_then_complete_is_transient_warn() -> None:
@@ -284,8 +288,8 @@ def test_connect_retry_then_complete_is_transient_warn() -> None:
         "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
         "b:2:2 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n")
     found = {v.id: v for v in nl.interpret(nl.parse(text))}
-    assert found["connect-failed"].severity == "WARN" and "transient" in found["connect-failed"].message
-    assert "10.0.0.1:4000 (advertised by a)" in found["connect-failed"].message
+    assert found["connect-failed"].status == "WARN" and "transient" in found["connect-failed"].title
+    assert "10.0.0.1:4000 (advertised by a)" in found["connect-failed"].title
 
 
 def test_pre_init_lines_of_another_cuda_dev_fold_into_the_process() -> None:
@@ -295,14 +299,18 @@ def test_pre_init_lines_of_another_cuda_dev_fold_into_the_process() -> None:
             "a:2:8 [0] NCCL INFO comm 0x2 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n")
     log = nl.parse(text)
     assert list(log.ranks) == ["a:1[1]", "a:2[0]"] and log.ranks["a:1[1]"].bootstrap[0].name == "ens5"
-    assert not [v for v in nl.interpret(log) if v.severity != "INFO"]
+    assert not [v for v in nl.interpret(log) if v.status != "INFO"]
 
 
 def test_warn_lines_are_kept() -> None:
     text = "a:1:1 [0] enqueue.cc:100 NCCL WARN Cuda failure 'out of memory'\n"
     log = nl.parse(text)
     assert log.ranks["a:1[0]"].warns == [text.strip()]
-    assert {v.id for v in nl.interpret(log)} >= {"other-warnings"}
+    (v,) = [v for v in nl.interpret(log) if v.id.startswith("nccl.cuda-")]
+    assert "out of memory" in v.title and v.status == "FAIL" and v.values["kind"] == "cause"
+    assert v.source.startswith("https://github.com/NVIDIA/nccl/blob/")       # the site that prints it
+    unknown = "a:1:1 [0] x.cc:1 NCCL WARN a message no NCCL release prints\n"
+    assert {v.id for v in nl.interpret(nl.parse(unknown))} >= {"other-warnings"}
 
 
 # ----------------------------------------------------------------------------- bad input, CLI
@@ -331,8 +339,10 @@ def test_bad_arguments() -> None:
         nl.parse(b"bytes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="log"):
         nl.interpret("not a log")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="severity='BAD'"):
-        nl.Verdict("x", "BAD", "m")
+    with pytest.raises(ValueError, match="status='BAD'"):
+        nl.verdict("x", "BAD", "m")
+    with pytest.raises(ValueError, match="kind='maybe'"):
+        nl.verdict("x", "WARN", "m", kind="maybe")
     with pytest.raises(ValueError, match="paths"):
         nl.parse_files([])
 
@@ -340,11 +350,11 @@ def test_bad_arguments() -> None:
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert nl.main([str(DATA / "mn1_stuck_host.log"), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["topology"] == "multi-node" and set(data["ranks"]) == {
+    assert data["log"]["topology"] == "multi-node" and set(data["log"]["ranks"]) == {
         "node-a:1201[0]", "node-a:1202[1]", "node-b:3377[0]", "node-b:3378[1]"}
-    assert data["ranks"]["node-a:1201[0]"]["connections"]["0->1"] == ["P2P/CUMEM/read"]
-    (v,) = [v for v in data["verdicts"] if v["id"] == "init-incomplete"]
-    assert v["hosts"] == ["node-b"] and v["severity"] == "FAIL"
+    assert data["log"]["ranks"]["node-a:1201[0]"]["connections"]["0->1"] == ["P2P/CUMEM/read"]
+    (v,) = [v for v in data["checks"] if v["id"] == "init-incomplete"]
+    assert v["values"]["hosts"] == ["node-b"] and v["status"] == "FAIL"
 
 
 def test_several_files_make_one_job(capsys: pytest.CaptureFixture[str]) -> None:
@@ -361,13 +371,13 @@ def test_render_rows_and_verdict_lines() -> None:
     for key in log.ranks:
         assert sum(line.startswith(key + " ") for line in lines) == 1
     v = vs[0]
-    assert f"[{v.severity}] {v.id}: {v.message} -> {v.fix}" in lines
+    assert v.line() in text and f"[{v.status}] {v.id} @node5: {v.title}" in lines
     assert nl.render(load("healthy_multinode_ib.log"), []).rstrip().endswith("[OK] no finding")
 
 
 def test_module_main_runs_the_runbook_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert nl.main([str(DATA / "single_node_net_ib.log")]) == 1
-    assert "[FAIL] single-node-net-transport:" in capsys.readouterr().out
+    assert "[FAIL] single-node-net-transport @gpu-node-07:" in capsys.readouterr().out
 
 
 def test_long_lines_stay_fast() -> None:

@@ -1,0 +1,415 @@
+"""What the reader knows about messages: the hand-written failure catalog and the catalog generated from the sources.
+
+Two layers, one home:
+
+- ``helpers/data/nccl_catalog.yaml`` (:func:`load_catalog`): known failure messages whose cause a maintainer or
+  the reporter confirmed in a public issue (``shm-full``, ``duplicate-gpu``, ``ib-acs-gdr``...): each names the
+  cause, the command that confirms it and the fix.
+- ``helpers/data/nccl_sites.json`` (:func:`load_sites`), written by :mod:`helpers.nccl_log.generate` from the
+  sources of NCCL (every release tag from 2.18 on), its network plugins and PyTorch's c10d: every message they can
+  print, with its regex, subsystem and releases.  What a message means, its fix and whether it states a cause or
+  names a suspect come from :data:`KNOWLEDGE` (rules over the subsystem and the message's words, written from
+  the code around the sites and NCCL's documentation), so every site gets a reading.
+- ``helpers/data/nccl_versions.yaml`` (:func:`load_versions`): known NCCL bugs by affected and fixing release.
+
+Nothing runs at import; PyYAML and the JSON file are read on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from helpers.nccl_log.model import SEVERITIES
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CATALOG_PATH = DATA / "nccl_catalog.yaml"
+"""The hand-written catalog of known failure messages with confirmed causes (package data, YAML)."""
+SITES_PATH = DATA / "nccl_sites.json"
+"""The catalog generated from the sources by :mod:`helpers.nccl_log.generate` (package data, JSON)."""
+VERSIONS_PATH = DATA / "nccl_versions.yaml"
+"""Known NCCL bugs by affected and fixing release (package data, YAML)."""
+
+_CATALOG_FIELDS = ("id", "status", "pattern", "cause", "fix", "source")
+_CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl"}
+# Cheap substring filter: a line is matched against the catalog only if it holds one of these.
+_CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
+                 "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
+                 "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
+                 "Some NCCL operations", "Timeout at NCCL work")
+
+
+@lru_cache(maxsize=4)
+def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
+    """The hand-written catalog entries, in file order (the first entry whose pattern matches a line wins).
+
+    Args:
+        path: a YAML file with a list of entries; None: :data:`CATALOG_PATH`.
+    Returns:
+        A tuple of dicts with the keys ``id, status, kind, subsystem, pattern, cause, fix, source``
+        (``kind`` defaults to ``cause``, ``subsystem`` to ``nccl``).
+    Raises:
+        ValueError: the file is not a list of entries with those keys, a status is not one of
+            :data:`SEVERITIES`, a kind is not cause/suspect/context, a pattern does not compile, or an id repeats
+            (names the entry).
+    """
+    import yaml  # only when a log is interpreted
+
+    data = yaml.safe_load(Path(path or CATALOG_PATH).read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise ValueError(f"{path or CATALOG_PATH}: expected a list of catalog entries")
+    seen: set[str] = set()
+    out = []
+    for n, entry in enumerate(data):
+        missing = [k for k in _CATALOG_FIELDS if not isinstance(entry, dict) or not entry.get(k)]
+        if missing:
+            raise ValueError(f"catalog entry {n}: missing {', '.join(missing)}; each entry needs {', '.join(_CATALOG_FIELDS)}")
+        if entry["status"] not in SEVERITIES:
+            raise ValueError(f"catalog entry {entry['id']}: status={entry['status']!r}; accepted values are "
+                             f"{', '.join(SEVERITIES)}")
+        if entry.get("kind", "cause") not in KINDS:
+            raise ValueError(f"catalog entry {entry['id']}: kind={entry['kind']!r}; accepted values are {', '.join(KINDS)}")
+        if entry["id"] in seen:
+            raise ValueError(f"catalog entry {entry['id']}: id repeats")
+        try:
+            re.compile(entry["pattern"])
+        except re.error as exc:
+            raise ValueError(f"catalog entry {entry['id']}: pattern does not compile ({exc})") from exc
+        seen.add(entry["id"])
+        record = {k: str(entry[k]) for k in _CATALOG_FIELDS}
+        record.update({k: str(entry.get(k, default)) for k, default in _CATALOG_OPTIONAL.items()})
+        out.append(record)
+    return tuple(out)
+
+
+@lru_cache(maxsize=4)
+def _catalog_regex(path: str | None = None) -> re.Pattern[str]:
+    """All catalog patterns as one alternation; the named group that matched is ``g<index>``."""
+    return re.compile("|".join(f"(?P<g{i}>{e['pattern']})" for i, e in enumerate(load_catalog(path))))
+
+
+KINDS = ("cause", "suspect", "context")
+"""What a reading claims: ``cause`` (the message decides), ``suspect`` (the likeliest reading, to confirm with the
+command of its fix), ``context`` (a consequence or a fact worth knowing, not a failure by itself)."""
+
+
+# ------------------------------------------------------------------------------------ generated sites
+
+@lru_cache(maxsize=2)
+def load_sites(path: str | None = None) -> dict:
+    """The generated catalog: ``{"header": {...}, "entries": [...], "skipped": [...]}`` (:mod:`helpers.nccl_log.generate`).
+
+    Each entry gains ``index`` (its position) and ``knowledge`` (:func:`knowledge_for`).
+
+    Raises:
+        ValueError: the file is not the generator's JSON (names the missing key).
+    """
+    data = json.loads(Path(path or SITES_PATH).read_text(encoding="utf-8"))
+    for key in ("header", "entries"):
+        if key not in data:
+            raise ValueError(f"{path or SITES_PATH}: missing {key!r}; regenerate it with python -m helpers.nccl_log.generate")
+    for i, e in enumerate(data["entries"]):
+        e["index"] = i
+        e["knowledge"] = knowledge_for(e["format"], e["subsystem"], e["level"])
+    return data
+
+
+@lru_cache(maxsize=2)
+def _site_index(path: str | None = None) -> tuple[tuple[str, int], ...]:
+    """``(anchor, index)`` of every WARN/ERROR/INFO entry, longest anchor first (the most specific wins)."""
+    entries = load_sites(path)["entries"]
+    return tuple(sorted(((e["anchor"], e["index"]) for e in entries if len(e["anchor"]) >= MIN_ANCHOR),
+                        key=lambda a: -len(a[0])))
+
+
+MIN_ANCHOR = 3
+"""A format whose longest literal piece is shorter than this (``"%s"``) cannot be told from any other text: it is
+not matched (and counts as not covered)."""
+
+
+_SITE_RE: dict[int, re.Pattern[str]] = {}
+
+
+def match_site(message: str, level: str | None = None, path: str | None = None) -> dict | None:
+    """The generated entry whose format printed ``message`` (the text after ``NCCL WARN`` / ``NCCL INFO``), or None.
+
+    Entries are tried longest literal anchor first; an entry matches when its anchor is in ``message`` and its
+    regex matches from the start (a message cut short still matches when the anchor is there).
+
+    Args:
+        message: one message, prefix removed; level: ``WARN`` / ``INFO`` / ``ERROR`` to try only those entries.
+    """
+    entries = load_sites(path)["entries"]
+    for anchor, i in _site_index(path):
+        if anchor not in message:
+            continue
+        e = entries[i]
+        if level is not None and e["level"] != level:
+            continue
+        rx = _SITE_RE.get(i)
+        if rx is None:
+            rx = _SITE_RE[i] = re.compile(e["regex"])
+        if rx.match(message):
+            return e
+    return None
+
+
+# ------------------------------------------------------------------------------------------ knowledge
+
+# (class id, regex over the format, subsystems it applies to or "" for any, status, kind, meaning, fix, source)
+KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
+    ("ib-completion", r"Got completion (?:from peer|with error)|completion with error|wc_status|wc\.status", "net-ib,net-plugin", "FAIL", "suspect",
+     "an InfiniBand/RoCE work request completed with an error: the status number names it (12: transport retry "
+     "exceeded, the peer NIC is unreachable; 4: local protection, usually PCIe ACS/IOMMU breaking GPU Direct RDMA; "
+     "5: flushed, a consequence of an earlier error on the same queue pair; 13: receiver not ready)",
+     "ibv_devinfo on both nodes (PORT_ACTIVE, same active_mtu), ib_write_bw between the two GIDs the line names; for "
+     "status 4: sudo lspci -vvv | grep ACSCtl and a rerun with NCCL_NET_GDR_LEVEL=0", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("ib-memory-registration", r"ibv_reg_mr|reg_mr|ibv_reg_dmabuf_mr|register memory|Memory registration|regMr", "", "FAIL", "suspect",
+     "registering a buffer with the NIC failed: the locked-memory limit is too low, or GPU memory cannot be "
+     "registered (no nvidia-peermem / DMA-BUF support)",
+     "ulimit -l on that node (must be unlimited: limits.conf or the container's --ulimit memlock=-1); "
+     "lsmod | grep nvidia_peermem; NCCL_NET_GDR_LEVEL=0 as a stop-gap", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("ib-verbs-call", r"(?:Call to )?ibv_\w+|mlx5dv_\w+|Unable to open device|Unable to query|ibvwrap|IB device|port state|NET/IB", "net-ib", "FAIL", "suspect",
+     "an IB verbs call failed: the HCA, its port or the verbs library is not usable from this process",
+     "ibv_devinfo (port PORT_ACTIVE, link_layer) and ls /dev/infiniband in the container (pass the devices and "
+     "--cap-add IPC_LOCK; ulimit -l unlimited); NCCL_IB_HCA to pick the right ports", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
+    ("ofi-provider", r"fi_getinfo|provider|No eligible|EFA|efa|libfabric|fi_\w+", "net-plugin:aws-ofi", "FAIL", "suspect",
+     "the AWS OFI plugin could not use libfabric (no EFA provider: the EFA device is not passed to the container, the "
+     "libfabric/EFA installer is missing or too old, or the instance has no EFA)",
+     "fi_info -p efa on that node; pass /dev/infiniband/uverbs* to the container, install the EFA software, and keep "
+     "FI_PROVIDER=efa", "https://github.com/aws/aws-ofi-nccl"),
+    ("plugin-load", r"[Pp]lugin|dlopen|dlsym|Failed to find \w+ symbol|libnccl-net", "", "WARN", "suspect",
+     "a plugin (network, tuner, profiler) could not be loaded or lacks a symbol: NCCL falls back to its internal "
+     "code, or the plugin and NCCL versions do not match",
+     "ldconfig -p | grep nccl-net and echo $NCCL_NET_PLUGIN $LD_LIBRARY_PATH; install the plugin built for this NCCL "
+     "version, or NCCL_NET_PLUGIN=none", "https://github.com/NVIDIA/nccl/tree/master/plugins/net"),
+    ("socket-no-interface", r"no socket interface found|No usable listening interface|no interface found|No interface found in the same subnet|interface not found", "", "FAIL", "cause",
+     "no network interface matches NCCL_SOCKET_IFNAME (or none is up with an address), so NCCL cannot bootstrap",
+     "ip -br addr on that node; set NCCL_SOCKET_IFNAME to a prefix present on every node, or unset it",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname"),
+    ("socket-peer-closed", r"[Cc]onnection closed by remote peer|remote process exited|[Cc]onnection reset|socket closed|closed by peer|Broken pipe|recv.*\b0 bytes|Net : Connection closed", "", "WARN", "context",
+     "the peer closed the connection: another rank died or aborted first (this line is a consequence)",
+     "find the first rank to fail (its first WARN or its launcher's exit code) and read its log; dmesg on its node",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("socket-connect", r"[Cc]onnect to|[Cc]onnect(?:ion)? (?:failed|refused|timed out)|ncclSocketConnect|No route to host|[Nn]etwork is unreachable|connect returned|socketConnect|Connection refused|Call to connect", "", "FAIL", "suspect",
+     "a TCP connection between ranks failed: the peer is not listening (it died or announced a wrong address), the "
+     "address is not routable from here, or a firewall drops NCCL's ports",
+     "nc -zv PEER PORT from this node and ip route get PEER; pin NCCL_SOCKET_IFNAME to the data-plane NIC that every node "
+     "shares; open the port range between the nodes", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("socket-timeout", r"[Tt]imeout|timed out|[Tt]imed out", "socket,bootstrap,net-socket", "FAIL", "suspect",
+     "a socket operation timed out: a peer never answered (it did not start, it is stuck, or packets are dropped)",
+     "check that every rank started (the launcher's output per node), then nc -zv between the nodes on the ports the "
+     "log names", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("bootstrap-rendezvous", r"[Bb]ootstrap|unique ?[Ii]d|commId|NCCL_COMM_ID|magic|[Rr]oot", "bootstrap", "FAIL", "suspect",
+     "the bootstrap rendezvous failed: ranks do not agree on the unique id / root address, a rank connected to the "
+     "wrong job, or the root is unreachable",
+     "every rank must get the same unique id (one init_process_group per job, same MASTER_ADDR/PORT); nc -zv between "
+     "the nodes; NCCL_SOCKET_IFNAME on the shared network", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("shm", r"/dev/shm|shm_open|[Ss]hared memory|fallocate|shmutils|\bshm\b|SHM", "", "FAIL", "suspect",
+     "a shared-memory segment under /dev/shm could not be created, sized or attached (a container's small /dev/shm, "
+     "ranks in different IPC namespaces, or stale segments)",
+     "df -h /dev/shm in each rank's container; docker --shm-size=8g or --ipc=host; NCCL_SHM_DISABLE=1 only as a "
+     "stop-gap", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#docker"),
+    ("nvls", r"NVLS|[Mm]ulticast|cuMulticast|NVLink SHARP|nvls", "", "FAIL", "suspect",
+     "NVLink SHARP (NVLS) / multicast setup failed: on NVSwitch systems usually the fabric manager (not running, "
+     "restarted without a GPU reset, or a version different from the driver)",
+     "systemctl status nvidia-fabricmanager and nvidia-smi -q | grep -A2 Fabric; NCCL_NVLS_ENABLE=0 as a stop-gap",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-nvls-enable"),
+    ("p2p-ipc", r"P2P|cudaIpc|IPC|[Ii]pc|cuMemImport|cuMemExport|peer access|CUMEM|cuMem\w+FromShareableHandle|pidfd", "", "FAIL", "suspect",
+     "GPU-to-GPU (P2P/IPC) setup between processes failed: the ranks are in different containers or PID/IPC "
+     "namespaces, P2P is not supported between these GPUs, or PCIe ACS/IOMMU blocks it",
+     "nvidia-smi topo -p2p r; run the ranks' containers with --ipc=host --pid=host; NCCL_P2P_DISABLE=1 as a test",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs"),
+    ("cuda-failure", r"Cuda failure|CUDA failure|cuda\w* failed|CUDA error|cudaError|CUDA driver|cu\w+ failed|Cuda|CUDA", "", "FAIL", "suspect",
+     "a CUDA call inside NCCL failed; the quoted CUDA error names the cause (out of memory, driver too old, a GPU "
+     "fault, fabric manager...)",
+     "read the CUDA error string in the line; nvidia-smi and dmesg | grep -i xid on that node", "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html"),
+    ("out-of-memory", r"[Oo]ut of memory|[Ff]ailed to (?:CUDA )?(?:c|m|re)alloc|alloc(?:ation)? failed|ENOMEM|[Cc]annot allocate", "", "FAIL", "cause",
+     "memory ran out (GPU memory for NCCL's buffers, host memory, or pinned/locked memory)",
+     "nvidia-smi (memory used per process) and free -g on that node; lower the model's memory or NCCL's buffers "
+     "(NCCL_BUFFSIZE, fewer channels), and ulimit -l unlimited for pinned memory", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-buffsize"),
+    ("version-mismatch", r"[Mm]ismatch|version|Version", "init,bootstrap,net-plugin,plugin,nvml,cuda", "FAIL", "suspect",
+     "two components disagree on a version (NCCL between ranks, NCCL and its plugin, the CUDA driver and runtime)",
+     "print the versions on every node (python -c 'import torch; print(torch.cuda.nccl.version())', nvidia-smi) and "
+     "run the same build everywhere", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("duplicate-gpu", r"Duplicate GPU", "", "FAIL", "cause",
+     "two ranks of one communicator use the same GPU",
+     "torch.cuda.set_device(LOCAL_RANK) before init_process_group; nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv",
+     "https://github.com/NVIDIA/nccl/blob/master/src/init.cc"),
+    ("usage-error", r"[Ii]nvalid|must be|should not|not supported|unsupported|garbage|[Nn]ot allowed|illegal|[Uu]nknown|cannot be|out of range|exceeds|too (?:many|large|small)|requires", "arguments,enqueue,group,init,registration,symmetric,gin,rma,device-runtime,ce-collectives,misc", "FAIL", "cause",
+     "the calling program used NCCL wrongly (an invalid argument, a call in the wrong state, a feature this build or "
+     "setup does not support); the line names the argument",
+     "fix the call the line names (torch: the collective's tensors, device and group); NCCL_DEBUG=WARN prints the "
+     "argument check", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api.html"),
+    ("topology", r"XML|xml|topo|Topo|sysfs|/sys/|PCI|pci|busId|NUMA|[Pp]ath|graph|NIC|[Rr]ing|[Tt]ree|channel", "topology", "WARN", "suspect",
+     "NCCL could not read or make sense of the node's topology (PCI tree in /sys, an NCCL_TOPO_FILE, a GPU or NIC it "
+     "cannot place)", "nvidia-smi topo -m; in containers mount /sys read-only; check NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("nvml", r"NVML|nvml", "", "WARN", "suspect",
+     "an NVML call failed: the driver and its NVML library differ (a driver update without reboot), or the container "
+     "lacks the driver's libraries", "nvidia-smi on that node ('Driver/library version mismatch' means reboot or reload the driver)",
+     "https://docs.nvidia.com/deploy/nvml-api/"),
+    ("gdrcopy", r"gdr|GDR|gdrcopy", "gdr", "WARN", "suspect",
+     "GDRCopy (CPU access to GPU memory) could not be used: the gdrdrv module is missing or its version differs",
+     "lsmod | grep gdrdrv; NCCL_GDRCOPY_ENABLE=0 turns the optional path off", "https://github.com/NVIDIA/gdrcopy"),
+    ("collnet", r"CollNet|collNet|SHARP|[Ss]harp", "", "WARN", "suspect",
+     "CollNet (in-network reduction, SHARP) could not be set up", "NCCL_COLLNET_ENABLE=0 to run without it; check the SHARP daemon (sharp_am) and plugin",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-collnet-enable"),
+    ("proxy", r".", "proxy", "FAIL", "context",
+     "NCCL's proxy thread (which drives network transfers) hit an error: usually the consequence of a network or "
+     "peer failure reported just before", "read the first WARN line of the same rank and of its peers",
+     "https://github.com/NVIDIA/nccl/blob/master/src/proxy.cc"),
+    ("windows", r".", "os-windows", "WARN", "context",
+     "a Windows-only code path (not printed on Linux)", "none on Linux", "https://github.com/NVIDIA/nccl/tree/master/src/os"),
+    ("ras", r".", "ras", "INFO", "context",
+     "NCCL's RAS subsystem (reliability and serviceability: it tracks peers and answers ncclras queries) reports a "
+     "peer problem; a witness of another rank's failure", "ncclras on a node of the job lists the dead or unreachable peers",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/ras.html"),
+    ("internal", r"[Ii]nternal|[Aa]ssert|[Uu]nexpected|[Cc]orrupt|[Bb]ug", "", "FAIL", "suspect",
+     "NCCL reached a state it does not expect (an internal error): often a known bug of this release",
+     "compare the release with the known-bug table (runbook nccl-log shows it) and try the newest NCCL", "https://github.com/NVIDIA/nccl/issues"),
+    ("timeout", r"[Tt]imeout|timed out|[Tt]imed out", "", "FAIL", "suspect",
+     "an NCCL operation timed out waiting for a peer", "check that every rank reached the same call; test the network between the nodes",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("system-call", r"Call to \S+ failed|errno|strerror|: [A-Z][a-z]+ [a-z ]+ \(\d+\)|%m", "", "FAIL", "suspect",
+     "a system call failed; the error text in the line names it", "read the errno text; strace -f -e trace=network,ipc the failing rank if it repeats",
+     "https://man7.org/linux/man-pages/man3/errno.3.html"),
+)
+"""The readings of the generated sites: the first class whose regex matches a format (and whose subsystem list,
+when given, holds the site's subsystem) gives its meaning, fix, status and kind.  Written from the code around the
+sites (the calls they follow) and NCCL's documentation (the URLs); the order goes from the most to the least
+specific."""
+
+SUBSYSTEM_MEANING: dict[str, str] = {
+    "net-ib": "NCCL's InfiniBand/RoCE transport", "net-socket": "NCCL's TCP socket transport",
+    "socket": "NCCL's socket layer (bootstrap and socket transport)", "bootstrap": "the bootstrap rendezvous of a communicator",
+    "init": "communicator setup", "enqueue": "launching a collective", "arguments": "the argument checks of the API",
+    "group": "group calls (ncclGroupStart/End)", "topology": "topology detection and graph search",
+    "proxy": "the proxy thread that drives network transfers", "memory": "NCCL's memory management",
+    "cuda": "a CUDA call", "nvml": "NVML (the driver's management library)", "gdr": "GDRCopy",
+    "shm": "the shared-memory transport", "p2p": "the GPU peer-to-peer transport", "nvls": "NVLink SHARP",
+    "collnet": "CollNet / SHARP", "net": "the network transport", "net-plugin": "the network plugin interface",
+    "plugin": "plugin loading", "tuner-plugin": "the tuner plugin", "profiler-plugin": "the profiler plugin",
+    "registration": "user buffer registration", "ras": "the RAS subsystem", "gin": "GPU-initiated networking",
+    "rma": "one-sided RMA", "os": "OS services", "os-windows": "Windows OS services", "misc": "NCCL utilities",
+    "symmetric": "symmetric memory", "device-runtime": "the device API runtime", "ce-collectives": "copy-engine collectives",
+    "transport": "transport setup",
+}
+"""What each subsystem of :func:`helpers.nccl_log.generate.subsystem_of` is, for readings no class above covers."""
+
+
+@lru_cache(maxsize=4096)
+def knowledge_for(fmt: str, subsystem: str, level: str) -> dict[str, str]:
+    """The reading of one message format: ``{"class", "status", "kind", "meaning", "fix", "source", "specific"}``.
+
+    ``specific`` is ``"yes"`` when a class of :data:`KNOWLEDGE` matched, ``"no"`` when only the subsystem is known
+    (then the meaning names the subsystem and the fix asks to read the message).  INFO sites keep their class but
+    read as ``context`` (NCCL printed them on a path it continued).
+    """
+    base = subsystem.split(":", 1)[0]
+    for cid, rx, subs, status, kind, meaning, fix, source in KNOWLEDGE:
+        allowed = subs.split(",") if subs else []
+        if allowed and subsystem not in allowed and base not in allowed:
+            continue
+        if re.search(rx, fmt):
+            if level == "INFO":
+                status, kind = "INFO", "context"
+            return {"class": cid, "status": status, "kind": kind, "meaning": meaning, "fix": fix, "source": source,
+                    "specific": "yes"}
+    where = SUBSYSTEM_MEANING.get(base, base)
+    if subsystem.startswith("net-plugin:"):
+        where = f"the {subsystem.split(':', 1)[1]} network plugin"
+    return {"class": f"other-{base}", "status": "WARN" if level != "INFO" else "INFO", "kind": "context",
+            "meaning": f"{where} reported a problem", "fix": "read the message and the WARN lines around it",
+            "source": "https://github.com/NVIDIA/nccl", "specific": "no"}
+
+
+CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
+    ("out of memory", "cause", "the GPU is out of memory when NCCL allocates its buffers",
+     "nvidia-smi on that GPU (other processes on it?); lower the model's memory, NCCL_BUFFSIZE or the number of communicators"),
+    ("driver version is insufficient", "cause", "the CUDA driver is older than the CUDA runtime this NCCL/torch was built with",
+     "nvidia-smi (driver's CUDA version) vs python -c 'import torch; print(torch.version.cuda)'; update the driver or use a build for the older CUDA"),
+    ("system not yet initialized", "cause", "CUDA 802: on an NVSwitch node the fabric manager is not running or its version differs from the driver",
+     "systemctl status nvidia-fabricmanager; install the fabric manager matching the driver and enable it"),
+    ("peer access is not supported", "cause", "CUDA P2P between these GPUs is not supported (PCIe topology, IOMMU, consumer GPUs)",
+     "nvidia-smi topo -p2p r; NCCL_P2P_DISABLE=1 (NCCL then uses shared memory)"),
+    ("peer mapping resources exhausted", "cause", "too many P2P mappings (more than 8 peers per GPU under the legacy IPC path)",
+     "NCCL_P2P_LEVEL=NVL or fewer ranks per node"),
+    ("invalid device ordinal", "cause", "a rank asked for a GPU index that does not exist (LOCAL_RANK >= visible GPUs, or CUDA_VISIBLE_DEVICES too short)",
+     "compare --nproc-per-node with nvidia-smi -L and CUDA_VISIBLE_DEVICES on that node"),
+    ("illegal memory access", "suspect", "a kernel accessed invalid memory; the error is sticky, so NCCL reports the previous kernel's fault (often the program's own kernel)",
+     "rerun with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer on one rank to find the faulting kernel"),
+    ("device-side assert", "cause", "a device-side assertion in the program's own kernels (an index out of range) fired; NCCL only reports it",
+     "rerun with CUDA_LAUNCH_BLOCKING=1 to see the failing op"),
+    ("uncorrectable ECC", "cause", "the GPU hit an uncorrectable ECC error (hardware)",
+     "nvidia-smi -q -d ECC and dmesg | grep -i xid; drain the node and reset or replace the GPU"),
+    ("busy or unavailable", "cause", "the GPU is in exclusive-process mode and already used, or unavailable",
+     "nvidia-smi -q | grep 'Compute Mode' and the processes on it"),
+    ("no CUDA-capable device", "cause", "no GPU is visible to the process", "nvidia-smi -L; CUDA_VISIBLE_DEVICES and the container's --gpus"),
+    ("operation not supported", "suspect", "the driver or the container does not support the CUDA feature NCCL used (cuMem / fabric handles)",
+     "update the driver; NCCL_CUMEM_ENABLE=0 as a test"),
+    ("unspecified launch failure", "suspect", "a kernel crashed (a GPU fault or a program bug)", "dmesg | grep -i xid; rerun with CUDA_LAUNCH_BLOCKING=1"),
+    ("launch timed out", "suspect", "a kernel ran too long (display watchdog or a hang)", "nvidia-smi -q | grep -i 'Display Mode'"),
+)
+"""CUDA error strings (``cudaGetErrorString``; https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html)
+and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``."""
+
+
+def cuda_reading(line: str) -> tuple[str, str, str] | None:
+    """``(kind, meaning, fix)`` for the CUDA error a ``Cuda failure`` line quotes, or None when not in :data:`CUDA_ERRORS`."""
+    low = line.lower()
+    for words, kind, meaning, fix in CUDA_ERRORS:
+        if words.lower() in low:
+            return kind, meaning, fix
+    return None
+
+
+# ------------------------------------------------------------------------------------------- versions
+
+@lru_cache(maxsize=2)
+def load_versions(path: str | None = None) -> tuple[dict, ...]:
+    """Known NCCL bugs: ``({"id", "affected": [first, last], "fixed", "pattern", "summary", "workaround", "source"}, ...)``.
+
+    Raises:
+        ValueError: an entry lacks a key or a pattern does not compile (names the entry).
+    """
+    import yaml
+
+    data = yaml.safe_load(Path(path or VERSIONS_PATH).read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise ValueError(f"{path or VERSIONS_PATH}: expected a list of bug entries")
+    keys = ("id", "affected", "fixed", "summary", "workaround", "source")
+    out = []
+    for n, e in enumerate(data):
+        missing = [k for k in keys if not isinstance(e, dict) or k not in e]
+        if missing:
+            raise ValueError(f"versions entry {n}: missing {', '.join(missing)}; each needs {', '.join(keys)}")
+        if not (isinstance(e["affected"], list) and len(e["affected"]) == 2):
+            raise ValueError(f"versions entry {e['id']}: affected must be [first, last] releases")
+        if e.get("pattern"):
+            try:
+                re.compile(e["pattern"])
+            except re.error as exc:
+                raise ValueError(f"versions entry {e['id']}: pattern does not compile ({exc})") from exc
+        out.append(dict(e))
+    return tuple(out)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``2.21.5+cuda12.4`` -> ``(2, 21, 5)``; ``()`` when no number."""
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+", 1)[0])[:3])
+
+
+def bugs_for(version: str, text: str = "") -> list[dict]:
+    """The known bugs whose affected range holds ``version``; those with a ``pattern`` only when ``text`` matches it."""
+    v = version_tuple(version)
+    if not v:
+        return []
+    out = []
+    for e in load_versions():
+        lo, hi = version_tuple(str(e["affected"][0])), version_tuple(str(e["affected"][1]))
+        if lo <= v <= hi and (not e.get("pattern") or re.search(e["pattern"], text)):
+            out.append(e)
+    return out

@@ -1,0 +1,668 @@
+"""Reading ``NCCL_DEBUG=INFO`` output into the model: :func:`parse` (a string) and :func:`parse_files` (files, stdin).
+
+The lines it reads, the prefixes it strips and how a line is attributed to a rank are described in
+:mod:`helpers.nccl_log`.  Files come in through :func:`_feed_one` (regular files only, bounded, BOM stripped,
+stdin read whole).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+from helpers import inputs
+from helpers.nccl_log.catalog import _CATALOG_KEYS, _catalog_regex, load_catalog, load_sites, match_site
+from helpers.nccl_log.model import (
+    _CHANNELS_MAX,
+    _EVIDENCE_MAX,
+    _KEEP_MAX,
+    _LINE_MAX,
+    _MEMO_MAX,
+    _READ_MAX,
+    _SCAN_MAX,
+    _STAGE_INDEX,
+    CatalogHit,
+    Channel,
+    Iface,
+    InitComplete,
+    NcclLog,
+    RankInfo,
+    _cut,
+)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MARK = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b ?")
+# NCCL <= 2.3 printed WARN lines without the NCCL marker: "include/socket.h:344 WARN Socket creation failed"
+_OLD_WARN = re.compile(r"(?:^|\s)[\w/.\-]+\.(?:cc|cu|h|c|cpp):\d+ WARN ")
+_RECONSTRUCTED = "  # reconstructed"
+_PREFIX = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?$")
+_BARE_HEAD = re.compile(
+    r"(?:(?<=\s)|(?<=:)|^)(?:Bootstrap ?: |NET/[\w.\-]+ ?: |(?:Channel|Ring) \d+(?:/\d+)? : \d+\[|"
+    r"(?:\w+ )?comm \S+ rank \d+ n[Rr]anks \d+|NCCL version \d|socket\w+: |Call to connect |"
+    r"Mismatched NCCL version )")
+_PREFIX_ANY = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+_LABEL_RANK = re.compile(r"\[rank(\d+)\]:|\[rank (\d+)\]")
+_LABEL_LOCAL = re.compile(r"\[(default\d+)\]:")
+_LABEL_HOST = re.compile(r"(?:^|\s)([A-Za-z][\w.\-]*): *$")
+
+_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+[\w.]+)?)")
+_DRIVER = re.compile(r"^cudaDriverVersion (\d+)")
+_ENV = re.compile(r"^(NCCL_\w+) set by environment to (\S+?)\.?$")
+_BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (.+)$")
+_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using (?!interface )(?P<devs>.+)$")
+_OLD_SIDEBAND = re.compile(r"^NET/IB ?: Using interface (\S+) for sideband")
+_OLD_NET_IFACE = re.compile(r"^NET ?: Using interface (\S+)")
+_OLD_INTERNAL = re.compile(r"^Using internal Network (\w+)")
+_PLUGIN_OK = re.compile(r"^NET/Plugin ?: ?(?:Loaded|Plugin loaded|Using) (?!internal)|^Using network (?:IBext|AWS|Libfabric|COLLNET)")
+_PLUGIN_NONE = re.compile(r"^NET/Plugin ?: ?(?:No plugin found|Plugin load \(?\S*\)? ?returned|Failed to find|dlerror)")
+_IB_NODEV = re.compile(r"^NET/IB ?: No device found")
+_NETWORK = re.compile(r"^Using network (\S+)")
+_IFACE = re.compile(r"(?<!\S)(?:\[(?P<idx>\d+)\])?(?P<name>[^\s:\[\];]+):(?P<addr>\S+)")
+_INIT = re.compile(r"(?:^|\s)comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+)\b(?P<rest>.*?)"
+                   r"- Init (?P<what>COMPLETE|START)", re.IGNORECASE)
+_TOPO = re.compile(r"(?:^|\s)comm (?P<comm>\S+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
+                   r"localRanks (?P<local>\d+)")
+_CUDADEV = re.compile(r"\bcudaDev (\d+)")
+_LOCALRANKS = re.compile(r"\blocalRanks (\d+)")
+_NNODES = re.compile(r"\bnNodes (\d+)")
+_CHANNEL = re.compile(r"^(?:Channel|Ring) (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>[0-9a-fA-F]+)\] -> "
+                      r"(?P<dst>\d+)\[(?P<ddev>[0-9a-fA-F]+)\](?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$")
+_MISMATCH = re.compile(r"Mismatched NCCL version detected : rank (\d+) version (\d+) rank (\d+) version (\d+)")
+_CONNECT_REASONS = ("Connection refused", "No route to host", "Network is unreachable", "Connection timed out",
+                    "Software caused connection abort")
+_CONNECT_ANY = re.compile("|".join(re.escape(r) for r in _CONNECT_REASONS) + r"|[Cc]onnect to \S+ failed")
+_DIALED = re.compile(r"[Cc]onnect to (\S+?)<(\d+)>")
+_NO_IFACE = re.compile(r"Socket creation failed : Address family not supported|Bootstrap ?: no socket interface found|NET/Socket ?: No usable listening interface found|"
+                       r"NET/Socket ?: no interface found|No interface found in the same subnet")
+_IBVERBS = re.compile(r"Failed to open libibverbs")
+_ABORT = re.compile(r"Abort COMPLETE")
+
+def _ifaces(text: str) -> list[Iface]:
+    """Interfaces of a ``[0]eth0:10.0.0.1<0> [1]ib0:...`` or ``eth0:10.0.0.1<0>`` list."""
+    out = []
+    for m in _IFACE.finditer(text):
+        out.append(Iface(m["name"], m["addr"], int(m["idx"]) if m["idx"] is not None else None))
+    return out
+
+
+def _keep(bucket: list[str], line: str) -> None:
+    """Append ``line`` unless ``bucket`` already holds ``_KEEP_MAX`` lines (bounded memory)."""
+    if len(bucket) < _KEEP_MAX:
+        bucket.append(line)
+
+
+
+class _Parser:
+    """Accumulates lines of one or more inputs into an :class:`NcclLog`."""
+
+    def __init__(self) -> None:
+        self.log = NcclLog()
+        self._rank_from_label: dict[str, int] = {}
+        self._label_to_key: dict[int, str] = {}
+        self._local_label_last: dict[str, str] = {}
+        self._best_nranks: dict[str, int] = {}
+        # memo tables (bounded): big logs repeat the same heads and messages millions of times
+        self._heads: dict[str, tuple] = {}
+        self._hits: dict[str, tuple[int | None, tuple[str, str, bool] | None, list[tuple]]] = {}
+        # head ("host:pid:tid [dev] ", with any label) -> its rank, for heads whose attribution never changes
+        # (NCCL's prefix, no torchrun local label); cleared by finish(), which merges records
+        self._rank_of: dict[str, RankInfo] = {}
+
+    def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
+              dev: int | None = None) -> RankInfo:
+        if key is None:
+            return self.log.unattributed
+        info = self.log.ranks.get(key)
+        if info is None:
+            info = self.log.ranks[key] = RankInfo(key=key, host=host, pid=pid, cuda_dev=dev)
+        return info
+
+    def feed(self, lines: Iterable[str], source: str) -> int:
+        """Read ``lines`` one at a time (a file object streams); return how many were NCCL or catalog lines.
+
+        Lines longer than ``_READ_MAX`` characters are cut; nothing but counters and a few
+        examples per kind is kept, so memory stays bounded on a log of any size.  The loop is the
+        hot path of a 200 MB log (2.4 M lines): what depends only on the text after the
+        ``host:pid:tid [dev] `` prefix (catalog hit, NCCL split, events) is worked out once per
+        distinct text (``_hits``), a head seen before maps straight to its rank (:meth:`_line`), and the
+        per-line work is slicing and dict lookups.
+        """
+        self.log.sources.append(source)
+        previous: str | None = None
+        count = nccl = seen = 0
+        catalog = _catalog_regex()
+        log = self.log
+        hits = self._hits
+        on_line = self._line
+        try:
+            for raw in lines:
+                seen += 1
+                line = (raw if len(raw) <= _READ_MAX else raw[:_READ_MAX]).rstrip()
+                if "\x1b" in line:
+                    line = _ANSI.sub("", line).rstrip()
+                if not line:
+                    continue
+                first = line[0]
+                if first == "#" or (first in " \t" and line.lstrip().startswith("#")):
+                    continue
+                if _RECONSTRUCTED in line:
+                    line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
+                    log.reconstructed += 1
+                k = line.find("] ", 0, 200)
+                if k >= 0:
+                    pre = line[:k]
+                    if "NCCL" in pre or " : " in pre or " [" not in pre:
+                        k = -1      # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
+                ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
+                memo = hits.get(ckey)
+                if memo is None:
+                    memo = self._memo(ckey, catalog)
+                hit, rel, events, site = memo
+                if rel is None:
+                    if hit is not None:
+                        count += 1
+                        pm = _PREFIX_ANY.search(line[:300])
+                        info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
+                                           int(pm["dev"])) if pm else log.unattributed)
+                        info.lines += 1
+                        info.last_line = _cut(line)
+                        self._catalog_hit(hit, line, info)
+                    continue
+                count += 1
+                nccl += 1
+                previous, info = on_line(line, (line[:k + 2] + rel[0]) if k >= 0 else rel[0], events, previous, rel[2])
+                if hit is not None:
+                    self._catalog_hit(hit, line, info)
+                if site is not None:
+                    self._site_hit(site, line, info)
+        finally:
+            log.lines_seen += seen
+            log.nccl_lines += nccl
+        return count
+
+    def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
+        """``(catalog entry index or None, NCCL split of ckey or None, events of its message)``, memoised (bounded)."""
+        hit = None
+        if any(word in ckey for word in _CATALOG_KEYS):
+            m = catalog.search(ckey)
+            hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
+        rel = None
+        if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
+            rel = self._split(ckey)
+        events = _classify(rel[1][:_SCAN_MAX]) if rel is not None else []
+        if len(self._hits) >= _MEMO_MAX:
+            self._hits.clear()
+        site = None
+        if rel is not None and (rel[2] or any(w in rel[1] for w in _SITE_INFO_WORDS)):
+            entry = match_site(rel[1][:_SCAN_MAX], None if rel[2] else "INFO")
+            site = entry["index"] if entry is not None else (-1 if rel[2] else None)
+        memo = self._hits[ckey] = (hit, rel, events, site)
+        return memo
+
+    def _site_hit(self, index: int, line: str, info: RankInfo) -> None:
+        """Count one line that a generated site printed (``index`` -1: a WARN line no site matches)."""
+        hit = self.log.sites.get(index)
+        if hit is None:
+            entry = load_sites()["entries"][index] if index >= 0 else {"index": -1}
+            hit = self.log.sites[index] = CatalogHit(entry)
+        hit.count += 1
+        if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
+            hit.evidence.append(_cut(line))
+        if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
+            hit.keys.append(info.key)
+        if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
+            hit.hosts.append(info.host)
+
+    def _catalog_hit(self, index: int, line: str, info: RankInfo) -> None:
+        entry = load_catalog()[index]
+        hit = self.log.catalog.get(entry["id"])
+        if hit is None:
+            hit = self.log.catalog[entry["id"]] = CatalogHit(entry)
+        hit.count += 1
+        info.catalog[entry["id"]] = info.catalog.get(entry["id"], 0) + 1
+        if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
+            hit.evidence.append(_cut(line))
+        if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
+            hit.keys.append(info.key)
+        if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
+            hit.hosts.append(info.host)
+
+    @staticmethod
+    def _split(line: str) -> tuple[str, str, bool] | None:
+        """(text before the message, the message, is-a-WARN) or None when the line is not NCCL output."""
+        m = _MARK.search(line)
+        if m:
+            return line[:m.start()], line[m.end():].strip(), m.group(1) == "WARN"
+        o = _OLD_WARN.search(line[:300])
+        if o:
+            cut = o.end() - len("WARN ")
+            return line[:cut], line[o.end():].strip(), True
+        b = _BARE_HEAD.search(line[:600])
+        if b:
+            return line[:b.start()], line[b.start():].strip(), False
+        return None
+
+    def _line(self, line: str, head: str, events: list[tuple], previous: str | None,
+              warn: bool = False) -> tuple[str | None, RankInfo]:
+        """Attribute one NCCL line to a rank and record its ``events`` (:func:`_classify` of its message).
+
+        A head (``host:pid:tid [dev] `` with any label) seen before maps straight to its rank
+        (``_rank_of``); otherwise :meth:`_attribute` works it out.  Returns the key used and its record.
+        """
+        info = self._rank_of.get(head)
+        if info is None:
+            key, info = self._attribute(head, events, previous)
+        else:
+            key = info.key
+        info.lines += 1
+        cut = line if len(line) <= _LINE_MAX else _cut(line)
+        info.last_line = cut
+        if warn:
+            info.warn_count += 1
+            if len(info.warns) < _KEEP_MAX:
+                info.warns.append(cut)
+        if not events:
+            self.log.unparsed_count += 1
+        for event in events:
+            self._apply(info, event, cut)
+        return key, info
+
+    def _attribute(self, head: str, events: list[tuple], previous: str | None) -> tuple[str | None, RankInfo]:
+        """The key and record of the rank a line with this ``head`` belongs to (labels, prefix, content, the previous line).
+
+        Heads whose attribution never changes (NCCL's prefix, no torchrun local label) are remembered in ``_rank_of``.
+        """
+        tail = head[-300:]
+        parsed = self._heads.get(tail)
+        if parsed is None:
+            parsed = _parse_head(tail)
+            if len(self._heads) >= _MEMO_MAX:
+                self._heads.clear()
+            self._heads[tail] = parsed
+        pm, label_rank, ll, lh, pkey = parsed
+        host = pid = dev = None
+        content_rank: int | None = None
+        if pm:
+            host, pid, dev = pm
+            key: str | None = pkey
+            if label_rank is not None:
+                self._label_to_key.setdefault(label_rank, key)
+            if ll:
+                self._local_label_last[ll] = key
+        elif label_rank is not None:
+            key = self._label_to_key.get(label_rank, f"rank{label_rank}")
+        elif ll:
+            # torchrun's [defaultN] is a local rank, repeated on every node: a line without
+            # NCCL's prefix goes to the process that last printed under the same label.
+            key = self._local_label_last.get(ll, ll)
+        elif lh:
+            host = key = lh
+        else:
+            key = _content_key(events)
+            if key is not None:
+                content_rank = int(key[4:])
+            elif any(e[0] == "version" for e in events):
+                key = previous
+        info = self.log.ranks.get(key) if key is not None else None
+        if info is None:
+            info = self._info(key, host, pid, dev)
+        if content_rank is not None and info.rank is None:
+            info.rank = content_rank
+        if label_rank is not None:
+            info.rank = label_rank
+            info.label = info.label or f"rank{label_rank}"
+            self._rank_from_label[info.key] = label_rank
+        elif ll and info.label is None:
+            info.label = ll
+        if pm and not ll:
+            if len(self._rank_of) >= _MEMO_MAX:
+                self._rank_of.clear()
+            self._rank_of[head] = info
+        return key, info
+
+    def _stage(self, info: RankInfo, name: str) -> None:
+        stage = _STAGE_INDEX[name]
+        if stage > info.stage:
+            info.stage = stage
+
+    def _set_rank(self, info: RankInfo, rank: int, nranks: int) -> None:
+        if info.key in self._rank_from_label:
+            return
+        if nranks > self._best_nranks.get(info.key, 0):
+            self._best_nranks[info.key] = nranks
+            info.rank = rank
+
+    def _apply(self, info: RankInfo, event: tuple, line: str) -> None:
+        """Record one event of a line (``line`` already cut to ``_LINE_MAX``)."""
+        kind = event[0]
+        cut = line
+        if kind == "channel":  # the most frequent kind in a big log: tested first
+            ch: Channel = event[1]
+            ckey = (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)
+            if ckey not in info._channel_keys and len(info._channel_keys) < _CHANNELS_MAX:
+                info._channel_keys.add(ckey)
+                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut))
+            self._stage(info, "channels")
+        elif kind == "version":
+            info.nccl_version = event[1]
+            self._stage(info, "bootstrap")
+        elif kind == "driver":
+            info.cuda_driver = event[1]
+        elif kind == "env":
+            info.env[event[1]] = event[2]
+            if event[1] == "NCCL_SOCKET_IFNAME":
+                info.socket_ifname_env = event[2]
+            _keep(info.evidence_lines, cut)
+        elif kind == "bootstrap":
+            info.bootstrap = event[1]
+            _keep(info.evidence_lines, cut)
+            self._stage(info, "bootstrap")
+        elif kind == "net":
+            _, net, devs, oob = event
+            info.net = net
+            info.net_devices = devs
+            info.oob = oob
+            info.socket_ifaces = _ifaces(" ".join(devs)) if net == "Socket" else []
+            _keep(info.evidence_lines, cut)
+            self._stage(info, "network")
+        elif kind == "ib_nodev":
+            info.ib_no_device = True
+            _keep(info.evidence_lines, cut)
+        elif kind == "network":
+            info.network = event[1]
+            _keep(info.evidence_lines, cut)
+            self._stage(info, "network")
+        elif kind == "init_start":
+            info.init_starts += 1
+            self._set_rank(info, event[1], event[2])
+            info.nranks = max(info.nranks or 0, event[2])
+            self._stage(info, "init-start")
+        elif kind == "topo":
+            _, rank, nranks, nnodes, local = event
+            self._set_rank(info, rank, nranks)
+            info.nranks = max(info.nranks or 0, nranks)
+            info.n_nodes = max(info.n_nodes or 0, nnodes)
+            info.local_ranks = max(info.local_ranks or 0, local)
+            self._stage(info, "init-start")
+        elif kind == "complete":
+            done: InitComplete = event[1]
+            done = InitComplete(done.comm, done.rank, done.nranks, done.cuda_dev, done.local_ranks, done.n_nodes, cut)
+            info.init_complete_count += 1
+            if len(info.init_complete) < _KEEP_MAX:
+                info.init_complete.append(done)
+            self._set_rank(info, done.rank, done.nranks)
+            info.nranks = max(info.nranks or 0, done.nranks)
+            if done.local_ranks:
+                info.local_ranks = max(info.local_ranks or 0, done.local_ranks)
+            if done.n_nodes:
+                info.n_nodes = max(info.n_nodes or 0, done.n_nodes)
+            self._stage(info, "init-complete")
+        elif kind == "connect":
+            _keep(info.connect_errors, cut)
+        elif kind == "no_iface":
+            _keep(info.iface_errors, cut)
+        elif kind == "mismatch":
+            _keep(info.mismatch_lines, cut)
+        elif kind == "ibverbs":
+            _keep(info.ibverbs_lines, cut)
+        elif kind == "abort":
+            info.aborts += 1
+        elif kind == "plugin":
+            info.net_plugin = bool(info.net_plugin) or event[1]
+        elif kind == "oob":
+            info.oob = event[1]
+            _keep(info.evidence_lines, cut)
+        elif kind == "old_iface":
+            if not info.bootstrap:
+                info.bootstrap = event[1]
+            _keep(info.evidence_lines, cut)
+
+    def finish(self) -> NcclLog:
+        """Merge duplicate keys of one rank, then return the log.
+
+        Lines of one rank that lack NCCL's prefix (``[rank1]:NCCL version ...``) fold into the
+        prefixed key with the same label; a process's keys for another cudaDev that carry only
+        pre-init lines (printed before ``torch.cuda.set_device``) fold into its main key.
+        """
+        self._rank_of.clear()
+        for label_rank, full_key in self._label_to_key.items():
+            bare = self.log.ranks.get(f"rank{label_rank}")
+            if bare is not None and bare.host is None and full_key in self.log.ranks:
+                _merge(self.log.ranks[full_key], bare)
+                del self.log.ranks[bare.key]
+        groups: dict[tuple[str, int], list[RankInfo]] = {}
+        for info in self.log.ranks.values():
+            if info.host is not None and info.pid is not None:
+                groups.setdefault((info.host, info.pid), []).append(info)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            main = max(members, key=lambda r: (r.stage, len(r.channels), r.lines))
+            for other in members:
+                if other is main or other.init_starts or other.init_complete or other.channels:
+                    continue
+                _merge(main, other)
+                del self.log.ranks[other.key]
+        return self.log
+
+
+def _parse_head(tail: str) -> tuple:
+    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None)."""
+    pm = _PREFIX.search(tail)
+    label_part = tail[:pm.start()] if pm else tail
+    lr = _LABEL_RANK.search(label_part)
+    label_rank = int(lr.group(1) or lr.group(2)) if lr else None
+    ll = _LABEL_LOCAL.search(label_part)
+    lh = None if (pm or lr or ll) else _LABEL_HOST.search(label_part)
+    prefix = (pm["host"], int(pm["pid"]), int(pm["dev"])) if pm else None
+    key = f"{pm['host']}:{int(pm['pid'])}[{int(pm['dev'])}]" if pm else None
+    return prefix, label_rank, ll.group(1) if ll else None, lh.group(1) if lh else None, key
+
+
+def _merge(into: RankInfo, other: RankInfo) -> None:
+    """Fold everything ``other`` recorded into ``into`` (both describe the same rank)."""
+    into.env = {**other.env, **into.env}
+    for name in ("rank", "label", "nccl_version", "cuda_driver", "socket_ifname_env", "net", "oob", "network",
+                 "nranks", "n_nodes", "local_ranks"):
+        if getattr(into, name) is None and getattr(other, name) is not None:
+            setattr(into, name, getattr(other, name))
+    for name in ("bootstrap", "net_devices", "socket_ifaces"):
+        if not getattr(into, name):
+            setattr(into, name, getattr(other, name))
+    into.ib_no_device = into.ib_no_device or other.ib_no_device
+    for name in ("channels", "init_complete", "warns", "connect_errors", "iface_errors", "mismatch_lines",
+                 "ibverbs_lines", "evidence_lines"):
+        getattr(into, name).extend(getattr(other, name))
+    into.init_starts += other.init_starts
+    into.warn_count += other.warn_count
+    into.init_complete_count += other.init_complete_count
+    if other.net_plugin is not None:
+        into.net_plugin = bool(into.net_plugin) or other.net_plugin
+    for cid, n in other.catalog.items():
+        into.catalog[cid] = into.catalog.get(cid, 0) + n
+    into.aborts += other.aborts
+    into.lines += other.lines
+    into.stage = max(into.stage, other.stage)
+
+
+def _classify(msg: str) -> list[tuple]:
+    """The facts one NCCL message carries, as ``(kind, ...)`` tuples (empty: not understood)."""
+    events: list[tuple] = []
+    m = _VERSION.search(msg)
+    if m:
+        events.append(("version", m.group(1)))
+    if m := _DRIVER.match(msg):
+        events.append(("driver", m.group(1)))
+    if m := _ENV.match(msg):
+        events.append(("env", m.group(1), m.group(2)))
+    if m := _BOOTSTRAP.match(msg):
+        events.append(("bootstrap", _ifaces(m.group(1))))
+    if (m := _NET_USING.match(msg)) and m["net"] != "Plugin":
+        devs_text, _, oob_text = m["devs"].partition("; OOB ")
+        devs = [d for d in re.findall(r"\[\d+\]\S+", devs_text)] or devs_text.split()
+        oob = _ifaces(oob_text)
+        events.append(("net", m["net"], [d for d in devs if d != "[RO]"], oob[0] if oob else None))
+    if m := _OLD_SIDEBAND.match(msg):
+        oob = _ifaces(m.group(1)) or [Iface(m.group(1).split(":", 1)[0], "")]
+        events.append(("oob", oob[0]))
+    if m := _OLD_NET_IFACE.match(msg):
+        events.append(("old_iface", _ifaces(m.group(1))))
+    if m := _OLD_INTERNAL.match(msg):
+        events.append(("network", m.group(1)))
+    if _PLUGIN_OK.search(msg):
+        events.append(("plugin", True))
+    elif _PLUGIN_NONE.search(msg):
+        events.append(("plugin", False))
+    if _IB_NODEV.match(msg):
+        events.append(("ib_nodev",))
+    if m := _NETWORK.match(msg):
+        events.append(("network", m.group(1)))
+    if m := _TOPO.search(msg):
+        events.append(("topo", int(m["rank"]), int(m["nranks"]), int(m["nnodes"]), int(m["local"])))
+    elif m := _INIT.search(msg):
+        if m["what"].upper() == "COMPLETE":
+            rest = m["rest"]
+            dev, local, nodes = _CUDADEV.search(rest), _LOCALRANKS.search(rest), _NNODES.search(rest)
+            events.append(("complete", InitComplete(
+                m["comm"], int(m["rank"]), int(m["nranks"]), int(dev.group(1)) if dev else None,
+                int(local.group(1)) if local else None, int(nodes.group(1)) if nodes else None)))
+        else:
+            events.append(("init_start", int(m["rank"]), int(m["nranks"])))
+    if m := _CHANNEL.match(msg):
+        events.append(("channel", Channel(int(m["ch"]), int(m["conn"]) if m["conn"] is not None else None,
+                                          int(m["src"]), int(m["dst"]), m["dir"], m["via"].strip())))
+    if _CONNECT_ANY.search(msg):
+        events.append(("connect",))
+    if _NO_IFACE.search(msg):
+        events.append(("no_iface",))
+    if _MISMATCH.search(msg):
+        events.append(("mismatch",))
+    if _IBVERBS.search(msg):
+        events.append(("ibverbs",))
+    if _ABORT.search(msg):
+        events.append(("abort",))
+    return events
+
+
+def _content_key(events: list[tuple]) -> str | None:
+    """``rankN`` for a bare line that names its own rank (init, topology or channel line)."""
+    for event in events:
+        if event[0] in ("init_start", "topo"):
+            return f"rank{event[1]}"
+        if event[0] == "complete":
+            return f"rank{event[1].rank}"
+        if event[0] == "channel":
+            return f"rank{event[1].own_rank}"
+    return None
+
+
+def parse(text: str, source: str = "<text>") -> NcclLog:
+    """Parse ``NCCL_DEBUG=INFO`` output of any number of ranks and hosts.
+
+    Args:
+        text: the log (ranks interleaved; torchrun/project/host labels and timestamps allowed).
+        source: name used in error messages (a file path).
+
+    Returns:
+        An :class:`NcclLog`.
+
+    Raises:
+        ValueError: ``text`` is not a str, or holds no NCCL line and no catalog line (names ``source``).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected the log as str, got {type(text).__name__}")
+    parser = _Parser()
+    if parser.feed(io.StringIO(text), source) == 0:
+        raise ValueError(f"{source}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO? "
+                         f"NCCL lines look like 'host:pid:tid [dev] NCCL INFO ...')")
+    return parser.finish()
+
+
+_SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not found", "isabl")
+"""An INFO message is matched against the generated sites only when it holds one of these (WARN lines always are)."""
+
+
+def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> tuple[str | None, bool]:
+    """Feed one input to ``parser`` through :func:`helpers.inputs.open_lines`: ``(problem line or None, read)``.
+
+    ``read`` is True when NCCL lines of this input went into the log (a problem may still be reported: a NUL tail).
+
+    ``-``, ``/dev/stdin`` and ``/dev/fd/N`` (a shell's ``<(cmd)``) are read once, front to back; a directory, a
+    FIFO or a device is refused without blocking; a BOM is dropped; lines are cut at ``_READ_MAX`` characters.
+    A gzip file, a file that starts with NUL bytes and an empty one are refused; NUL bytes after the text (a
+    pre-allocated or crash-truncated log) end the read there, and the problem line says from which line on.
+    """
+    name = str(path)
+    shown = "<stdin>" if name == "-" else name
+    try:
+        with inputs.open_lines(name, stdin=stdin, max_line_chars=_READ_MAX, long_lines="cut") as lines:
+            head = lines.head
+            if head[:2] == b"\x1f\x8b":
+                return f"{shown}: gzip-compressed; decompress it first (zcat {name} | runbook nccl-log -)", False
+            if head[:1] == b"\x00" or head[:512].count(b"\x00") > 64:
+                return f"{shown}: binary file, not a text log", False
+            nul_at = [0]
+            if parser.feed(_until_nul(lines, nul_at), shown) == 0:
+                if not head:
+                    return f"{shown}: empty file (no NCCL lines)", False
+                return f"{shown}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO?)", False
+            if nul_at[0]:
+                return f"{shown}: NUL bytes from line {nul_at[0]} on: read up to there, the rest is not text", True
+    except inputs.InputError as exc:
+        return f"{shown}: cannot read the log ({exc.reason})", False
+    return None, True
+
+
+def _until_nul(lines: Iterable[str], where: list[int]) -> Iterator[str]:
+    """The lines up to the first one holding a NUL byte; ``where[0]`` becomes that line's 1-based number."""
+    for n, line in enumerate(lines, 1):
+        if "\x00" in line:
+            before = line.split("\x00", 1)[0]
+            where[0] = n
+            if before.strip():
+                yield before
+            return
+        yield line
+
+
+def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
+                stdin: IO[str] | None = None) -> NcclLog:
+    """Parse several log files (one per node, say) into one :class:`NcclLog`, streaming each file.
+
+    Args:
+        paths: log files; ``-`` reads ``stdin`` (default ``sys.stdin``).
+        problems: when a list is given, an unreadable input (missing, directory, empty, gzip, binary,
+            no NCCL line) appends one line naming it and the other inputs are still read; when None
+            the first such input raises.
+        stdin: the stream ``-`` reads (tests pass a StringIO).
+
+    Returns:
+        The parsed log; its :attr:`NcclLog.problems` holds the problem lines too.
+
+    Raises:
+        ValueError: no path given; with ``problems=None``, an input that cannot be read; with a
+            list, every input could not be read (names them).
+    """
+    if not paths:
+        raise ValueError("paths: give at least one log file (or - for stdin)")
+    parser = _Parser()
+    found: list[str] = []
+    read = 0
+    for path in paths:
+        problem, fed = _feed_one(parser, path, stdin)
+        read += fed
+        if problem:
+            if problems is None and not fed:
+                raise ValueError(problem)
+            found.append(problem)
+            if problems is not None:
+                problems.append(problem)
+    if not read:
+        raise ValueError("; ".join(found))
+    log = parser.finish()
+    log.problems = found
+    return log
+

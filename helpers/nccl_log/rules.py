@@ -1,0 +1,645 @@
+"""The verdicts: rules over the parsed log (:func:`interpret`), each finding a plain :class:`helpers.checks.Check`.
+
+A verdict is built by :func:`verdict` (the interpreter's words: ranks and hosts go into ``values``, the single
+host into ``node``, the WARN/FAIL hosts into ``faulty``).  Whether it states a cause or names a suspect is in
+``values["kind"]`` (``cause`` / ``suspect``) and in the title (``suspect:``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from helpers.checks import NOT_OK, STATUSES, Check
+from helpers.nccl_log.catalog import bugs_for, cuda_reading
+from helpers.nccl_log.model import (
+    _EVIDENCE_MAX,
+    _VERDICT_LIST_MAX,
+    GILBRETH_SINGLE_NODE_FIX,
+    SEVERITIES,
+    STAGES,
+    Iface,
+    NcclLog,
+    RankInfo,
+    _base_version,
+    _version_code,
+    bad_interface_reason,
+)
+from helpers.nccl_log.reading import _CONNECT_REASONS, _DIALED, _MISMATCH
+
+
+def verdict(id: str, status: str, title: str, ranks: Sequence[str] | None = None, hosts: Sequence[str] | None = None,
+            evidence: Sequence[str] | None = None, remediation: str = "", source: str = "",
+            values: dict[str, Any] | None = None, kind: str = "cause") -> Check:
+    """One finding of the interpreter as a plain :class:`helpers.checks.Check`.
+
+    Args:
+        id: stable identifier (``bad-interface``, ``connect-failed``, a catalog id such as ``shm-full``...).
+        status: ``FAIL`` (the job cannot work), ``WARN`` (works badly / suspect), ``INFO`` or ``OK``.
+        title: one line naming the cause (or the suspect).
+        ranks: keys of the ranks involved; hosts: their hosts (``values["ranks"]`` / ``values["hosts"]``, at most
+            32 each, ``ranks_total`` / ``hosts_total`` when cut); one host becomes ``node``, and the hosts of a
+            WARN/FAIL verdict its ``faulty`` nodes.
+        evidence: log lines that show it (a few, cut to 400 characters).
+        remediation: the command that confirms the cause on the node, then the change.
+        source: URL or seed id the rule comes from.
+        values: extra measured values (counts...).
+        kind: ``cause`` (the evidence decides), ``suspect`` (the likeliest explanation, to confirm with the command
+            given) or ``context`` (worth knowing, not a failure); a suspect's title starts with ``suspect:``.
+    Returns:
+        The check.
+    Raises:
+        ValueError: ``status`` not one of :data:`helpers.checks.STATUSES`, ``kind`` not one of :data:`KINDS`,
+            or an empty id.
+    """
+    if status not in STATUSES:
+        raise ValueError(f"status={status!r}: accepted values are {', '.join(STATUSES)}")
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: accepted values are {', '.join(KINDS)}")
+    all_ranks, all_hosts = list(ranks or []), list(hosts or [])
+    kept_ranks, kept_hosts = all_ranks[:_VERDICT_LIST_MAX], all_hosts[:_VERDICT_LIST_MAX]
+    vals: dict[str, Any] = {"ranks": kept_ranks, "hosts": kept_hosts, "kind": kind, **(values or {})}
+    if len(all_ranks) > len(kept_ranks) or len(all_hosts) > len(kept_hosts):
+        vals.update(ranks_total=len(all_ranks), hosts_total=len(all_hosts))
+    if kind == "suspect" and not title.startswith("suspect:"):
+        title = "suspect: " + title
+    return Check(id=id, title=title, status=status, values=vals, remediation=remediation, source=source,
+                 evidence=list(evidence or []), node=kept_hosts[0] if len(kept_hosts) == 1 else "",
+                 faulty=list(kept_hosts) if status in NOT_OK else [])
+
+
+KINDS = ("cause", "suspect", "context")
+"""What a verdict claims: ``cause`` (the evidence decides), ``suspect`` (to confirm with the command it gives),
+``context`` (worth knowing, not a failure)."""
+
+
+
+# ---------------------------------------------------------------------------------------- verdicts
+
+_WHO_MAX = 6
+
+
+def _names(items: Sequence[str]) -> str:
+    """``a, b, c`` for at most :data:`_WHO_MAX` items, then ``and N more``."""
+    more = len(items) - _WHO_MAX
+    return ", ".join(items[:_WHO_MAX]) + (f" and {more} more" if more > 0 else "")
+
+
+def _who(infos: Iterable[RankInfo]) -> str:
+    infos = list(infos)
+    more = len(infos) - _WHO_MAX
+    parts = []
+    for r in infos[:_WHO_MAX]:
+        if r.key == "?":
+            parts.append("lines naming no rank")
+            continue
+        parts.append(f"rank {r.rank} ({r.key})" if r.rank is not None and r.key != f"rank{r.rank}" else
+                     (f"rank {r.rank}" if r.rank is not None else r.key))
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+
+def _hosts(infos: Iterable[RankInfo]) -> list[str]:
+    return sorted({r.host for r in infos if r.host})
+
+
+def _evidence(lines: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        if line not in out:
+            out.append(line)
+        if len(out) >= _EVIDENCE_MAX:
+            break
+    return out
+
+
+def _by_topology(topology: str, multi: str, unknown: str, single: str) -> str:
+    return {"multi-node": multi, "unknown": unknown, "single-node": single}[topology]
+
+
+def _address_owners(log: NcclLog) -> dict[str, set[str]]:
+    """IP address -> hosts whose bootstrap / socket / OOB interface has it (:func:`interpret` works it out once)."""
+    owners: dict[str, set[str]] = {}
+    for info in log.ranks.values():
+        for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else []):
+            if info.host:
+                owners.setdefault(iface.ip, set()).add(info.host)
+    return owners
+
+
+def _check_interfaces(log: NcclLog, topology: str, owners: Mapping[str, set[str]]) -> list[Check]:
+    """Bootstrap / NET/Socket / IB OOB bound to lo, docker0, virbr*, br-*, veth* (seed MN2)."""
+    found: list[tuple[RankInfo, str, Iface, str]] = []
+    shared = {ip: hosts for ip, hosts in owners.items() if len(hosts) > 1}
+    for info in log.all_infos():
+        used = [("bootstrap", i) for i in info.bootstrap] + [("NET/Socket", i) for i in info.socket_ifaces]
+        if info.oob is not None:
+            used.append(("NET/IB OOB", info.oob))
+        for role, iface in used:
+            reason = bad_interface_reason(iface)
+            if reason is not None and iface.ip in shared:
+                reason += f"), ({iface.ip} is advertised by {len(shared[iface.ip])} hosts"
+            if reason:
+                found.append((info, role, iface, reason))
+    if not found:
+        return []
+    infos = list({id(f[0]): f[0] for f in found}.values())
+    names = {iface.name for _, _, iface, _ in found}
+    what = sorted({f"{role} on {iface.name} ({reason})" for _, role, iface, reason in found})
+    envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
+    severity = _by_topology(topology, "FAIL", "WARN", "INFO")
+    scope = {"multi-node": "this multi-node job cannot reach the other nodes through it",
+             "unknown": "node-local: fine on one node, unreachable from other nodes",
+             "single-node": "harmless on one node, but the same settings will fail across nodes"}[topology]
+    message = f"NCCL uses {', '.join(what)} for {_who(infos)}: {scope} (MN2)"
+    env_note = (f"NCCL_SOCKET_IFNAME is set to {', '.join(envs)} by the environment: replace it; "
+                if envs else "")
+    fix = (f"{env_note}export NCCL_SOCKET_IFNAME=<data-plane iface prefix, e.g. eth/ens/ib> or "
+           f"NCCL_SOCKET_IFNAME=^docker0,lo identically on every node, then check each rank's Bootstrap/NET line "
+           f"names that NIC (MN2)")
+    evidence = _evidence(line for i in infos for line in i.evidence_lines
+                         if "NCCL_SOCKET_IFNAME" in line or any(f"{n}:" in line for n in names))
+    return [verdict("bad-interface", severity, message, [i.key for i in infos], _hosts(infos), evidence, fix)]
+
+
+def _check_single_node_net(log: NcclLog, topology: str) -> list[Check]:
+    """All ranks on one host but channels ``via NET/...``: the Gilbreth single-node trap (§6.3, §9.4)."""
+    infos = [i for i in log.all_infos() if any(ch.kind == "NET" for ch in i.channels)]
+    if topology != "single-node" or not infos:
+        return []
+    net_channels = [ch for i in infos for ch in i.channels if ch.kind == "NET"]
+    pairs = sorted({(ch.src, ch.dst) for ch in net_channels})
+    completed = [i for i in log.ranks.values() if i.completed]
+    host = ", ".join(log.hosts) or "one host"
+    disabled = sorted({f"{k}={v}" for i in log.all_infos() for k, v in i.env.items()
+                       if k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE") and v == "1"})
+    host += f" ({', '.join(disabled)} set)" if disabled else ""
+    message = (f"all ranks are on {host} yet {len(pairs)} connection(s) go via "
+               f"{', '.join(sorted({ch.short for ch in net_channels}))} (e.g. {pairs[0][0]} -> {pairs[0][1]}): "
+               f"the Gilbreth single-node trap, where {len(completed)} rank(s) print Init COMPLETE and the first "
+               f"collective then times out (Gilbreth 6.3, Gilbreth 9.4)")
+    evidence = _evidence([ch.line for ch in net_channels[:3]] +
+                         [line for i in infos for line in i.evidence_lines if "Using network" in line][:1] +
+                         [c.line for i in completed for c in i.init_complete][:2])
+    return [verdict("single-node-net-transport", "FAIL", message, [i.key for i in infos], _hosts(infos), evidence,
+                    GILBRETH_SINGLE_NODE_FIX)]
+
+
+def _check_ib_loaded(log: NcclLog, topology: str) -> list[Check]:
+    """One node, ``Using network IB``, no NET channel: the start of the guide's 'incorrect' output (§6.3)."""
+    if topology == "multi-node" or any(ch.kind == "NET" for i in log.all_infos() for ch in i.channels):
+        return []
+    infos = [i for i in log.all_infos() if (i.network or "").startswith("IB")]
+    if not infos:
+        return []
+    message = ("NCCL loaded the IB network on a job with no inter-node traffic; Gilbreth 6.3 lists "
+               "'Using network IB' as its incorrect single-node output: harmless if collectives complete")
+    evidence = _evidence(line for i in infos for line in i.evidence_lines if "Using network" in line)
+    fix = "only if collectives hang after Init COMPLETE: " + GILBRETH_SINGLE_NODE_FIX
+    return [verdict("single-node-ib-loaded", "INFO", message, [i.key for i in infos if i.key != "?"],
+                    _hosts(infos), evidence, fix)]
+
+
+def _is_ib(info: RankInfo) -> bool:
+    return bool((info.net or "").startswith("IB") or (info.network or "").startswith("IB")
+                or any("/IB" in d or "/RoCE" in d for d in info.net_devices))
+
+
+def _ib_expected(log: NcclLog) -> str:
+    """Evidence that an IB device or plugin was expected (a line to quote), or "" when none.
+
+    Evidence: some rank uses IB/IBext or lists IB/RoCE devices, a net plugin was loaded,
+    ``NCCL_IB_HCA`` is set or ``NCCL_IB_DISABLE=0`` is set explicitly, or the bootstrap/OOB
+    interface is an IPoIB one (``ib*``).  Without it, ``NET/IB : No device found`` is the normal
+    path of an Ethernet-only cluster (issue 15: the note fired on most logs).
+    """
+    for info in log.all_infos():
+        if _is_ib(info):
+            return f"{info.key} uses {info.net or info.network} ({', '.join(info.net_devices[:2])})"
+        if info.net_plugin:
+            return f"{info.key} loaded a net plugin"
+        for name in ("NCCL_IB_HCA", "NCCL_IB_DISABLE"):
+            if name in info.env and not (name == "NCCL_IB_DISABLE" and info.env[name] != "0"):
+                return f"{info.key}: {name}={info.env[name]} set by environment"
+        for iface in info.bootstrap[:1] + ([info.oob] if info.oob else []):
+            if re.match(r"ib", iface.name):
+                return f"{info.key} bootstraps on the IPoIB interface {iface.name}"
+    return ""
+
+
+def _check_ib_fallback(log: NcclLog, topology: str) -> list[Check]:
+    """``NET/IB : No device found.`` then ``NET/Socket : Using``: TCP instead of InfiniBand (MN2)."""
+    infos = [i for i in log.all_infos()
+             if (i.ib_no_device or i.ibverbs_lines) and (i.net == "Socket" or i.network == "Socket")]
+    expected = _ib_expected(log)
+    if not infos or not expected:
+        return []
+    ifaces = sorted({f.name for i in infos for f in i.socket_ifaces})
+    severity = _by_topology(topology, "WARN", "WARN", "INFO")
+    message = (f"NET/IB found no usable device on {_names(_hosts(infos)) or _who(infos)}; NCCL fell back to TCP "
+               f"sockets{' on ' + ', '.join(ifaces) if ifaces else ''}: inter-node collectives run over TCP, "
+               f"often ~10x slower than InfiniBand (MN2)")
+    fix = ("if the nodes have InfiniBand/RoCE, make the HCA visible (ibv_devinfo lists it; in containers pass "
+           "/dev/infiniband and install libibverbs) and pin NCCL_IB_HCA=mlx5; if they are TCP-only, "
+           "export NCCL_IB_DISABLE=1 to skip the IB probe (MN2)")
+    evidence = _evidence([expected] + [line for i in infos for line in i.ibverbs_lines + i.evidence_lines
+                                       if "NET/" in line or "libibverbs" in line])
+    return [verdict("ib-fallback-socket", severity, message, [i.key for i in infos if i.key != "?"],
+                    _hosts(infos), evidence, fix)]
+
+
+def _check_connect(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Check]:
+    """``Connection refused`` / ``No route to host`` / ``connect ... failed`` / timed out."""
+    infos = [i for i in log.all_infos() if i.connect_errors]
+    if not infos:
+        return []
+    lines = [line for i in infos for line in i.connect_errors]
+    reasons = [r for r in _CONNECT_REASONS if any(r in line for line in lines)] or ["connect failed"]
+    bad_ips = {iface.ip for info in log.all_infos()
+               for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else [])
+               if bad_interface_reason(iface) or len(owners.get(iface.ip, ())) > 1}
+    dialed = []
+    for line in lines:
+        m = _DIALED.search(line)
+        if m:
+            addr = f"{m.group(1)}:{m.group(2)}"
+            hosts = sorted(owners.get(m.group(1), ()))
+            note = f" (advertised by {' and '.join(hosts)})" if hosts else ""
+            note += " (node-local: see bad-interface)" if m.group(1) in bad_ips else ""
+            if addr + note not in dialed:
+                dialed.append(addr + note)
+    hard = [i for i in infos if not i.completed or any(" NCCL WARN " in line for line in i.connect_errors)]
+    severity = "FAIL" if hard or any(i.key == "?" for i in infos) else "WARN"
+    transient = "" if severity == "FAIL" else " then connected (Init COMPLETE followed): transient"
+    target = f" to {', '.join(dialed[:3])}" if dialed else ""
+    message = f"{_who(infos)} could not connect{target}: {', '.join(reasons)}{transient}"
+    if "Connection refused" in reasons:
+        fix = ("nothing listens at that address: the peer died, or it advertised an address that is not its own "
+               "on this network (docker0/lo, MN2); read the peer's log and Bootstrap line, and test the port with "
+               "'nc -l PORT' there and 'nc IP PORT' here (NVIDIA/nccl-tests#162)")
+    else:
+        fix = ("this host cannot reach that address: the peer advertised a NIC not routable from here or a "
+               "firewall drops the ports; pin NCCL_SOCKET_IFNAME to the shared data-plane network (MN2) and test "
+               "with 'nc -l PORT' there and 'nc IP PORT' here (NVIDIA/nccl-tests#162)")
+    return [verdict("connect-failed", severity, message, [i.key for i in infos if i.key != "?"], _hosts(infos),
+                    _evidence(lines), fix)]
+
+
+def _check_no_interface(log: NcclLog) -> list[Check]:
+    """``Bootstrap : no socket interface found`` / ``NET/Socket : No usable listening interface found``."""
+    infos = [i for i in log.all_infos() if i.iface_errors]
+    if not infos:
+        return []
+    envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
+    where = _names(_hosts(infos)) or "this host"
+    listening = any("listening" in line or "same subnet" in line for i in infos for line in i.iface_errors)
+    if envs:
+        message = f"NCCL_SOCKET_IFNAME={','.join(envs)} matches no interface on {where}: NCCL cannot bootstrap"
+    else:
+        message = f"NCCL found no usable socket interface on {where}: it cannot bootstrap"
+    fix = ("unset NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME so NCCL auto-detects (interface names differ per "
+           "node, e.g. ibp65s0 vs ibp161s0), or use a prefix present on every node "
+           "(Gilbreth 8.12 failure mode 2, Gilbreth 9.2)")
+    if listening:
+        message += "; no local interface is in the subnet of the NCCL_COMM_ID address"
+        fix += "; point NCCL_COMM_ID/MASTER_ADDR at an address on this node's network"
+    evidence = _evidence([line for i in infos for line in i.evidence_lines if "NCCL_SOCKET_IFNAME" in line] +
+                         [line for i in infos for line in i.iface_errors])
+    return [verdict("no-interface", "FAIL", message, [i.key for i in infos if i.key != "?"], _hosts(infos),
+                    evidence, fix)]
+
+
+def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[Check]:
+    """A rank whose log stops before Init COMPLETE while others completed: its host is the culprit (MN1)."""
+    ranks = list(log.ranks.values())
+    done = [r for r in ranks if r.completed]
+    stuck = [r for r in ranks if not r.completed]
+    fix = ("on that host: systemctl status nvidia-fabricmanager (must be active, version = driver), nvidia-smi for "
+           "GPU errors; restart the service or relaunch without that node (MN1)")
+    if done and stuck:
+        stages = sorted({r.stage_name for r in stuck})
+        message = (f"{_who(stuck)} on {_names(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
+                   f"(last stage: {', '.join(stages)}) while {len(done)} rank(s) completed: "
+                   f"that host is the culprit (MN1)")
+        evidence = _evidence([f"last line of {r.key}: {r.last_line}" for r in stuck] +
+                             [done[0].init_complete[0].line])
+        return [verdict("init-incomplete", "FAIL", message, [r.key for r in stuck], _hosts(stuck), evidence, fix)]
+    if not ranks or done:
+        return []
+    by_host: dict[str, int] = {}
+    for r in ranks:
+        if r.host:
+            by_host[r.host] = max(by_host.get(r.host, 0), r.stage)
+    if len(by_host) >= 2 and len(set(by_host.values())) > 1 and max(by_host.values()) >= STAGES.index("init-start"):
+        low = min(by_host.values())
+        first = sorted(h for h, s in by_host.items() if s == low)
+        high = STAGES[max(by_host.values())]
+        culprits = [r for r in ranks if r.host in first]
+        if set(first) <= explained_hosts:
+            return []
+        message = (f"no rank reached Init COMPLETE; {', '.join(first)} stopped earliest (stage {STAGES[low]}) while "
+                   f"other hosts reached {high}: the host whose log stops first is the suspect (MN1)")
+        evidence = _evidence(f"last line of {r.key}: {r.last_line}" for r in culprits)
+        return [verdict("init-incomplete", "WARN", message, [r.key for r in culprits], first, evidence, fix)]
+    return [verdict("no-init-complete", "INFO",
+                    f"no rank printed Init COMPLETE ({len(ranks)} rank(s) seen): the log is cut short, or every rank "
+                    f"stopped in init (see the other verdicts)", [r.key for r in ranks], _hosts(ranks),
+                    _evidence(f"last line of {r.key}: {r.last_line}" for r in ranks[:3]),
+                    "check for 'Init COMPLETE' per rank (Gilbreth 9.3, Gilbreth 9.4); rerun with NCCL_DEBUG=INFO "
+                    "to the end of init")]
+
+
+def _check_versions(log: NcclLog) -> list[Check]:
+    """Different NCCL versions across ranks (version lines or NCCL's own mismatch warning)."""
+    versions: dict[str, list[RankInfo]] = {}
+    for info in log.all_infos():
+        if info.nccl_version:
+            versions.setdefault(_base_version(info.nccl_version), []).append(info)
+    mismatch = [i for i in log.all_infos() if i.mismatch_lines]
+    if len(versions) < 2 and not mismatch:
+        return []
+    parts = [f"{v} on {_names(_hosts(infos)) or _who(infos)}" for v, infos in sorted(versions.items())]
+    pairs: set[tuple[tuple[int, str], ...]] = set()
+    for info in mismatch:
+        for line in info.mismatch_lines:
+            m = _MISMATCH.search(line)
+            if m:
+                pairs.add(tuple(sorted([(int(m.group(1)), _version_code(int(m.group(2)))),
+                                        (int(m.group(3)), _version_code(int(m.group(4))))])))
+    parts += [", ".join(f"rank {r} runs {v}" for r, v in pair) for pair in sorted(pairs)]
+    involved = list({id(i): i for i in [i for v in versions.values() for i in v] + mismatch}.values())
+    message = f"mixed NCCL versions: {'; '.join(parts[:4])}: every rank must run the same NCCL"
+    fix = ("run one NCCL build everywhere: the same container image or torch wheel on every node (compare "
+           "python -c 'import torch; print(torch.cuda.nccl.version())' per node; NVIDIA/nccl#286)")
+    evidence = _evidence([i.last_line for i in involved if i.nccl_version and "version" in i.last_line] +
+                         [line for i in mismatch for line in i.mismatch_lines] +
+                         [f"{i.key}: NCCL version {i.nccl_version}" for i in involved if i.nccl_version])
+    return [verdict("mixed-nccl-version", "FAIL", message, [i.key for i in involved if i.key != "?"],
+                    _hosts(involved), evidence, fix)]
+
+
+_NOT_EXPLAINING = {"init-incomplete", "connect-failed", "no-init-complete", "torch-async-abort", "torch-dump-signal",
+                   "torch-desync-seq"}
+"""Verdicts that say where a job stopped but not why: the site readings keep their status next to them."""
+
+
+def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
+    """WARN lines (and failure INFO lines) no verdict above used, read through the catalog generated from the sources.
+
+    Lines are grouped by the reading of the site that printed them (:func:`helpers.nccl_log.catalog.knowledge_for`):
+    one verdict per class, ``nccl.<class>``, with the class's meaning, fix, status and kind (a suspect says so).  A
+    ``Cuda failure`` line is read through the CUDA error it quotes (:data:`helpers.nccl_log.catalog.CUDA_ERRORS`).
+    INFO sites and consequence classes (a peer closed the connection, the proxy failed) stay INFO, and so does
+    every site reading when a verdict above already names a failure (the first cause explains the later lines).  WARN lines no
+    site matches go to ``other-warnings`` (INFO), so none is lost.
+    """
+    used = {line for v in verdicts for line in v.evidence}
+    explained = any(v.status in NOT_OK and v.id not in _NOT_EXPLAINING for v in verdicts)
+    groups: dict[str, dict[str, Any]] = {}
+    unmatched: list[tuple[list[str], list[str], list[str]]] = []
+    for index, hit in sorted(log.sites.items()):
+        lines = [line for line in hit.evidence if line not in used]
+        if not lines:
+            continue
+        if index < 0:
+            unmatched.append((lines, hit.keys, hit.hosts))
+            continue
+        e = hit.entry
+        k = dict(e["knowledge"])
+        if k["class"] == "cuda-failure":
+            reading = cuda_reading(" ".join(lines))
+            if reading:
+                k.update(kind=reading[0], meaning=reading[1], fix=reading[2], specific="yes")
+                k["class"] = "cuda-" + re.sub(r"\W+", "-", reading[1].split(" (", 1)[0].split(":")[0].lower())[:40].strip("-")
+        if k["status"] in NOT_OK and (k["kind"] == "context" or explained):
+            k["status"] = "INFO"
+        g = groups.setdefault(k["class"], {"k": k, "lines": [], "keys": [], "hosts": [], "count": 0, "sites": [],
+                                           "releases": []})
+        g["lines"] += lines
+        g["count"] += hit.count
+        g["keys"] += [x for x in hit.keys if x != "?" and x not in g["keys"]]
+        g["hosts"] += [x for x in hit.hosts if x not in g["hosts"]]
+        g["sites"] += e["sites"][:1]
+        g["releases"].append(f"{e['first']}..{e['last']}")
+    out = []
+    for cid, g in groups.items():
+        k = g["k"]
+        where = f" on {', '.join(g['hosts'][:4])}" if g["hosts"] else ""
+        title = f"{k['meaning']} ({g['count']} line(s){where})"
+        out.append(verdict(f"nccl.{cid}", k["status"], title, g["keys"], g["hosts"], _evidence(g["lines"]),
+                           k["fix"], g["sites"][0] if g["sites"] else k["source"],
+                           {"lines": g["count"], "sites": g["sites"][:4], "releases": sorted(set(g["releases"]))[:4],
+                            "reference": k["source"]}, kind=k["kind"] if k["kind"] in KINDS else "suspect"))
+    if unmatched:
+        lines = [line for ls, _, _ in unmatched for line in ls]
+        keys = [k for _, ks, _ in unmatched for k in ks if k != "?"]
+        hosts = sorted({h for _, _, hs in unmatched for h in hs})
+        out.append(verdict("other-warnings", "INFO", f"{len(lines)} NCCL WARN line(s) that no source site of the "
+                           f"catalog matches (an older or patched NCCL, or a plugin not in the catalog)", keys, hosts,
+                           _evidence(lines), "read them in full; search the message in https://github.com/NVIDIA/nccl/issues",
+                           kind="context"))
+    return out
+
+
+def _check_catalog(log: NcclLog) -> list[Check]:
+    """One verdict per hand-written catalog entry some line matched: its cause, the confirming command and fix."""
+    out = []
+    for cid, hit in log.catalog.items():
+        e = hit.entry
+        keys = [k for k in hit.keys if k != "?"]
+        where = f" on {', '.join(hit.hosts)}" if hit.hosts else ""
+        message = f"{e['cause']} ({hit.count} line(s){where})"
+        out.append(verdict(cid, e["status"], message, keys, hit.hosts, hit.evidence, e["fix"], e["source"],
+                           {"lines": hit.count, "subsystem": e["subsystem"]}, kind=e["kind"]))
+    return out
+
+
+ACS_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs"
+
+
+def _check_p2p_hang(log: NcclLog, topology: str, verdicts: list[Check]) -> list[Check]:
+    """One node, P2P channels, ``Init COMPLETE``, then a collective timeout: the PCIe ACS / IOMMU suspect.
+
+    NCCL's troubleshooting guide ("PCI Access Control Services (ACS)"): with ACS or the IOMMU redirecting PCIe
+    peer-to-peer traffic to the root complex, P2P transfers between GPUs are slow or hang; init completes (nothing
+    fails during setup) and the first collective never finishes.  Gilbreth 6.3 shows this log on PCIe A100s.
+    The commands tell it apart: ``nvidia-smi topo -p2p r`` (P2P reads supported?), ``lspci -vvv | grep ACSCtl``
+    (SrcValid+ / ReqRedir+ on the bridges above the GPUs), and a rerun with ``NCCL_P2P_DISABLE=1`` (completes:
+    P2P was the problem).
+    """
+    timed_out = {"torch-watchdog-timeout", "torch-heartbeat-timeout"} & set(log.catalog)
+    if topology != "single-node" or not timed_out:
+        return []
+    p2p = [i for i in log.all_infos() if any(ch.kind == "P2P" for ch in i.channels)]
+    net = any(ch.kind == "NET" for i in log.all_infos() for ch in i.channels)
+    if not p2p or net or not any(i.completed for i in log.ranks.values()):
+        return []
+    if any(v.status == "FAIL" and v.values.get("kind") == "cause" for v in verdicts):
+        return []
+    vias = sorted({ch.short for i in p2p for ch in i.channels if ch.kind == "P2P"})
+    evidence = _evidence([ch.line for i in p2p for ch in i.channels if ch.kind == "P2P"][:2] +
+                         [c.line for i in p2p for c in i.init_complete][:1] +
+                         [line for cid in sorted(timed_out) for line in log.catalog[cid].evidence][:2])
+    title = (f"one node, GPUs connected via {', '.join(vias)}, Init COMPLETE, then a collective timed out: PCIe "
+             f"ACS or the IOMMU redirecting peer-to-peer traffic (P2P transfers stall; NCCL troubleshooting, "
+             f"'PCI Access Control Services'; Gilbreth 6.3)")
+    fix = ("confirm on that node: nvidia-smi topo -p2p r (P2P reads between the GPUs), sudo lspci -vvv | grep ACSCtl "
+           "(SrcValid+ / ReqRedir+ on PCIe bridges means ACS is on), and a rerun with NCCL_P2P_DISABLE=1 (it completes "
+           "when P2P is the problem); then disable ACS in the BIOS (or setpci at boot) and boot with iommu=pt / "
+           "intel_iommu=off; keep NCCL_P2P_DISABLE=1 (slower, via SHM) until then")
+    return [verdict("p2p-acs-hang", "FAIL", title, [i.key for i in p2p if i.key != "?"], _hosts(p2p), evidence, fix,
+                    ACS_DOCS, {"transports": vias}, kind="suspect")]
+
+
+def _check_known_bugs(log: NcclLog) -> list[Check]:
+    """The known NCCL bugs (``helpers/data/nccl_versions.yaml``) of the log's NCCL versions whose pattern the log shows."""
+    versions = sorted({_base_version(i.nccl_version) for i in log.all_infos() if i.nccl_version})
+    if not versions:
+        return []
+    text = "\n".join([line for hit in log.catalog.values() if hit.entry["status"] in NOT_OK for line in hit.evidence] +
+                      [line for i in log.all_infos() for line in i.warns])
+    out = []
+    for version in versions:
+        for bug in bugs_for(version, text):
+            out.append(verdict(
+                f"known-bug.{bug['id']}", "INFO",
+                f"NCCL {version} is in the affected range of a known bug ({bug['affected'][0]}..{bug['affected'][1]}, "
+                f"fixed in {bug['fixed']}): {bug['summary']}", [], [], [], bug["workaround"], bug["source"],
+                {"nccl_version": version, "fixed": bug["fixed"]}, kind="suspect"))
+    return out
+
+
+def _check_cross_host(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Check]:
+    """Compare hosts: network (IB vs sockets), net plugin, hostname collisions, shared addresses, NCCL_HOSTID.
+
+    Sources: https://github.com/NVIDIA/nccl-tests/issues/188 (IB on one node, sockets on the other),
+    https://github.com/NVIDIA/nccl/issues/879 (NCCL_HOSTID shared by two nodes),
+    https://github.com/NVIDIA/nccl/issues/324 (containers of one host seen as two nodes).
+    """
+    out: list[Check] = []
+    ranks = list(log.ranks.values())
+    nets: dict[str, set[str]] = {}
+    for r in ranks:
+        if r.host and (r.net or r.network):
+            nets.setdefault("IB" if _is_ib(r) else (r.net or r.network or "?"), set()).add(r.host)
+    if "IB" in nets and "Socket" in nets and nets["IB"] != nets["Socket"]:
+        ib, sock = sorted(nets["IB"] - nets["Socket"]), sorted(nets["Socket"] - nets["IB"])
+        if ib and sock:
+            both = set(ib) | set(sock)
+            out.append(verdict(
+                "mixed-network", "FAIL",
+                f"{_names(ib)} use InfiniBand while {_names(sock)} use TCP sockets: the hosts cannot connect "
+                f"(NCCL fails with 'wrong type' or hangs)", [r.key for r in ranks if r.host in both],
+                ib + sock, _evidence(line for r in ranks for line in r.evidence_lines if "Using network" in line
+                                     or "NET/" in line),
+                "confirm with 'ibv_devinfo' on every node (same HCAs, PORT_ACTIVE, devices visible in the container); "
+                "make IB work on all nodes, or export NCCL_IB_DISABLE=1 on every node", "https://github.com/NVIDIA/nccl-tests/issues/188"))
+    loaded = sorted({r.host for r in ranks if r.host and r.net_plugin})
+    missing = sorted({r.host for r in ranks if r.host and r.net_plugin is False} - set(loaded))
+    if loaded and missing:
+        out.append(verdict(
+            "net-plugin-partial", "WARN",
+            f"a net plugin (libnccl-net.so / IBext) is loaded on {_names(loaded)} but not on {_names(missing)}: "
+            f"the hosts run different network code", [r.key for r in ranks if r.host in set(loaded) | set(missing)],
+            loaded + missing, _evidence(r.last_line for r in ranks if r.host in missing),
+            "confirm with 'ldconfig -p | grep nccl-net' and 'echo $LD_LIBRARY_PATH' on each node (or the container image); "
+            "install the same plugin everywhere or set NCCL_NET_PLUGIN=none everywhere", "https://github.com/NVIDIA/nccl/issues/1412"))
+    for host, ips in sorted(log.machines().items()):
+        if len(ips) > 1:
+            out.append(verdict(
+                "hostname-collision", "INFO",
+                f"hostname {host} is used by {len(ips)} machines ({', '.join(sorted(ips))}): they are told apart by "
+                f"bootstrap address, and the job counts as multi-node", [r.key for r in ranks if r.host == host], [host],
+                _evidence(line for r in ranks if r.host == host for line in r.evidence_lines if "Bootstrap" in line),
+                "give each machine its own hostname (hostnamectl set-hostname) so logs and NCCL's host hash tell them apart",
+                "issue 15"))
+    bad_ips = {i.ip for r in ranks for i in r.bootstrap if bad_interface_reason(i)}
+    for ip, hosts in sorted(owners.items()):
+        if len(hosts) > 1 and ip not in bad_ips:
+            out.append(verdict(
+                "containers-share-host", "INFO",
+                f"{', '.join(sorted(hosts))} announce the same address {ip}: containers sharing one machine's network; "
+                f"NCCL treats them as separate nodes (NET instead of P2P/SHM) unless they share /dev/shm and NCCL_HOSTID",
+                [r.key for r in ranks if r.host in hosts], sorted(hosts),
+                _evidence(line for r in ranks if r.host in hosts for line in r.evidence_lines if ip in line),
+                "confirm with 'hostname -I' and 'cat /proc/sys/kernel/random/boot_id' in each container; to use NVLink "
+                "across them run them with --ipc=host --pid=host and the same NCCL_HOSTID", "https://github.com/NVIDIA/nccl/issues/324"))
+    hostids: dict[str, list[RankInfo]] = {}
+    for r in ranks:
+        if "NCCL_HOSTID" in r.env:
+            hostids.setdefault(r.env["NCCL_HOSTID"], []).append(r)
+    for value, members in hostids.items():
+        ips = {i.ip for r in members for i in r.bootstrap[:1]}
+        if len(ips) > 1:
+            hosts = _hosts(members)
+            out.append(verdict(
+                "hostid-shared", "FAIL",
+                f"NCCL_HOSTID={value} is set on {len(ips)} machines ({', '.join(sorted(ips))}): NCCL takes them for one "
+                f"host and tries P2P/SHM between them", [r.key for r in members], hosts,
+                _evidence(line for r in members for line in r.evidence_lines if "NCCL_HOSTID" in line or "Bootstrap" in line),
+                "confirm with 'cat /proc/sys/kernel/random/boot_id' on each machine (they differ); unset NCCL_HOSTID, or "
+                "give each machine its own value", "https://github.com/NVIDIA/nccl/issues/879"))
+    known = {ip for ip, hosts in owners.items() if hosts}
+    if len(log.hosts) >= 2 and known:
+        dialled = []
+        for r in log.all_infos():
+            for line in r.connect_errors:
+                m = _DIALED.search(line)
+                if m and m.group(1) not in known and m.group(1) not in dialled:
+                    dialled.append(m.group(1))
+        if dialled:
+            out.append(verdict(
+                "dialled-unknown-address", "WARN",
+                f"ranks dialled {', '.join(dialled[:3])}, an address no host announced in its Bootstrap/NET line: a second "
+                f"NIC on the same subnet answers for the peer, or the peer's log is missing", [], log.hosts,
+                _evidence(line for r in log.all_infos() for line in r.connect_errors if any(d in line for d in dialled)),
+                f"confirm with 'ip -br addr' on every node (who owns {dialled[0]}) and 'ip route get {dialled[0]}' on the "
+                f"dialling node; pin NCCL_SOCKET_IFNAME to one NIC per subnet", "issue 15"))
+    return out
+
+
+_GENERIC = {"torch-nccl-system-error", "torch-nccl-cuda-error", "torch-nccl-invalid-usage", "torch-nccl-remote-error",
+            "torch-watchdog-timeout", "torch-heartbeat-timeout"}
+"""Verdicts that say *that* NCCL failed or timed out, not why: INFO context once a specific verdict names a failure."""
+
+
+def _demote_generic(verdicts: list[Check]) -> list[Check]:
+    """Turn the :data:`_GENERIC` verdicts into INFO context when another FAIL/WARN verdict names the failure."""
+    specific = any(v.status in NOT_OK and v.id not in _GENERIC | _NOT_EXPLAINING and not v.id.startswith("known-bug.")
+                   for v in verdicts)
+    if not specific:
+        return verdicts
+    out = []
+    for v in verdicts:
+        if v.id in _GENERIC and v.status in NOT_OK:
+            v = dataclasses.replace(v, status="INFO", faulty=[], values={**v.values, "kind": "context",
+                                                                        "explained_by_other_verdicts": True})
+        out.append(v)
+    return out
+
+
+def interpret(log: NcclLog) -> list[Check]:
+    """Verdicts for a parsed log, FAIL first, then WARN, then INFO.
+
+    A healthy multi-node log (IB found, P2P/SHM within a node, NET/IB across nodes, every rank
+    at Init COMPLETE, one NCCL version, data-plane interfaces) yields no FAIL or WARN.
+
+    Raises:
+        ValueError: ``log`` is not an :class:`NcclLog`.
+    """
+    if not isinstance(log, NcclLog):
+        raise ValueError(f"log: expected an NcclLog from parse(), got {type(log).__name__}")
+    topology = log.topology()
+    owners = _address_owners(log)
+    verdicts = (_check_catalog(log) + _check_cross_host(log, owners) +
+                _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
+                _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log))
+    explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
+    verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
+    verdicts += _check_sites(log, verdicts)
+    verdicts += _check_p2p_hang(log, topology, verdicts)
+    verdicts += _check_known_bugs(log)
+    verdicts = _demote_generic(verdicts)
+    return sorted(verdicts, key=lambda v: SEVERITIES.index(v.status))
+
