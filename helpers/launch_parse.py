@@ -53,7 +53,15 @@ def _join_continuations(text: str) -> list[tuple[int, str]]:
     return out
 
 
+_SHLEX_MAX = 65536
+"""Longest logical line given to :func:`shlex.split` (characters).  shlex builds each token one character at a
+time, quadratic in the token's length (a 2 MB one-word line took over 100 s); a longer line is split on
+whitespace instead (Linux caps one argument at 128 KiB, MAX_ARG_STRLEN, so no real launch word is near it)."""
+
+
 def _split(line: str) -> list[str]:
+    if len(line) > _SHLEX_MAX or not re.search(r"[\"'\\#]", line):
+        return line.split()  # nothing to unquote (or too long to unquote in bounded time)
     try:
         return shlex.split(line, comments=True)
     except ValueError:
@@ -72,10 +80,19 @@ def _opt(args: list[str], i: int, names: tuple[str, ...]) -> tuple[str | None, i
 
 
 def _int(value: str | None) -> int | None:
+    """A count, port or rank written in decimal, else None.
+
+    Raises:
+        ValueError: more than 18 digits (no count or port is that large; Python refuses to convert past 4,300).
+    """
     if value is None:
         return None
     value = value.strip().strip('"')
-    return int(value) if re.fullmatch(r"\d+", value) else None
+    if not re.fullmatch(r"\d+", value):
+        return None
+    if len(value) > 18:
+        raise ValueError(f"{value[:12]}...: a number of {len(value):,} digits, not a count, rank or port")
+    return int(value)
 
 
 def _norm(flag: str) -> str:
