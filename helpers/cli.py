@@ -588,21 +588,17 @@ def build_command(args: argparse.Namespace) -> int:
 
     Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input.
     """
-    from helpers import envvars, launch_parse, launch_traps
+    from helpers import envvars, inputs, launch_parse, launch_traps
     from helpers.checks import worst
 
     checking = args.check is not None or args.check_file is not None
     try:
         if checking:
             if args.check_file is not None:
-                if args.check_file == "-":
-                    text = sys.stdin.read()
-                else:
-                    with open(args.check_file, encoding="utf-8") as f:
-                        text = f.read()
+                text = inputs.read_text(args.check_file)  # regular files and stdin ('-'), bounded
             else:
                 text = args.check
-            spec = launch_parse.parse(text)
+            spec, traps = launch_traps.check_text(text, check_port=args.check_port)
             print(f"read as: {launch_parse.describe(spec)}")
         else:
             env: dict[str, str | None] = dict(envvars.parse_pairs(args.env))
@@ -615,7 +611,7 @@ def build_command(args: argparse.Namespace) -> int:
                 master_port=args.master_port, node_rank=args.node_rank, env=env, gpus_per_node=args.gpus_per_node,
                 accelerate_cpu=args.accelerate_cpu, srun_ntasks_per_node=args.srun_ntasks_per_node,
                 srun_export=args.srun_export)
-        traps = launch_traps.find_traps(spec, check_port=args.check_port)
+            traps = launch_traps.find_traps(spec, check_port=args.check_port)
     except (OSError, ValueError) as exc:
         print(f"runbook build: {exc}", file=sys.stderr)
         return 2

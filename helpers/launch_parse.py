@@ -24,6 +24,11 @@ from typing import Any
 
 from helpers.launch_traps import LaunchSpec
 
+
+class NoLaunch(ValueError):
+    """The text holds no launch line this parser reads (a ``ValueError``: bad input)."""
+
+
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _EARLY_SLURM = re.compile(r"\$\{?SLURM_(NODEID|PROCID|LOCALID|NODE_RANK)\}?")
 
@@ -250,7 +255,10 @@ def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dic
     else:
         got = _launcher_argv(task)
         if got and got[0] == "torchrun":
-            spec = _torchrun(got[1], early)
+            direct = dict(early)
+            if _EARLY_SLURM.search(raw_line):
+                direct["node_rank_early"] = True  # no shell in the task: the submitting shell expanded it (node 0)
+            spec = _torchrun(got[1], direct)
     if not spec.get("script"):
         return {}  # the task is not a launcher we can read (a variable, a wrapper script): no spec
     spec["kind"] = "srun+torchrun"
@@ -361,7 +369,7 @@ def parse_command(text: str) -> LaunchSpec:
     early: dict[str, Any] = {}
     fields = _parse_lines(text, env, early)
     if not fields:
-        raise ValueError("command: no launcher found; accepted: torchrun, python -m torch.distributed.run, "
+        raise NoLaunch("command: no launcher found; accepted: torchrun, python -m torch.distributed.run, "
                          "accelerate launch, deepspeed, srun ... torchrun")
     return _finish(fields, env, early)
 
@@ -407,7 +415,7 @@ def parse_sbatch(text: str) -> LaunchSpec:
     early: dict[str, Any] = {}
     fields = _parse_lines(text, env, early)
     if not fields:
-        raise ValueError("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
+        raise NoLaunch("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
     nodes = _int(header.get("--nodes", "").split("-")[0]) if header.get("--nodes") else None
     if fields.get("kind") == "srun+torchrun":
         fields["kind"] = "sbatch"
@@ -440,7 +448,7 @@ def parse(text: str) -> LaunchSpec:
         ValueError: as :func:`parse_command` / :func:`parse_sbatch`; an empty ``text``.
     """
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
+        raise NoLaunch("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
     if text.lstrip().startswith("#!") or re.search(r"^\s*#SBATCH\b", text, re.MULTILINE):
         return parse_sbatch(text)
     return parse_command(text)

@@ -171,9 +171,11 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             findings.append(_unreadable(path, exc))
     if command:
         try:
-            spec = launch_parse.parse_command(command)
+            got, spec = shell_rules.lint_shell("<command>", command)
+            findings += got
+            if spec is None:
+                launch_parse.parse_command(command)  # raises NoLaunch, naming what it accepts
             specs.append(spec)
-            findings += shell_rules.traps_as_findings(spec, "<command>", 1)
         except ValueError as exc:
             findings.append(finding("command-unparsable", "error", "<command>", 1, str(exc),
                                          "paste the whole launch line", "D7"))

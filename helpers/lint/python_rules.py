@@ -621,13 +621,18 @@ class PythonLinter:
             if name == "backward" and recv and recv not in engines and not recv.endswith("accelerator") \
                     and recv not in ("torch.autograd", "autograd", "scaler") and not call.args:
                 self.add("deepspeed-raw-backward", "error", call,
-                         f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): the engine's loss "
-                         "scaling, gradient reduction and accumulation are skipped",
+                         f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): DeepSpeed 0.19 "
+                         "hooks the engine's output and raises 'Direct calls to tensor.backward() are not supported in "
+                         "this configuration' under ZeRO stage 0 (the default), or 'Loss scaling is required ... "
+                         "backward() was called directly' with fp16 under ZeRO; only ZeRO 1-3 without a loss scaler "
+                         "runs it through the engine's hooks",
                          f"{min(engines)}.backward(loss); {min(engines)}.step()", "D18")
             if name == "step" and recv in optims and recv not in engines:
                 self.add("deepspeed-raw-backward", "error", call,
-                         f"{recv}.step() bypasses the DeepSpeed engine (gradient accumulation boundary, clipping, "
-                         "ZeRO partitions)", f"{min(engines)}.step()", "D18")
+                         f"{recv}.step() bypasses {min(engines)}.step(): the gradient accumulation boundary, "
+                         "gradient clipping, the lr scheduler and the step counter live in the engine's step "
+                         "(DeepSpeed runtime/engine.py step -> _take_model_step), so the weights update on every "
+                         "micro-batch", f"{min(engines)}.step()", "D18")
 
     def rule_ddp_fsdp_options(self) -> None:
         """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""

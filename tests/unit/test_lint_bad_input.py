@@ -85,7 +85,7 @@ _PROPS = settings(max_examples=25, deadline=None, suppress_health_check=list(Hea
 def _never_crashes(path: str, text: str) -> None:
     t0 = time.monotonic()
     found = lint_texts([(path, text)])
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 20  # bounded (the first call imports DeepSpeed: seconds on a loaded machine)
     for f in found:
         assert f.file == path and f.status in ("INFO", "WARN", "FAIL")
         assert f.id != UNREADABLE or f.title.startswith(path + ": ")
