@@ -342,6 +342,7 @@ def text_traps(text: str) -> list[Trap]:
     ``master-addr-not-exported``: ``MASTER_ADDR=...`` / ``MASTER_PORT=...`` assigned without ``export`` before
     ``srun``, and read later by the tasks (``env://``, or ``$MASTER_ADDR`` deferred by single quotes or ``\\$``):
     a plain shell variable does not reach a child process (Gilbreth 4.3; POSIX ``export``).
+    ``nnodes-mismatch``: torchrun's ``--nnodes`` differs from the nodes ``srun`` starts it on (:func:`_nnodes_traps`).
     """
     out: list[Trap] = []
     quoted: list[tuple[int, int]] | None = None
@@ -363,6 +364,41 @@ def text_traps(text: str) -> list[Trap]:
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
         trap.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(trap)
+    return out + _nnodes_traps(text)
+
+
+def _nnodes_traps(text: str) -> list[Trap]:
+    """``nnodes-mismatch``: torchrun's ``--nnodes`` against the nodes ``srun`` starts it on (``srun -N`` or the
+    allocation's ``#SBATCH --nodes``), and ``srun -N`` beyond the allocation (torchrun docs; srun(1))."""
+    from helpers import launch_parse  # launch_parse imports this module for LaunchSpec
+
+    alloc = launch_parse.sbatch_header(text).get("--nodes", "")
+    allocated = int(alloc) if re.fullmatch(r"\d{1,6}", alloc) else None
+    out: list[Trap] = []
+    for number, line in launch_parse._join_continuations(text):
+        srun = re.search(r"(?:^|[;&|]\s*)srun\b", line)
+        run = re.search(r"\btorchrun\b|torch\.distributed\.run\b", line)
+        if not srun or not run or srun.start() > run.start() or line.lstrip().startswith("#"):
+            continue
+        head = line[srun.end():run.start()]
+        m = re.search(r"(?:-N\s*|--nodes[= ])(\d{1,6})\b", head)
+        started = int(m.group(1)) if m else allocated
+        if m and allocated is not None and started is not None and started > allocated:
+            trap = Trap("nnodes-mismatch", "FAIL", "nnodes",
+                        f"srun -N {started} inside an allocation of {allocated} node(s): 'srun: error: Only allocated "
+                        f"{allocated} nodes asked for {started}'", f"srun -N {allocated} (or #SBATCH --nodes={started})",
+                        "https://slurm.schedmd.com/srun.html")
+            trap.line_no = number
+            out.append(trap)
+        n = re.search(r"--nnodes[= ]+['\"]?(\d{1,6})['\"]?(?=\s|$)", line[run.end():])
+        if n and started is not None and int(n.group(1)) != started:
+            trap = Trap("nnodes-mismatch", "FAIL", "nnodes",
+                        f"torchrun --nnodes={n.group(1)} but srun starts it on {started} node(s): the rendezvous "
+                        + ("waits for nodes that never come" if int(n.group(1)) > started else
+                           "has more agents than nodes (node ranks out of range, or extra nodes rejected)"),
+                        f"--nnodes={started} (or $SLURM_NNODES)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+            trap.line_no = number
+            out.append(trap)
     return out
 
 

@@ -39,6 +39,7 @@ TRAP_SECTIONS: dict[str, tuple[str, str]] = {
     "node-rank-fixed": ("06_multinode_network.ipynb", "MN1 — A node that never joins"),
     "srun-export-none": ("06_multinode_network.ipynb", "MN1 — A node that never joins"),
     "master-addr-not-exported": ("08_slurm.ipynb", "5. Failure mode 4: variables that do not reach the ranks"),
+    "nnodes-mismatch": ("08_slurm.ipynb", "7. Four launch-line mistakes that only show on two nodes"),
     "default-port-shared": ("01_launchers.ipynb", "D4 — Two jobs, one port"),
     "port-in-use": ("01_launchers.ipynb", "D4 — Two jobs, one port"),
     "nproc-exceeds-gpus": ("01_launchers.ipynb", "D3 — set_device(RANK): node 1's ranks point past the last GPU"),

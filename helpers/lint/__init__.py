@@ -45,6 +45,19 @@ RULES: dict[str, str] = {
     "init-without-timeout": "MN3",
     # cross-file (lint_texts)
     "half-config-float32-inputs": "Gilbreth 7.5",
+    # helpers.lint.contract_rules (the APIs' documented preconditions, helpers.lint.contracts)
+    "dataloader-sampler-and-shuffle": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader",
+    "init-missing-rank-world-size": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "collective-before-init": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "nccl-no-device-binding": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "fsdp-optimizer-before-wrap": "https://docs.pytorch.org/docs/stable/fsdp.html",
+    "wrapper-raw-backward": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
+    # helpers.lint.cross_rules (launch line <-> script)
+    "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "script-arg-unknown": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "nccl-without-gpus": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "lightning-slurm-mismatch": "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html",
     # helpers.lint.deepspeed_rules
     "ds-unknown-key": "D17",
     "ds-misplaced-key": "D17",
@@ -52,6 +65,7 @@ RULES: dict[str, str] = {
     "ds-zero-without-optimizer": "Gilbreth 7.5",
     "ds-batch-mismatch": "Gilbreth 7.4",
     "ds-batch-not-positive": "Gilbreth 7.4",
+    "ds-offload-needs-stage": "https://www.deepspeed.ai/docs/config-json/",
     "ds-auto-raw-initialize": "D18",
     "ds-fp16-and-bf16": "D17",
     # helpers.lint.accelerate_rules
@@ -62,6 +76,7 @@ RULES: dict[str, str] = {
     "acc-multinode-ssh-launcher": "Gilbreth 4.3, 8.12",
     # helpers.lint.shell_rules (text only)
     "master-addr-not-exported": "Gilbreth 4.3",
+    "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     # helpers.launch_traps.find_traps (sbatch/shell files and --command, through shell_rules.traps_as_findings)
     "standalone-multinode": "D2",
     "master-addr-missing": "D1",
@@ -133,13 +148,14 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         The findings, sorted by file and line.
     """
     from helpers import launch_parse
-    from helpers.lint import accelerate_rules, deepspeed_rules, python_rules, shell_rules
+    from helpers.lint import accelerate_rules, cross_rules, deepspeed_rules, python_rules, shell_rules
 
     findings: list[Check] = []
     facts: list[python_rules.PyFacts] = []
     ds_files: list[tuple[str, str, dict]] = []
     acc_files: list[tuple[str, str, dict]] = []
     specs = []
+    launches: list[tuple[str, str, object]] = []
     for path, text in files:
         try:
             kind = _kind(path, text)
@@ -165,6 +181,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             else:
                 got, spec = shell_rules.lint_shell(path, text)
                 findings += got
+                launches.append((path, text, spec))
                 if spec is not None:
                     specs.append(spec)
         except (ValueError, RecursionError, MemoryError) as exc:  # InputError is a ValueError
@@ -176,9 +193,11 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             if spec is None:
                 launch_parse.parse_command(command)  # raises NoLaunch, naming what it accepts
             specs.append(spec)
+            launches.append(("<command>", command, spec))
         except ValueError as exc:
             findings.append(finding("command-unparsable", "error", "<command>", 1, str(exc),
                                          "paste the whole launch line", "D7"))
+    findings += cross_rules.lint_cross(facts, launches)  # type: ignore[arg-type]
     world = next((s.nnodes * s.nproc_per_node for s in specs), None)
     if world is None:
         world = next((accelerate_rules.world_size(d) for _, _, d in acc_files if accelerate_rules.world_size(d)), None)

@@ -132,6 +132,15 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
                     "fix or remove the key (https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training)",
                     "D17")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if isinstance(zero, dict) and isinstance(stage, int):
+        for key, need, ok in (("offload_param", "3", stage == 3), ("offload_optimizer", "1, 2 or 3", stage >= 1)):
+            section = zero.get(key)
+            device = section.get("device") if isinstance(section, dict) else None
+            if device not in (None, "none") and not ok:
+                add("ds-offload-needs-stage", "warning", key,
+                    f"zero_optimization.{key} (device {device}) with ZeRO stage {stage}: DeepSpeed documents it as "
+                    f"valid only with stage {need}, and nothing is offloaded", f"set \"stage\": {need[-1]} or remove "
+                    f"{key}", "https://www.deepspeed.ai/docs/config-json/#parameter-offloading")
     if isinstance(stage, int) and stage >= 1 and "optimizer" not in data and not client_optimizer and raw_init is not False:
         sev = "error" if raw_init else "warning"
         add("ds-zero-without-optimizer", sev, "zero_optimization",

@@ -70,6 +70,7 @@ class PyFacts:
     accelerator_grad_accum: tuple[int, object] | None = None   # (line, value) of Accelerator(gradient_accumulation_steps=)
     float_inputs: list[int] = field(default_factory=list)      # torch.randn/rand without dtype
     distributed: bool = False
+    contract: object = None                 # helpers.lint.contract_rules.ScriptContract (launch-facing facts)
 
 
 def _src(node: ast.AST) -> str:
@@ -418,6 +419,8 @@ class PythonLinter:
         self.rule_ddp_fsdp_options()
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
+        from helpers.lint import contract_rules
+        contract_rules.run(self)
         self.collect_facts()
         return sorted(self.findings, key=lambda f: f.line_no)
 
