@@ -621,7 +621,7 @@ def build_command(args: argparse.Namespace) -> int:
                                         max_line_chars=launch_parse.MAX_LINE_CHARS)
             else:
                 text = args.check
-            spec = launch_parse.parse(text)
+            spec, traps = launch_traps.check_text(text, check_port=args.check_port)
             print(f"read as: {launch_parse.describe(spec)}")
         else:
             env: dict[str, str | None] = dict(envvars.parse_pairs(args.env))
@@ -634,7 +634,7 @@ def build_command(args: argparse.Namespace) -> int:
                 master_port=args.master_port, node_rank=args.node_rank, env=env, gpus_per_node=args.gpus_per_node,
                 accelerate_cpu=args.accelerate_cpu, srun_ntasks_per_node=args.srun_ntasks_per_node,
                 srun_export=args.srun_export)
-        traps = launch_traps.find_traps(spec, check_port=args.check_port)
+            traps = launch_traps.find_traps(spec, check_port=args.check_port)
     except (OSError, ValueError) as exc:
         print(f"runbook build: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,11 @@ from typing import Any
 
 from helpers.launch_traps import LaunchSpec
 
+
+class NoLaunch(ValueError):
+    """The text holds no launch line this parser reads (a ``ValueError``: bad input)."""
+
+
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)  # a quoted value may hold newlines
 _EARLY_SLURM = re.compile(r"\$\{?SLURM_(NODEID|PROCID|LOCALID|NODE_RANK)\}?")
 
@@ -53,7 +58,15 @@ def _join_continuations(text: str) -> list[tuple[int, str]]:
     return out
 
 
+_SHLEX_MAX = 65536
+"""Longest logical line given to :func:`shlex.split` (characters).  shlex builds each token one character at a
+time, quadratic in the token's length (a 2 MB one-word line took over 100 s); a longer line is split on
+whitespace instead (Linux caps one argument at 128 KiB, MAX_ARG_STRLEN, so no real launch word is near it)."""
+
+
 def _split(line: str) -> list[str]:
+    if len(line) > _SHLEX_MAX or not re.search(r"[\"'\\#]", line):
+        return line.split()  # nothing to unquote (or too long to unquote in bounded time)
     try:
         return shlex.split(line, comments=True)
     except ValueError:
@@ -253,7 +266,10 @@ def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dic
     else:
         got = _launcher_argv(task)
         if got and got[0] == "torchrun":
-            spec = _torchrun(got[1], early)
+            direct = dict(early)
+            if _EARLY_SLURM.search(raw_line):
+                direct["node_rank_early"] = True  # no shell in the task: the submitting shell expanded it (node 0)
+            spec = _torchrun(got[1], direct)
     if not spec.get("script"):
         return {}  # the task is not a launcher we can read (a variable, a wrapper script): no spec
     spec["kind"] = "srun+torchrun"
@@ -364,7 +380,7 @@ def parse_command(text: str) -> LaunchSpec:
     early: dict[str, Any] = {}
     fields = _parse_lines(text, env, early)
     if not fields:
-        raise ValueError("command: no launcher found; accepted: torchrun, python -m torch.distributed.run, "
+        raise NoLaunch("command: no launcher found; accepted: torchrun, python -m torch.distributed.run, "
                          "accelerate launch, deepspeed, srun ... torchrun")
     return _finish(fields, env, early)
 
@@ -410,7 +426,7 @@ def parse_sbatch(text: str) -> LaunchSpec:
     early: dict[str, Any] = {}
     fields = _parse_lines(text, env, early)
     if not fields:
-        raise ValueError("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
+        raise NoLaunch("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
     nodes = _int(header.get("--nodes", "").split("-")[0], "#SBATCH --nodes") if header.get("--nodes") else None
     if fields.get("kind") == "srun+torchrun":
         fields["kind"] = "sbatch"
@@ -444,7 +460,7 @@ def parse(text: str) -> LaunchSpec:
             :data:`MAX_TEXT_CHARS` characters or a line over :data:`MAX_LINE_CHARS`.
     """
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
+        raise NoLaunch("command: empty; paste a torchrun / accelerate launch / deepspeed / srun command or an sbatch script")
     if len(text) > MAX_TEXT_CHARS:
         raise ValueError(f"command: {len(text):,} characters, over the limit of {MAX_TEXT_CHARS:,} (a launch line or batch script)")
     for number, line in enumerate(text.splitlines(), 1):

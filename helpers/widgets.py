@@ -38,6 +38,8 @@ TRAP_SECTIONS: dict[str, tuple[str, str]] = {
     "master-addr-loopback": ("06_multinode_network.ipynb", "MN1 — A node that never joins"),
     "node-rank-fixed": ("06_multinode_network.ipynb", "MN1 — A node that never joins"),
     "srun-export-none": ("06_multinode_network.ipynb", "MN1 — A node that never joins"),
+    "master-addr-not-exported": ("08_slurm.ipynb", "5. Failure mode 4: variables that do not reach the ranks"),
+    "nnodes-mismatch": ("08_slurm.ipynb", "7. Four launch-line mistakes that only show on two nodes"),
     "default-port-shared": ("01_launchers.ipynb", "D4 — Two jobs, one port"),
     "port-in-use": ("01_launchers.ipynb", "D4 — Two jobs, one port"),
     "nproc-exceeds-gpus": ("01_launchers.ipynb", "D3 — set_device(RANK): node 1's ranks point past the last GPU"),
@@ -404,8 +406,7 @@ class CommandBuilder:
             self.paste_output.value, self.load_button.disabled = "", True
             return
         try:
-            self.pasted = launch_parse.parse(text)
-            self.pasted_traps = launch_traps.find_traps(self.pasted)
+            self.pasted, self.pasted_traps = launch_traps.check_text(text)
         except ValueError as exc:
             self.pasted = None
             self.paste_output.value = (f"<div class='rb-out'><p style='color:{_COLOURS['FAIL']}'><b>cannot read it:</b> "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from helpers import inputs
 from helpers.checks import Check
 from helpers.lint.findings import finding
 
@@ -44,12 +45,27 @@ RULES: dict[str, str] = {
     "init-without-timeout": "MN3",
     # cross-file (lint_texts)
     "half-config-float32-inputs": "Gilbreth 7.5",
+    # helpers.lint.contract_rules (the APIs' documented preconditions, helpers.lint.contracts)
+    "dataloader-sampler-and-shuffle": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader",
+    "init-missing-rank-world-size": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "collective-before-init": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "nccl-no-device-binding": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "fsdp-optimizer-before-wrap": "https://docs.pytorch.org/docs/stable/fsdp.html",
+    "wrapper-raw-backward": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
+    # helpers.lint.cross_rules (launch line <-> script)
+    "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "script-arg-unknown": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "nccl-without-gpus": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "lightning-slurm-mismatch": "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html",
     # helpers.lint.deepspeed_rules
     "ds-unknown-key": "D17",
     "ds-misplaced-key": "D17",
     "ds-invalid-section": "D17",
     "ds-zero-without-optimizer": "Gilbreth 7.5",
     "ds-batch-mismatch": "Gilbreth 7.4",
+    "ds-batch-not-positive": "Gilbreth 7.4",
+    "ds-offload-needs-stage": "https://www.deepspeed.ai/docs/config-json/",
     "ds-auto-raw-initialize": "D18",
     "ds-fp16-and-bf16": "D17",
     # helpers.lint.accelerate_rules
@@ -60,6 +76,7 @@ RULES: dict[str, str] = {
     "acc-multinode-ssh-launcher": "Gilbreth 4.3, 8.12",
     # helpers.lint.shell_rules (text only)
     "master-addr-not-exported": "Gilbreth 4.3",
+    "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     # helpers.launch_traps.find_traps (sbatch/shell files and --command, through shell_rules.traps_as_findings)
     "standalone-multinode": "D2",
     "master-addr-missing": "D1",
@@ -108,55 +125,79 @@ def _kind(path: str, text: str) -> str:
     return "shell"
 
 
+def _unreadable(path: str, exc: BaseException) -> Check:
+    """The ``input-unreadable`` finding for ``path``: one line, the reason (the CLI prints it and exits 2)."""
+    if isinstance(exc, inputs.InputError):
+        reason = exc.reason
+    elif isinstance(exc, (RecursionError, MemoryError)):
+        reason = "too deeply nested to analyse"
+    else:
+        reason = " ".join(str(exc).split())
+    return finding(UNREADABLE, "error", path, 0, f"{path}: {reason}", "fix the input (or leave it out of the lint)",
+                   "runbook lint")
+
+
 def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> list[Check]:
     """Lint already-read files ``[(path, text), ...]`` together (and ``command``, shown as ``<command>``).
+
+    A file that cannot be analysed (a launch line with an impossible value, nesting too deep for the parser,
+    a config that is not JSON/YAML at all) gives one ``input-unreadable`` finding for that file; the
+    others are still linted.
 
     Returns:
         The findings, sorted by file and line.
     """
     from helpers import launch_parse
-    from helpers.lint import accelerate_rules, deepspeed_rules, python_rules, shell_rules
+    from helpers.lint import accelerate_rules, cross_rules, deepspeed_rules, python_rules, shell_rules
 
     findings: list[Check] = []
     facts: list[python_rules.PyFacts] = []
     ds_files: list[tuple[str, str, dict]] = []
     acc_files: list[tuple[str, str, dict]] = []
     specs = []
+    launches: list[tuple[str, str, object]] = []
     for path, text in files:
-        kind = _kind(path, text)
-        if kind == "python":
-            got, fact = python_rules.lint_python(path, text)
-            findings += got
-            facts.append(fact)
-        elif kind == "json":
-            try:
-                data = deepspeed_rules.load(text)
-            except ValueError as exc:
-                findings.append(finding("config-unparsable", "error", path, 1, str(exc), "fix the JSON", "D17"))
-                continue
-            if deepspeed_rules.is_deepspeed_config(data):
-                ds_files.append((path, text, data))
-        elif kind == "yaml":
-            try:
-                data = accelerate_rules.load(text)
-            except ValueError as exc:
-                findings.append(finding("config-unparsable", "error", path, 1, str(exc), "fix the YAML", "D5"))
-                continue
-            if accelerate_rules.is_accelerate_config(data):
-                acc_files.append((path, text, data))
-        else:
-            got, spec = shell_rules.lint_shell(path, text)
-            findings += got
-            if spec is not None:
-                specs.append(spec)
+        try:
+            kind = _kind(path, text)
+            if kind == "python":
+                got, fact = python_rules.lint_python(path, text)
+                findings += got
+                facts.append(fact)
+            elif kind in ("json", "yaml"):
+                rules = deepspeed_rules if kind == "json" else accelerate_rules
+                try:
+                    data = rules.load(text, path)
+                except inputs.InputError as exc:
+                    if not exc.reason.startswith("not valid"):
+                        raise
+                    findings.append(finding("config-unparsable", "error", path, 1, exc.reason,
+                                            "fix the JSON" if kind == "json" else "fix the YAML",
+                                            "D17" if kind == "json" else "D5"))
+                    continue
+                if kind == "json" and deepspeed_rules.is_deepspeed_config(data):
+                    ds_files.append((path, text, data))
+                elif kind == "yaml" and accelerate_rules.is_accelerate_config(data):
+                    acc_files.append((path, text, data))
+            else:
+                got, spec = shell_rules.lint_shell(path, text)
+                findings += got
+                launches.append((path, text, spec))
+                if spec is not None:
+                    specs.append(spec)
+        except (ValueError, RecursionError, MemoryError) as exc:  # InputError is a ValueError
+            findings.append(_unreadable(path, exc))
     if command:
         try:
-            spec = launch_parse.parse_command(command)
+            got, spec = shell_rules.lint_shell("<command>", command)
+            findings += got
+            if spec is None:
+                launch_parse.parse_command(command)  # raises NoLaunch, naming what it accepts
             specs.append(spec)
-            findings += shell_rules.traps_as_findings(spec, "<command>", 1)
+            launches.append(("<command>", command, spec))
         except ValueError as exc:
             findings.append(finding("command-unparsable", "error", "<command>", 1, str(exc),
                                          "paste the whole launch line", "D7"))
+    findings += cross_rules.lint_cross(facts, launches)  # type: ignore[arg-type]
     world = next((s.nnodes * s.nproc_per_node for s in specs), None)
     if world is None:
         world = next((accelerate_rules.world_size(d) for _, _, d in acc_files if accelerate_rules.world_size(d)), None)
@@ -166,8 +207,12 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     client_opt = any(f.ds_client_optimizer for f in raw)
     where = f"{raw[0].path}:{raw[0].ds_init_line}" if raw else ""
     for path, text, data in ds_files:
-        findings += deepspeed_rules.lint_deepspeed(path, text, data, world_size=world, raw_init=raw_init,
-                                                   client_optimizer=client_opt, init_where=where)
+        try:
+            findings += deepspeed_rules.lint_deepspeed(path, text, data, world_size=world, raw_init=raw_init,
+                                                       client_optimizer=client_opt, init_where=where)
+        except (ValueError, RecursionError, MemoryError) as exc:
+            findings.append(_unreadable(path, exc))
+            continue
         half = deepspeed_rules.enabled(data.get("bf16")) or deepspeed_rules.enabled(data.get("fp16"))
         for f in raw:
             if half and f.float_inputs and not any(x.id == "half-config-float32-inputs" and x.file == f.path
@@ -182,30 +227,25 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                   if f.accelerator_grad_accum), None)
     ds_gas = next(((p, d.get("gradient_accumulation_steps")) for p, _, d in ds_files), None)
     for path, text, data in acc_files:
-        findings += accelerate_rules.lint_accelerate(path, text, data, accelerator_grad_accum=accel, ds_gas=ds_gas)
+        try:
+            findings += accelerate_rules.lint_accelerate(path, text, data, accelerator_grad_accum=accel, ds_gas=ds_gas)
+        except (ValueError, RecursionError, MemoryError) as exc:
+            findings.append(_unreadable(path, exc))
     return sorted(findings, key=lambda f: (f.file, f.line_no, f.id))
 
 
 def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = None) -> list[Check]:
     """Lint the files at ``paths`` together, plus an optional pasted launch ``command``.
 
-    A file that cannot be read gives an ``input-unreadable`` error finding naming it (the CLI exits 2);
-    the other files are still linted.
+    Every file is read through :func:`helpers.inputs.read_text` (regular files only, size and line length
+    bounded, BOM dropped).  A file that cannot be read gives an ``input-unreadable`` error finding naming it
+    (the CLI exits 2); the other files are still linted.
 
     Returns:
         The findings (:class:`~helpers.checks.Check`), sorted by file and line.
     """
-    files: list[tuple[str, str]] = []
-    bad: list[Check] = []
-    for p in paths:
-        path = os.fspath(p)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                files.append((path, fh.read()))
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            bad.append(finding(UNREADABLE, "error", path, 0, f"cannot read {path}: {reason}",
-                                    "check the path and permissions", "runbook lint"))
+    files, errors = inputs.read_each(paths)
+    bad = [_unreadable(e.path, e) for e in errors]
     return bad + lint_texts(files, command)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from helpers import inputs
 from helpers.checks import Check
 from helpers.lint.findings import finding
 
@@ -21,15 +22,19 @@ def _line(text: str, key: str) -> int:
     return text.count("\n", 0, m.start()) + 1 if m else 1
 
 
-def load(text: str) -> dict[str, Any]:
-    """Parse the YAML (``ValueError`` when it is not a mapping)."""
+def load(text: str, path: str = "<yaml>") -> dict[str, Any]:
+    """Parse the YAML through :func:`helpers.inputs.load_yaml` (safe loader; nesting and alias expansion bounded).
+
+    Raises:
+        helpers.inputs.InputError: not YAML, nested too deeply, an alias bomb, or not a mapping.
+    """
     import yaml
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"not valid YAML: {exc}") from exc
+        data = inputs.load_yaml(text, path)
+    except yaml.YAMLError as exc:  # PyYAML's reader refuses control characters before load_yaml's own handler
+        raise inputs.InputError(path, f"not valid YAML: {getattr(exc, 'reason', None) or exc}") from None
     if not isinstance(data, dict):
-        raise ValueError("an Accelerate config is a YAML mapping")  # noqa: TRY004 - bad input is ValueError (project rule)
+        raise inputs.InputError(path, "not valid YAML for an Accelerate config: it is a mapping (key: value)")
     return data
 
 

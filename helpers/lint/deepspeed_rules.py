@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 from typing import Any
 
+from helpers import inputs
 from helpers.checks import Check
 from helpers.lint.findings import finding
 
@@ -60,14 +60,15 @@ def _has_auto(value: Any, path: str = "") -> list[str]:
     return [path] if value == "auto" else []
 
 
-def load(text: str) -> dict[str, Any]:
-    """Parse a DeepSpeed JSON config (``ValueError`` naming the line when it is not a JSON object)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+def load(text: str, path: str = "<json>") -> dict[str, Any]:
+    """Parse a DeepSpeed JSON config through :func:`helpers.inputs.load_json` (nesting bounded, BOM dropped).
+
+    Raises:
+        helpers.inputs.InputError: not JSON (line and column named), nested too deeply, or not a JSON object.
+    """
+    data = inputs.load_json(text, path, allow_nan=True)
     if not isinstance(data, dict):
-        raise ValueError("a DeepSpeed config is a JSON object")  # noqa: TRY004 - bad input is ValueError here (project rule)
+        raise inputs.InputError(path, "not valid JSON for a DeepSpeed config: it is a JSON object ({...})")
     return data
 
 
@@ -131,6 +132,15 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
                     "fix or remove the key (https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training)",
                     "D17")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if isinstance(zero, dict) and isinstance(stage, int):
+        for key, need, ok in (("offload_param", "3", stage == 3), ("offload_optimizer", "1, 2 or 3", stage >= 1)):
+            section = zero.get(key)
+            device = section.get("device") if isinstance(section, dict) else None
+            if device not in (None, "none") and not ok:
+                add("ds-offload-needs-stage", "warning", key,
+                    f"zero_optimization.{key} (device {device}) with ZeRO stage {stage}: DeepSpeed documents it as "
+                    f"valid only with stage {need}, and nothing is offloaded", f"set \"stage\": {need[-1]} or remove "
+                    f"{key}", "https://www.deepspeed.ai/docs/config-json/#parameter-offloading")
     if isinstance(stage, int) and stage >= 1 and "optimizer" not in data and not client_optimizer and raw_init is not False:
         sev = "error" if raw_init else "warning"
         add("ds-zero-without-optimizer", sev, "zero_optimization",
@@ -150,6 +160,13 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             f"deepspeed.initialize ({init_where}) reads the string ('>' not supported between 'str' and 'int')",
             'write the numbers, or launch through the HF Trainer/Accelerate', "D18")
     tb, mb, ga = (data.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
+    for key, value in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
+                       ("gradient_accumulation_steps", ga)):
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+            add("ds-batch-not-positive", "error", key,
+                f"{key} = {value}: DeepSpeed's batch assertion requires it to be greater than 0 "
+                f"('AssertionError: ... {value} has to be greater than 0')", f"{key} >= 1, or drop it", "Gilbreth 7.4")
+            return out
     if isinstance(tb, int) and isinstance(mb, int):
         gas = ga if isinstance(ga, int) else 1
         if world_size and tb != mb * gas * world_size and (isinstance(ga, int) or "gradient_accumulation_steps" not in data):

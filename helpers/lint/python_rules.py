@@ -27,6 +27,7 @@ import tokenize
 from dataclasses import dataclass, field
 
 from helpers.checks import Check
+from helpers.inputs import InputError
 from helpers.lint.findings import finding
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
@@ -69,6 +70,7 @@ class PyFacts:
     accelerator_grad_accum: tuple[int, object] | None = None   # (line, value) of Accelerator(gradient_accumulation_steps=)
     float_inputs: list[int] = field(default_factory=list)      # torch.randn/rand without dtype
     distributed: bool = False
+    contract: object = None                 # helpers.lint.contract_rules.ScriptContract (launch-facing facts)
 
 
 def _src(node: ast.AST) -> str:
@@ -89,18 +91,24 @@ def _dotted(node: ast.AST) -> str:
     return _src(node) + ("." + ".".join(reversed(parts)) if parts else "")
 
 
-_NAMES: dict[int, tuple[str, str]] = {}
+_NAMES: dict[int, tuple[ast.Call, str, str]] = {}
+"""A memo of :func:`_call_name` keyed by ``id(call)``; each entry holds its node, so the id cannot be reused by
+another file's node while the entry lives (an id-only key made ``lint a.py b.py`` lose findings of b.py that
+``lint b.py`` reports).  Emptied by each :class:`PythonLinter` (:func:`_forget_names`)."""
+
+
+def _forget_names() -> None:
+    _NAMES.clear()
 
 
 def _call_name(call: ast.Call) -> tuple[str, str]:
     """(receiver source, function name) of a call: ``dist.barrier()`` -> ("dist", "barrier")."""
     f = call.func
     if isinstance(f, ast.Attribute):
-        key = id(call)
-        got = _NAMES.get(key)
-        if got is None or got[1] != f.attr:
-            got = _NAMES[key] = (_dotted(f.value), f.attr)
-        return got
+        got = _NAMES.get(id(call))
+        if got is None or got[0] is not call:
+            got = _NAMES[id(call)] = (call, _dotted(f.value), f.attr)
+        return got[1], got[2]
     if isinstance(f, ast.Name):
         return "", f.id
     return "", ""
@@ -147,23 +155,34 @@ class _Taint:
 
     def is_rank_value(self, node: ast.AST | None) -> bool:
         """The value itself is rank-dependent (not merely built with a rank somewhere inside, like DDP(model, device_ids=[r]))."""
-        if node is None:
-            return False
-        if isinstance(node, ast.Name):
-            return node.id in self.rank or node.id in RANK_NAMES
-        if isinstance(node, ast.Attribute):
-            return node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS
-        key = _env_key(node)
-        if key is not None:
-            return key in RANK_ENV
-        if isinstance(node, ast.Call):
-            _, name = _call_name(node)
-            if name in RANK_CALLS:
-                return True
-            return name in ("int", "str", "float", "bool") and bool(node.args) and self.is_rank_value(node.args[0])
-        if isinstance(node, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.JoinedStr, ast.FormattedValue,
-                             ast.Tuple)):
-            return any(self.is_rank_value(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+        todo = [node]  # a work list, not recursion: a 332-term "a" + "a" + ... overflowed the stack
+        while todo:
+            node = todo.pop()
+            if node is None:
+                continue
+            if isinstance(node, ast.Name):
+                if node.id in self.rank or node.id in RANK_NAMES:
+                    return True
+                continue
+            if isinstance(node, ast.Attribute):
+                if node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS:
+                    return True
+                continue
+            key = _env_key(node)
+            if key is not None:
+                if key in RANK_ENV:
+                    return True
+                continue
+            if isinstance(node, ast.Call):
+                _, name = _call_name(node)
+                if name in RANK_CALLS:
+                    return True
+                if name in ("int", "str", "float", "bool") and node.args:
+                    todo.append(node.args[0])
+                continue
+            if isinstance(node, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.JoinedStr,
+                                 ast.FormattedValue, ast.Tuple)):
+                todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
         return False
 
     def is_global_rank(self, node: ast.AST) -> bool:
@@ -229,6 +248,7 @@ class PythonLinter:
 
     def __init__(self, path: str, text: str):
         self.path, self.text = path, text
+        _forget_names()
         self.tree = ast.parse(text, filename=path)
         self.findings: list[Check] = []
         self.facts = PyFacts(path)
@@ -399,6 +419,8 @@ class PythonLinter:
         self.rule_ddp_fsdp_options()
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
+        from helpers.lint import contract_rules
+        contract_rules.run(self)
         self.collect_facts()
         return sorted(self.findings, key=lambda f: f.line_no)
 
@@ -602,13 +624,18 @@ class PythonLinter:
             if name == "backward" and recv and recv not in engines and not recv.endswith("accelerator") \
                     and recv not in ("torch.autograd", "autograd", "scaler") and not call.args:
                 self.add("deepspeed-raw-backward", "error", call,
-                         f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): the engine's loss "
-                         "scaling, gradient reduction and accumulation are skipped",
+                         f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): DeepSpeed 0.19 "
+                         "hooks the engine's output and raises 'Direct calls to tensor.backward() are not supported in "
+                         "this configuration' under ZeRO stage 0 (the default), or 'Loss scaling is required ... "
+                         "backward() was called directly' with fp16 under ZeRO; only ZeRO 1-3 without a loss scaler "
+                         "runs it through the engine's hooks",
                          f"{min(engines)}.backward(loss); {min(engines)}.step()", "D18")
             if name == "step" and recv in optims and recv not in engines:
                 self.add("deepspeed-raw-backward", "error", call,
-                         f"{recv}.step() bypasses the DeepSpeed engine (gradient accumulation boundary, clipping, "
-                         "ZeRO partitions)", f"{min(engines)}.step()", "D18")
+                         f"{recv}.step() bypasses {min(engines)}.step(): the gradient accumulation boundary, "
+                         "gradient clipping, the lr scheduler and the step counter live in the engine's step "
+                         "(DeepSpeed runtime/engine.py step -> _take_model_step), so the weights update on every "
+                         "micro-batch", f"{min(engines)}.step()", "D18")
 
     def rule_ddp_fsdp_options(self) -> None:
         """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""
@@ -778,10 +805,19 @@ def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
 
     Returns:
         ``(findings, facts)``; a file that does not parse gives one ``python-syntax`` error finding.
+
+    Raises:
+        helpers.inputs.InputError: the file is nested too deeply to parse or analyse (the parser's
+            ``MemoryError`` / ``RecursionError``, "too many nested parentheses").
     """
     try:
         linter = PythonLinter(path, text)
+        return linter.run(), linter.facts
     except SyntaxError as exc:
+        if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
+            raise InputError(path, f"too deeply nested to analyse (Python's parser: {exc.msg})") from None
         return [finding("python-syntax", "error", path, exc.lineno or 0, f"cannot parse: {exc.msg}",
                              "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
-    return linter.run(), linter.facts
+    except (RecursionError, MemoryError):
+        raise InputError(path, "too deeply nested to analyse (an expression or block nested deeper than the parser "
+                         "or the analysis can follow)") from None

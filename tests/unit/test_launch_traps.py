@@ -29,15 +29,15 @@ def test_a_plain_single_node_torchrun_has_no_trap():
     (LaunchSpec(kind="deepspeed", nproc_per_node=2), ["default-port-shared"]),
     (LaunchSpec(kind="deepspeed", nnodes=2, master_addr="n0"), ["deepspeed-ssh"]),
     (LaunchSpec(nproc_per_node=4, gpus_per_node=2), ["nproc-exceeds-gpus"]),
-    (LaunchSpec(kind="sbatch", nnodes=2, script="/tmp/train.py"), ["script-in-tmp"]),
-    (LaunchSpec(kind="srun+torchrun", nnodes=2, srun_ntasks_per_node=2), ["srun-tasks-per-node"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", script="/tmp/train.py"), ["script-in-tmp"]),
+    (LaunchSpec(kind="srun+torchrun", nnodes=2, rdzv="static", srun_ntasks_per_node=2), ["srun-tasks-per-node"]),
     (LaunchSpec(nnodes=2, rdzv="c10d", master_addr="n0", env={"GLOO_SOCKET_IFNAME": "lo"}), ["ifname-loopback"]),
     (LaunchSpec(env={"GLOO_SOCKET_IFNAME": "docker0"}), ["ifname-bridge"]),
     (LaunchSpec(env={"GLOO_SOCKET_IFNAME": "^docker0"}), ["gloo-nccl-syntax"]),
-    (LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "ibp65s0"}), ["ifname-node-specific"]),
-    (LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "^docker0"}), ["nccl-exclude-keeps-lo"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_SOCKET_IFNAME": "ibp65s0"}), ["ifname-node-specific"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_SOCKET_IFNAME": "^docker0"}), ["nccl-exclude-keeps-lo"]),
     (LaunchSpec(env={"NCCL_P2P_DISABLE": "1"}), ["single-node-net-transport"]),
-    (LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_NET_DISABLE": "1"}), ["multinode-net-disabled"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_NET_DISABLE": "1"}), ["multinode-net-disabled"]),
     (LaunchSpec(env={"NCCL_ASYNC_ERROR_HANDLING": "1"}), ["deprecated-async-error-handling"]),
     (LaunchSpec(env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}), ["async-error-handling-off"]),
 ])
@@ -46,10 +46,10 @@ def test_each_trap_fires_alone(spec, expected):
 
 
 @pytest.mark.parametrize("spec", [
-    LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "ib"}),          # a prefix every node has
-    LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_SOCKET_IFNAME": "^docker0,lo"}),
+    LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_SOCKET_IFNAME": "ib"}),          # a prefix every node has
+    LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_SOCKET_IFNAME": "^docker0,lo"}),
     LaunchSpec(env={"GLOO_SOCKET_IFNAME": "lo"}),                                     # one node: Gilbreth §4.1
-    LaunchSpec(kind="sbatch", nnodes=2, env={"NCCL_P2P_DISABLE": "1"}),               # multi-node: not the §6.3 trap
+    LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_P2P_DISABLE": "1"}),               # multi-node: not the §6.3 trap
     LaunchSpec(kind="deepspeed", nnodes=2, master_addr="n0", node_rank=1),            # --no_ssh form
 ])
 def test_the_fixes_are_clean(spec):
@@ -83,7 +83,7 @@ def test_render_every_kind():
     assert "--no_ssh --node_rank=1" in ds
     srun = launch_traps.render(LaunchSpec(kind="srun+torchrun", nnodes=2, rdzv="c10d", env={"NCCL_DEBUG": "INFO"}))
     assert "srun --nodes=2 --ntasks-per-node=1" in srun and "export NCCL_DEBUG=INFO" in srun
-    sb = launch_traps.render(LaunchSpec(kind="sbatch", nnodes=2, nproc_per_node=4))
+    sb = launch_traps.render(LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", nproc_per_node=4))
     assert sb.startswith("#!/bin/bash") and subprocess.run(["bash", "-n"], input=sb, text=True).returncode == 0
     exported = launch_traps.render(LaunchSpec(env={"A": "x y", "B": None}))
     assert exported.startswith("export A='x y'\nunset B\n")

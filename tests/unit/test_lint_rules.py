@@ -216,7 +216,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     missing = tmp_path / "nope.json"
     assert _run_cli([str(missing), str(bad)]) == 2
     captured = capsys.readouterr()
-    assert f"cannot read {missing}" in captured.err and "rank-gated-collective" in captured.out
+    assert f"{missing}: cannot open it" in captured.err and "rank-gated-collective" in captured.out
 
 
 def test_the_scenarios_buggy_modes_are_found():

@@ -22,7 +22,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[0-8]_*.ipynb"))
 COLUMN = "caught before launch by"
 NONE = "—"
 RULE_MODULES = [ROOT / "helpers" / "lint" / f for f in ("__init__.py", "python_rules.py", "deepspeed_rules.py",
-                                                       "accelerate_rules.py", "shell_rules.py")] + [ROOT / "helpers" / "launch_traps.py"]
+                                                       "accelerate_rules.py", "shell_rules.py", "contract_rules.py",
+                                                       "cross_rules.py")] + [ROOT / "helpers" / "launch_traps.py"]
 
 
 def _cells(line: str) -> list[str]:

@@ -1,0 +1,169 @@
+"""The contract table (helpers.lint.contracts -> docs/lint.md), the rules it names, and one rule set behind the
+three launch-check entry points (runbook lint, runbook build --check, the command builder's paste box)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import cli, launch_traps, widgets
+from helpers.lint import RULES, lint_texts
+from helpers.lint.contracts import CONTRACTS, coverage, render_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ids(*files: tuple[str, str], command: str | None = None) -> set[str]:
+    return {f.id for f in lint_texts([(p, textwrap.dedent(t)) for p, t in files], command)}
+
+
+def test_docs_table_is_generated_and_every_decidable_precondition_has_a_rule():
+    assert render_markdown() in (ROOT / "docs" / "lint.md").read_text(), "regenerate: python -m helpers.lint.contracts"
+    ruled, decidable = coverage()
+    assert decidable >= 50 and ruled == decidable
+    for c in CONTRACTS:
+        assert c.url.startswith("https://") and set(c.rules) <= set(RULES), c
+        assert c.decidable == (not c.note)
+
+
+# ---------------------------------------------------------------- the contract rules, each with its look-alike
+CASES = [
+    ("dataloader-sampler-and-shuffle",
+     ("t.py", "from torch.utils.data import DataLoader\nloader = DataLoader(ds, sampler=DistributedSampler(ds), "
+              "shuffle=True)\n"),
+     ("t.py", "loader = DataLoader(ds, sampler=None, shuffle=True)\nother = DataLoader(ds, sampler=s, shuffle=False)\n")),
+    ("init-missing-rank-world-size",
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('gloo', init_method='tcp://10.0.0.1:23456')\n"),
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('gloo', init_method='tcp://h:1', rank=r, "
+              "world_size=w, timeout=t)\n")),
+    ("collective-before-init",
+     ("t.py", "import torch.distributed as dist\ndef main():\n    rank = dist.get_rank()\n"
+              "    dist.init_process_group('gloo')\n"),
+     ("t.py", "import torch.distributed as dist\ndef main():\n    dist.init_process_group('gloo')\n"
+              "    rank = dist.get_rank()\n")),
+    ("nccl-no-device-binding",
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('nccl')\nmodel = Net().cuda()\n"),
+     ("t.py", "import os, torch, torch.distributed as dist\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
+              "dist.init_process_group('nccl')\nmodel = Net().cuda()\n")),
+    ("fsdp-optimizer-before-wrap",
+     ("t.py", "def main():\n    opt = torch.optim.AdamW(model.parameters())\n    model = FSDP(model)\n"),
+     ("t.py", "def main():\n    model = FSDP(model)\n    opt = torch.optim.AdamW(model.parameters())\n")),
+    ("wrapper-raw-backward",
+     ("t.py", "acc = Accelerator()\nmodel, opt = acc.prepare(model, opt)\nloss = model(x)\nloss.backward()\n"),
+     ("t.py", "acc = Accelerator()\nmodel, opt = acc.prepare(model, opt)\nloss = model(x)\nacc.backward(loss)\n")),
+    ("ds-offload-needs-stage",
+     ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, '
+                 '"offload_param": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}}'),
+     ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, '
+                 '"offload_param": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}}')),
+]
+
+
+@pytest.mark.parametrize("rule, buggy, clean", CASES, ids=[c[0] for c in CASES])
+def test_each_contract_rule_fires_on_the_violation_and_not_on_the_look_alike(rule, buggy, clean):
+    assert rule in ids(buggy)
+    assert rule not in ids(clean)
+
+
+ARGPARSE = """
+import argparse, os, torch, torch.distributed as dist
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float)
+{extra}
+args = p.parse_args()
+dist.init_process_group("nccl")
+torch.cuda.set_device({device})
+"""
+
+
+def test_launcher_and_script_contracts():
+    legacy = ("train.py", ARGPARSE.format(extra='p.add_argument("--local_rank", type=int)', device="args.local_rank"))
+    cmd = "python -m torch.distributed.launch --nproc_per_node=2 train.py --lr 0.1"
+    assert "local-rank-arg-under-launcher" in ids(legacy, command=cmd)
+    fixed = ("train.py", ARGPARSE.format(extra='p.add_argument("--local-rank", "--local_rank", type=int)',
+                                         device="args.local_rank"))
+    assert "local-rank-arg-under-launcher" not in ids(fixed, command=cmd)
+    # torchrun passes nothing: args.local_rank keeps its default
+    assert "local-rank-arg-under-launcher" in ids(legacy, command="torchrun --nproc-per-node=2 train.py --lr 0.1")
+    env = ("train.py", ARGPARSE.format(extra="", device="int(os.environ['LOCAL_RANK'])"))
+    assert not ids(env, command="torchrun --nproc-per-node=2 train.py --lr 0.1") & {
+        "local-rank-arg-under-launcher", "script-arg-unknown"}
+    assert "local-rank-arg-under-launcher" in ids(env, command="deepspeed --num_gpus=2 train.py --lr 0.1")
+    assert "script-arg-unknown" in ids(env, command="torchrun --nproc-per-node=2 train.py --lr 0.1 --epochs 3")
+    assert "script-arg-unknown" not in ids(env, command="torchrun --nproc-per-node=2 train.py --l 0.1")  # a prefix
+    assert "env-init-without-launcher" in ids(env, ("run.sh", "python train.py --lr 0.1\n"))
+    assert "env-init-without-launcher" not in ids(env, ("run.sh", "torchrun --nproc-per-node=2 train.py --lr 0.1\n"))
+
+
+def test_allocation_and_script_contracts():
+    cpu = "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nsrun torchrun --nnodes=2 --nproc-per-node=4 " \
+          "--rdzv-backend=c10d --rdzv-endpoint=$H:29500 train.py\n"
+    script = ("train.py", "import os, torch, torch.distributed as dist\ntorch.cuda.set_device(int(os.environ["
+                          "'LOCAL_RANK']))\ndist.init_process_group('nccl')\n")
+    assert "nccl-without-gpus" in ids(script, ("job.sh", cpu))
+    assert "nccl-without-gpus" not in ids(script, ("job.sh", cpu.replace("--nodes=2\n", "--nodes=2\n#SBATCH --gpus-per-node=4\n")))
+    pl = ("train.py", "import lightning as L\ntrainer = L.Trainer(devices=4, num_nodes=2)\n")
+    assert "lightning-slurm-mismatch" in ids(pl, ("job.sh", cpu.replace("--nnodes=2 --nproc-per-node=4 ", "")))
+    ok = cpu.replace("--ntasks-per-node=1", "--ntasks-per-node=4")
+    assert "lightning-slurm-mismatch" not in ids(pl, ("job.sh", ok))
+
+
+# ---------------------------------------------------------------- one rule set, three entry points
+LAUNCH_EXAMPLES = {
+    "standalone-multinode": "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gpus-per-node=8\nsrun torchrun --standalone "
+                            "--nnodes=2 --nproc-per-node=8 train.py\n",
+    "master-addr-missing": "torchrun --nnodes=2 --node-rank=0 --nproc-per-node=8 train.py",
+    "master-addr-loopback": "torchrun --nnodes=2 --node-rank=0 --master-addr=localhost --nproc-per-node=8 train.py",
+    "default-port-shared": "deepspeed --num_gpus=2 train.py",
+    "nproc-exceeds-gpus": "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gpus-per-node=2\nsrun torchrun --nproc-per-node=4 "
+                          "train.py\n",
+    "accelerate-cpu-one-process": "accelerate launch --cpu --num_processes 4 train.py",
+    "deepspeed-ssh": "deepspeed --hostfile hostfile train.py",
+    "script-in-tmp": "#!/bin/bash\n#SBATCH --nodes=2\nsrun torchrun --nnodes=2 --rdzv-backend=c10d "
+                     "--rdzv-endpoint=h:1 /tmp/train.py\n",
+    "args-in-tmp": "#!/bin/bash\n#SBATCH --nodes=2\nsrun torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=h:1 "
+                   "train.py --config /tmp/c.yaml\n",
+    "srun-tasks-per-node": "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\nsrun torchrun --nnodes=2 "
+                           "--rdzv-backend=c10d --rdzv-endpoint=h:1 train.py\n",
+    "node-rank-fixed": "#!/bin/bash\n#SBATCH --nodes=2\nsrun torchrun --nnodes=2 --nproc-per-node=8 "
+                       "--node_rank=$SLURM_NODEID --master-addr=n0 train.py\n",
+    "srun-export-none": "#!/bin/bash\n#SBATCH --nodes=2\nsrun --export=NONE torchrun --nnodes=2 --rdzv-backend=c10d "
+                        "--rdzv-endpoint=h:1 train.py\n",
+    "gloo-nccl-syntax": "export GLOO_SOCKET_IFNAME=^docker0\ntorchrun --standalone --nproc-per-node=2 train.py",
+    "ifname-loopback": "export NCCL_SOCKET_IFNAME=lo\ntorchrun --nnodes=2 --node-rank=0 --master-addr=n0 train.py",
+    "ifname-bridge": "export NCCL_SOCKET_IFNAME=docker0\ntorchrun --standalone --nproc-per-node=2 train.py",
+    "ifname-node-specific": "export NCCL_SOCKET_IFNAME=ibp65s0\ntorchrun --nnodes=2 --node-rank=0 --master-addr=n0 "
+                            "train.py",
+    "nccl-exclude-keeps-lo": "export NCCL_SOCKET_IFNAME=^docker0\ntorchrun --standalone --nproc-per-node=2 train.py",
+    "single-node-net-transport": "export NCCL_P2P_DISABLE=1\ntorchrun --standalone --nproc-per-node=2 train.py",
+    "multinode-net-disabled": "export NCCL_NET_DISABLE=1\ntorchrun --nnodes=2 --node-rank=0 --master-addr=n0 train.py",
+    "deprecated-async-error-handling": "export NCCL_ASYNC_ERROR_HANDLING=1\ntorchrun --standalone train.py",
+    "async-error-handling-off": "export TORCH_NCCL_ASYNC_ERROR_HANDLING=0\ntorchrun --standalone train.py",
+    "master-addr-not-exported": "#!/bin/bash\n#SBATCH --nodes=2\nMASTER_ADDR=$(hostname)\nsrun bash -c 'torchrun "
+                                "--nnodes=2 --node-rank=$SLURM_NODEID --master-addr=$MASTER_ADDR train.py'\n",
+    "nnodes-mismatch": "#!/bin/bash\n#SBATCH --nodes=2\nsrun torchrun --nnodes=4 --rdzv-backend=c10d "
+                       "--rdzv-endpoint=h:1 train.py\n",
+}
+
+
+def test_every_launch_rule_has_an_example():
+    launch_rules = {r for r in RULES if RULES[r] and r in set(widgets.TRAP_SECTIONS)} - {"port-in-use"}
+    assert launch_rules <= set(LAUNCH_EXAMPLES), launch_rules - set(LAUNCH_EXAMPLES)
+
+
+@pytest.mark.parametrize("rule", sorted(LAUNCH_EXAMPLES))
+def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule, capsys, tmp_path):
+    text = LAUNCH_EXAMPLES[rule]
+    job = tmp_path / "job.sh"
+    job.write_text(text)
+    assert rule in {f.id for f in lint_texts([(str(job), text)])}                           # runbook lint
+    cli.main(["build", "--check", text])                                                     # runbook build --check
+    assert f"] {rule} (" in capsys.readouterr().out
+    cli.main(["build", "--check-file", str(job)])                                            # --check-file
+    assert f"] {rule} (" in capsys.readouterr().out
+    builder = widgets.command_builder()                                                      # the paste box
+    builder.paste.value = text
+    assert rule in [t.id for t in builder.pasted_traps]
+    assert rule in [t.id for t in launch_traps.check_text(text)[1]]
