@@ -29,8 +29,11 @@ PENDING = {"helpers/nccl_log.py": {"NCCL_NET_DISABLE"}}
 report gives the new text): remove this entry when it lands."""
 
 
-def _python_text(text: str) -> str:
-    """Only the string literals and comments of Python source (identifiers such as NCCL_PROFILES are code)."""
+def _python_text(text: str, identifiers: set[str] | None = None) -> str:
+    """Only the string literals and comments of Python source (identifiers such as NCCL_PROFILES are code).
+
+    The NCCL_*/TORCH_* identifiers met on the way are added to ``identifiers`` (a notebook's prose may name one).
+    """
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
@@ -40,24 +43,16 @@ def _python_text(text: str) -> str:
         if tok.type in (tokenize.STRING, tokenize.COMMENT):
             for i, part in enumerate(tok.string.split("\n")):
                 lines[tok.start[0] - 1 + i] += " " + part
+        elif identifiers is not None and tok.type == tokenize.NAME and tok.string[:5] in ("NCCL_", "TORCH"):
+            identifiers.add(tok.string)
     return "\n".join(lines)
 
 
-def _identifiers() -> set[str]:
-    """Every NCCL_*/TORCH_* Python identifier of helpers/ (a notebook's prose may name one: NCCL_PROFILES)."""
-    names: set[str] = set()
-    for path in (ROOT / "helpers").rglob("*.py"):
-        for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
-            if tok.type == tokenize.NAME and envnames.NAME.fullmatch(tok.string):
-                names.add(tok.string)
-    return names
-
-
-def _texts() -> dict[str, str]:
+def _texts(identifiers: set[str]) -> dict[str, str]:
     """What the project shows a reader, per file: code reduced to its strings and comments."""
     out: dict[str, str] = {}
     for path in sorted((ROOT / "helpers").rglob("*.py")):
-        out[str(path.relative_to(ROOT))] = _python_text(path.read_text())
+        out[str(path.relative_to(ROOT))] = _python_text(path.read_text(), identifiers)
     for path in sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file()):
         out[str(path.relative_to(ROOT))] = path.read_text()
     for path in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md",
@@ -84,8 +79,9 @@ def _unmarked_unknowns(text: str, identifiers: set[str]) -> set[str]:
 
 
 def test_every_nccl_and_torch_name_the_project_shows_exists():
-    identifiers = _identifiers()
-    found = {path: sorted(bad) for path, text in _texts().items()
+    identifiers: set[str] = set()
+    texts = _texts(identifiers)  # fills identifiers from helpers/ before any text is judged
+    found = {path: sorted(bad) for path, text in texts.items()
              if (bad := _unmarked_unknowns(text, identifiers) - PENDING.get(path, set()))}
     assert found == {}, ("names NCCL/torch do not read (helpers/data/nccl_params.txt, torch_env_vars.txt), "
                          f"not marked as such: {found}")
