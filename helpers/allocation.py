@@ -277,8 +277,8 @@ def _job_shell(slurm: Slurm, nodes: Sequence[str], nproc: int, script: Path, arg
         # SLURM_JOB_NODELIST is the whole allocation; MASTER_ADDR must be the first node *of this job*.
         text = text.replace('"$SLURM_JOB_NODELIST"', shlex.quote(",".join(nodes)))
         return ["bash", "-c", text]
-    # One torchrun task per node needs a CPU per rank: the srun line asks for $SLURM_CPUS_PER_TASK (Slurm >= 22.05
-    # no longer passes the allocation's value to srun), so the allocation must grant it, or the step is refused.
+    # One torchrun task per node needs a CPU per rank: the srun line asks for $SLURM_CPUS_PER_TASK (Slurm 22.05-23.02
+    # do not pass the allocation's value to srun), so the allocation must grant it, or the step is refused.
     return ["salloc", "-J", slurm.tag, "-w", ",".join(nodes), f"-N{len(nodes)}", "--ntasks-per-node=1",
             f"--cpus-per-task={nproc}", "--immediate=30", "bash", "-c", text]
 

@@ -99,7 +99,7 @@ def grade_env(records: Sequence[dict]) -> Check:
     scheduler binding one GPU per task); any other difference is a WARN.  Also WARN when a
     node's ranks may run on fewer CPUs than there are ranks (the smallest ``cpu_affinity``,
     ``len(os.sched_getaffinity(0))``, below the node's rank count): the ``srun`` without
-    ``--cpus-per-task`` case (Slurm >= 22.05 no longer passes the batch value to ``srun``),
+    ``--cpus-per-task`` case (Slurm 22.05-23.02 do not pass the batch value to ``srun``),
     which makes starts slow and stall windows fire (issue 17, finding 8).
     ``values["cpu_affinity"]``: the crowded nodes, ``{node: {"ranks", "min_cpus"}}``.
     """
@@ -129,11 +129,11 @@ def grade_env(records: Sequence[dict]) -> Check:
         return Check("env.diff", f"fewer CPUs than ranks ({where})"
                      + (f"; {len(differing)} value(s) differ across ranks: {', '.join(differing)}" if differing else ""),
                      "WARN", values, "give every rank at least one core: under srun pass --cpus-per-task=N on the srun "
-                     "line itself (Slurm >= 22.05 no longer passes the batch value to srun; or export "
+                     "line itself (Slurm 22.05-23.02 do not pass the batch value to srun; or export "
                      "SRUN_CPUS_PER_TASK), check taskset/numactl bindings"
                      + ("; and make every rank see the same settings (Gilbreth 8.12 failure mode 4)"
                         if differing else ""),
-                     "Slurm >= 22.05 srun --cpus-per-task: https://slurm.schedmd.com/srun.html#OPT_cpus-per-task; "
+                     "Slurm 22.05-23.02 srun --cpus-per-task: https://slurm.schedmd.com/srun.html#OPT_cpus-per-task; "
                      + sources.cite("Gilbreth 8.12"))
     if differing:
         return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
