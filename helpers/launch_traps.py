@@ -295,13 +295,21 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
         t.append(Trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",
                       "with P2P/SHM disabled the GPUs of one node talk over the network transport: Init COMPLETE, then "
                       "the first collective times out where NET does not loop back",
-                      "NCCL_IB_DISABLE=1 NCCL_NET_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 for single-node jobs",
+                      "unset NCCL_P2P_DISABLE and NCCL_SHM_DISABLE (configs/nccl_single_node.env); where P2P itself "
+                      "hangs (PCIe ACS/IOMMU) NCCL_P2P_LEVEL=NVL moves the pair to SHM",
                       sources.cite("Gilbreth 6.3")))
-    if multi and env.get("NCCL_NET_DISABLE") == "1":
-        t.append(Trap("multinode-net-disabled", "FAIL", "env.NCCL_NET_DISABLE",
-                      "NCCL_NET_DISABLE=1 leaves no transport between nodes (a single-node setting carried over)",
-                      "unset NCCL_NET_DISABLE (and keep InfiniBand on: NCCL_IB_DISABLE=0) for multi-node jobs",
-                      sources.cite("Gilbreth 4.1", "Gilbreth 4.2")))
+    if "NCCL_NET_DISABLE" in env:
+        t.append(Trap("nccl-net-disable-ignored", "WARN", "env.NCCL_NET_DISABLE",
+                      "NCCL_NET_DISABLE is not an NCCL variable: NCCL ignores it, so it disables nothing (its only "
+                      "such parameter is NCCL_NET_DISABLE_INTRA)",
+                      "remove it; on one node keep NCCL_IB_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 "
+                      "(configs/nccl_single_node.env)", sources.cite("Gilbreth 4.1")))
+    if multi and env.get("NCCL_IB_DISABLE") == "1":
+        t.append(Trap("multinode-ib-disabled", "WARN", "env.NCCL_IB_DISABLE",
+                      "NCCL_IB_DISABLE=1 on a multi-node job: NCCL falls back to TCP sockets between the nodes without an "
+                      "error (only NCCL_DEBUG=INFO's `Using network Socket` shows it), at a fraction of InfiniBand's speed",
+                      "NCCL_IB_DISABLE=0 (configs/nccl_multi_node.env) where the nodes have InfiniBand; keep 1 only on "
+                      "TCP-only clusters", sources.cite("Gilbreth 4.2", "Gilbreth 8.3")))
     if env.get("NCCL_ASYNC_ERROR_HANDLING") is not None:
         t.append(Trap("deprecated-async-error-handling", "WARN", "env.NCCL_ASYNC_ERROR_HANDLING",
                       "NCCL_ASYNC_ERROR_HANDLING is the old name", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MN3"))

@@ -76,7 +76,7 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
         env: variables re-exported in every task (``None`` value: ``unset``).
         srun_args: extra ``srun`` options (``--gpus-per-node=8``...).  Unless they name
             ``--cpus-per-task``, the line carries ``--cpus-per-task="${SLURM_CPUS_PER_TASK:-nproc_per_node}"``:
-            since Slurm 22.05 ``srun`` no longer inherits the batch value.
+            Slurm 22.05-23.02's ``srun`` does not inherit the batch value (23.11 does again).
         ntasks_per_node: ``srun --ntasks-per-node``; 1 is right (one torchrun per node, §8.2): another
             value is written as given so that the command builder can show the trap it makes.
         export: ``srun --export`` (``ALL``; ``NONE`` is written as given, Failure Mode 4).
@@ -123,7 +123,7 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     body = [*task_env, *pre_launch, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
     # The task body is single-quoted, so $SLURM_NODEID expands in each task, not in the batch shell.
     inner = "\n    ".join(body).replace("'", "'\\''")
-    # Slurm >= 22.05: srun no longer inherits the batch --cpus-per-task; without it a task may get 1 CPU (issue 17)
+    # Slurm 22.05-23.02: srun does not inherit the batch --cpus-per-task (23.11 does again); without it a task may get 1 CPU (issue 17)
     cpus = ([] if any(a.split("=")[0] == "--cpus-per-task" for a in srun_args)
             else [f'--cpus-per-task="${{SLURM_CPUS_PER_TASK:-{nproc_per_node}}}"'])
     srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={ntasks_per_node}", *cpus, f"--export={export}",
@@ -475,7 +475,8 @@ def job_state(client: SlurmClient, job_id: str) -> JobState:
 
 
 def wait_job(client: SlurmClient, job_id: str, timeout_s: float = 120.0, poll_s: float = 0.3) -> JobState:
-    """Poll :func:`job_state` until the job ends (``sbatch --wait`` polls every 10-42 s: PF-slurm-namespaces).
+    """Poll :func:`job_state` until the job ends (``sbatch --wait`` sleeps 2, 8, then 32 s between
+    polls: ``_job_wait`` in Slurm's src/sbatch/sbatch.c, x4 each time up to 32 s or MinJobAge/2).
 
     Args:
         client, job_id: as :func:`job_state`.

@@ -32,6 +32,9 @@ DIST_DEBUG_DOCS = "https://docs.pytorch.org/docs/stable/distributed.html#debuggi
 NCCL_ENV_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 NCCL_IFNAME_DOCS = NCCL_ENV_DOCS + "#nccl-socket-ifname"
 NCCL_TROUBLESHOOTING = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
+NCCL_ACS_DOCS = ("https://github.com/NVIDIA/nccl/blob/v2.30.7-1/docs/userguide/source/troubleshooting/"
+                 "gpu_troubleshooting.rst#pci-access-control-services-acs")
+NCCL_PATHS_SRC = "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/graph/paths.cc"
 DS_CONFIG_DOCS = "https://www.deepspeed.ai/docs/config-json/"
 SRUN_DOCS = "https://slurm.schedmd.com/srun.html"
 SBATCH_DOCS = "https://slurm.schedmd.com/sbatch.html"
@@ -121,9 +124,10 @@ def _entries() -> tuple[Source, ...]:
                  "`optimizer.step()`, and set gradient accumulation in one place (\"auto\" in the JSON) so it is not "
                  "applied twice.", ("https://github.com/microsoft/DeepSpeed/blob/master/deepspeed/runtime/engine.py",)),
         s("D19", "To name a desync: TORCH_DISTRIBUTED_DEBUG=DETAIL (with TORCH_CPP_LOG_LEVEL=INFO) reports ranks that "
-                 "call different collectives, NCCL_DEBUG=INFO shows the node whose log stops first, "
-                 "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 tears the group down early, and the Flight Recorder keeps the last "
-                 "collectives per rank.",
+                 "call different collectives, NCCL_DEBUG=INFO shows the node whose log stops first, a shorter "
+                 "process-group timeout makes the wait end sooner (TORCH_NCCL_ASYNC_ERROR_HANDLING only decides what "
+                 "the watchdog does once the timeout or an error fires, and it is on by default), and the Flight "
+                 "Recorder keeps the last collectives per rank.",
           ("https://discuss.pytorch.org/t/torch-distributed-collectives-call-logging/172726", DIST_DEBUG_DOCS)),
         s("D20", "A rank that crashes or returns early stops calling collectives and the others wait in theirs; the "
                  "crash is the cause and the hang the symptom, so fix the diverged rank (bad sample, OOM, NaN).",
@@ -148,8 +152,10 @@ def _entries() -> tuple[Source, ...]:
                  "NCCL_SOCKET_IFNAME on every rank (NCCL_IB_HCA for InfiniBand, NCCL_IB_DISABLE=1 without RDMA) and "
                  "confirm the NET line of NCCL_DEBUG=INFO.",
           ("https://github.com/NVIDIA/nccl/issues/1580", NCCL_IFNAME_DOCS)),
-        s("MN3", "NCCL's default collective timeout of 1800 s makes a dead or slow rank surface 30 minutes late; enable "
-                 "async error handling and set the process-group timeout on purpose.",
+        s("MN3", "A dead or slow rank on another node surfaces only when the collective timeout fires: torch 2.13's "
+                 "default is 600 s for NCCL process groups and 1800 s for gloo and the others "
+                 "(torch.distributed.constants); set the process-group timeout on purpose and keep async error "
+                 "handling on.",
           ("https://repost.aws/questions/QURXddiuikQLesRDGz39RhIw/"
            "nccl-socket-timeout-when-using-large-dataset-in-multi-node-pretraining",)),
         s("MN4", "An MTU mismatch on the path (jumbo 9000 at the ends, 1500 in between) lets small messages through and "
@@ -167,11 +173,13 @@ def _entries() -> tuple[Source, ...]:
         # ---- Gilbreth HPC guide (no public copy; URLs document the settings)
         s("Gilbreth 1.3", "Gilbreth's nodes name their InfiniBand interfaces differently (ibp161s0 on some, ibp65s0 on "
                           "others; eno1 everywhere), so no interface name may be hard-coded.", (NCCL_IFNAME_DOCS,)),
-        s("Gilbreth 4", "Gilbreth's NCCL settings differ by job shape: single-node jobs turn the network transports off, "
-                        "multi-node jobs keep InfiniBand on and let NCCL pick the interface.", (NCCL_ENV_DOCS,)),
-        s("Gilbreth 4.1", "On one Gilbreth node the IB/network transport made collectives time out after a successful "
-                          "init; NCCL_IB_DISABLE=1, NCCL_NET_DISABLE=1, NCCL_P2P_LEVEL=NVL, NCCL_SHM_DISABLE=0 and "
-                          "GLOO_SOCKET_IFNAME=lo made them pass over SHM.", (NCCL_ENV_DOCS,)),
+        s("Gilbreth 4", "Gilbreth's NCCL settings differ by job shape: single-node jobs turn InfiniBand off and restrict P2P "
+                        "to NVLink, multi-node jobs keep InfiniBand on and let NCCL pick the interface.",
+          (NCCL_ENV_DOCS,)),
+        s("Gilbreth 4.1", "On one Gilbreth node collectives timed out after a successful init until NCCL_IB_DISABLE=1, "
+                          "NCCL_P2P_LEVEL=NVL, NCCL_SHM_DISABLE=0 and GLOO_SOCKET_IFNAME=lo made them pass over SHM; "
+                          "the guide's NCCL_NET_DISABLE=1 is not an NCCL variable (NCCL reads only "
+                          "NCCL_NET_DISABLE_INTRA) and did nothing.", (NCCL_ENV_DOCS, NCCL_PATHS_SRC)),
         s("Gilbreth 4.2", "Multi-node jobs on Gilbreth must leave NCCL_SOCKET_IFNAME unset (interface names vary per node) "
                           "and keep NCCL_IB_DISABLE=0; the working transports were NET/IB between nodes and P2P/CUMEM "
                           "inside one.", (NCCL_IFNAME_DOCS,)),
@@ -185,10 +193,12 @@ def _entries() -> tuple[Source, ...]:
                           "25,175,040 parameters) trained with AdamW and MSE loss.", ()),
         s("Gilbreth 6", "Smoke test 02: DDP on two GPUs of one node with the single-node NCCL settings, then a "
                         "checkpoint save and reload.", ("https://docs.pytorch.org/docs/stable/notes/ddp.html",)),
-        s("Gilbreth 6.3", "On one Gilbreth node NCCL's default IB/network transport reached `Init COMPLETE` and then hung "
-                          "collectives until the 10-minute timeout (sometimes with `DDP expects same model across all "
-                          "ranks`); disabling IB and NET so that channels go `via SHM/direct/direct` fixed it.",
-          (NCCL_ENV_DOCS, NCCL_TROUBLESHOOTING)),
+        s("Gilbreth 6.3", "On one Gilbreth node (two A100 80GB PCIe) NCCL reached `Init COMPLETE` and then hung collectives "
+                          "until the 10-minute timeout; the guide blames the IB transport, but its own failing log shows "
+                          "the channels `via P2P/CUMEM` (`Using network IB` only names the loaded network plugin), and "
+                          "the setting of its fix that changes the transport, NCCL_P2P_LEVEL=NVL, moves them to "
+                          "`SHM/direct/direct`: the PCIe P2P hang that NCCL documents for ACS/IOMMU.",
+          (NCCL_ACS_DOCS, NCCL_ENV_DOCS)),
         s("Gilbreth 6.4", "The DDP smoke test's model is the same MLP at hidden 2048 (100,681,728 parameters), batch 64 per "
                           "GPU.", ()),
         s("Gilbreth 6.7", "The verified two-GPU DDP run (job 10213612) trained 100 steps at 23.7 steps/s with channels "
@@ -218,7 +228,7 @@ def _entries() -> tuple[Source, ...]:
         s("Gilbreth 8.5", "The multi-node launch that works without ssh: MASTER_ADDR from `scontrol show hostnames` and "
                           "exported, then `srun --ntasks-per-node=1 --export=ALL` running one torchrun per node with "
                           "its node rank taken from SLURM_NODEID inside the task.", (SRUN_DOCS, TORCHRUN_DOCS)),
-        s("Gilbreth 8.4", "Single-node vs multi-node settings side by side: IB/NET off vs on, socket interface `lo` or "
+        s("Gilbreth 8.4", "Single-node vs multi-node settings side by side: IB off vs on, socket interface `lo` or "
                           "unset vs unset, SHM/direct vs NET/IB between nodes plus P2P/CUMEM inside a node.",
           (NCCL_ENV_DOCS,)),
         s("Gilbreth 8.9", "The verified 4-node × 2-GPU DeepSpeed run (job 10213927) used NET/IB/0 between nodes and "
@@ -230,7 +240,7 @@ def _entries() -> tuple[Source, ...]:
         s("Gilbreth 8.13", "The multi-node job template: `--ntasks-per-node=1`, `cd $SLURM_SUBMIT_DIR`, socket "
                            "interface variables unset, MASTER_ADDR from `scontrol show hostnames` exported, and "
                            "`srun --export=ALL` running torchrun on each node.", (SBATCH_DOCS, SRUN_DOCS)),
-        s("Gilbreth 9.2", "Troubleshooting list: network transports off for a single-node NCCL timeout, IFNAME unset and "
+        s("Gilbreth 9.2", "Troubleshooting list: the single-node NCCL settings for a single-node timeout, IFNAME unset and "
                           "IB on for a multi-node one, shared filesystem instead of /tmp, srun instead of pdsh.",
           (NCCL_TROUBLESHOOTING,)),
         s("Gilbreth 9.3", "Debugging steps: barriers with flushed prints to bisect a hang, NCCL_DEBUG=INFO, "

@@ -53,8 +53,9 @@ TRAP_SECTIONS: dict[str, tuple[str, str]] = {
     "ifname-bridge": ("06_multinode_network.ipynb", "MN2 — The wrong NIC"),
     "ifname-node-specific": ("06_multinode_network.ipynb", "MN2 — The wrong NIC"),
     "nccl-exclude-keeps-lo": ("06_multinode_network.ipynb", "MN2 — The wrong NIC"),
-    "single-node-net-transport": ("06_multinode_network.ipynb", "The Gilbreth single-node trap: NET transport inside one node"),
-    "multinode-net-disabled": ("06_multinode_network.ipynb", "The Gilbreth single-node trap: NET transport inside one node"),
+    "single-node-net-transport": ("06_multinode_network.ipynb", "The Gilbreth single-node hang: Init COMPLETE, then a timeout"),
+    "nccl-net-disable-ignored": ("06_multinode_network.ipynb", "The Gilbreth single-node hang: Init COMPLETE, then a timeout"),
+    "multinode-ib-disabled": ("06_multinode_network.ipynb", "The Gilbreth single-node hang: Init COMPLETE, then a timeout"),
     "deprecated-async-error-handling": ("06_multinode_network.ipynb", "MN3 — A dead or stalled peer, and the timeout that masks it"),
     "async-error-handling-off": ("06_multinode_network.ipynb", "MN3 — A dead or stalled peer, and the timeout that masks it"),
 }

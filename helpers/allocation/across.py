@@ -167,8 +167,8 @@ def _job_shell(client: SlurmClient, tag: str, nodes: Sequence[str], nproc: int, 
                          nodelist=nodes, pre_launch=pre_launch)
     if client.in_allocation:
         return ["bash", "-c", text]
-    # One torchrun task per node needs a CPU per rank: the srun line asks for $SLURM_CPUS_PER_TASK (Slurm >= 22.05
-    # no longer passes the allocation's value to srun), so the allocation must grant it, or the step is refused.
+    # One torchrun task per node needs a CPU per rank: the srun line asks for $SLURM_CPUS_PER_TASK (Slurm 22.05-23.02
+    # do not pass the allocation's value to srun), so the allocation must grant it, or the step is refused.
     return ["salloc", "-J", tag, "-w", ",".join(nodes), f"-N{len(nodes)}", "--ntasks-per-node=1",
             f"--cpus-per-task={nproc}", "--immediate=30", "bash", "-c", text]
 

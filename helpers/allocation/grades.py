@@ -40,15 +40,38 @@ CPU_FLOOR = 0.01  # CPU (gloo): busbw below 1% of the envelope (min of line rate
 # on the 2-core lab under load ~10: inter-node 4%, intra-node 7-9% of a 1.8 GB/s memory copy (docs/allocation-check.md)
 SRC_PAIRS = "https://github.com/NVIDIA/nccl-tests/pull/376; https://github.com/NVIDIA/nccl/issues/349"
 SRC_ENVELOPE = "https://github.com/NVIDIA/nccl-tests/issues/40; nccl-tests doc/PERFORMANCE.md"
-# Published per-GPU NVLink / PCIe bandwidth, GB/s per direction (the GPU path: written and gated, not run here).
-GPU_LINK_GBPS = {
-    "H100": (450.0, "NVLink 4: 900 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/h100/"),
-    "H200": (450.0, "NVLink 4: 900 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/h200/"),
-    "A100": (300.0, "NVLink 3: 600 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/a100/"),
-    "V100": (150.0, "NVLink 2: 300 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/v100/"),
-    "PCIe4": (32.0, "PCIe 4.0 x16: 32 GB/s per direction, https://pcisig.com/specifications"),
-    "PCIe5": (64.0, "PCIe 5.0 x16: 64 GB/s per direction, https://pcisig.com/specifications"),
+# Published per-GPU link bandwidth, GB/s per direction, by the EXACT model name nvidia-smi / torch report (the GPU
+# path: written and gated, not run here).  The form factor decides the link: SXM boards have NVLink (through NVSwitch)
+# between every pair; PCIe and NVL cards have NVLink only across a bridge between some pairs, so their floor is the
+# PCIe slot's figure.  A model not listed is graded INFO (no floor): matching by substring graded "A100 80GB PCIe"
+# against NVLink 3 and proposed every healthy PCIe node for draining, and let unknown NVLink models pass as PCIe.
+_NVL4 = "NVLink 4: 900 GB/s bidirectional per GPU"
+_PCIE4 = "PCIe 4.0 x16: 32 GB/s per direction, https://pcisig.com/specifications"
+_PCIE5 = "PCIe 5.0 x16: 64 GB/s per direction, https://pcisig.com/specifications"
+GPU_LINKS: dict[str, tuple[str, float, str]] = {
+    "NVIDIA B200": ("SXM", 900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/hgx/"),
+    "NVIDIA H200": ("SXM", 450.0, f"{_NVL4}, https://www.nvidia.com/en-us/data-center/h200/"),
+    "NVIDIA H200 NVL": ("NVL", 64.0, f"{_PCIE5} (NVLink bridges join some pairs only)"),
+    "NVIDIA H100 80GB HBM3": ("SXM", 450.0, f"{_NVL4}, https://www.nvidia.com/en-us/data-center/h100/"),
+    "NVIDIA H100 NVL": ("NVL", 64.0, f"{_PCIE5} (NVLink bridges join some pairs only)"),
+    "NVIDIA H100 PCIe": ("PCIe", 64.0, _PCIE5),
+    "NVIDIA A100-SXM4-80GB": ("SXM", 300.0, "NVLink 3: 600 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/a100/"),
+    "NVIDIA A100-SXM4-40GB": ("SXM", 300.0, "NVLink 3: 600 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/a100/"),
+    "NVIDIA A100 80GB PCIe": ("PCIe", 32.0, _PCIE4),
+    "NVIDIA A100-PCIE-40GB": ("PCIe", 32.0, _PCIE4),
+    "NVIDIA L40S": ("PCIe", 32.0, _PCIE4),
+    "Tesla V100-SXM2-32GB": ("SXM", 150.0, "NVLink 2: 300 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/v100/"),
+    "Tesla V100-SXM2-16GB": ("SXM", 150.0, "NVLink 2: 300 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/v100/"),
+    "Tesla V100-PCIE-32GB": ("PCIe", 16.0, "PCIe 3.0 x16: 16 GB/s per direction, https://pcisig.com/specifications"),
 }
+
+
+def gpu_link(name: str) -> tuple[str, float, str] | None:
+    """``(form factor SXM/PCIe/NVL, GB/s per direction, source)`` for the exact model ``name``; None when not listed.
+
+    Only surrounding whitespace is ignored: "NVIDIA A100 80GB PCIe" is not "NVIDIA A100-SXM4-80GB".
+    """
+    return GPU_LINKS.get(name.strip())
 
 
 # --------------------------------------------------------------------------- one node
@@ -87,7 +110,7 @@ def grade_env(records: Sequence[dict]) -> Check:
     scheduler binding one GPU per task); any other difference is a WARN.  Also WARN when a
     node's ranks may run on fewer CPUs than there are ranks (the smallest ``cpu_affinity``,
     ``len(os.sched_getaffinity(0))``, below the node's rank count): the ``srun`` without
-    ``--cpus-per-task`` case (Slurm >= 22.05 no longer passes the batch value to ``srun``),
+    ``--cpus-per-task`` case (Slurm 22.05-23.02 do not pass the batch value to ``srun``),
     which makes starts slow and stall windows fire (issue 17, finding 8).
     ``values["cpu_affinity"]``: the crowded nodes, ``{node: {"ranks", "min_cpus"}}``.
     """
@@ -117,11 +140,11 @@ def grade_env(records: Sequence[dict]) -> Check:
         return Check("env.diff", f"fewer CPUs than ranks ({where})"
                      + (f"; {len(differing)} value(s) differ across ranks: {', '.join(differing)}" if differing else ""),
                      "WARN", values, "give every rank at least one core: under srun pass --cpus-per-task=N on the srun "
-                     "line itself (Slurm >= 22.05 no longer passes the batch value to srun; or export "
+                     "line itself (Slurm 22.05-23.02 do not pass the batch value to srun; or export "
                      "SRUN_CPUS_PER_TASK), check taskset/numactl bindings"
                      + ("; and make every rank see the same settings (Gilbreth 8.12 failure mode 4)"
                         if differing else ""),
-                     "Slurm >= 22.05 srun --cpus-per-task: https://slurm.schedmd.com/srun.html#OPT_cpus-per-task; "
+                     "Slurm 22.05-23.02 srun --cpus-per-task: https://slurm.schedmd.com/srun.html#OPT_cpus-per-task; "
                      + sources.cite("Gilbreth 8.12"))
     if differing:
         return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
@@ -479,7 +502,8 @@ def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, A
 
     The envelope is printed in each record.  Floors: inter-node :data:`INTER_FLOOR` of the slowest node's line rate;
     CPU intra-node :data:`CPU_FLOOR` of the node's measured memory-copy bandwidth; GPU intra-node half of the
-    published per-GPU figure of :data:`GPU_LINK_GBPS` (gated: only with a GPU named there).
+    published per-GPU figure of the model's exact entry in :data:`GPU_LINKS` (:func:`gpu_link`); a model not listed
+    gets an INFO record without a floor, never a WARN (so never a drain proposal).
     """
     checks = []
     rates = {n: r["nic_mbps"] / 8000 for n, r in reports.items() if r.get("nic_mbps")}
@@ -503,10 +527,14 @@ def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, A
     for node, rows in data.get("intra", {}).items():
         plat = _plateau(rows)
         rep = reports.get(node, {})
+        if gpu_name and gpu_link(gpu_name) is None:
+            checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s; no "
+                                f"published link figure for '{gpu_name}' (not in GPU_LINKS): not graded", "INFO",
+                                {"plateau_GBps": plat, "gpu": gpu_name}, "", SRC_ENVELOPE, node=node))
+            continue
         if gpu_name:
-            key = next((k for k in GPU_LINK_GBPS if k in gpu_name), "PCIe4")
-            ref, src = GPU_LINK_GBPS[key]
-            floor = 0.5 * ref
+            form, ref, src = gpu_link(gpu_name)
+            src, floor = f"{form}: {src}", 0.5 * ref
         else:
             ref, src, floor = rep.get("memcpy_GBps"), "memory copy of this host, measured", CPU_FLOOR * (rep.get("memcpy_GBps") or 0)
         status = "OK" if not ref or plat >= floor else "WARN"

@@ -97,7 +97,8 @@ RULES: dict[str, str] = {
     "ifname-node-specific": "Gilbreth 8.12, MN2",
     "nccl-exclude-keeps-lo": "MN2",
     "single-node-net-transport": "Gilbreth 6.3",
-    "multinode-net-disabled": "Gilbreth 4.1, 4.2",
+    "nccl-net-disable-ignored": "Gilbreth 4.1",
+    "multinode-ib-disabled": "Gilbreth 4.2, 8.3",
     "deprecated-async-error-handling": "MN3",
     "async-error-handling-off": "MN3",
 }

@@ -19,7 +19,7 @@ The reported ``final_loss`` is the last step's loss averaged over the ranks (all
 when the test passed everywhere, 1 when a check failed on any rank.
 
 The guide's NCCL settings for a single Gilbreth node (section 6.3: ``NCCL_IB_DISABLE=1``,
-``NCCL_NET_DISABLE=1``...) belong in the environment of the launch, not in this script.
+``NCCL_P2P_LEVEL=NVL``...; configs/nccl_single_node.env) belong in the environment of the launch, not in this script.
 
 Example (section 6.6)::
 

@@ -31,6 +31,7 @@ def test_yaml_loads_and_names_its_command(path):
 
 def test_fsdp_yaml_becomes_the_fsdp2_plugin_chapter_04_teaches(monkeypatch):
     """What `accelerate launch` hands the script (FSDP_* variables) builds FSDP2, per-block wrapping, DCP (D12-D15)."""
+    import torch
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env
     from torch.distributed.fsdp import StateDictType
@@ -47,6 +48,15 @@ def test_fsdp_yaml_becomes_the_fsdp2_plugin_chapter_04_teaches(monkeypatch):
     assert plugin.auto_wrap_policy is transformer_auto_wrap_policy  # per block, not one unit (D12)
     assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT  # DCP (D15)
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    # what AcceleratorState does with it (state.py: fsdp_plugin.set_mixed_precision): bf16 reductions too (D14);
+    # the config comment must say so, and a policy given in code is what keeps fp32 reductions
+    plugin.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])
+    assert plugin.mixed_precision_policy.reduce_dtype == torch.bfloat16
+    assert "reduce-scatters in bf16" in FSDP_YAML.read_text()
+    fp32 = FullyShardedDataParallelPlugin(mixed_precision_policy={"param_dtype": torch.bfloat16, "output_dtype": torch.bfloat16,
+                                                                  "reduce_dtype": torch.float32})
+    fp32.set_mixed_precision("bf16")
+    assert fp32.mixed_precision_policy.reduce_dtype == torch.float32
 
 
 def test_deepspeed_yaml_points_at_a_valid_ds_config():

@@ -38,7 +38,7 @@ def test_chapter_08_slurm(no_leftovers):
                  "Could not open stdout file /tmp/ch08/output_in_tmp_", "Unable to find address for: ibp65s0",
                  "was not reachable via ssh", "execve(): bash: No such file or directory",
                  "{'node0': 'INFO', 'node1': 'INFO'}", "The hostname of the rendezvous endpoint ':",
-                 "torchelastic/role_info", "EADDRINUSE", "RendezvousTimeoutError", "multinode-net-disabled",
+                 "torchelastic/role_info", "EADDRINUSE", "RendezvousTimeoutError", "multinode-ib-disabled",
                  "PD 0:00 Resources", "PD 0:00 Dependency", "TIMEOUT", "DUE TO TIME LIMIT", "rank(s) [1] diverged",
                  "entered gloo:broadcast", "decided by:", "lab ch down"):
         assert seen in text, seen

@@ -175,3 +175,23 @@ def test_env_diff_names_the_odd_node_rank0_breaks_ties():
     assert grades.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
     data["records"][1]["contract"]["GROUP_RANK"] = "0"
     assert grades.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"
+
+
+def _gpu_envelope(name: str, intra_gbps: float) -> list[Check]:
+    """grade_envelope on a 2-node run whose intra-node all_reduce (2 ranks) settles at ``intra_gbps``."""
+    sizes = [2 ** k for k in range(20, 28)]
+    rows = [{"op": "all_reduce", "bytes": b, "time_s": b / (intra_gbps * 1e9), "ranks": 2} for b in sizes]
+    data = {"records": [{"gpu": {"name": name}}], "inter": rows, "intra": {"node0": rows, "node1": rows}}
+    reports = {"node0": {"nic_mbps": 100000}, "node1": {"nic_mbps": 100000}}
+    return [c for c in grades.grade_envelope(data, reports) if c.id.startswith("envelope.intra")]
+
+
+def test_gpu_envelope_matches_the_exact_model_and_form_factor():
+    # 20 GB/s: a healthy PCIe 4.0 pair, a broken NVLink on SXM
+    assert {c.status for c in _gpu_envelope("NVIDIA A100 80GB PCIe", 20.0)} == {"OK"}
+    sxm = _gpu_envelope("NVIDIA A100-SXM4-80GB", 20.0)
+    assert {c.status for c in sxm} == {"WARN"} and across.drain_list(sxm)["nodes"] == ["node0", "node1"]
+    assert grades.gpu_link("NVIDIA H100 NVL")[0] == "NVL" and grades.gpu_link("A100") is None
+    unknown = _gpu_envelope("NVIDIA GB200", 20.0)  # not in the table: reported, not graded, never drained
+    assert {c.status for c in unknown} == {"INFO"} and across.drain_list(unknown)["nodes"] == []
+    assert "not in GPU_LINKS" in unknown[0].title

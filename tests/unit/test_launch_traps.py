@@ -37,7 +37,8 @@ def test_a_plain_single_node_torchrun_has_no_trap():
     (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_SOCKET_IFNAME": "ibp65s0"}), ["ifname-node-specific"]),
     (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_SOCKET_IFNAME": "^docker0"}), ["nccl-exclude-keeps-lo"]),
     (LaunchSpec(env={"NCCL_P2P_DISABLE": "1"}), ["single-node-net-transport"]),
-    (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_NET_DISABLE": "1"}), ["multinode-net-disabled"]),
+    (LaunchSpec(env={"NCCL_NET_DISABLE": "1"}), ["nccl-net-disable-ignored"]),
+    (LaunchSpec(kind="sbatch", nnodes=2, rdzv="static", env={"NCCL_IB_DISABLE": "1"}), ["multinode-ib-disabled"]),
     (LaunchSpec(env={"NCCL_ASYNC_ERROR_HANDLING": "1"}), ["deprecated-async-error-handling"]),
     (LaunchSpec(env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}), ["async-error-handling-off"]),
 ])

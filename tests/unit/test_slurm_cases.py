@@ -44,7 +44,8 @@ def test_wait_jobs_returns_ended_jobs_and_validates():
 
 def test_nccl_profiles_are_the_guides_table():
     single, multi = slurm.nccl_profile("single_node"), slurm.nccl_profile("multi_node")
-    assert single["NCCL_NET_DISABLE"] == "1" and single["NCCL_IB_DISABLE"] == "1"
+    assert single["NCCL_IB_DISABLE"] == "1" and single["NCCL_P2P_LEVEL"] == "NVL" and "NCCL_NET_DISABLE" not in single
+    assert "NCCL_P2P_LEVEL" not in multi  # NVL on a PCIe-only node turns P2P off: a commented toggle there
     assert multi["NCCL_IB_DISABLE"] == "0" and multi["NCCL_SOCKET_IFNAME"] is None and multi["GLOO_SOCKET_IFNAME"] is None
     assert "NCCL_DEBUG" not in multi  # commented toggles stay off
     with pytest.raises(ValueError, match="profile"):
