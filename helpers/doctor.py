@@ -309,8 +309,8 @@ def _undecided_text(v: HangVerdict, labels: Sequence[str], have_trace: bool, hav
                     "collective)")
     want.append("a rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL (the first mismatching collective fails at once, naming "
                 "the op of every rank)")
-    return (f"{prefix}: undecided: two equal sides, {sides}, and nothing separates them: no rank is named as "
-            "diverged.\n  to decide, collect: " + "; ".join(want))
+    return (f"{prefix}: undecided: two equal sides, {sides}, and nothing separates them, so no rank is named."
+            "\n  to decide, collect: " + "; ".join(want))
 
 
 class _Sources:
