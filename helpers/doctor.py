@@ -123,7 +123,9 @@ def rank_state(rank: int, stack: str | None, trace: Sequence[dict] = ()) -> Rank
     frames = parse_stack(stack or "")
     state.frames = frames
     status = _MAIN_STATUS.search(stack or "")
-    state.active = status["status"].startswith("active") if status else None
+    state.active = status["status"].startswith("active") if status and status["status"] != "unknown" else None
+    if (stack or "").startswith(DEBUG_SERVER_MARK):
+        state.source = "debug server"
     user = next((f for f in frames if not any(lib in f.file for lib in _LIBRARY)), None)
     coll = next((f for f in frames if f.file.endswith(_COLLECTIVE_FILE)), None)
     if coll is not None:
@@ -687,6 +689,9 @@ def _finish(v: HangVerdict, sources: _Sources, *, mismatch: bool = False, after_
     else:
         v.kind = classify(v.states, v.diverged, mismatch=mismatch, after_return=after_return)
     v.action = next_action(v.kind, v.states, v.diverged, sources, v.waiting)
+    served = [r for r, st in v.states.items() if st.source == "debug server"]
+    if served:
+        v.text += f"\n  note: the stacks of rank(s) {served} come from torch.distributed.debug's server (py-spy gave none)"
     v.text += f"\n  class: {v.kind} ({KINDS[v.kind]})\n  {v.action}"
     return v
 
@@ -907,6 +912,66 @@ def diagnose_job_dir(job_dir: str | os.PathLike[str], fr_dir: str | os.PathLike[
     return diagnose(stacks, read_traces(layout.trace_dir))
 
 
+DEBUG_SERVER_MARK = "# torch.distributed.debug dump_traceback"
+"""First line of a stack the doctor read from torch's debug server (:func:`debug_server_stacks`), in py-spy's layout."""
+_TB_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
+_TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def parse_traceback(text: str) -> list[Frame]:
+    """The main thread's frames, innermost first, of a :func:`faulthandler.dump_traceback` text (what torch's debug
+    server's ``dump_traceback`` handler returns): the thread whose outermost frame is ``<module>``, else the last one
+    listed (CPython lists the newest thread first).  Empty when the text holds no frame."""
+    threads: list[list[Frame]] = []
+    for line in text.splitlines():
+        if _TB_THREAD.match(line):
+            threads.append([])
+            continue
+        m = _TB_FRAME.match(line)
+        if m and threads:
+            threads[-1].append(Frame(m["func"], m["file"], int(m["line"])))
+    threads = [t for t in threads if t]
+    return next((t for t in threads if t[-1].func == "<module>"), threads[-1] if threads else [])
+
+
+def debug_server_stacks(env: Mapping[str, str], ranks: Sequence[int], timeout_s: float = 5.0) -> dict[int, str]:
+    """Each rank's Python stack from torch's own debug server, for a job that runs it; ``{}`` when it does not.
+
+    ``torch.distributed.debug.start_debug_server()`` (torch 2.13, experimental) starts on every rank a worker HTTP
+    server and writes its address to the job's TCPStore (``MASTER_ADDR:MASTER_PORT``, read from ``env``: a rank's
+    environment) under ``debug_server/rank<R>``; the worker's ``dump_traceback`` handler answers with
+    :func:`faulthandler.dump_traceback` of every thread (torch/distributed/debug/__init__.py, _debug_handlers.py).
+    No ptrace is needed, so it works where py-spy is refused (Yama ``ptrace_scope``, containers).  Each text is the
+    main thread in py-spy's layout (first line :data:`DEBUG_SERVER_MARK`, status ``unknown``), so :func:`rank_state`
+    reads it like py-spy's.  Ranks that do not answer within ``timeout_s`` are left out.
+    """
+    import urllib.request
+    from datetime import timedelta
+
+    try:
+        import torch.distributed as dist
+
+        host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+        store = dist.PrefixStore("debug_server", dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                                                timeout=timedelta(seconds=timeout_s)))
+    except (KeyError, ValueError, RuntimeError, ImportError, OSError):
+        return {}
+    out: dict[int, str] = {}
+    for r in ranks:
+        try:
+            if not store.check([f"rank{r}"]):
+                continue
+            url = store.get(f"rank{r}").decode() + "/handler/dump_traceback"
+            with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=timeout_s) as resp:
+                frames = parse_traceback(resp.read().decode("utf-8", "replace"))
+        except (OSError, RuntimeError, ValueError):
+            continue
+        if frames:
+            out[r] = (f"{DEBUG_SERVER_MARK} {url}\nThread 0 (unknown): \"MainThread\"\n"
+                      + "".join(f"    {f.func} ({f.file}:{f.line})\n" for f in frames))
+    return out
+
+
 def rank_processes(pid: int) -> dict[int, psutil.Process]:
     """The rank processes under launcher ``pid`` (e.g. torchrun's), by ``RANK``.
 
@@ -953,6 +1018,9 @@ def diagnose_pid(pid: int, fr_dir: str | os.PathLike[str] | None = None) -> Hang
         if request_fr_dumps(layout):
             fr_dir = layout.fr_dir
     stacks: dict[int, str | None] = {r: procs.py_spy_dump(p.pid) for r, p in ranks.items()}
+    blind = [r for r, text in stacks.items() if not parse_stack(text or "")]
+    if blind:  # py-spy refused or failed: torch's debug server, where the job runs it
+        stacks.update(debug_server_stacks(next(iter(ranks.values())).environ(), blind))
     if fr_dir is not None:
         return diagnose_fr(load_fr(fr_dir), stacks, world_size=int(next(iter(ranks.values())).environ().get("WORLD_SIZE", "0")) or None)
     traces: dict[int, list[dict]] = {}

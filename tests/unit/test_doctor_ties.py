@@ -142,3 +142,17 @@ def test_dump_pickles_of_the_corpus_are_plain():
     for case in CASES:
         for r in (0, 1):
             assert isinstance(pickle.loads((TIES / case / f"rank{r}").read_bytes()), dict)
+
+
+def test_debug_server_traceback_reads_like_py_spy():
+    """tests/data/stacks/debug_server_rank<R>.txt: what torch's debug server (``start_debug_server``, torch 2.13) served
+    for ``toy_job.py --mode hang --debug-server 0`` on 2 ranks (``POST <worker>/handler/dump_traceback``)."""
+    raw = {r: (DATA / "stacks" / f"debug_server_rank{r}.txt").read_text() for r in (0, 1)}
+    frames = {r: doctor.parse_traceback(t) for r, t in raw.items()}
+    assert frames[0][0].func == "all_reduce" and frames[0][-1].func == "<module>" and frames[1][0].site == "toy_job.py:78"
+    assert doctor.parse_traceback("Current thread 0x1 (most recent call first):\n  <no Python frame>\n") == []
+    stacks = {r: f"{doctor.DEBUG_SERVER_MARK} x\nThread 0 (unknown): \"MainThread\"\n"
+              + "".join(f"    {f.func} ({f.file}:{f.line})\n" for f in frames[r]) for r in raw}
+    v = doctor.diagnose(stacks)
+    assert v.diverged == [1] and v.states[1].source == "debug server" and v.states[1].active is None
+    assert "torch.distributed.debug's server" in v.text
