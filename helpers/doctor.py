@@ -159,9 +159,11 @@ KINDS: dict[str, str] = {
                     "yet), the stall is outside them",
 }
 """The class of a hang verdict (:attr:`HangVerdict.kind`) -> what it means.  The classes follow the hang analysers
-that class their findings (nvidia-resiliency-ext's attribution, torch's Flight Recorder analyzer): the first two and
-``busy`` are bugs in the script (or its data), ``network`` is for the node and the network, ``after return`` is a
-wait outside the collectives (a lock, I/O, a data loader)."""
+that class what they find, e.g. nvidia-resiliency-ext's Flight Recorder attribution (the ranks missing at the
+collective where the process group diverges: https://github.com/NVIDIA/nvidia-resiliency-ext,
+``attribution/trace_analyzer/fr_attribution.py``): ``not entered``, ``mismatch`` and ``busy`` are bugs in the script
+(or its data), ``network`` is for the node and the network, ``after return`` is a wait outside the collectives (a
+lock, I/O, a data loader).  A verdict's class is :func:`classify`'s, its next step :func:`next_action`'s."""
 
 HANG_RULES = ("rank-gated-collective", "rank-early-exit-collective", "rank-sliced-data")
 """The ``runbook lint`` rules (:data:`helpers.lint.RULES`) that catch, before launch, a rank that skips or adds a
@@ -935,7 +937,7 @@ def parse_traceback(text: str) -> list[Frame]:
 
 
 def debug_server_stacks(env: Mapping[str, str], ranks: Sequence[int], timeout_s: float = 5.0) -> dict[int, str]:
-    """Each rank's Python stack from torch's own debug server, for a job that runs it; ``{}`` when it does not.
+    """Each rank's Python stack from torch's own debug server, for a job that runs it; ``{}`` when it does not (PF-debug-server).
 
     ``torch.distributed.debug.start_debug_server()`` (torch 2.13, experimental) starts on every rank a worker HTTP
     server and writes its address to the job's TCPStore (``MASTER_ADDR:MASTER_PORT``, read from ``env``: a rank's
