@@ -49,6 +49,7 @@ from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
 
 if TYPE_CHECKING:
     from helpers.jobs import JobResult
+    from helpers.lint.python_rules import PythonLinter
 
 _FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 _LIBRARY = ("torch/", "site-packages/", "dist-packages/", "rankshim.py", "collective_trace.py", "threading.py",
@@ -327,11 +328,11 @@ class _Sources:
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = Path(root) if root is not None else None
-        self.linters: dict[str, object | None] = {}
+        self.linters: dict[str, PythonLinter | None] = {}
         self.texts: dict[str, tuple[str, str]] = {}
         self.unread: set[str] = set()
 
-    def linter(self, file: str):  # noqa: ANN201 - helpers.lint.python_rules.PythonLinter | None (imported lazily)
+    def linter(self, file: str) -> PythonLinter | None:
         """The linter of ``file`` (a frame's path), or ``None`` when it cannot be read or parsed."""
         from helpers.lint.python_rules import PythonLinter
 
@@ -441,7 +442,7 @@ def _singles_out(test: object, lint: object) -> bool | None:
     if isinstance(test, ast.BoolOp):
         parts = [_singles_out(v, lint) for v in test.values if lint.taint.rank_test(v)]  # type: ignore[attr-defined]
         if parts and all(p is not None for p in parts) and len(set(parts)) == 1:
-            return parts[0] if isinstance(test.op, ast.And) == parts[0] or len(parts) == 1 else None
+            return parts[0]  # `rank == 0 or rank == 1` singles out as `rank == 0` does; `!= ... and != ...` the reverse
         return None
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op = test.ops[0]
