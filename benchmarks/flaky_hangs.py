@@ -10,11 +10,19 @@ eight hangs of ``helpers/scenarios/issue_hangs.py`` (2-4 ranks, from public issu
 ranks from the Flight Recorder alone, from dumps + stacks) and must equal the expected rank(s): a wrong verdict
 counts like a flaky one.  ``--set all`` runs both sets.
 
+Two-rank ties (issue 26): ``--set ties`` runs the two-rank version of every hang: chapter 03's (``hangs.py``, with
+``--trace``; ``slow_eval`` also with a busy evaluation), the eight of ``issue_hangs.py`` and the toy job's (the jobs tests').
+Each run gives three verdicts: the Flight Recorder alone, dumps + stacks (what ``runbook doctor --job-dir`` prints) and
+stacks + trace (chapter 03's ``diagnose_job``; stacks alone where the script has no trace).  A verdict is right only
+when it names the expected rank and is not ``undecided``; the first two count for every case, the third for the traced
+ones (untraced stacks-only verdicts are printed, not counted).  Also printed: the seconds from the end of the stall
+window to the last verdict (median, max), and the load average before and after.
+
 ``--set fr`` also runs the hung 2-node SLURM job of chapter 08 (lab ``fh``; ``runbook doctor --slurm-job`` on the
 head node, then the dumps alone) and prints the time from the stall window's end to the verdict.
 
 Run: ``.venv/bin/python benchmarks/flaky_hangs.py --repeats 10`` (about 10 minutes on 2 cores; ``--set fr``
-about 8 minutes at 2 repeats).
+about 8 minutes at 2 repeats; ``--set ties`` about 3 minutes per repeat).
 """
 
 from __future__ import annotations
@@ -64,6 +72,41 @@ def fr_cases() -> list[tuple[str, Path, list[str], int, tuple[int, ...]]]:
     from helpers.scenarios.issue_hangs import CASES as ISSUES
 
     return FR_CASES + [(f"{c}/{n}", ISSUE_HANGS, ["--case", c], n, tuple(want)) for c, (_url, n, want) in ISSUES.items()]
+
+
+TOY = jobs.project_root() / "helpers" / "scenarios" / "toy_job.py"
+
+
+def tie_cases() -> list[tuple[str, Path, list[str], tuple[int, ...], bool]]:
+    """The two-rank hangs of issue 26: (label, script, args, expected diverged ranks, traced)."""
+    from helpers.scenarios.issue_hangs import CASES as ISSUES
+    from helpers.scenarios.issue_hangs import expected
+
+    ch03 = [("mismatch", ["--case", "mismatch"], (1,)), ("stuck", ["--case", "stuck"], (1,)),
+            ("rank0_save", ["--case", "rank0_save"], (0,)), ("uneven", ["--case", "uneven", "--samples", "9"], (1,)),
+            ("slow_eval", ["--case", "slow_eval", "--eval-s", "30"], (0,)),
+            ("slow_eval busy", ["--case", "slow_eval", "--eval-s", "30", "--eval-busy"], (0,))]
+    toy = ["--steps", "50", "--step-s", "0.1", "--trace"]
+    return ([(f"{label}/2", HANGS, [*a, "--trace"], want, True) for label, a, want in ch03]
+            + [(f"{c}/2", ISSUE_HANGS, ["--case", c], tuple(expected(c, 2)), False) for c in ISSUES]
+            + [("toy hang/2", TOY, ["--mode", "hang", *toy], (1,), True), ("toy mismatch/2", TOY, ["--mode", "mismatch", *toy], (1,), True)])
+
+
+def tie_verdict(script: Path, args: list[str], want: tuple[int, ...], traced: bool) -> tuple[tuple, float, str]:
+    """Run one two-rank case once; return ((FR alone, dumps + stacks, stacks [+ trace]) each as diverged ranks or
+    'undecided'/'WRONG ...', the seconds from the end of the stall window to the last verdict, the verdict's class)."""
+    r = jobs.run_job(script, [*args, "--timeout-s", "60"], nproc=2, timeout_s=90, stall_s=STALL_S,
+                     heartbeat=r"step \d+", env={"RUNBOOK_BACKEND": "gloo"}, verbose=False)
+    if not r.hung:
+        return ("not hung", r.ok), 0.0, ""
+    verdicts = [doctor.diagnose_fr(doctor.load_fr(r.job_dir / "fr")), doctor.diagnose_job_dir(r.job_dir),
+                doctor.diagnose_job_dir(r.job_dir, use_fr=False)]
+    delay = time.time() - (r.stopped_at or time.time())
+
+    def mark(v: doctor.HangVerdict) -> object:
+        return "undecided" if v.evidence == "undecided" else (tuple(v.diverged) if tuple(v.diverged) == want
+                                                             else f"WRONG {tuple(v.diverged)}")
+    return tuple(mark(v) for v in verdicts), delay, f"{verdicts[1].kind}/{verdicts[1].evidence}"
 
 
 TWO_NODE = "mismatch/2 nodes"  # chapter 08 section 10 and tests/lab/test_fr_doctor_lab.py, on the SLURM lab
@@ -122,11 +165,36 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--cases", default="", help="comma-separated case/mode labels to run (default: all)")
-    parser.add_argument("--set", choices=("trace", "fr", "all"), default="trace",
-                        help="trace: chapter 03's runs (default); fr: Flight Recorder verdicts (issue 13); all: both")
+    parser.add_argument("--set", choices=("trace", "fr", "ties", "all"), default="trace",
+                        help="trace: chapter 03's runs (default); fr: Flight Recorder verdicts (issue 13); ties: two-rank "
+                        "ties (issue 26); all: every set")
     args = parser.parse_args()
     flaky = 0
     t0 = time.monotonic()
+    if args.set in ("ties", "all"):
+        import os
+
+        print(f"load average before: {os.getloadavg()}", flush=True)
+        chosen_ties = [c for c in tie_cases() if not args.cases or c[0] in args.cases.split(",")]
+        delays: list[float] = []
+        for label, script, cargs, want, traced in chosen_ties:
+            seen: Counter = Counter()
+            classes: Counter = Counter()
+            for _ in range(args.repeats):
+                got, delay, kind = tie_verdict(script, cargs, want, traced)
+                seen[got] += 1
+                classes[kind] += 1
+                delays.append(delay)
+            counted = [g[:3] if traced else g[:2] for g in seen]
+            bad = any(x != want for g in counted for x in g)
+            flaky += bad
+            print(f"{'WRONG' if bad else 'right'} {label:22s} expect {want} (FR, FR+stacks, stacks{'+trace' if traced else ''}): "
+                  f"{dict(seen)} class/evidence {dict(classes)}", flush=True)
+        print(f"{len(chosen_ties) - flaky}/{len(chosen_ties)} two-rank cases right in {args.repeats} runs "
+              f"({time.monotonic() - t0:.0f} s); verdict {statistics.median(delays):.2f} s (median), {max(delays):.2f} s "
+              f"(max) after the stall window; load average after: {os.getloadavg()}", flush=True)
+        if args.set == "ties":
+            return 1 if flaky else 0
     if args.set in ("fr", "all"):
         chosen_fr = [c for c in fr_cases() if not args.cases or c[0] in args.cases.split(",")]
         if not args.cases or TWO_NODE in args.cases.split(","):

@@ -285,6 +285,14 @@ def _entries() -> tuple[Source, ...]:
                         "`KeyError: ('0', 0)`.",
           ("https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html",
            "https://github.com/pytorch/pytorch/issues/140879")),
+        s("PF-debug-server", "Measured (torch 2.13.0+cpu, gloo): `torch.distributed.debug.start_debug_server()` starts "
+                             "an HTTP worker on every rank and stores its address in the job's TCPStore "
+                             "(`debug_server/rank<R>`); the worker's `dump_traceback` handler answers with every "
+                             "thread's Python stack, no ptrace needed.  Rank 0 then imports its web page's handlers, "
+                             "which need `tabulate` (not a torch dependency): without it rank 0 raises "
+                             "ModuleNotFoundError, and the workers already started keep serving.",
+          ("https://github.com/pytorch/pytorch/blob/main/torch/distributed/debug/__init__.py",
+           "https://docs.python.org/3/library/faulthandler.html")),
         s("PF-elastic-scaleup", "Measured (torch 2.13.0+cpu): an elastic `--nnodes=1:2` scale-up deadlocked in 2 of 2 "
                                 "runs (both agents: `DistStoreError: wait timeout ... MASTER_ADDR`); "
                                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 avoided it; a `--max-restarts` crash restart "

@@ -11,6 +11,7 @@ import os
 import resource
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -185,3 +186,11 @@ def finish() -> None:
         dist.barrier()
         dist.destroy_process_group()
     gc.collect()
+
+
+def spin(seconds: float) -> None:
+    """Compute (hold the CPU, pure Python) for ``seconds``: a rank busy outside any collective, as py-spy sees it
+    (``active``), where ``time.sleep`` shows ``idle``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(k * k for k in range(10_000))

@@ -18,7 +18,7 @@ line (the heartbeat), and optional ``--step-s`` of sleep.  Cases:
   (padding to equal length).
 * ``set_epoch`` (D22): a 2-epoch loop over ``DistributedSampler(shuffle=True)``; rank 0 writes
   the sample order of each epoch to ``--out``.  ``bug``: no ``set_epoch``; ``fix``: ``set_epoch(e)``.
-* ``slow_eval`` (D23): at step 2 rank 0 evaluates for ``--eval-s`` seconds (printing
+* ``slow_eval`` (D23): at step 2 rank 0 evaluates (sleeps, or computes with ``--eval-busy``) for ``--eval-s`` seconds (printing
   ``eval batch N``) while the others wait in a barrier: slow, not hung.
 * ``ckpt_read`` (D23): rank 0 writes a checkpoint (slowly), the others read it.  ``bug``:
   no barrier (they read before it exists); ``fix``: atomic write (temp file, fsync, rename)
@@ -64,10 +64,10 @@ def atomic_save(state: dict, path: str) -> None:
     os.replace(tmp, path)
 
 
-def evaluate(seconds: float) -> None:
-    """Rank 0's slow evaluation: no collective, prints a heartbeat every 0.5 s."""
+def evaluate(seconds: float, busy: bool = False) -> None:
+    """Rank 0's slow evaluation: no collective, prints a heartbeat every 0.5 s; ``busy``: computes instead of sleeping."""
     for i in range(max(1, int(seconds / 0.5))):
-        time.sleep(0.5)
+        (_common.spin if busy else time.sleep)(0.5)
         _common.log(f"eval batch {i}")
 
 
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
                     dist.barrier()
             if i == 2 and args.case == "slow_eval":
                 if rank == 0:
-                    evaluate(args.eval_s)
+                    evaluate(args.eval_s, args.eval_busy)
                 dist.barrier()
             step(i)
     dist.destroy_process_group()
@@ -169,6 +169,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=10, help="dataset size (uneven)")
     parser.add_argument("--batch", type=int, default=2, help="batch size (uneven)")
     parser.add_argument("--eval-s", type=float, default=4.0, help="seconds of rank 0's evaluation (slow_eval)")
+    parser.add_argument("--eval-busy", action="store_true", help="the evaluation computes instead of sleeping (slow_eval)")
     parser.add_argument("--write-delay-s", type=float, default=2.0, help="seconds before rank 0 writes (ckpt_read)")
     parser.add_argument("--ckpt-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "hangs-ckpt"))
     parser.add_argument("--out", default=None, help="JSON written by rank 0 (set_epoch)")

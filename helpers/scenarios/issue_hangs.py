@@ -14,7 +14,7 @@ must name.  None opts into :mod:`helpers.collective_trace`: the evidence is torc
 * ``oom_skip``: a rank catches an out-of-memory error and goes on with the next batch; 3 ranks
   (https://github.com/facebookresearch/fairseq/pull/689).
 * ``subgroup_mismatch``: 4 ranks in two sub-groups ([0, 1], [2, 3]) next to the default group; in the
-  second sub-group rank 3 broadcasts while rank 2 all-reduces (sub-group collectives, as in
+  second sub-group rank 3 (the last rank) broadcasts while rank 2 all-reduces (with 2 ranks: one sub-group [0, 1]) (sub-group collectives, as in
   https://github.com/pytorch/pytorch/issues/130102).
 * ``ddp_eval_rank0``: rank 0 runs an evaluation forward of the DDP model (buffers broadcast) while the
   others go on (https://github.com/huggingface/accelerate/issues/157).
@@ -51,6 +51,20 @@ CASES: dict[str, tuple[str, int, list[int]]] = {
 """case -> (public source, ranks, the rank(s) the doctor must name)."""
 
 
+def expected(case: str, world: int) -> list[int]:
+    """The rank(s) that diverge in ``case`` run with ``world`` ranks (the two-rank versions of issue 26 included).
+
+    Raises:
+        ValueError: ``case`` is not in :data:`CASES`, or ``world`` < 2.
+    """
+    if case not in CASES:
+        raise ValueError(f"case={case!r}: expected one of {sorted(CASES)}")
+    if world < 2:
+        raise ValueError(f"world={world}: a hang needs at least 2 ranks")
+    last = {"nan_skip", "oom_skip", "subgroup_mismatch"}
+    return [world - 1] if case in last else ([1] if case == "patience_local" else [0])
+
+
 def evaluate(grad: object) -> float:
     """Rank 0's evaluation: gathers every rank's metric (an all_gather the other ranks never join)."""
     import torch
@@ -77,12 +91,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
         _common.log(f"step {i}")
 
     if case == "subgroup_mismatch":
-        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        groups = [dist.new_group(list(range(g, min(g + 2, world)))) for g in range(0, world, 2)]  # pairs; every rank creates each
         mine = groups[rank // 2]
         for i in range(1, args.steps + 1):
             step(i)
-            if i == 2 and rank == 3:
-                dist.broadcast(grad, src=2, group=mine)
+            if i == 2 and rank == world - 1:
+                dist.broadcast(grad, src=rank // 2 * 2, group=mine)
             else:
                 dist.all_reduce(grad, group=mine)
     elif case == "ddp_eval_rank0":

@@ -12,7 +12,9 @@ steps of one all_reduce each, printing ``step N`` (the heartbeat) after each.  A
 * ``mismatch``: calls broadcast where the others call all_reduce (a desync: on gloo it
   hangs until the timeout, PF-gloo-op-mismatch).
 
-``--trace`` opts into :mod:`helpers.collective_trace` (per-rank collective log for the doctor).
+``--trace`` opts into :mod:`helpers.collective_trace` (per-rank collective log for the doctor); ``--debug-server PORT``
+starts torch's own debug server (``torch.distributed.debug.start_debug_server``), whose per-rank worker serves the
+rank's Python stacks over HTTP (the doctor reads them beside py-spy's).
 
 Example::
 
@@ -42,6 +44,8 @@ def main() -> int:
     parser.add_argument("--hang-s", type=float, default=3600.0, help="how long a hanging rank sleeps")
     _common.add_dist_args(parser, timeout_s=60)
     parser.add_argument("--trace", action="store_true", help="record collectives for the hang doctor")
+    parser.add_argument("--debug-server", type=int, default=None, metavar="PORT",
+                        help="start torch.distributed.debug's server after init (every rank's worker; rank 0's page on PORT)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help="appended by the deepspeed launcher; LOCAL_RANK from the env is used")
     args = parser.parse_args()
@@ -56,6 +60,13 @@ def main() -> int:
 
         collective_trace.enable()
     _, device = _common.init_distributed(args.backend, args.timeout_s)
+    if args.debug_server is not None:
+        from torch.distributed.debug import start_debug_server
+
+        try:
+            start_debug_server(port=args.debug_server)
+        except ImportError as exc:  # torch 2.13: rank 0's page imports tabulate; every rank's worker already serves
+            _common.log(f"debug server: no page on rank 0 ({exc}); the per-rank workers run")
     rank = dist.get_rank()
     value = torch.ones(4, device=device)
     for step in range(1, args.steps + 1):
