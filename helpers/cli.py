@@ -64,7 +64,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from helpers import jobs, launchers, validate
 from helpers.slurm import RUNNERS
@@ -80,17 +80,37 @@ class Command(NamedTuple):
     run: Callable[[argparse.Namespace], int]
 
 
+class RunbookParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line: ``runbook <verb>: error: MESSAGE (see ... --help)``.
+
+    argparse's own ``error`` prints the whole usage block before the message; the one line names the
+    flag and where the usage is.  Exits with status 2, as argparse does.
+    """
+
+    def error(self, message: str) -> NoReturn:  # noqa: D102 - argparse's hook
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def plain(text: str) -> str:
+    """Docstring markup removed for ``--help``: ``:func:`x``` -> ``x``, double backquotes -> one."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "`")
+
+
 def _parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None, name: str, summary: str,
             description: str | None = None) -> argparse.ArgumentParser:
     """The parser of ``runbook <name>``: registered on ``subparsers``, or standalone when it is None.
 
     ``summary`` is the one line of ``runbook --help``; ``description`` (default: ``summary``) heads
-    ``runbook <name> --help`` and keeps its line breaks when it has several lines (a module docstring).
+    ``runbook <name> --help`` and keeps its line breaks when it has several lines (a module docstring,
+    shown without its markup: :func:`plain`).  Both are :class:`RunbookParser` (one-line errors).
     """
-    description = description or summary
+    description = plain(description or summary)
     formatter = argparse.RawDescriptionHelpFormatter if "\n" in description else argparse.HelpFormatter
     if subparsers is None:
-        return argparse.ArgumentParser(prog=f"runbook {name}", description=description, formatter_class=formatter)
+        return RunbookParser(prog=f"runbook {name}", description=description, formatter_class=formatter)
     return subparsers.add_parser(name, help=summary, description=description, formatter_class=formatter)
 
 
@@ -498,55 +518,170 @@ def preflight(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- estimate-memory
 
+MAX_WORLD_SIZE = 10**7
+"""The largest ``--world-size`` accepted (ten times the GPUs of the largest clusters built so far)."""
+
+
+def _count_arg(text: str) -> int:
+    """argparse ``type`` of ``--params``: :func:`helpers.memory.parse_count` (``8.3B``, ``7e9``, ``1.5M``)."""
+    from helpers import memory
+
+    try:
+        return memory.parse_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _world_size_arg(text: str) -> int:
+    """argparse ``type`` of ``--world-size``: a whole number in 1 .. :data:`MAX_WORLD_SIZE`."""
+    n = positive_int_arg("--world-size")(text)
+    if n > MAX_WORLD_SIZE:
+        raise argparse.ArgumentTypeError(f"--world-size={text!r}: more than {MAX_WORLD_SIZE:,} ranks")
+    return n
+
+
+_GPU_UNITS = {"": 2**30, "g": 2**30, "gib": 2**30, "gb": 10**9, "m": 2**20, "mib": 2**20, "mb": 10**6,
+              "t": 2**40, "tib": 2**40, "tb": 10**12}
+
+
+def _gpu_memory_arg(text: str) -> int:
+    """argparse ``type`` of ``--gpu-memory``: ``80`` or ``80GiB`` (GiB), ``80GB`` (10^9 bytes), ``81559MiB``; bytes.
+
+    A bare number is GiB, the unit ``torch.cuda.get_device_properties().total_memory`` is usually read in.
+    """
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _GPU_UNITS or not 0 < float(m.group(1)) * _GPU_UNITS[unit] <= 2**50:
+        raise argparse.ArgumentTypeError(f"--gpu-memory={text!r}: expected the memory of one GPU such as 80, "
+                                         "80GiB, 80GB or 40960MiB (a bare number is GiB)")
+    return int(float(m.group(1)) * _GPU_UNITS[unit])
+
+
+def _visible_gpu_memory() -> int | None:
+    """Bytes of memory of this machine's first GPU from ``nvidia-smi`` (no torch import), or None without one."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.split()
+        return int(out[0]) * 2**20 if out else None  # nvidia-smi reports MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
 def estimate_memory_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
                            ) -> argparse.ArgumentParser:
-    """The ``runbook estimate-memory`` parser (``--params``, ``--world-size``, ``--strategy`` required)."""
+    """The ``runbook estimate-memory`` parser (``--params`` and ``--world-size`` required; every strategy by default)."""
     from helpers import memory
 
     p = _parser(subparsers, "estimate-memory", "bytes per rank of params, grads and optimizer states (DDP, ZeRO, FSDP)",
-                "Bytes of parameters, gradients and optimizer states per rank for a data-parallel strategy "
-                "(ZeRO paper formulas).")
-    p.add_argument("--params", required=True, help="parameter count: 1.3e9, 1300000000, 1.3B, 350M")
-    p.add_argument("--world-size", type=int, required=True, help="data-parallel ranks N")
-    p.add_argument("--strategy", required=True, help=f"one of {', '.join(memory.STRATEGIES)}, or 'all' for a comparison")
-    p.add_argument("--precision", default="bf16-mixed", help=f"one of {', '.join(memory.PRECISIONS)} (default bf16-mixed)")
+                "Bytes of parameters, gradients and optimizer states per rank for each data-parallel strategy\n"
+                "(ZeRO paper formulas; DDP adds its gradient buckets), whether that fits on one GPU, and the\n"
+                "activations of a transformer when its shape is given.  Example:\n"
+                "  runbook estimate-memory --params 8.3B --world-size 8 --gpu-memory 80GiB")
+    p.add_argument("--params", type=_count_arg, required=True,
+                   help="parameter count as you would write it: 8.3B, 7e9, 1.5M, 1300000000")
+    p.add_argument("--world-size", type=_world_size_arg, required=True, help="data-parallel ranks N (GPUs in the job)")
+    p.add_argument("--strategy", default="all", help=f"one of {', '.join(memory.STRATEGIES)}; default all (side by side)")
+    p.add_argument("--precision", default="bf16-mixed",
+                   help=f"one of {', '.join(memory.PRECISIONS)} (default bf16-mixed; DDP with torch.autocast: fp32)")
     p.add_argument("--optimizer", default="adam", help=f"one of {', '.join(memory.OPTIMIZER_STATE_BYTES)} (default adam)")
-    p.add_argument("--offload", default=None, help="none, cpu (offload_optimizer) or cpu+param (ZeRO-3 offload_param)")
-    p.add_argument("--shard-size", type=int, default=None, help="ranks per replica, for fsdp_hybrid_shard")
+    p.add_argument("--offload", default=None, choices=("none", "cpu", "cpu+param"),
+                   help="none, cpu (offload_optimizer) or cpu+param (ZeRO-3 offload_param)")
+    p.add_argument("--shard-size", type=positive_int_arg("--shard-size"), default=None,
+                   help="ranks per replica, for fsdp_hybrid_shard")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP with gradient_as_bucket_view=True: no second copy of the gradients in its buckets")
+    p.add_argument("--gpu-memory", type=_gpu_memory_arg, default=None,
+                   help="memory of one GPU (80, 80GiB, 80GB): adds a 'fits' column (default: nvidia-smi's, if any)")
+    shape = p.add_argument_group("activations (a GPT-style transformer; all five, or none)")
+    for flag, what in (("--micro-batch", "micro-batch size per rank"), ("--seq-len", "sequence length"),
+                       ("--hidden", "hidden size"), ("--layers", "layers"), ("--heads", "attention heads")):
+        shape.add_argument(flag, type=positive_int_arg(flag), default=None, help=what)
     p.add_argument("--json", action="store_true", help="print the estimate(s) as JSON")
     return p
 
 
+_SHAPE = ("micro_batch", "seq_len", "hidden", "layers", "heads")
+
+
 def estimate_memory(args: argparse.Namespace) -> int:
-    """Print the per-rank model-state table (or JSON) of ``helpers.memory.estimate``: 0, or 2 on a bad value."""
+    """Print the per-rank model-state table (or JSON) of ``helpers.memory.estimate``: 0, or 2 on a bad value.
+
+    With ``--gpu-memory`` (or a GPU that ``nvidia-smi`` reports) each strategy gets a ``fits`` verdict:
+    device bytes at the peak (model states, the optimizer step's fp32 gradients, SHARD_GRAD_OP's
+    compute copy, and the activations when the shape is given) against the GPU's memory.
+    """
     from helpers import memory as mem
 
+    given = [f for f in _SHAPE if getattr(args, f) is not None]
     try:
-        n = mem.parse_count(args.params)
+        if given and len(given) < len(_SHAPE):
+            missing = ", ".join("--" + f.replace("_", "-") for f in _SHAPE if f not in given)
+            raise ValueError(f"{missing}: the activation estimate needs all of --micro-batch, --seq-len, --hidden, "
+                             "--layers and --heads")
+        activations, act_formula = 0, ""
+        if given:
+            if args.precision == "fp32":
+                raise ValueError("--precision='fp32': the activation formula (Korthikanti et al. 2022) is for 16-bit "
+                                 "activations; give bf16-mixed or fp16-mixed, or leave the shape out")
+            act_formula, activations = mem.activation_bytes_formula(
+                "transformer", batch=args.micro_batch, seq_len=args.seq_len, hidden=args.hidden, heads=args.heads,
+                layers=args.layers)
+        offload = None if args.offload in (None, "none") else args.offload
         if args.strategy == "all":
             names = [s for s in mem.STRATEGIES if s not in ("zero0", "fsdp_hybrid_shard")]
-            if args.offload not in (None, "none"):
+            if offload is not None:
                 names = [s for s in names if s in ("zero1", "zero2", "zero3")]
-            ests = [mem.estimate(n, args.world_size, s, args.precision, args.optimizer, args.offload) for s in names]
+            ests = [mem.estimate(args.params, args.world_size, s, args.precision, args.optimizer, offload,
+                                 bucket_view=args.bucket_view and s == "ddp") for s in names]
         else:
-            ests = [mem.estimate(n, args.world_size, args.strategy, args.precision, args.optimizer, args.offload,
-                                 shard_size=args.shard_size)]
+            ests = [mem.estimate(args.params, args.world_size, args.strategy, args.precision, args.optimizer, offload,
+                                 shard_size=args.shard_size, bucket_view=args.bucket_view)]
     except ValueError as exc:
         print(f"runbook estimate-memory: {exc}", file=sys.stderr)
         return 2
+    gpu = args.gpu_memory if args.gpu_memory is not None else _visible_gpu_memory()
+    hb = mem.human_bytes
+
+    def peak(e: mem.Estimate) -> int:
+        return e.device_bytes + e.step_transient + e.compute_copy + activations
+
+    def fits(e: mem.Estimate) -> str:
+        if gpu is None:
+            return ""
+        room = gpu - peak(e)
+        return f"fits ({hb(room)} free)" if room >= 0 else f"NO ({hb(-room)} over)"
+
     if args.json:
-        print(json.dumps([e.to_dict() for e in ests], indent=2))
-    elif len(ests) == 1:
+        print(json.dumps([{**e.to_dict(), "activations": activations, "peak_device_bytes": peak(e),
+                           "gpu_memory": gpu, "fits": None if gpu is None else peak(e) <= gpu} for e in ests], indent=2))
+        return 0
+    if len(ests) == 1:
         print(mem.format_estimate(ests[0]))
     else:
-        hb = mem.human_bytes
-        print(f"model states per rank: Ψ = {n:,} params, world size {args.world_size}, {args.precision}, "
-              f"{args.optimizer}, offload={args.offload or 'none'}")
-        print(f"{'strategy':<20}{'params':>12}{'grads':>12}{'optim':>12}{'total':>12}  formula")
+        print(f"model states per rank: Ψ = {args.params:,} params, world size {args.world_size}, {args.precision}, "
+              f"{args.optimizer}, offload={offload or 'none'}")
+        print(f"{'strategy':<20}{'params':>12}{'grads':>12}{'optim':>12}{'buckets':>12}{'total':>12}  formula")
         for e in ests:
-            print(f"{e.strategy:<20}{hb(e.params):>12}{hb(e.grads):>12}{hb(e.optimizer_states):>12}{hb(e.total):>12}  "
-                  f"{e.formulas['total']}")
-        print(f"source: {mem.ZERO_PAPER}")
+            print(f"{e.strategy:<20}{hb(e.params):>12}{hb(e.grads):>12}{hb(e.optimizer_states):>12}"
+                  f"{hb(e.grad_buckets) if e.grad_buckets else '-':>12}{hb(e.total):>12}  {e.formulas['total']}")
+        print(f"source: {mem.ZERO_PAPER}; DDP buckets: {mem.DDP_DOCS}")
+    if activations:
+        print(f"activations per rank (every strategy): {hb(activations)} = {act_formula}")
+    if gpu is None:
+        print("fits on one GPU? add --gpu-memory 80GiB (your GPU's memory)")
+    else:
+        print(f"on one GPU of {hb(gpu)} (peak: device model states + the optimizer step's fp32 gradients"
+              f"{' + activations' if activations else ''}; not counted: CUDA context ~0.5-1 GiB, fragmentation):")
+        for e in ests:
+            print(f"  {e.strategy:<20}{hb(peak(e)):>12}  {fits(e)}")
     return 0
 
 
@@ -564,7 +699,8 @@ def build_command_parser(subparsers: argparse._SubParsersAction[argparse.Argumen
                 "Build the command that starts a training script (torchrun, accelerate launch, deepspeed, srun + torchrun,\n"
                 "or a whole sbatch script) and list its known traps, FAILs first; or read an existing command or\n"
                 "batch script (--check, --check-file) and list its traps.  Exit status: 0 no FAIL, 1 a FAIL trap,\n"
-                "2 bad input.  The command goes to stdout, the traps to stderr (runbook build ... > job.sbatch).  Example:\n"
+                "2 bad input.  The command (with --check: how it was read) goes to stdout, the traps and their count to\n"
+                "stderr, in both modes (runbook build ... > job.sbatch keeps the script clean).  Example:\n"
                 "  runbook build --launcher srun+torchrun --nodes 2 --nproc-per-node 8 train.py --env NCCL_DEBUG=INFO")
     p.add_argument("script", nargs="?", default=None, help="the training script (default train.py)")
     p.add_argument("--launcher", choices=launch_traps.KINDS, default="torchrun", help="default torchrun")
@@ -605,7 +741,10 @@ def tcp_port_arg(flag: str) -> Callable[[str], int]:
 
 
 def build_command(args: argparse.Namespace) -> int:
-    """Print the built command (stdout) and its traps (stderr), or a read command's traps (stdout).
+    """Print the built command, or how a command was read (stdout), then the traps and their count (stderr).
+
+    One rule for both modes: stdout carries what can be kept (the command, ``> job.sbatch``; the
+    ``read as:`` line), stderr the findings, which the exit status also gives.
 
     Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input or when no command could be built
     (the traps found are still listed).
@@ -628,9 +767,14 @@ def build_command(args: argparse.Namespace) -> int:
             for name in args.unset or []:
                 env[envvars.check_name(name, "--unset")] = None
             rdzv = args.rdzv or ("standalone" if args.nodes == 1 and args.launcher == "torchrun" else "static")
+            try:
+                script_args = tuple(shlex.split(args.script_args))
+            except ValueError as exc:  # shlex: "No closing quotation"
+                raise ValueError(f"--script-args={args.script_args!r}: {exc}; quote as in a shell: \"bob's run\" "
+                                 "or 'bob'\\''s run'") from None
             spec = launch_traps.LaunchSpec(
                 kind=args.launcher, nnodes=args.nodes, nproc_per_node=args.nproc_per_node, script=args.script or "train.py",
-                script_args=tuple(shlex.split(args.script_args)), rdzv=rdzv, master_addr=args.master_addr,
+                script_args=script_args, rdzv=rdzv, master_addr=args.master_addr,
                 master_port=args.master_port, node_rank=args.node_rank, env=env, gpus_per_node=args.gpus_per_node,
                 accelerate_cpu=args.accelerate_cpu, srun_ntasks_per_node=args.srun_ntasks_per_node,
                 srun_export=args.srun_export)
@@ -645,11 +789,11 @@ def build_command(args: argparse.Namespace) -> int:
         except ValueError as exc:  # nothing on stdout: never exit 0 then (`runbook build ... > job.sh` would be empty)
             print(f"runbook build: no command: {exc}", file=sys.stderr)
             failed = True
-    report = sys.stdout if checking else sys.stderr  # built: the command alone on stdout (> job.sbatch)
+    sys.stdout.flush()  # the command first, then the findings, also when both streams go to one terminal
     for trap in traps:
-        print(trap.line() + f"  [{trap.source}]", file=report)
-    print(f"{len(traps)} trap(s)" + (f", {sum(t.severity == 'FAIL' for t in traps)} FAIL" if traps else ": none known"),
-          file=report)
+        print(trap.line() + f"  [{trap.source}]", file=sys.stderr)
+    print(f"{len(traps)} trap(s)" + (f", {sum(t.status == 'FAIL' for t in traps)} FAIL" if traps else ": none known"),
+          file=sys.stderr)
     return 2 if failed else (1 if worst(traps) == "FAIL" else 0)
 
 
@@ -669,27 +813,50 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``runbook``: every :data:`COMMANDS` entry registered, ``func`` set to its handler."""
-    parser = argparse.ArgumentParser(prog="runbook", description=__doc__.split("\nAdding a command")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The argument parser of ``runbook``: every :data:`COMMANDS` entry registered, ``func`` set to its handler.
+
+    Each sub-command's parser is also kept in the namespace (``_parser``) so that :func:`main` reports
+    an unknown flag with that sub-command's name.
+    """
+    parser = RunbookParser(prog="runbook", description=plain(__doc__.split("\nAdding a command")[0]),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=RunbookParser)
     for cmd in COMMANDS:
-        cmd.add_parser(sub).set_defaults(func=cmd.run)
+        sp = cmd.add_parser(sub)
+        sp.set_defaults(func=cmd.run, _parser=sp)
     return parser
+
+
+EPIPE_STATUS = 141
+"""Exit status when the reader of stdout went away (``runbook ... | head``): 128 + SIGPIPE, as a shell reports it."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runbook`` console script; returns the command's exit status (0, 1 or 2).
 
+    An unknown flag after a sub-command is reported by that sub-command's parser (its name and its
+    ``--help``), not by the top-level one.  When stdout is a pipe whose reader has exited
+    (``runbook estimate-memory ... | head``) the command stops quietly with :data:`EPIPE_STATUS`: no
+    ``BrokenPipeError`` traceback, for every verb (the way the Python documentation recommends:
+    https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+
     Raises:
-        SystemExit: on bad arguments (argparse names the flag and the accepted values; status 2).
+        SystemExit: on bad arguments (one line naming the flag and the accepted values; status 2).
     """
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    args, extra = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if extra:
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args))
-    except BrokenPipeError:  # stdout closed early (`runbook ... | head`): end quietly, as a program killed by SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the recipe of Python's signal docs
-        return 141
+        status = int(args.func(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit and would print "Exception ignored ... BrokenPipeError":
+        # point the descriptor at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EPIPE_STATUS
+    return status
 
 
 if __name__ == "__main__":

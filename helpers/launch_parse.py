@@ -362,6 +362,48 @@ def launch_line(text: str) -> int:
     return int(_parse_lines(text, {}, {}).get("_line", 0))
 
 
+_MPI = ("mpirun", "mpiexec", "orterun", "prterun")
+
+
+def _unlaunched(text: str) -> str | None:
+    """Why the first command of ``text`` starts no rank contract, when it is a bare ``python`` or an MPI launcher.
+
+    ``python train.py`` (also under ``srun``) starts processes that torch.distributed cannot group:
+    nothing sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` (D1).  ``mpirun`` sets Open MPI's own
+    variables (``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_LOCAL_RANK``:
+    https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html), which ``init_process_group``'s
+    ``env://`` does not read.  None for any other text.
+    """
+    for _, line in _join_continuations(text):
+        words = _split(line.strip())
+        if not words or words[0] in ("export", "unset", "cd", "set", "module", "source", ".", "echo") or (
+                len(words) == 1 and _ASSIGN.match(words[0])):
+            continue
+        i = 0
+        while i < len(words) and _ASSIGN.match(words[i]):
+            i += 1
+        words = words[i:]
+        if words and words[0].rsplit("/", 1)[-1] == "srun":
+            j = 1
+            while j < len(words) and words[j].startswith("-"):
+                j += 1 if "=" in words[j] or words[j] in ("--overlap", "--exclusive", "-l", "--label") else 2
+            words = words[j:]
+        head = words[0].rsplit("/", 1)[-1] if words else ""
+        if re.fullmatch(r"python[0-9.]*", head):
+            script = next((w for w in words[1:] if not w.startswith("-")), "train.py")
+            return (f"command: `{' '.join(words[:2])}` starts the script with no launcher, so no process gets RANK, "
+                    "WORLD_SIZE or MASTER_ADDR and init_process_group() cannot form the group (D1: no launcher, no "
+                    f"contract); start it with `torchrun --nproc-per-node=N {script}` (one per node)")
+        if head in _MPI:
+            return (f"command: `{head}` starts the ranks with Open MPI's variables (OMPI_COMM_WORLD_RANK, "
+                    "OMPI_COMM_WORLD_SIZE), not the RANK, WORLD_SIZE and MASTER_ADDR that init_process_group('env://') "
+                    "reads (D1); launch with torchrun (one per node, `srun ... torchrun` under SLURM), or set RANK, "
+                    "WORLD_SIZE, LOCAL_RANK from the OMPI_COMM_WORLD_* variables and MASTER_ADDR/MASTER_PORT in the "
+                    "script before init_process_group")
+        return None
+    return None
+
+
 def parse_command(text: str) -> LaunchSpec:
     """The :class:`LaunchSpec` of a pasted launch command (``export`` / ``unset`` lines before it allowed).
 
@@ -374,14 +416,15 @@ def parse_command(text: str) -> LaunchSpec:
         The spec; fields the command does not say keep :class:`LaunchSpec`'s defaults.
 
     Raises:
-        ValueError: no launcher found (the accepted ones are named), or no script after its options.
+        ValueError: no launcher found (the accepted ones are named; a bare ``python script.py`` or an
+            ``mpirun`` line is explained: no rank contract, D1), or no script after its options.
     """
     env: dict[str, str | None] = {}
     early: dict[str, Any] = {}
     fields = _parse_lines(text, env, early)
     if not fields:
-        raise NoLaunch("command: no launcher found; accepted: torchrun, python -m torch.distributed.run, "
-                         "accelerate launch, deepspeed, srun ... torchrun")
+        raise NoLaunch(_unlaunched(text) or "command: no launcher found; accepted: torchrun, python -m "
+                         "torch.distributed.run, accelerate launch, deepspeed, srun ... torchrun")
     return _finish(fields, env, early)
 
 
@@ -426,7 +469,9 @@ def parse_sbatch(text: str) -> LaunchSpec:
     early: dict[str, Any] = {}
     fields = _parse_lines(text, env, early)
     if not fields:
-        raise NoLaunch("sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
+        why = _unlaunched("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+        raise NoLaunch(why.replace("command:", "sbatch:", 1) if why else
+                         "sbatch: no launch line (srun, torchrun, accelerate launch, deepspeed) found")
     nodes = _int(header.get("--nodes", "").split("-")[0], "#SBATCH --nodes") if header.get("--nodes") else None
     if fields.get("kind") == "srun+torchrun":
         fields["kind"] = "sbatch"

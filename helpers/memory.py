@@ -28,8 +28,17 @@ partition (4Ψ/N) to host RAM; ZeRO-3 also keeps its 2-byte gradient partition t
 (device) + 18Ψ/N (host), ZeRO-3 with parameter offload 20Ψ/N (host).  Measured on DeepSpeed
 0.19.8 in chapter 05 (D16).
 
+DDP's gradient buckets (``ddp`` only, :attr:`Estimate.grad_buckets`, in ``total``): PyTorch's
+``DistributedDataParallel`` all-reduces gradients through flat bucket tensors, one more full copy of
+the gradients unless ``gradient_as_bucket_view=True`` makes each ``param.grad`` a view into its
+bucket (torch 2.13 ``torch/nn/parallel/distributed.py``, the ``gradient_as_bucket_view`` docstring:
+"the saved memory size will be equal to the total gradients size"; :data:`DDP_DOCS`).  So DDP with
+mixed-precision Adam holds 16Ψ of model states (the ZeRO paper's figure) plus 2Ψ of buckets: 18Ψ;
+with ``torch.autocast`` (fp32 parameters, the usual DDP + AMP: ``precision="fp32"`` here, since
+autocast changes only the activations) 16Ψ + 4Ψ = 20Ψ.
+
 Not included, on purpose: activations (they depend on batch and sequence length, not on the
-strategy: :func:`activation_bytes_formula`), communication buckets, allocator fragmentation,
+strategy: :func:`activation_bytes_formula`), ZeRO's and FSDP's communication buffers, allocator fragmentation,
 the CUDA context, and the working set of all-gathered layers under ZeRO-3/FULL_SHARD.
 DeepSpeed's own estimators (``deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs``
 and ``deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs``, and their ``_all_live``
@@ -62,6 +71,8 @@ DS_ESTIMATOR = ("DeepSpeed 0.19.8 deepspeed/runtime/zero/stage_1_and_2.py estima
                 "stage3.py estimate_zero3_model_states_mem_needs; https://deepspeed.readthedocs.io/en/latest/memory.html")
 FSDP_DOCS = ("PyTorch FSDP: https://pytorch.org/docs/stable/fsdp.html (ShardingStrategy), "
              "FSDP2 MixedPrecisionPolicy: https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html")
+DDP_DOCS = ("torch 2.13 torch/nn/parallel/distributed.py, DistributedDataParallel(gradient_as_bucket_view=False): "
+            "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html")
 KORTHIKANTI = ("Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, "
                "sec. 4.1 eq. (1): https://arxiv.org/abs/2205.05198")
 
@@ -108,6 +119,8 @@ class Estimate:
             keeps from forward to backward (0 elsewhere; ZeRO-3/FULL_SHARD hold one layer's
             worth, which depends on the model), not in ``total``.
         formulas: component -> formula in Ψ (params) and N (world or shard size).
+        grad_buckets: bytes of DDP's gradient buckets (``ddp`` without ``bucket_view``: one more
+            copy of the gradients, in their dtype), in ``total`` and ``device_bytes``; 0 elsewhere.
         sources: where each formula comes from.  notes: caveats for this configuration.
     """
 
@@ -128,13 +141,15 @@ class Estimate:
     step_transient: int
     compute_copy: int
     shard_size: int | None = None
+    grad_buckets: int = 0
     formulas: dict[str, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
     def components(self) -> dict[str, int]:
-        """``{"params": ..., "grads": ..., "optimizer_states": ...}`` in bytes (their sum is ``total``)."""
-        return {"params": self.params, "grads": self.grads, "optimizer_states": self.optimizer_states}
+        """``{"params": ..., "grads": ..., "optimizer_states": ..., "grad_buckets": ...}`` in bytes (their sum is ``total``)."""
+        return {"params": self.params, "grads": self.grads, "optimizer_states": self.optimizer_states,
+                "grad_buckets": self.grad_buckets}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
@@ -147,7 +162,7 @@ def _frac(coef: float, sharded: bool, n_sym: str) -> str:
 
 
 def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16-mixed", optimizer: str = "adam",
-             offload: str | None = None, *, shard_size: int | None = None) -> Estimate:
+             offload: str | None = None, *, shard_size: int | None = None, bucket_view: bool = False) -> Estimate:
     """Estimate the bytes of model states each rank holds (params, grads, optimizer states).
 
     Args:
@@ -167,6 +182,8 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
             ``offload_param`` as well: the 2-byte parameter partition moves to host RAM too).
         shard_size: ranks per replica for ``fsdp_hybrid_shard`` (e.g. GPUs per node); the
             state is sharded over ``shard_size`` ranks instead of ``world_size``.
+        bucket_view: ``ddp`` only: the job passes ``gradient_as_bucket_view=True`` to
+            ``DistributedDataParallel``, so the gradients live in the buckets (no second copy).
 
     Returns:
         An :class:`Estimate` (bytes are rounded down to whole bytes per component).
@@ -289,7 +306,25 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
             host += params_b
             notes.append("offload_param=cpu: the device keeps only the layers being computed "
                          "(DeepSpeed's estimator counts 4 bytes x the largest layer)")
-    total = params_b + grads_b + optim_b
+    buckets = 0
+    if strategy == "ddp":
+        sources.append(DDP_DOCS)
+        if bucket_view:
+            notes.append("gradient_as_bucket_view=True: the gradients are views into DDP's all-reduce buckets, "
+                         "no second copy")
+        else:
+            buckets = grads_b
+            notes.append(f"DDP all-reduces through flat gradient buckets, a second copy of the gradients "
+                         f"({g_coef}Ψ); gradient_as_bucket_view=True (--bucket-view) makes the gradients views "
+                         "into them and saves it")
+        if mixed:
+            notes.append("bf16-mixed here is the ZeRO paper's layout (2-byte parameters and gradients, an fp32 master "
+                         "copy in the optimizer); DDP with torch.autocast keeps fp32 parameters and gradients: "
+                         "that is --precision fp32 (autocast changes only the activations)")
+    elif bucket_view:
+        raise ValueError(f"bucket_view=True: only DistributedDataParallel has gradient buckets (strategy='ddp'), "
+                         f"got strategy={strategy!r}")
+    total = params_b + grads_b + optim_b + buckets
     device = total - host
     formulas["total"] = {
         (False, False, False): f"{p_coef + g_coef + m_coef + k_opt}Ψ",
@@ -303,13 +338,16 @@ def estimate(params: int, world_size: int, strategy: str, precision: str = "bf16
             formulas["total"] = f"{formulas['params']} (device) + {host_coef}Ψ/N (host)"
         else:
             formulas["total"] = f"{p_coef}Ψ/N + {host_coef}Ψ/N = {p_coef + host_coef}Ψ/N (host)"
+    if buckets:
+        formulas["grad_buckets"] = f"{g_coef}Ψ"
+        formulas["total"] = f"{p_coef + g_coef + m_coef + k_opt + g_coef}Ψ ({formulas['total']} + {g_coef}Ψ DDP buckets)"
     if compute_copy:
         formulas["total"] += f" (+ {lp}Ψ unsharded from forward to backward)"
     return Estimate(strategy=strategy, precision=precision, optimizer=optimizer, offload=offload, world_size=world,
                     n_params=psi, params=params_b, grads=grads_b, optimizer_states=optim_b, master=master_b,
                     moments=moments_b, total=total, device_bytes=device, host_bytes=host,
                     step_transient=step_transient, compute_copy=compute_copy,
-                    shard_size=shard if strategy == "fsdp_hybrid_shard" else None, formulas=formulas,
+                    shard_size=shard if strategy == "fsdp_hybrid_shard" else None, grad_buckets=buckets, formulas=formulas,
                     sources=tuple(dict.fromkeys(sources)), notes=tuple(notes))
 
 
@@ -533,22 +571,41 @@ def plot_comparison(rows: Sequence[dict[str, Any]], rank: int = 0, ax: Any = Non
     return ax.figure
 
 
-_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_SUFFIX = {"k": 3, "m": 6, "b": 9, "g": 9, "t": 12}
+MAX_PARAMS = 10**15
+"""The largest parameter count :func:`parse_count` accepts (a thousand times the largest models trained so far)."""
 
 
 def parse_count(text: str) -> int:
-    """Parse a parameter count: ``1.3e9``, ``1300000000``, ``1.3B``, ``350M``, ``7b``.
+    """Parse a parameter count as people write it: ``8.3B``, ``7e9``, ``1.5M``, ``350m``, ``1,300,000,000``, ``70 B``.
+
+    Exact decimal arithmetic (``8.3B`` is 8,300,000,000, not a float's 8,299,999,999), so no
+    float overflow either: ``1e400`` is refused with a message, never an ``OverflowError``.
+
+    Returns:
+        The count, 1 .. :data:`MAX_PARAMS`.
 
     Raises:
-        ValueError: not a count (names ``--params``).
+        ValueError: not a count, not a whole number, below 1 or above :data:`MAX_PARAMS`; the
+            message names ``--params`` and gives examples.
     """
+    from decimal import Decimal, DecimalException
+
     raw = str(text).strip().replace("_", "").replace(",", "")
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)", raw)
     if not m:
-        raise ValueError(f"--params={text!r}: expected a count such as 1.3e9, 1300000000, 1.3B or 350M")
-    value = float(m.group(1)) * (_SUFFIX[m.group(2).lower()] if m.group(2) else 1)
-    if value != int(value):
+        raise ValueError(f"--params={text!r}: expected a count such as 8.3B, 7e9, 1.5M or 1300000000")
+    try:
+        value = Decimal(m.group(1)).scaleb(_SUFFIX[m.group(2).lower()] if m.group(2) else 0)
+    except DecimalException:  # an exponent beyond the decimal context's range (1e9999999)
+        raise ValueError(f"--params={text!r}: out of range; expected a model size such as 8.3B or 7e9") from None
+    if value > MAX_PARAMS:
+        raise ValueError(f"--params={text!r}: more than {MAX_PARAMS:.0e} parameters; expected a model size such as "
+                         "8.3B or 7e9")
+    if value != value.to_integral_value():
         raise ValueError(f"--params={text!r}: not a whole number of parameters")
+    if value < 1:
+        raise ValueError(f"--params={text!r}: must be at least 1 parameter")
     return int(value)
 
 
@@ -564,6 +621,8 @@ def format_estimate(est: Estimate) -> str:
         ("  of which fp32 master", "", est.master, where_opt),
         ("  of which moments", "", est.moments, where_opt),
     ]
+    if est.grad_buckets:
+        rows.append(("DDP gradient buckets", est.formulas["grad_buckets"], est.grad_buckets, "device"))
     rows.append(("total", est.formulas["total"], est.total, "device+host" if est.offload else "device"))
     lines = [f"model states per rank: Ψ = {est.n_params:,} params, {n_desc}, {est.strategy}, "
              f"{est.precision}, {est.optimizer}, offload={est.offload or 'none'}",
@@ -576,8 +635,8 @@ def format_estimate(est: Estimate) -> str:
                      "builds for the step; its own estimator counts them)")
     if est.compute_copy:
         lines.append(f"+ {human_bytes(est.compute_copy)} unsharded compute copy between forward and backward")
-    lines.append("not included: activations (helpers.memory.activation_bytes_formula), communication buckets, "
-                 "fragmentation, CUDA context")
+    lines.append("not included: activations (--seq-len/--hidden/--layers/--heads/--micro-batch), ZeRO/FSDP "
+                 "communication buffers, fragmentation, CUDA context")
     for note in est.notes:
         lines.append(f"note: {note}")
     for src in est.sources:

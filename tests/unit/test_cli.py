@@ -102,3 +102,40 @@ def test_domain_modules_hold_no_cli_code():
     for module in (preflight, memory, nccl_log):
         assert "argparse" not in inspect.getsource(module), module.__name__
     assert not (Path(cli.__file__).parent / "lint" / "cli.py").exists()
+
+
+def test_a_closed_pipe_ends_every_verb_quietly(tmp_path):
+    """``runbook estimate-memory ... | head``: the reader is gone; no BrokenPipeError traceback (one place: cli.main).
+
+    A child process writes into a pipe whose read end is already closed, so the EPIPE is certain
+    (``| head`` only races with it).
+    """
+    import subprocess
+    import sys
+
+    code = ("import os, sys\nr, w = os.pipe(); os.close(r); os.dup2(w, 1)\nfrom helpers import cli\n"
+            "sys.exit(cli.main(['estimate-memory', '--params', '7B', '--world-size', '8']))")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == cli.EPIPE_STATUS and res.stderr == "", res.stderr
+
+
+def test_unknown_flag_after_a_subcommand_names_the_subcommand(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["estimate-memory", "--params", "1B", "--world-size", "2", "--stratgey", "ddp"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("runbook estimate-memory: error: unrecognized arguments: --stratgey")
+    assert "usage: runbook [-h]" not in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit):
+        cli.main(["lab", "status", "--nodez", "3"])
+    assert capsys.readouterr().err.startswith("runbook lab: error: unrecognized arguments: --nodez 3")
+
+
+def test_help_shows_no_docstring_markup(capsys):
+    for argv in (["--help"], ["nccl-log", "--help"], ["preflight", "--help"], ["lab", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out and ":func:" not in out and ":class:" not in out and ":data:" not in out, (argv, out)
+    assert cli.plain("``a`` :func:`helpers.x` :class:`~y.Z`") == "`a` helpers.x y.Z"

@@ -17,8 +17,8 @@ GB = 1e9
 def test_zero_paper_figure_1(strategy, published_gb):
     """Figure 1 of the ZeRO paper: Ψ = 7.5B, N_d = 64, K = 12 (mixed-precision Adam)."""
     est = memory.estimate(7_500_000_000, 64, strategy)
-    assert round(est.total / GB, 1) == published_gb
-    assert est.total == est.params + est.grads + est.optimizer_states
+    assert round((est.total - est.grad_buckets) / GB, 1) == published_gb  # the paper leaves DDP's buckets out
+    assert est.total == est.params + est.grads + est.optimizer_states + est.grad_buckets == sum(est.components().values())
     assert est.optimizer_states == est.master + est.moments
 
 
@@ -32,10 +32,10 @@ def test_components_and_formulas():
     assert z2.total == 2 * psi + 14 * psi // n and z2.formulas["total"] == "2Ψ + 14Ψ/N"
     z3 = memory.estimate(psi, n, "zero3")
     assert z3.total == 16 * psi // n and z3.formulas["total"] == "16Ψ/N"
-    assert memory.estimate(psi, n, "zero0").total == ddp.total
+    assert memory.estimate(psi, n, "zero0").total == ddp.total - ddp.grad_buckets
     fp32 = memory.estimate(psi, 1, "ddp", precision="fp32")
     assert (fp32.params, fp32.grads, fp32.master, fp32.moments) == (4 * psi, 4 * psi, 0, 8 * psi)
-    sgd = memory.estimate(psi, 1, "ddp", optimizer="sgd")
+    sgd = memory.estimate(psi, 1, "ddp", optimizer="sgd", bucket_view=True)
     assert sgd.moments == 4 * psi and sgd.total == 12 * psi
     # The fp32 gradients DeepSpeed builds for the step (measured in chapter 05): 4Ψ/N, 4Ψ at ZeRO-0, none for DDP.
     assert (z2.step_transient, memory.estimate(psi, n, "zero0").step_transient, ddp.step_transient) == (
@@ -235,9 +235,50 @@ def test_transformer_activation_formula():
 # --- command line -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "value"), [("1.3e9", 1_300_000_000), ("1.3B", 1_300_000_000),
-                                             ("350M", 350_000_000), ("1,575,168", 1_575_168), ("7b", 7 * 10**9)])
+                                             ("350M", 350_000_000), ("1,575,168", 1_575_168), ("7b", 7 * 10**9),
+                                             ("8.3B", 8_300_000_000), ("7e9", 7 * 10**9), ("1.5M", 1_500_000),
+                                             ("70 B", 70 * 10**9), ("1e15", 10**15)])
 def test_parse_count(text, value):
-    assert memory.parse_count(text) == value
+    assert memory.parse_count(text) == value  # exact: 8.3B is not float(8.3) * 1e9 = 8,299,999,999.9...
+
+
+@pytest.mark.parametrize(("text", "why"), [("1e400", "more than"), ("1e9999999999", "out of range"),
+                                           ("2e15", "more than"), ("0", "at least 1"), ("0.5", "not a whole"),
+                                           ("-3", "expected a count"), ("lots", "expected a count"), ("1.5e-7M", "not a whole")])
+def test_parse_count_refuses_absurd_values_with_a_message(text, why):
+    with pytest.raises(ValueError, match=r"^--params=") as exc:
+        memory.parse_count(text)
+    assert why in str(exc.value)
+
+
+def test_ddp_gradient_buckets_match_torchs_own_buckets(tmp_path):
+    """DDP's buckets are one more copy of the gradients unless gradient_as_bucket_view=True (issue 29 point 9).
+
+    Read from a real ``DistributedDataParallel`` (world size 1, gloo): its logging data lists the bucket sizes
+    it allocated; their sum is the model's gradient bytes, which is what the estimate adds.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.GELU(), torch.nn.Linear(200, 10))
+    psi = memory.params_of(model)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(model)
+        logged = ddp._get_ddp_logging_data()  # "bucket_sizes": the bytes of each bucket, "440" or "1048576, 2000"
+        bucket_bytes = sum(int(size) for size in str(logged["bucket_sizes"]).split(","))
+        assert logged["gradient_as_bucket_view"] == 0
+    finally:
+        dist.destroy_process_group()
+    est = memory.estimate(psi, 1, "ddp", precision="fp32")
+    assert bucket_bytes == 4 * psi == est.grad_buckets == est.grads
+    assert est.total == 20 * psi and est.formulas["total"].startswith("20Ψ")
+    mixed = memory.estimate(psi, 1, "ddp")
+    assert mixed.total == 18 * psi and mixed.grad_buckets == 2 * psi  # chapter 01's "18 bytes per parameter"
+    assert memory.estimate(psi, 1, "ddp", bucket_view=True).total == 16 * psi
+    with pytest.raises(ValueError, match="^bucket_view=True"):
+        memory.estimate(psi, 2, "zero2", bucket_view=True)
 
 
 def test_cli_table(capsys):
@@ -254,8 +295,33 @@ def test_cli_table(capsys):
 def test_cli_bad_input(capsys):
     assert cli.main(["estimate-memory", "--params", "1.3e9", "--world-size", "8", "--strategy", "zero9"]) == 2
     assert "strategy='zero9'" in capsys.readouterr().err
-    assert cli.main(["estimate-memory", "--params", "lots", "--world-size", "8", "--strategy", "zero2"]) == 2
-    assert "--params" in capsys.readouterr().err
+    for argv in (["--params", "lots"], ["--params", "1e400"], ["--params", "8.3B", "--world-size", "0"],
+                 ["--params", "8.3B", "--world-size", "1e30"], ["--params", "8.3B", "--gpu-memory", "lots"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["estimate-memory", *argv, *(["--world-size", "8"] if "--world-size" not in argv else [])])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.splitlines()) == 1 and argv[-2] in err, err  # one line naming the flag
+
+
+def test_cli_defaults_to_every_strategy_and_says_whether_it_fits(capsys):
+    assert cli.main(["estimate-memory", "--params", "8.3B", "--world-size", "8", "--gpu-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert set(rows) >= {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard"}
+    ddp, z3 = memory.estimate(8_300_000_000, 8, "ddp"), memory.estimate(8_300_000_000, 8, "zero3")
+    assert "NO (" in rows["ddp"] and ddp.device_bytes > 80 * 2**30   # 18Ψ = 139 GiB does not fit in 80 GiB
+    assert "fits (" in rows["zero3"] and z3.device_bytes + z3.step_transient < 80 * 2**30
+    assert "18Ψ (16Ψ + 2Ψ DDP buckets)" in out and "80.00 GiB" in out
+
+
+def test_cli_activation_estimate_needs_the_whole_shape(capsys):
+    shape = ["--micro-batch", "1", "--seq-len", "2048", "--hidden", "4096", "--layers", "32", "--heads", "32"]
+    assert cli.main(["estimate-memory", "--params", "7B", "--world-size", "8", "--strategy", "zero3", "--gpu-memory", "80", *shape]) == 0
+    out = capsys.readouterr().out
+    _, act = memory.activation_bytes_formula("transformer", batch=1, seq_len=2048, hidden=4096, heads=32, layers=32)
+    assert f"{act} B" in out and memory.human_bytes(act) in out
+    assert cli.main(["estimate-memory", "--params", "7B", "--world-size", "8", *shape[:4]]) == 2
+    assert "--layers, --heads: the activation estimate needs all of" in capsys.readouterr().err
 
 
 def test_runbook_cli_estimate_memory(capsys):
@@ -263,5 +329,6 @@ def test_runbook_cli_estimate_memory(capsys):
 
     assert cli.main(["estimate-memory", "--params", "1.3e9", "--world-size", "8", "--strategy", "zero2"]) == 0
     assert "2Ψ + 14Ψ/N" in capsys.readouterr().out
-    assert cli.main(["estimate-memory", "--params", "x", "--world-size", "8", "--strategy", "zero2"]) == 2
-    assert "--params" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["estimate-memory", "--params", "x", "--world-size", "8", "--strategy", "zero2"])
+    assert exc.value.code == 2 and "--params" in capsys.readouterr().err
