@@ -174,13 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "build" / "course"), help="output folder (default build/course)")
     p.add_argument("--chapters", default=None, help="comma-separated numbers or names (default: all)")
     p.add_argument("-p", "--parameter", action="append", default=[], help="CHAPTER:NAME=VALUE papermill parameter")
-    p.add_argument("--timeout-s", type=float, default=1800, help="per-cell timeout (default 1800)")
+    p.add_argument("--cell-timeout-s", type=float, default=1800, help="papermill's per-cell timeout, seconds (default 1800)")
     args = p.parse_args(argv)
     params: dict[str, dict[str, Any]] = {}
     for text in args.parameter:
         chapter, key, value = _parameter(text)
         params.setdefault(chapter, {})[key] = value
-    results = run_course(args.out, args.chapters, params, args.timeout_s)
+    results = run_course(args.out, args.chapters, params, args.cell_timeout_s)
     print(render(results))
     return 0 if all(r.status == "passed" for r in results) else 1
 

@@ -684,9 +684,9 @@ def _lint_hits(states: Mapping[int, RankState], sources: _Sources, limit: int = 
                  and any(n.lineno <= x <= (n.end_lineno or n.lineno) for x in lines[file])]
         fed = _assignment_lines({x.id for n in loops for x in ast.walk(n.iter) if isinstance(x, ast.Name)}, lint)
         for fnd in findings:
-            if fnd.rule in HANG_RULES:
-                hit = f"{fnd.rule} at {os.path.basename(file)}:{fnd.line}"
-                (exact if fnd.line in lines[file] else feeds if fnd.line in fed else []).append(hit)
+            if fnd.id in HANG_RULES:
+                hit = f"{fnd.id} at {os.path.basename(file)}:{fnd.line_no}"
+                (exact if fnd.line_no in lines[file] else feeds if fnd.line_no in fed else []).append(hit)
     return (exact + feeds)[:limit]
 
 

@@ -42,7 +42,7 @@ from typing import TypeVar
 from helpers import envvars, launchers, procs, validate
 from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, JobDir, LineCounter, LineTail
 
-LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
+RUNNER_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
 BACKENDS = ("auto", "gloo", "nccl")
 SHIM = str(Path(__file__).with_name("rankshim.py"))
 _RDZV_FLAGS = ("--master-port", "--master_port", "--master-addr", "--master_addr", "--rdzv-endpoint",
@@ -341,8 +341,8 @@ def launcher_argv(launcher: str, script: str | os.PathLike[str], args: Sequence[
     Raises:
         ValueError: unknown launcher, bad nproc, or the launcher is not installed.
     """
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(LAUNCHERS)}")
+    if launcher not in RUNNER_LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r}: accepted values are {', '.join(RUNNER_LAUNCHERS)}")
     if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
         raise ValueError(f"nproc={nproc!r}: must be an integer >= 1")
     if nnodes < 1:

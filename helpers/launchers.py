@@ -27,7 +27,7 @@ __all__ = ["DECISION_LAUNCHERS", "DECISION_TABLE", "DEFAULT_MASTER_PORT", "RDZV_
            "build_command", "positive_int", "table_markdown", "tcp_port", "torchrun_flags"]
 
 DECISION_LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
-"""The launchers of the D7 decision table and of :func:`build_command` (``jobs.LAUNCHERS`` adds python, srun)."""
+"""The launchers of the D7 decision table and of :func:`build_command` (``jobs.RUNNER_LAUNCHERS`` adds python, srun)."""
 DEFAULT_MASTER_PORT = 29500
 """torchrun's (and accelerate's, deepspeed's) default rendezvous port (D4)."""
 RDZV_FORMS = ("standalone", "static", "c10d")

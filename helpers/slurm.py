@@ -39,7 +39,7 @@ from helpers.envvars import shell_lines
 from helpers.launchers import DEFAULT_MASTER_PORT, torchrun_flags
 from helpers.validate import one_of, positive_float, positive_int, tcp_port
 
-RDZV_FORMS = ("static", "c10d")
+SLURM_RDZV_FORMS = ("static", "c10d")
 """The forms of :data:`helpers.launchers.RDZV_FORMS` that span nodes (``standalone`` is one node only)."""
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # SLURM --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
@@ -92,7 +92,7 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
 
     Raises:
         ValueError: naming the field: ``nnodes``/``nproc_per_node`` < 1, ``rdzv`` not one of
-            :data:`RDZV_FORMS`, ``master_port`` outside 1..65535, an empty ``script``, an invalid
+            :data:`SLURM_RDZV_FORMS`, ``master_port`` outside 1..65535, an empty ``script``, an invalid
             variable name in ``env``.
     """
     if any(not isinstance(n, str) or not re.fullmatch(r"[A-Za-z0-9_.\-\[\],]+", n) for n in nodelist):
@@ -103,8 +103,8 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     else:
         positive_int(nnodes, "nnodes", 1)
     positive_int(nproc_per_node, "nproc_per_node", 1)
-    if rdzv not in RDZV_FORMS:
-        raise ValueError(f"rdzv={rdzv!r}: accepted values are {', '.join(RDZV_FORMS)}")
+    if rdzv not in SLURM_RDZV_FORMS:
+        raise ValueError(f"rdzv={rdzv!r}: accepted values are {', '.join(SLURM_RDZV_FORMS)}")
     tcp_port(master_port, "master_port")
     positive_int(ntasks_per_node, "ntasks_per_node", 1)
     if not isinstance(export, str) or not re.fullmatch(r"[A-Za-z0-9_,=]+", export):

@@ -121,7 +121,7 @@ def test_an_outer_slurm_job_does_not_leak_into_the_lab(cluster, monkeypatch):
     assert sorted(r.stdout.split("\n")[:2]) == ["node0 node[0-1]", "node1 node[0-1]"]
 
 
-@pytest.mark.parametrize("rdzv", slurm.RDZV_FORMS)
+@pytest.mark.parametrize("rdzv", slurm.SLURM_RDZV_FORMS)
 def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     work = jobs.new_job_dir(f"slurmlab-{rdzv}")  # the shared filesystem (never /tmp: node-local here)
     port = hostinfo.free_port()
