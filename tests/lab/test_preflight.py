@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pytest
 from support import by_id, lab_status, needs_lab, not_ok
 
-from helpers import netlab, preflight
+from helpers import netlab, preflight, slurm
 from helpers.checks import Check, faulty_nodes
 
 AVAILABLE, WHY = lab_status()
@@ -74,13 +74,16 @@ def test_mtu_black_hole(lab):
 @needs_lab
 def test_mtu_black_hole_without_iputils_ping(lab):
     """A node without ``ping``: the Python raw-socket ICMP probe measures the same black hole."""
-    def no_ping(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        res = lab.run(node, argv, timeout_s)
-        if "@@hostname" in " ".join(argv):  # the inventory: hide the ping binary
-            lines = res.stdout.splitlines()
-            at = lines.index("@@ping")
-            res.stdout = "\n".join(lines[:at + 1] + lines[at + 2:] if not lines[at + 1].startswith("@@") else lines) + "\n"
-        return res
+    class NoPing(slurm.SlurmClient):
+        def on_node(self, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+            res = lab.run(node, argv, timeout_s)
+            if "@@hostname" in " ".join(argv):  # the inventory: hide the ping binary
+                lines = res.stdout.splitlines()
+                at = lines.index("@@ping")
+                res.stdout = "\n".join(lines[:at + 1] + lines[at + 2:] if not lines[at + 1].startswith("@@") else lines) + "\n"
+            return res
+
+    no_ping = NoPing()
 
     lab.set_mtu("all", 9000)
     checks = preflight.run_preflight(lab.hostnames, no_ping, {"MASTER_ADDR": "node0"})
@@ -100,10 +103,13 @@ def test_df_ping_sees_the_black_hole_with_either_tool(lab):
     small, _, _ = preflight.df_ping(lab, "node1", dst, 1472)
     assert big != 0 and small == 0, (cmd, said)
 
-    def without_ping(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        if argv[:2] == ["sh", "-c"] and "command -v ping" in argv[2]:
-            return subprocess.CompletedProcess(list(argv), 0, "", "")
-        return lab.run(node, argv, timeout_s)
+    class WithoutPing(slurm.SlurmClient):
+        def on_node(self, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+            if argv[:2] == ["sh", "-c"] and "command -v ping" in argv[2]:
+                return subprocess.CompletedProcess(list(argv), 0, "", "")
+            return lab.run(node, argv, timeout_s)
+
+    without_ping = WithoutPing()
 
     big, cmd, said = preflight.df_ping(without_ping, "node1", dst, 8972)
     assert big != 0 and cmd.startswith("python3 <icmp probe>") and "0 received" in said
@@ -202,7 +208,7 @@ def test_cli(lab, capsys):
     lab.add_decoy("all")
     args = parser.parse_args(["preflight", "--name", lab.name, "--env", "GLOO_SOCKET_IFNAME=docker0", "--json"])
     assert args.func(args) == 1
-    records = json.loads(capsys.readouterr().out)
+    records = json.loads(capsys.readouterr().out)["checks"]
     assert {r["id"] for r in records if r["status"] == "FAIL"} == {"net.GLOO_SOCKET_IFNAME.node0",
                                                                    "net.GLOO_SOCKET_IFNAME.node1"}
     args = parser.parse_args(["preflight", "--name", "nosuchlab"])
