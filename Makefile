@@ -51,9 +51,11 @@ ds-ops:
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -c "import torch, sys; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; sys.exit(0) if torch.cuda.is_available() else B().load()" \
 	  || echo "warning: DeepSpeed's CPU op did not build here; the first DeepSpeed job will try again"
 
-# pyflakes, pycodestyle errors and import order ([tool.ruff] in pyproject.toml); no reformatting.
+# pyflakes, pycodestyle errors and import order ([tool.ruff] in pyproject.toml); no reformatting.  Then the
+# import contracts ([tool.importlinter]: no cycle between sibling modules, the layers).
 lint-code: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks
+	$(BIN)/lint-imports
 
 test: lint-code
 	@mkdir -p build/tmp

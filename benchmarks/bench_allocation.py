@@ -2,7 +2,7 @@
 
 1. The full check (``runbook diagnose --nodes ... --runner lab``): 2 nodes x 2 ranks (target <= 3 min on
    2 cores, idle machine) and 4 nodes x 1 rank (target <= 4 min); healthy: every check OK (the only WARN
-   allowed is ``allocation.host``: the lab's orchestrator is not a node), in N runs out of N.
+   allowed is ``across.host``: the lab's orchestrator is not a node), in N runs out of N.
 2. Each fault of tests/lab/test_allocation_faults.py, ``--repeats`` times, with only the steps that must
    catch it: named = the expected node is the one the drain list names.
 3. Time from launch to the FAIL for a dead node (link cut, then its processes killed) (target <= 90 s).
@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import allocation, jobs, netlab  # noqa: E402
+from helpers import jobs, netlab  # noqa: E402
+from helpers.allocation import across  # noqa: E402
 
 NAME = "al"
 PROFILE = "/tmp/runbook_node_profile.sh"  # node-local (/tmp is private per lab node), read through BASH_ENV
@@ -41,7 +42,7 @@ def full_check(nodes: int, nproc: int, out: Path) -> dict:
         wall = time.monotonic() - t0
     report = max(out.glob("*/report.json"), key=lambda p: p.stat().st_mtime, default=None)
     data = json.loads(report.read_text()) if report else {"checks": []}
-    bad = [c["id"] for c in data["checks"] if c["status"] != "OK" and c["id"] != "allocation.host"]
+    bad = [c["id"] for c in data["checks"] if c["status"] != "OK" and c["id"] != "across.host"]
     return {"wall_s": round(wall, 1), "rc": proc.returncode, "not_ok": bad, "all_ok": proc.returncode == 0 and not bad}
 
 
@@ -75,7 +76,7 @@ def fault_run(name: str, out: Path) -> dict:
         with netlab.Lab(nodes, name=NAME, slurm=True) as lab:
             inject(lab)
             t0 = time.monotonic()
-            checks, ev = allocation.run_allocation(lab.hostnames, out, runner="lab", lab=NAME, steps=steps,
+            checks, ev = across.run_allocation(lab.hostnames, out, runner="lab", lab=NAME, steps=steps,
                                                    log=lambda _: None, **kwargs)
             took = time.monotonic() - t0
             # pending/running only: a job on a dead node stays COMPLETING until slurmctld marks the node DOWN

@@ -2,10 +2,13 @@
 
 Every tool of the project says what it found the same way: the allocation check (``report.json``),
 the host checks, the network pre-flight (one record per node), the command builder's traps, the
-NCCL log interpreter's verdicts and ``runbook lint``.  Each of them builds a :class:`Check` (or a
-thin subclass that only renames constructor arguments), so a record from one tool can go into
-another tool's report unchanged, and one renderer (:meth:`Check.line`, :meth:`Check.to_dict`)
-serves them all.
+NCCL log interpreter's verdicts and ``runbook lint``.  Each of them builds a plain :class:`Check`
+(through a factory function that takes the tool's own words: ``launch_traps.trap``,
+``lint.findings.finding``, the log reader's verdicts), so a record from one tool can go into another
+tool's report unchanged.  The record and its presentation are apart, in pylint's shape (one
+``Message``, reporters in ``pylint/reporters/``): :func:`render` writes the text form in one of
+:data:`STYLES`, :func:`to_json` the one JSON shape every command that prints checks uses
+(``{"checks": [...], ...}``), and :meth:`Check.line` is the ``runbook`` style of one record.
 
 Status scale, least to most severe (:data:`STATUSES`):
 
@@ -49,6 +52,8 @@ class Check:
         faulty: the nodes to fix when the status is WARN/FAIL.  It may differ from ``node``: a
             ping from node1 that fails because node0's cable is out names node0.  Defaults to
             ``[node]`` for WARN/FAIL when a node is set, ``[]`` otherwise.
+        file: the file the finding is in (a script, a config, ``<command>``); empty when none.
+        line_no: 1-based line in ``file`` (0: the file as a whole, or no file).
 
     Raises:
         ValueError: ``status`` not in :data:`STATUSES`, or an empty ``id``.
@@ -64,6 +69,8 @@ class Check:
     field: str = ""
     node: str = ""
     faulty: list[str] = dataclasses.field(default_factory=list)
+    file: str = ""
+    line_no: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -97,11 +104,13 @@ class Check:
     def line(self) -> str:
         """``[WARN] id: title`` plus, when not OK, ``-> remediation`` on the next line.
 
-        A node (``@node1``) and a field (``(env.NCCL_SOCKET_IFNAME)``) are shown when set.
+        A node (``@node1``), a field (``(env.NCCL_SOCKET_IFNAME)``) and a place (``train.py:14``) are
+        shown when set.
         """
         where = f" @{self.node}" if self.node else ""
         what = f" ({self.field})" if self.field else ""
-        text = f"[{self.status}]{' ' * (5 - len(self.status))}{self.id}{where}{what}: {self.title}"
+        at = f" {self.file}:{self.line_no}" if self.file else ""
+        text = f"[{self.status}]{' ' * (5 - len(self.status))}{self.id}{where}{what}{at}: {self.title}"
         if self.status != "OK" and self.remediation:
             text += f"\n       -> {self.remediation}"
         return text
@@ -122,6 +131,51 @@ class Check:
         if unknown:
             raise ValueError(f"check record: unknown key(s) {', '.join(unknown)}; accepted keys are {', '.join(sorted(names))}")
         return Check(**dict(data))
+
+
+STYLES = ("runbook", "lint", "markdown")
+"""Text styles of :func:`render`: ``runbook`` (``[WARN] id @node (field): title`` and ``-> remediation``),
+``lint`` (``file:line: warning id [source]: title`` and ``    fix: remediation``, the compiler-style
+line that editors and CI annotators read) and ``markdown`` (``- [WARN] `id`: title`` list items, for reports)."""
+
+LINT_WORDS = {"OK": "info", "INFO": "info", "WARN": "warning", "FAIL": "error"}
+"""The ``lint`` style's words for the statuses (a display mapping, not a second scale)."""
+
+
+def lint_line(check: Check) -> str:
+    """One record in the ``lint`` style: ``file:line: warning id [source]: title`` + ``    fix: remediation``."""
+    text = f"{check.file or '-'}:{check.line_no}: {LINT_WORDS[check.status]} {check.id} [{check.source}]: {check.title}"
+    if check.remediation:
+        text += f"\n    fix: {check.remediation}"
+    return text
+
+
+def markdown_line(check: Check) -> str:
+    """One record in the ``markdown`` style: ``- [WARN] `id`: title`` (``@node`` and ``file:line`` when set)."""
+    where = f" @{check.node}" if check.node else ""
+    at = f" ({check.file}:{check.line_no})" if check.file else ""
+    return f"- [{check.status}] `{check.id}`{where}{at}: {check.title}"
+
+
+def render(checks: Iterable[Check], style: str = "runbook") -> str:
+    """The text form of ``checks``, one record after the other, in ``style`` (one of :data:`STYLES`).
+
+    Raises:
+        ValueError: ``style`` not in :data:`STYLES`.
+    """
+    if style not in STYLES:
+        raise ValueError(f"style={style!r}: accepted values are {', '.join(STYLES)}")
+    one = {"runbook": Check.line, "lint": lint_line, "markdown": markdown_line}[style]
+    return "\n".join(one(c) for c in checks)
+
+
+def to_json(checks: Iterable[Check], **meta: Any) -> dict[str, Any]:
+    """The one JSON shape of a list of checks: ``{"checks": [Check.to_dict(), ...], **meta}``.
+
+    ``meta`` adds the command's own top-level keys (``summary``, ``files``, ``hosts``...); it may not
+    be called ``checks``.
+    """
+    return {"checks": [c.to_dict() for c in checks], **meta}
 
 
 def worst(checks: Iterable[Check]) -> str:

@@ -63,10 +63,10 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import NamedTuple
 
-from helpers import jobs, validate
+from helpers import jobs, launchers, validate
+from helpers.slurm import RUNNERS
 
 NOTEBOOK_00 = "00_allocation_check.ipynb"
 
@@ -137,7 +137,7 @@ def diagnose_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="override a notebook parameter (repeatable), e.g. -p SMOKE_STEPS 50")
     p.add_argument("--nodes", default=None,
                    help="comma-separated nodes to check across (default: the SLURM allocation's node list)")
-    p.add_argument("--runner", choices=("srun", "lab"), default=None,
+    p.add_argument("--runner", choices=[r for r in RUNNERS if r != "local"], default=None,
                    help="how to reach --nodes: srun (SLURM, default) or lab (the SLURM lab --lab-name)")
     p.add_argument("--lab-name", default=None, help="the SLURM lab for --runner lab")
     p.add_argument("--ranks-per-node", type=positive_int_arg("--ranks-per-node"), default=None,
@@ -149,8 +149,9 @@ def diagnose(args: argparse.Namespace) -> int:
     """Run the allocation check notebook under papermill; print its report; return the exit status."""
     import papermill
 
-    from helpers import diagnose_params
-    from helpers.diagnostics import allocation_nodes, default_nproc, new_report_dir
+    from helpers.allocation.local import allocation_nodes, default_nproc, new_report_dir
+    from helpers.allocation.params import notebook_defaults, validate
+    from helpers.checks import Check
 
     nproc = default_nproc() if args.nproc is None else args.nproc
     params: dict[str, object] = {"BACKEND": args.backend, "NPROC": nproc, "TIMEOUT_S": args.timeout_s}
@@ -164,7 +165,7 @@ def diagnose(args: argparse.Namespace) -> int:
             params[name] = getattr(args, flag)
     source = jobs.project_root() / "notebooks" / NOTEBOOK_00
     try:  # an input error before any job starts (issue 11: -p MAX_BYTES -5 used to read as a broken allocation)
-        diagnose_params.validate(params, diagnose_params.notebook_defaults(source))
+        validate(params, notebook_defaults(source))
         nodes = allocation_nodes(str(params.get("PREFLIGHT_NODES", "")))
     except ValueError as exc:
         print(f"runbook diagnose: {exc}", file=sys.stderr)
@@ -188,10 +189,7 @@ def diagnose(args: argparse.Namespace) -> int:
         return 2
     data = json.loads((report_dir / "report.json").read_text())
     for check in data["checks"]:
-        status = check["status"]
-        print(f"[{status}]{' ' * (5 - len(status))}{check['id']}: {check['title']}")
-        if status != "OK" and check["remediation"]:
-            print(f"       -> {check['remediation']}")
+        print(Check.from_dict(check).line())
     drain = (data.get("allocation") or {}).get("drain") or {}
     if drain.get("exclude"):
         print(f"drain list: {drain['exclude']}   (add it to the next sbatch/salloc)")
@@ -297,7 +295,7 @@ def lint_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] 
                 "(docs/lint.md). Exit 1 on an error, 2 on unreadable input, 0 otherwise.")
     p.add_argument("paths", nargs="*", help="files: *.py, DeepSpeed *.json, Accelerate *.yaml, *.sbatch/*.sh")
     p.add_argument("--command", default=None, help="a launch command to check too (torchrun/accelerate/deepspeed/srun ...)")
-    p.add_argument("--json", action="store_true", help='print {"findings": [{rule, seed, severity, file, line, message, fix}]}')
+    p.add_argument("--json", action="store_true", help='print {"checks": [...]}: every finding as a check record (id = rule, file, line_no, status...)')
     return p
 
 
@@ -308,6 +306,7 @@ def lint(args: argparse.Namespace) -> int:
         2 when an input is unreadable (named on stderr; the other files are still linted), else 1
         when an error-level finding exists, else 0.
     """
+    from helpers.checks import LINT_WORDS, lint_line, to_json
     from helpers.lint import UNREADABLE, lint_paths
 
     if not args.paths and not args.command:
@@ -315,19 +314,19 @@ def lint(args: argparse.Namespace) -> int:
         return 2
     findings = lint_paths(args.paths, command=args.command)
     for f in findings:
-        if f.rule == UNREADABLE:
+        if f.id == UNREADABLE:
             print(f"runbook lint: {f.title}", file=sys.stderr)
-    rest = [f for f in findings if f.rule != UNREADABLE]
+    rest = [f for f in findings if f.id != UNREADABLE]
     if args.json:
-        print(json.dumps({"findings": [f.to_lint_dict() for f in findings]}, indent=2))
+        print(json.dumps(to_json(findings), indent=2))
     else:
         for f in rest:
-            print(f.text())
-        counts = {s: sum(f.lint_severity == s for f in rest) for s in ("error", "warning", "info")}
+            print(lint_line(f))
+        counts = {s: sum(LINT_WORDS[f.status] == s for f in rest) for s in ("error", "warning", "info")}
         print(f"{len(rest)} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info")
-    if any(f.rule == UNREADABLE for f in findings):
+    if any(f.id == UNREADABLE for f in findings):
         return 2
-    return 1 if any(f.lint_severity == "error" for f in findings) else 0
+    return 1 if any(f.status == "FAIL" for f in findings) else 0
 
 
 # ---------------------------------------------------------------- lab
@@ -416,7 +415,8 @@ def preflight_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                        help="check the running network lab (default outside a multi-node SLURM allocation)")
     where.add_argument("--nodes", help="comma-separated node names (real nodes; see --runner; default inside a "
                        "multi-node SLURM allocation: its node list)")
-    p.add_argument("--runner", choices=("srun", "local"), default="srun", help="how to reach --nodes (default srun)")
+    p.add_argument("--runner", choices=[r for r in RUNNERS if r != "lab"], default="srun",
+                   help="how to reach --nodes: srun (SLURM, default) or local (this host is the one node)")
     p.add_argument("--name", default=netlab.DEFAULT_NAME, help=f"lab name (default {netlab.DEFAULT_NAME})")
     p.add_argument("--env", action="append", metavar="NAME=VALUE",
                    help="a job variable (MASTER_ADDR, MASTER_PORT, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); repeat")
@@ -430,14 +430,14 @@ def preflight(args: argparse.Namespace) -> int:
     """Run ``helpers.preflight.run_preflight`` on the lab or ``--nodes``: 0 no FAIL, 1 a FAIL, 2 could not run."""
     from helpers import envvars, netlab
     from helpers import preflight as pf
-    from helpers.checks import worst
+    from helpers.checks import to_json, worst
 
     try:
         extra = envvars.parse_pairs(args.env)
     except ValueError as exc:
         print(f"runbook preflight: {exc}", file=sys.stderr)
         return 2
-    from helpers.diagnostics import allocation_nodes
+    from helpers.allocation.local import allocation_nodes, open_client
 
     if not args.nodes and not args.lab:  # inside a multi-node allocation: its nodes, not the lab (issue 11)
         try:
@@ -447,7 +447,7 @@ def preflight(args: argparse.Namespace) -> int:
             return 2
     if args.nodes:
         nodes = [n for n in args.nodes.split(",") if n]
-        runner = pf.srun_runner() if args.runner == "srun" else pf.local_runner
+        runner = open_client(args.runner)
         env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", *pf.IFNAME_VARS) if k in os.environ}
     else:
         try:
@@ -458,7 +458,7 @@ def preflight(args: argparse.Namespace) -> int:
         if not attached.is_up():
             print(f"runbook preflight: lab {args.name!r} is incomplete: run `runbook lab up`", file=sys.stderr)
             return 2
-        nodes, runner, env = attached.hostnames, attached.runner(), {}
+        nodes, runner, env = attached.hostnames, attached, {}
     env.update(extra)
     t0 = time.monotonic()
     try:
@@ -467,7 +467,7 @@ def preflight(args: argparse.Namespace) -> int:
         print(f"runbook preflight: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([asdict(c) for c in checks], indent=1, default=str))
+        print(json.dumps(to_json(checks), indent=1, default=str))
     else:
         print(pf.format_checks(checks))
         print(f"({len(nodes)} node(s), {time.monotonic() - t0:.1f} s)")
@@ -515,7 +515,7 @@ def estimate_memory(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([e.to_dict() for e in ests], indent=2))
     elif len(ests) == 1:
-        print(mem.format_table(ests[0]))
+        print(mem.format_estimate(ests[0]))
     else:
         hb = mem.human_bytes
         print(f"model states per rank: Ψ = {n:,} params, world size {args.world_size}, {args.precision}, "
@@ -551,7 +551,7 @@ def build_command_parser(subparsers: argparse._SubParsersAction[argparse.Argumen
                    help="ranks per node, usually the GPUs per node (default 1)")
     p.add_argument("--gpus-per-node", type=positive_int_arg("--gpus-per-node", 0), default=None,
                    help="GPUs on each node, if known (0: CPU nodes)")
-    p.add_argument("--rdzv", choices=launch_traps.RDZV, default=None,
+    p.add_argument("--rdzv", choices=launchers.RDZV_FORMS, default=None,
                    help="torchrun rendezvous form (default: standalone on one node, static on several)")
     p.add_argument("--master-addr", default=None, help="node 0's hostname or IP (several nodes, outside SLURM)")
     p.add_argument("--master-port", type=tcp_port_arg("--master-port"), default=None, help="rendezvous port (default 29500)")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from helpers.report import markdown_table
 from helpers.validate import positive_float, positive_int
 
 GOYAL_MAX_VALIDATED_BATCH = 8192
@@ -121,10 +120,6 @@ def lr_scaling_table(base_lr: float, per_rank_batch: int, world_sizes: Iterable[
             row.update(steps_per_epoch=steps, warmup_steps=math.ceil(warmup_epochs * steps) if eff > ref else 0)
         rows.append(row)
     return rows
-
-
-format_table = markdown_table
-"""Alias (one release) of :func:`helpers.report.markdown_table`, where the Markdown table now lives."""
 
 
 def compare_grads(reference: Sequence[float], other: Sequence[float], *, rtol: float = 1e-5,

@@ -48,6 +48,7 @@ from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, TRACE_DIR_ENV, JobDir
 
 if TYPE_CHECKING:
     from helpers.jobs import JobResult
+    from helpers.slurm import SlurmClient
 
 _FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 _LIBRARY = ("torch/", "site-packages/", "dist-packages/", "rankshim.py", "collective_trace.py", "threading.py",
@@ -651,19 +652,21 @@ def _parse_reports(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def diagnose_slurm_job(job_id: str, timeout_s: float = 60.0) -> HangVerdict:
+def diagnose_slurm_job(job_id: str, timeout_s: float = 60.0, client: SlurmClient | None = None) -> HangVerdict:
     """The verdict for a running SLURM job on every node: ``srun --overlap --jobid J`` runs :func:`node_report` once per node.
 
     As ml-engineering's hang recipe does (``srun --overlap --jobid``, py-spy on every node:
     https://github.com/stas00/ml-engineering/blob/master/debug/pytorch.md); needs this project on the shared
-    filesystem at the same path on every node.
+    filesystem at the same path on every node.  ``client``: how to reach SLURM (default
+    :class:`helpers.slurm.LocalSlurm`, this machine's clients; the SLURM lab is one too).
 
     Raises:
         ValueError: ``srun`` failed (its stderr in the message) or no node found a rank.
     """
-    import subprocess
+    from helpers.slurm import LocalSlurm
 
-    nodes = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%D"], capture_output=True, text=True, timeout=timeout_s)
+    client = client or LocalSlurm()
+    nodes = client.slurm(["squeue", "-h", "-j", str(job_id), "-o", "%D"], timeout_s)
     n = nodes.stdout.strip()
     if nodes.returncode or not n.isdigit():
         raise ValueError(f"slurm job {job_id}: not running ({(nodes.stderr or nodes.stdout).strip() or 'squeue found nothing'})")
@@ -678,10 +681,9 @@ def diagnose_slurm_job(job_id: str, timeout_s: float = 60.0) -> HangVerdict:
     scratch.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f"doctor-{job_id}-", dir=scratch))
     try:
-        out = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", f"--nodes={n}", "--ntasks-per-node=1",
-                              "--export=ALL", f"--output={folder}/node-%t.json", *_node_report_argv(job_id)],
-                             capture_output=True, text=True, timeout=timeout_s,
-                             env=dict(os.environ, PYTHONPATH=_project_pythonpath()))
+        out = client.slurm(["srun", "--overlap", f"--jobid={job_id}", f"--nodes={n}", "--ntasks-per-node=1",
+                            "--export=ALL", f"--output={folder}/node-%t.json", *_node_report_argv(job_id)],
+                           timeout_s, env={"PYTHONPATH": _project_pythonpath()})
         if out.returncode:
             raise ValueError(f"slurm job {job_id}: srun --overlap failed ({out.stderr.strip()[-300:]})")
         text = "\n".join(f.read_text() for f in sorted(folder.glob("node-*.json")))

@@ -2,7 +2,7 @@
 
 The measuring functions (:func:`interfaces`, :func:`shm_info`, :func:`port_free`, :func:`free_port`,
 :func:`free_ports`, :func:`port_holders`, :func:`build_locks`, :func:`nic_speed_mbps`, :func:`memcpy_gbps`) look at the real host and return plain data.  Grading
-them into :class:`helpers.checks.Check` records is :func:`helpers.diagnostics.host_checks`'s job
+them into :class:`helpers.checks.Check` records is :func:`helpers.allocation.local.host_checks`'s job
 (:func:`host_checks` here forwards to it for one release); the ``*_SOCKET_IFNAME`` rules are
 :mod:`helpers.ifnames`'.  Nothing runs at import.
 
@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.validate import positive_int, tcp_port
 
 if TYPE_CHECKING:
-    from helpers.checks import Check
+    pass
 
 
 def interfaces() -> list[dict[str, Any]]:
@@ -286,10 +285,3 @@ def port_holders(port: int) -> list[dict[str, Any]]:
                 pass
         holders.append({"pid": conn.pid, "name": name, "status": conn.status, "laddr": f"{conn.laddr.ip}:{port}"})
     return holders
-
-
-def host_checks(environ: Mapping[str, str] | None = None, master_port: int = DEFAULT_MASTER_PORT) -> list[Check]:
-    """Deprecated alias (one release) of :func:`helpers.diagnostics.host_checks`, which grades this host."""
-    from helpers import diagnostics  # here, not at the top: diagnostics imports this module
-
-    return diagnostics.host_checks(environ, master_port)

@@ -1,6 +1,6 @@
 """The rules of ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME``: parse a value, match it, select, and judge names.
 
-The only owner of these rules; the host checks (:mod:`helpers.diagnostics`), the network
+The only owner of these rules; the host checks (:mod:`helpers.allocation.local`), the network
 pre-flight (:mod:`helpers.preflight`), the command builder (:mod:`helpers.launch_traps`) and the
 NCCL log interpreter (:mod:`helpers.nccl_log`) all ask here.
 

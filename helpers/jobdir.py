@@ -41,7 +41,10 @@ class JobDir:
         │   ├── rank<R>.stderr       rank R's stderr, verbatim (rank shim)
         │   ├── rank<R>.json         {"rank", "shim_pid", "cmd", "start", "pid"}, then "exit_code" and "end"
         │   │                        once it exited (rank shim; replaced atomically)
-        │   └── .claim<N>            rank indices claimed under a launcher that sets no rank variable
+        │   ├── .claim<N>            rank indices claimed under a launcher that sets no rank variable
+        │   ├── task-<node>          a job across nodes: node's SLURM task started, before torchrun (the task's shell)
+        │   ├── started-<node>-<L>   ... its local rank L started, before the rendezvous (allocation_job.py)
+        │   └── joined-<node>-<L>    ... and joined the process group (allocation_job.py)
         ├── stacks/rank<R>.txt       py-spy dump of each rank alive when the job hung or timed out (runner)
         ├── trace/rank<R>.jsonl      collective enter/exit records, when the script opted in (collective_trace)
         ├── fr/rank<R>               torch Flight Recorder dump (pickle) of each rank, written when the runner
@@ -206,6 +209,28 @@ class JobDir:
     def node_stderr(self, node: int) -> Path:
         """``nodes/node<I>.stderr``."""
         return self.nodes_dir / f"node{node}.stderr"
+
+    # --- the markers of a job across nodes (helpers.allocation.across names the node whose ranks never came)
+
+    def node_marker(self, what: str, node: str, local_rank: int) -> Path:
+        """``ranks/<what>-<node>-<local_rank>`` (``what``: ``started`` or ``joined``)."""
+        return self.ranks_dir / f"{what}-{node}-{local_rank}"
+
+    def node_markers(self, what: str) -> set[tuple[str, int]]:
+        """``{(node, local_rank)}`` of every ``ranks/<what>-<node>-<local_rank>`` marker."""
+        return {(p.name[len(what) + 1:].rsplit("-", 1)[0], int(p.name.rsplit("-", 1)[1]))
+                for p in self.ranks_dir.glob(f"{what}-*") if p.name.rsplit("-", 1)[1].isdigit()}
+
+    def task_marker_shell(self) -> str:
+        """The shell line a SLURM task runs before ``torchrun``: ``touch <ranks>/task-<node>`` (``$SLURMD_NODENAME``,
+        else ``hostname``), the node expanded by the task's own shell."""
+        import shlex
+
+        return f'touch {shlex.quote(str(self.ranks_dir))}/task-"${{SLURMD_NODENAME:-$(hostname)}}"'
+
+    def task_markers(self) -> set[str]:
+        """The nodes whose SLURM task left its ``ranks/task-<node>`` marker."""
+        return {p.name[len("task-"):] for p in self.ranks_dir.glob("task-*")}
 
 
 def _rank_of(path: Path) -> int | None:

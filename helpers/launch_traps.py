@@ -22,7 +22,6 @@ from helpers.checks import Check
 from helpers.validate import positive_int, tcp_port
 
 KINDS = ("torchrun", "accelerate", "deepspeed", "srun+torchrun", "sbatch")
-RDZV = launchers.RDZV_FORMS  # the old name of torchrun's rendezvous forms
 SEVERITIES = ("WARN", "FAIL")
 _LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1|0\.0\.0\.0)$")
 
@@ -37,7 +36,7 @@ class LaunchSpec:
         nproc_per_node: ranks per node, >= 1 (GPUs per node, on GPUs).
         script: the training script's path.
         script_args: its arguments.
-        rdzv: torchrun's rendezvous form, one of :data:`RDZV` (``standalone`` is one node only, D2).
+        rdzv: torchrun's rendezvous form, one of :data:`helpers.launchers.RDZV_FORMS` (``standalone`` is one node only, D2).
         master_addr: node 0's address (multi-node torchrun/accelerate/deepspeed); SLURM forms take
             it from ``scontrol``.
         master_port: the rendezvous port, or ``None`` for the launcher's default (29500; a free one
@@ -91,21 +90,19 @@ class Trap(Check):
         return f"[{self.severity}] {self.id} ({self.field}): {self.message} -> {self.fix}"
 
 
-parse_env = envvars.parse_lines
-"""Alias (one release) of :func:`helpers.envvars.parse_lines` (a bare ``NAME`` line is now an error: write ``unset NAME``)."""
 
 
 def validate(spec: LaunchSpec) -> None:
     """Raise ``ValueError`` naming the field when ``spec`` cannot describe a launch at all.
 
-    Checks: ``kind`` in :data:`KINDS`, ``rdzv`` in :data:`RDZV`, ``nnodes``/``nproc_per_node`` >= 1,
+    Checks: ``kind`` in :data:`KINDS`, ``rdzv`` in :data:`helpers.launchers.RDZV_FORMS`, ``nnodes``/``nproc_per_node`` >= 1,
     ``master_port`` in 1..65535, ``gpus_per_node`` >= 0, ``srun_ntasks_per_node`` >= 1, a script,
     ``srun_export`` a word such as ``ALL``/``NONE``.
     """
     if spec.kind not in KINDS:
         raise ValueError(f"kind={spec.kind!r}: accepted values are {', '.join(KINDS)}")
-    if spec.rdzv not in RDZV:
-        raise ValueError(f"rdzv={spec.rdzv!r}: accepted values are {', '.join(RDZV)}")
+    if spec.rdzv not in launchers.RDZV_FORMS:
+        raise ValueError(f"rdzv={spec.rdzv!r}: accepted values are {', '.join(launchers.RDZV_FORMS)}")
     for name in ("nnodes", "nproc_per_node", "srun_ntasks_per_node"):
         positive_int(getattr(spec, name), name)
     if spec.master_port is not None:

@@ -7,8 +7,6 @@ Three things, all data or pure functions (nothing runs at import):
   :func:`table_markdown` renders it.
 * :func:`build_command`: the argv of one launcher on one node, validated (bad input raises
   ``ValueError`` naming the field).  The chapter runs what it builds (notebook 01, D1/D3/D4).
-* :func:`rank_records`: the old name of :func:`helpers.jobs.parse_records` (the ``kind {json}``
-  lines the scenario scripts print per rank); on a job, use ``JobResult.records(kind)``.
 
 Sources: torchrun https://docs.pytorch.org/docs/2.12/elastic/run.html ; Accelerate
 https://huggingface.co/docs/accelerate/en/basic_tutorials/launch ; DeepSpeed
@@ -25,12 +23,11 @@ from dataclasses import dataclass
 
 from helpers.validate import positive_int, tcp_port
 
-__all__ = ["DECISION_LAUNCHERS", "DECISION_TABLE", "DEFAULT_MASTER_PORT", "LAUNCHERS", "RDZV_FORMS", "LauncherRow",
-           "build_command", "positive_int", "rank_records", "table_markdown", "tcp_port", "torchrun_flags"]
+__all__ = ["DECISION_LAUNCHERS", "DECISION_TABLE", "DEFAULT_MASTER_PORT", "RDZV_FORMS", "LauncherRow",
+           "build_command", "positive_int", "table_markdown", "tcp_port", "torchrun_flags"]
 
 DECISION_LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 """The launchers of the D7 decision table and of :func:`build_command` (``jobs.LAUNCHERS`` adds python, srun)."""
-LAUNCHERS = DECISION_LAUNCHERS  # the old name, kept for one release
 DEFAULT_MASTER_PORT = 29500
 """torchrun's (and accelerate's, deepspeed's) default rendezvous port (D4)."""
 RDZV_FORMS = ("standalone", "static", "c10d")
@@ -139,7 +136,8 @@ def torchrun_flags(form: str | None, *, nnodes: int | str, nproc_per_node: int |
         node_rank: this node's index, ``0..nnodes-1`` when both are ints (static).
         rdzv_id: the job id, same on every node (c10d).
         rdzv_endpoint: ``HOST:PORT`` as written (c10d), instead of ``master_addr:master_port``.
-        rdzv_conf: ``--rdzv-conf`` value (c10d only), e.g. ``join_timeout=60``.
+        rdzv_conf: ``--rdzv-conf`` value (static and c10d), e.g. ``join_timeout=60`` (c10d) or ``timeout=10``
+            (static: how long the store waits for every agent; torchrun's default is 900 s).
         max_restarts: ``--max-restarts``, an int >= 0 (any form).
 
     Returns:
@@ -162,7 +160,7 @@ def torchrun_flags(form: str | None, *, nnodes: int | str, nproc_per_node: int |
         flags.append(f"--max-restarts={positive_int(max_restarts, 'max_restarts', 0)}")
     given = {"master_addr": master_addr, "master_port": master_port, "node_rank": node_rank, "rdzv_id": rdzv_id,
              "rdzv_endpoint": rdzv_endpoint, "rdzv_conf": rdzv_conf}
-    takes = {None: (), "standalone": (), "static": ("master_addr", "master_port", "node_rank"),
+    takes = {None: (), "standalone": (), "static": ("master_addr", "master_port", "node_rank", "rdzv_conf"),
              "c10d": ("master_addr", "master_port", "rdzv_id", "rdzv_endpoint", "rdzv_conf")}[form]
     extra = [k for k, v in given.items() if v is not None and k not in takes]
     if extra:
@@ -183,7 +181,8 @@ def torchrun_flags(form: str | None, *, nnodes: int | str, nproc_per_node: int |
                 top = f"0..{nnodes - 1} (nnodes={nnodes})" if isinstance(nnodes, int) else ">= 0"
                 raise ValueError(f"node_rank={node_rank!r}: must be an integer in {top}")
             flags.append(f"--node-rank={node_rank}")
-        return flags + [f"--master-addr={master_addr}", f"--master-port={port}"]
+        flags += [f"--master-addr={master_addr}", f"--master-port={port}"]
+        return flags + ([f"--rdzv-conf={rdzv_conf}"] if rdzv_conf is not None else [])
     if form == "c10d":
         if not rdzv_id or not str(rdzv_id).strip():
             raise ValueError(f"rdzv_id={rdzv_id!r}: the c10d form needs a job id, the same on every node")
@@ -296,14 +295,3 @@ def build_command(launcher: str, nproc_per_node: int, nnodes: int = 1, node_rank
     elif master_port is not None:
         cmd += [f"--master_port={master_port}"]
     return cmd + tail
-
-
-def rank_records(text: str, kind: str) -> list[dict]:
-    """Old name of :func:`helpers.jobs.parse_records` (use ``JobResult.records(kind)`` on a job).
-
-    Raises:
-        ValueError: ``kind`` is not a lowercase word.
-    """
-    from helpers import jobs  # lazy: this module stays free of the runner's imports
-
-    return jobs.parse_records(text, kind)

@@ -41,7 +41,7 @@ and leave out ZeRO-3's 2-byte gradient partition, which 0.19.8 keeps allocated;
 Command line (the ``runbook estimate-memory`` subcommand calls :func:`main`)::
 
     runbook estimate-memory --params 1.3e9 --world-size 8 --strategy zero2 [--precision bf16-mixed] [--offload cpu]
-    python -m helpers.memory --params 7B --world-size 16 --strategy all
+    runbook estimate-memory --params 7B --world-size 16 --strategy all
 
 Nothing runs at import; torch is imported only by :func:`params_of`.
 """
@@ -49,7 +49,6 @@ Nothing runs at import; torch is imported only by :func:`params_of`.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -585,17 +584,3 @@ def format_estimate(est: Estimate) -> str:
         lines.append(f"source: {src}")
     return "\n".join(lines)
 
-
-format_table = format_estimate
-"""Alias (one release) of :func:`format_estimate` (``format_table`` also named the Markdown table of ddp_math)."""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``runbook estimate-memory ARGS`` (kept for notebooks 04 and 05): see :func:`helpers.cli.estimate_memory`."""
-    from helpers import cli
-
-    return cli.main(["estimate-memory", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

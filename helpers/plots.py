@@ -60,7 +60,7 @@ def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[s
 
 def plot_pair_matrix(matrix: Mapping[str, Mapping[str, float]], path: str | Path, *,
                      title: str = "node x node busbw (GB/s)") -> Path:
-    """Heat-map of the node-pair busbw matrix (GB/s, one rank per node; see :func:`helpers.allocation_grades.pair_matrix`).
+    """Heat-map of the node-pair busbw matrix (GB/s, one rank per node; see :func:`helpers.allocation.grades.pair_matrix`).
 
     Args:
         matrix: ``{a: {b: GB/s}}``, symmetric; missing pairs (not measured, or the diagonal) are blank.

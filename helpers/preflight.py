@@ -1,6 +1,6 @@
 """The network pre-flight check: before a multi-node launch, test what the job's network needs, on every node.
 
-Per node (through a pluggable *runner*, so the same code checks the network lab, real nodes
+Per node (through a :class:`helpers.slurm.SlurmClient`'s ``on_node``, so the same code checks the network lab, real nodes
 under ``srun -w HOST --overlap`` or this machine alone):
 
 * ``net.node.<node>``: the interfaces, with MTU, state and addresses (``ip -j addr``);
@@ -18,7 +18,7 @@ under ``srun -w HOST --overlap`` or this machine alone):
   claim: ``ping -M do -s MTU-28`` and ``-s 1472`` (MN4; black hole = the large one lost, the
   small one through).
 
-Each check is a :class:`helpers.checks.Check` with ``node`` set (``NodeCheck`` is its old name):
+Each check is a :class:`helpers.checks.Check` with ``node`` set (``Check`` is its old name):
 ``id``, ``title``, ``status`` OK/WARN/FAIL, ``values`` (what was measured), ``remediation`` (names
 the faulty node and the fix), ``source``, ``faulty`` (:func:`faulty_nodes` collects them).  The
 interface-selection rules are :func:`helpers.ifnames.select`.  The measuring is two shell scripts per node (one
@@ -37,18 +37,21 @@ import ipaddress
 import json
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from helpers import ifnames, sources
-from helpers.checks import Check, faulty_nodes, worst  # noqa: F401  (faulty_nodes: re-exported for callers of preflight.faulty_nodes)
-from helpers.hostinfo import parse_ip_addr  # noqa: F401  (re-exported: preflight.parse_ip_addr)
+from helpers.checks import Check, worst
+from helpers.hostinfo import parse_ip_addr
 from helpers.ifnames import IFNAME_VARS
 from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.slurm import SlurmClient, slurm_errors
 from helpers.validate import tcp_port
 
-Runner = Callable[[str, Sequence[str], float], "subprocess.CompletedProcess[str]"]
+ICMP_PROBE = Path(__file__).resolve().parent / "scenarios" / "icmp_probe.py"
+"""The raw-socket ping each node runs without iputils-ping (the project folder is on the shared filesystem)."""
 SMALL_PING = 1472  # 1500 - 20 (IPv4) - 8 (ICMP): the payload that fits a standard frame
 SRC_MN2 = sources.cite("MN2")
 SRC_MN4 = sources.cite("MN4", "PF-mtu-blackhole")
@@ -70,78 +73,9 @@ echo "@@end"
 # Phase 2: the pings of one node, in parallel; each prints one line "@@ping ID RC OUTPUT".
 _PING_FN = ('p() { id=$1; shift; o=$("$@" 2>&1); rc=$?; '
             'o=$(printf %s "$o" | tr "\\n" " " | cut -c1-240); echo "@@ping $id $rc $o"; }')
-# The same probe in Python, for nodes without iputils-ping (raw ICMP socket; needs root/CAP_NET_RAW).
-_ICMP_PROBE = r"""
-import os, select, socket, struct, sys, time
-dst, size, df, src = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-def csum(b):
-    b += b"\0" * (len(b) % 2)
-    s = sum(struct.unpack("!%dH" % (len(b) // 2), b)); s = (s >> 16) + (s & 0xffff); s += s >> 16
-    return ~s & 0xffff
-ident, payload = os.getpid() & 0xffff, bytes(size)
-pkt = struct.pack("!BBHHH", 8, 0, csum(struct.pack("!BBHHH", 8, 0, 0, ident, 1) + payload), ident, 1) + payload
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-if df:
-    s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: never fragment
-if src != "-":
-    s.bind((src, 0))
-try:
-    s.sendto(pkt, (dst, 0))
-except OSError as e:
-    print("local error: %s" % e.strerror); sys.exit(2)
-end = time.monotonic() + 1.0
-while True:
-    left = end - time.monotonic()
-    if left <= 0 or not select.select([s], [], [], left)[0]:
-        print("1 packets transmitted, 0 received (python icmp probe)"); sys.exit(1)
-    data, addr = s.recvfrom(65535)
-    ihl = (data[0] & 15) * 4
-    kind, _, _, rid, _ = struct.unpack("!BBHHH", data[ihl:ihl + 8])
-    if kind == 0 and rid == ident and addr[0] == dst:
-        print("1 packets transmitted, 1 received (python icmp probe)"); sys.exit(0)
-"""
-
-
-NodeCheck = Check
-"""A check about one node: a :class:`helpers.checks.Check` with ``node`` (and ``faulty``) set; the old name, kept."""
-
-
-# --------------------------------------------------------------------------- runners
-
-def local_runner(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` on this machine (a one-node "allocation"); ``node`` is only a label."""
+def _call(runner: SlurmClient, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(list(argv), 124, str(exc.stdout or ""), f"timed out after {timeout_s} s")
-
-
-def srun_runner(extra_args: Sequence[str] = ()) -> Runner:
-    """A runner for the nodes of a SLURM allocation: ``srun -w NODE -N1 -n1 --overlap [extra] argv``.
-
-    ``--overlap`` lets the step share the CPUs of a running job step (SLURM >= 20.11); run it
-    from inside the allocation (``salloc``/``sbatch``).
-    """
-    def run(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        cmd = ["srun", "-J", "runbook-preflight", "-w", node, "-N1", "-n1", "--overlap", *map(str, extra_args), *argv]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            from helpers.allocation import stop  # SIGTERM: srun cancels its step (nothing left pending), then SIGKILL
-
-            stop(proc)
-            out, err = proc.communicate()
-            return subprocess.CompletedProcess(cmd, 124, out or "", (err or "") + f"\nsrun: timed out after {timeout_s} s")
-    return run
-
-
-def _call(runner: Runner, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    try:
-        return runner(node, argv, timeout_s)
+        return runner.on_node(node, argv, timeout_s)
     except Exception as exc:  # a runner must never take the whole check down
         return subprocess.CompletedProcess(list(argv), 255, "", f"runner error: {type(exc).__name__}: {exc}")
 
@@ -218,8 +152,6 @@ def _describe(iface: Mapping[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- interface selection
 
-select_ifaces = ifnames.select
-"""Alias of :func:`helpers.ifnames.select` (the interface-selection rules live there)."""
 
 
 # --------------------------------------------------------------------------- the check
@@ -229,14 +161,15 @@ def _env_value(env: Mapping[str, str], key: str) -> str | None:
     return None if value is None else str(value)
 
 
-def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] | None = None, *,
-                  master: str | None = None, timeout_s: float = 15.0) -> list[NodeCheck]:
+def run_preflight(nodes: Sequence[str], runner: SlurmClient, env: Mapping[str, str] | None = None, *,
+                  master: str | None = None, timeout_s: float = 15.0) -> list[Check]:
     """Check the network of an allocation of ``nodes`` before launching on it.
 
     Args:
         nodes: node names as ``runner`` knows them (lab hostnames, SLURM node names...).
-        runner: ``runner(node, argv, timeout_s) -> CompletedProcess`` running ``argv`` on
-            ``node`` (:meth:`helpers.netlab.Lab.runner`, :func:`srun_runner`, :func:`local_runner`).
+        runner: the :class:`helpers.slurm.SlurmClient` whose ``on_node(node, argv, timeout_s)`` runs ``argv`` on
+            ``node``: a :class:`helpers.netlab.Lab` (directly in the node), :class:`helpers.slurm.LocalSlurm`
+            (``srun -w NODE -N1 -n1 --overlap``), :class:`helpers.slurm.ThisHost` (here, one node).
             The nodes need ``sh``, ``ip``, ``getent``, ``awk`` and ``ping`` (or ``python3``:
             a raw-socket ICMP probe replaces ping), and ``ss`` for the port check.
         env: the job's variables: ``MASTER_ADDR`` (default: ``master``), ``MASTER_PORT``
@@ -245,7 +178,7 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
         timeout_s: limit per runner call, seconds.
 
     Returns:
-        The :class:`NodeCheck` records (see the module docstring), node by node.
+        The :class:`Check` records (see the module docstring), node by node.
 
     Raises:
         ValueError: no nodes, duplicate nodes, ``master`` not among them, or a bad MASTER_PORT.
@@ -269,14 +202,12 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
         answers = dict(zip(nodes, pool.map(
             lambda n: _call(runner, n, ["sh", "-c", _INVENTORY, "sh", master_addr, str(port)], timeout_s), nodes)))
     facts: dict[str, dict[str, Any]] = {}
-    checks: list[NodeCheck] = []
+    checks: list[Check] = []
     for node in nodes:
         ans = answers[node]
         try:
             facts[node] = parse_inventory(ans.stdout)
         except ValueError as exc:
-            from helpers.allocation import slurm_errors  # SLURM's own words (issue 11), not srun's last line
-
             slurm = slurm_errors((ans.stderr or "") + (ans.stdout or ""))
             err = [slurm[0]["line"]] if slurm else (ans.stderr or "").strip().splitlines()[-1:] or [str(exc)]
             blamed = [e["node"] for e in slurm if e["node"]] or [node]
@@ -286,7 +217,7 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
                    f"{node}: the runner could not run `sh`/`ip -j addr` there (exit {ans.returncode}"
                    f"{', timed out: busy or unreachable node' if ans.returncode == 124 else ''}): "
                    "check that the node is up and reachable by the runner (srun/ssh), and that iproute2 is installed")
-            checks.append(NodeCheck("net.node." + node, f"{node}: cannot inspect the node: {err[0]}", "FAIL",
+            checks.append(Check("net.node." + node, f"{node}: cannot inspect the node: {err[0]}", "FAIL",
                                     {"returncode": ans.returncode, "stderr": (ans.stderr or "")[-500:],
                                      "slurm_errors": slurm}, fix, sources.cite("MN1"), node=node, faulty=blamed))
     alive = [n for n in nodes if n in facts]
@@ -297,7 +228,7 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
         return checks  # nothing below can be judged without the master
 
     # What each IFNAME variable selects on every node.
-    selections = {var: {n: select_ifaces(var, env[var], facts[n]["ifaces"]) for n in alive}
+    selections = {var: {n: ifnames.select(var, env[var], facts[n]["ifaces"]) for n in alive}
                   for var in IFNAME_VARS if var in env}
 
     # Phase 2: pings from every other node to the master, in parallel.
@@ -318,16 +249,16 @@ def run_preflight(nodes: Sequence[str], runner: Runner, env: Mapping[str, str] |
     return checks
 
 
-def _inventory_check(node: str, f: Mapping[str, Any]) -> NodeCheck:
+def _inventory_check(node: str, f: Mapping[str, Any]) -> Check:
     ifaces = f["ifaces"]
     listing = "; ".join(_describe(i) for i in ifaces)
     values = {"hostname": f["hostname"], "interfaces": ifaces, "route_to_master": f["route"],
               "ping_tool": f["ping"] or ("python3 icmp probe" if f["python"] else None)}
     if not f["ping"] and not f["python"]:
-        return NodeCheck("net.node." + node, f"{node} ({f['hostname']}): {listing}; no ping and no python3", "WARN",
+        return Check("net.node." + node, f"{node} ({f['hostname']}): {listing}; no ping and no python3", "WARN",
                          values, f"{node}: install iputils-ping (apt-get install iputils-ping) so reachability and "
                          "MTU can be measured", SRC_MN4, node=node)
-    return NodeCheck("net.node." + node, f"{node} ({f['hostname']}): {listing}", "OK", values, "", SRC_MN4, node=node)
+    return Check("net.node." + node, f"{node} ({f['hostname']}): {listing}", "OK", values, "", SRC_MN4, node=node)
 
 
 def _ping_argv(f: Mapping[str, Any], dst: str, size: int | None, src: str | None) -> list[str]:
@@ -336,10 +267,11 @@ def _ping_argv(f: Mapping[str, Any], dst: str, size: int | None, src: str | None
         argv += ["-M", "do", "-s", str(size)] if size is not None else []
         argv += ["-I", src] if src else []
         return argv + [dst]
-    return ["python3", "-c", _ICMP_PROBE, dst, str(size if size is not None else 56), "1" if size else "0", src or "-"]
+    # the same probe in Python, for nodes without iputils-ping (raw ICMP socket; needs root/CAP_NET_RAW)
+    return ["python3", str(ICMP_PROBE), dst, str(size if size is not None else 56), "1" if size else "0", src or "-"]
 
 
-def df_ping(runner: Runner, node: str, dst: str, size: int, timeout_s: float = 10.0) -> tuple[int, str, str]:
+def df_ping(runner: SlurmClient, node: str, dst: str, size: int, timeout_s: float = 10.0) -> tuple[int, str, str]:
     """One "don't fragment" ping of ``size`` payload bytes from ``node`` to ``dst`` (MN4's path test).
 
     Uses ``ping -n -c 1 -W 1 -M do -s SIZE DST`` where iputils-ping is installed on the node, else
@@ -348,7 +280,7 @@ def df_ping(runner: Runner, node: str, dst: str, size: int, timeout_s: float = 1
     header, 8 of ICMP) fills one frame exactly: 8972 for MTU 9000, 1472 for 1500.
 
     Args:
-        runner: how to run a command on ``node`` (see :data:`Runner`).
+        runner: how to run a command on ``node`` (a :class:`helpers.slurm.SlurmClient`, see :func:`run_preflight`).
         node: the node to ping from.
         dst: the IPv4 address to ping.
         size: ICMP payload in bytes (>= 0).
@@ -400,7 +332,7 @@ def _ping_plan(node: str, facts: Mapping[str, Mapping[str, Any]], master: str,
     return plan
 
 
-def _run_pings(runner: Runner, node: str, plan: Mapping[str, Mapping[str, Any]], f: Mapping[str, Any],
+def _run_pings(runner: SlurmClient, node: str, plan: Mapping[str, Mapping[str, Any]], f: Mapping[str, Any],
                timeout_s: float) -> dict[str, dict[str, Any]]:
     if not plan or (not f["ping"] and not f["python"]):
         return {}
@@ -446,7 +378,7 @@ def _unreachable_cause(node: str, facts: Mapping[str, Mapping[str, Any]], master
 
 
 def _ifname_checks(var: str, sel: Mapping[str, Mapping[str, Any]], facts: Mapping[str, Mapping[str, Any]],
-                   pings: Mapping[str, Mapping[str, Mapping[str, Any]]], master: str, multi: bool) -> list[NodeCheck]:
+                   pings: Mapping[str, Mapping[str, Mapping[str, Any]]], master: str, multi: bool) -> list[Check]:
     checks = []
     value = next(iter(sel.values()))["value"] if sel else ""
     flavor = "NCCL" if var.startswith("NCCL") else "gloo"
@@ -461,7 +393,7 @@ def _ifname_checks(var: str, sel: Mapping[str, Mapping[str, Any]], facts: Mappin
                   "spec": s["spec"], "library_error": s["error"] or None}
         cid = f"net.{var}.{n}"
         if not s["problem"] and not s["selected"]:
-            checks.append(NodeCheck(cid, f"{n}: {var}={value!r} is ignored (one character or less): "
+            checks.append(Check(cid, f"{n}: {var}={value!r} is ignored (one character or less): "
                                     f"{flavor} auto-detects", "OK", values, "", SRC_MN2, node=n))
             continue
         fix_any = (f"set {var} to the data-plane interface that exists, is up and carries the node's routable "
@@ -473,12 +405,12 @@ def _ifname_checks(var: str, sel: Mapping[str, Mapping[str, Any]], facts: Mappin
                                "interface (prefix) instead",
                    "no-carrier": f"on {n}: the interface is selected but has no link: check its cable / switch port "
                                  f"(`ip -br link` on {n}), or {fix_any}"}.get(s["kind"], f"on {n}: {fix_any}")
-            checks.append(NodeCheck(cid, f"{n}: {var}={value!r}: {s['problem']}{err}", "FAIL",
+            checks.append(Check(cid, f"{n}: {var}={value!r}: {s['problem']}{err}", "FAIL",
                                     {**values, "problem": s["kind"]}, fix, SRC_MN2, node=n))
             continue
         dupes = [m for m in by_addr.get(s["address"], []) if m != n] if multi and s["address"] else []
         if dupes:
-            checks.append(NodeCheck(
+            checks.append(Check(
                 cid, f"{n}: {var}={value!r} selects {s['first']} {s['address']}, the same address as on "
                 f"{', '.join(dupes)}: a host-local bridge (docker0-like), not the data network", "FAIL",
                 {**values, "same_address_on": dupes},
@@ -489,41 +421,41 @@ def _ifname_checks(var: str, sel: Mapping[str, Mapping[str, Any]], facts: Mappin
         ping = pings.get(n, {}).get(f"if-{var}")
         if ping is not None and not ping["ok"]:
             who = _blame(unreachable, non_master, master)
-            checks.append(NodeCheck(
+            checks.append(Check(
                 cid, f"{n}: {s['first']} {s['address']} cannot reach {master}'s {sel[master]['first']} "
                 f"{sel[master]['address']} ({var}={value!r})", "FAIL", {**values, "ping": ping},
                 f"faulty: {', '.join(who)}; the interfaces {var} selects are not on one network: check cabling/switch "
                 f"port and addresses of {', '.join(who)} (`ip -br addr`), or {fix_any}", SRC_MN2, node=n, faulty=who))
             continue
-        checks.append(NodeCheck(cid, f"{n}: {var}={value!r} -> {s['first']} {s['address']}"
+        checks.append(Check(cid, f"{n}: {var}={value!r} -> {s['first']} {s['address']}"
                                 + (f", reaches {master}" if ping else ""), "OK", {**values, "ping": ping}, "",
                                 SRC_MN2, node=n))
     return checks
 
 
-def _hostname_check(node: str, f: Mapping[str, Any], gloo_pinned: bool) -> NodeCheck:
+def _hostname_check(node: str, f: Mapping[str, Any], gloo_pinned: bool) -> Check:
     host, addr = f["hostname"], f["self_addr"]
     values = {"hostname": host, "resolves_to": addr, "local": addr in _local_ips(f["ifaces"]) if addr else None}
     cid = "net.hostname." + node
     fix = (f"on {node}: map {host!r} to the node's data-plane address in /etc/hosts (not 127.0.x.1), "
            f"or pin the address: torchrun --local-addr=<data-plane address> and GLOO_SOCKET_IFNAME=<interface>")
     if not addr:
-        return NodeCheck(cid, f"{node}: its hostname {host!r} does not resolve there", "FAIL", values,
+        return Check(cid, f"{node}: its hostname {host!r} does not resolve there", "FAIL", values,
                          fix, SRC_MASTER, node=node)
     if _is_loopback(addr):
         effect = ("c10d advertises it" if gloo_pinned
                   else "gloo (no GLOO_SOCKET_IFNAME) binds to it and c10d advertises it")
-        return NodeCheck(cid, f"{node}: its hostname {host!r} resolves to loopback {addr}: {effect}, so peers "
+        return Check(cid, f"{node}: its hostname {host!r} resolves to loopback {addr}: {effect}, so peers "
                          "connect to themselves ('Connection refused' to 127.0.0.1, RendezvousConnectionError)",
                          "FAIL", values, fix, SRC_MASTER, node=node)
     if not values["local"]:
-        return NodeCheck(cid, f"{node}: its hostname {host!r} resolves to {addr}, which is not one of its addresses",
+        return Check(cid, f"{node}: its hostname {host!r} resolves to {addr}, which is not one of its addresses",
                          "FAIL", values, fix, SRC_MASTER, node=node)
-    return NodeCheck(cid, f"{node}: hostname {host!r} -> {addr}", "OK", values, "", SRC_MASTER, node=node)
+    return Check(cid, f"{node}: hostname {host!r} -> {addr}", "OK", values, "", SRC_MASTER, node=node)
 
 
 def _master_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapping[str, Mapping[str, Any]],
-                  master: str, master_addr: str, multi: bool) -> NodeCheck:
+                  master: str, master_addr: str, multi: bool) -> Check:
     f, fm = facts[node], facts[master]
     addr, on_master = f["master_addr"], fm["master_addr"]
     cid = "net.master." + node
@@ -532,21 +464,21 @@ def _master_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapp
     fix_env = (f"export the same MASTER_ADDR on every node: a name every node resolves (the same /etc/hosts or DNS) "
                f"to {master}'s data-plane address, or that address itself")
     if not addr:
-        return NodeCheck(cid, f"{node}: MASTER_ADDR={master_addr!r} does not resolve there", "FAIL", values,
+        return Check(cid, f"{node}: MASTER_ADDR={master_addr!r} does not resolve there", "FAIL", values,
                          f"on {node}: add {master_addr!r} to /etc/hosts or DNS; {fix_env}", SRC_MASTER, node=node)
     if multi and _is_loopback(addr):
-        return NodeCheck(cid, f"{node}: MASTER_ADDR={master_addr!r} resolves to loopback {addr}: every node would "
+        return Check(cid, f"{node}: MASTER_ADDR={master_addr!r} resolves to loopback {addr}: every node would "
                          "talk to itself", "FAIL", values, f"on {node}: {fix_env}", SRC_MASTER, node=node)
     if node == master:
         if addr not in _local_ips(f["ifaces"]):
-            return NodeCheck(cid, f"{node} (master): MASTER_ADDR={master_addr!r} -> {addr} is not an address of "
+            return Check(cid, f"{node} (master): MASTER_ADDR={master_addr!r} -> {addr} is not an address of "
                              f"{master}: the store would not be where the ranks look", "FAIL", values,
                              f"on {master}: MASTER_ADDR must name the node that runs rank 0; its addresses are "
                              f"{', '.join(sorted(_local_ips(f['ifaces'])))}; {fix_env}", SRC_MASTER, node=node)
-        return NodeCheck(cid, f"{node} (master): MASTER_ADDR={master_addr!r} -> {addr} (its own)", "OK", values, "",
+        return Check(cid, f"{node} (master): MASTER_ADDR={master_addr!r} -> {addr} (its own)", "OK", values, "",
                          SRC_MASTER, node=node)
     if on_master and addr != on_master:
-        return NodeCheck(cid, f"{node}: MASTER_ADDR={master_addr!r} resolves to {addr} there but to {on_master} on "
+        return Check(cid, f"{node}: MASTER_ADDR={master_addr!r} resolves to {addr} there but to {on_master} on "
                          f"{master}", "FAIL", values,
                          f"on {node}: its resolver (/etc/hosts, DNS) gives a stale or wrong address for "
                          f"{master_addr!r}: fix that entry on {node}; {fix_env}", SRC_MASTER, node=node)
@@ -558,30 +490,30 @@ def _master_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapp
         else:
             fix = (f"faulty: {' and '.join(who)}; check `ip -br link` and the cabling on {' and '.join(who)}, then "
                    f"`ping {addr}` from {node}")
-        return NodeCheck(cid, f"{node}: cannot reach MASTER_ADDR={master_addr!r} ({addr}): {cause}", "FAIL",
+        return Check(cid, f"{node}: cannot reach MASTER_ADDR={master_addr!r} ({addr}): {cause}", "FAIL",
                          values, fix, SRC_MASTER, node=node, faulty=who)
-    return NodeCheck(cid, f"{node}: MASTER_ADDR={master_addr!r} -> {addr}, reachable", "OK", values, "",
+    return Check(cid, f"{node}: MASTER_ADDR={master_addr!r} -> {addr}, reachable", "OK", values, "",
                      SRC_MASTER, node=node)
 
 
-def _port_check(master: str, f: Mapping[str, Any], port: int) -> NodeCheck:
+def _port_check(master: str, f: Mapping[str, Any], port: int) -> Check:
     cid = "net.port." + master
     values = {"port": port, "listeners": f["listeners"]}
     if f["listeners"] is None:
-        return NodeCheck(cid, f"{master}: cannot tell whether port {port} is free (no `ss`)", "WARN", values,
+        return Check(cid, f"{master}: cannot tell whether port {port} is free (no `ss`)", "WARN", values,
                          f"on {master}: install iproute2's ss, or check with `ss -ltnp 'sport = :{port}'`",
                          sources.cite("D4"), node=master)
     if f["listeners"]:
-        return NodeCheck(cid, f"{master}: port {port} is already in use: {f['listeners'][0].strip()}", "FAIL", values,
+        return Check(cid, f"{master}: port {port} is already in use: {f['listeners'][0].strip()}", "FAIL", values,
                          f"on {master}: another process listens on {port} (the rendezvous would fail with "
                          f"EADDRINUSE, or join that job's store): pick another MASTER_PORT / --rdzv-endpoint port, "
                          "or stop that process", sources.cite("D4", "PF-port-collision"), node=master)
-    return NodeCheck(cid, f"{master}: port {port} free", "OK", values, "", sources.cite("D4"),
+    return Check(cid, f"{master}: port {port} free", "OK", values, "", sources.cite("D4"),
                      node=master)
 
 
 def _mtu_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapping[str, Mapping[str, Any]],
-               master: str, plan: Mapping[str, Mapping[str, Any]]) -> NodeCheck:
+               master: str, plan: Mapping[str, Mapping[str, Any]]) -> Check:
     f, fm = facts[node], facts[master]
     cid = "net.mtu." + node
     dst = f["master_addr"]
@@ -595,16 +527,16 @@ def _mtu_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapping
     if not mine or not sizes:
         why = ("no ping tool" if not f["ping"] and not f["python"] and dst
                else f"MASTER_ADDR does not lead from {node} to {master}")
-        return NodeCheck(cid, f"{node} -> {master}: MTU not measured ({why})", "WARN", values,
+        return Check(cid, f"{node} -> {master}: MTU not measured ({why})", "WARN", values,
                          f"fix net.master.{node} first, then re-run", SRC_MN4, node=node)
     reach = pings.get("reach", {})
     if not any(r.get("ok") for r in results.values()):
         if not reach.get("ok"):
             _, who = _unreachable_cause(node, facts, master)
-            return NodeCheck(cid, f"{node} -> {master}: MTU not measured: MASTER_ADDR ({dst}) does not answer", "WARN",
+            return Check(cid, f"{node} -> {master}: MTU not measured: MASTER_ADDR ({dst}) does not answer", "WARN",
                              values, f"fix reachability first (net.master.{node}); faulty: {' and '.join(who)}",
                              SRC_MN4, node=node, faulty=who)
-        return NodeCheck(cid, f"{node} -> {master}: small pings pass but no DF ping of {', '.join(map(str, sizes))} "
+        return Check(cid, f"{node} -> {master}: small pings pass but no DF ping of {', '.join(map(str, sizes))} "
                          "bytes does", "FAIL", values,
                          f"a hop between {node} and {master} drops even standard frames: lower the MTU on both ends "
                          f"until `ping -M do -s <MTU-28>` passes, then fix the hop", SRC_MN4, node=node,
@@ -616,7 +548,7 @@ def _mtu_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapping
     lost = [s for s, r in results.items() if not r.get("ok")]
     if master_mtu is not None and master_mtu != claimed:
         status = "WARN" if results.get(min(claimed, master_mtu) - 28, {}).get("ok") else "FAIL"
-        return NodeCheck(
+        return Check(
             cid, f"{node} -> {master}: MTU differs: {node} {mine['name']} {claimed}, {master} {theirs['name']} "
             f"{master_mtu}; largest DF ping through: {passed} bytes", status, values,
             f"set one MTU on both ends: `ip link set {mine['name']} mtu {master_mtu}` on {node} or "
@@ -625,14 +557,14 @@ def _mtu_check(node: str, facts: Mapping[str, Mapping[str, Any]], pings: Mapping
             faulty=[node] if claimed > master_mtu else [master])
     if lost:
         where = f"between {node} and {master}"
-        return NodeCheck(
+        return Check(
             cid, f"{node} -> {master}: MTU black hole: {big}-byte DF ping lost, {passed}-byte one passes, although "
             f"both ends claim {claimed}", "FAIL", values,
             f"a hop {where} (switch port, bridge, host veth) drops frames above {passed + 28} bytes: raise that hop to "
             f"{claimed}, or set `ip link set {mine['name']} mtu {passed + 28}` on {node} AND `ip link set "
             f"{theirs['name'] if theirs else '<iface>'} mtu {passed + 28}` on {master} (uniform smaller MTU works, "
             "a mismatch does not; MN4)", SRC_MN4, node=node, faulty=[node, master])
-    return NodeCheck(cid, f"{node} -> {master}: MTU {claimed} carried end to end ({big}-byte DF ping through)", "OK",
+    return Check(cid, f"{node} -> {master}: MTU {claimed} carried end to end ({big}-byte DF ping through)", "OK",
                      values, "", SRC_MN4, node=node)
 
 

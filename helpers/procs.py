@@ -155,6 +155,58 @@ def kill_tree(root_pids: Iterable[int], *, sessions: Iterable[int] = (), grace_s
     return sorted(late)
 
 
+def stop_session(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop ``proc`` (started with ``start_new_session=True``) politely: SIGTERM to its session, then SIGKILL.
+
+    SIGTERM first because an ``srun``/``salloc`` cancels its step or job on it (nothing left pending
+    in SLURM); SIGKILL after ``grace_s`` seconds for whatever did not stop.
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_bounded(argv: Sequence[str], timeout_s: float, *, env: Mapping[str, str] | None = None,
+                cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a session of its own, output captured, and wait at most ``timeout_s`` seconds.
+
+    The one stop-on-timeout routine of the project (the SLURM clients and the network pre-flight use it):
+    on expiry the whole session is stopped (:func:`stop_session`) and the result has returncode 124
+    (``timeout(1)``'s) with ``[runbook] stopped after N s`` appended to stderr.  ``subprocess.run``'s own
+    timeout kills only the child, which leaves an ``srun``'s step or a shell's children running.
+
+    Args:
+        argv: the command.
+        timeout_s: seconds to wait.
+        env: the whole environment of the command (default: this process's).
+        cwd: its working directory (default: this process's).
+
+    Returns:
+        ``CompletedProcess`` with text ``stdout`` / ``stderr``.
+
+    Raises:
+        OSError: ``argv[0]`` cannot be started (not found, not executable).
+    """
+    argv = [str(a) for a in argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                            stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        stop_session(proc)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(argv, 124, out or "", (err or "") + f"\n[runbook] stopped after {timeout_s:g} s\n")
+
+
 # --------------------------------------------------------------------------- processes by namespace
 # (the network lab's killer: every process inside a lab node, whatever its parent or session)
 

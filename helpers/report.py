@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers.checks import STATUSES, Check, worst
+from helpers.checks import Check, worst
+from helpers.checks import to_json as checks_json
 
-__all__ = ["GIB", "KIB", "MIB", "STATUSES", "Check", "human_bytes", "markdown_table", "to_json", "to_markdown",
-           "worst", "write_atomic", "write_report"]
+__all__ = ["GIB", "KIB", "MIB", "human_bytes", "markdown_table", "to_json", "to_markdown", "write_atomic", "write_report"]
 
 KIB = 1024
 MIB = 1024**2
@@ -86,8 +86,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 def to_json(checks: Sequence[Check], meta: dict[str, Any], extra: Mapping[str, Any] | None = None) -> str:
     """The ``report.json`` text: ``{"meta": ..., "status": worst, "checks": [Check...]}`` plus the keys of ``extra``."""
-    return json.dumps({"meta": meta, "status": worst(checks), "checks": [c.to_dict() for c in checks], **(extra or {})},
-                      indent=2, default=str)
+    return json.dumps(checks_json(checks, meta=meta, status=worst(checks), **(extra or {})), indent=2, default=str)
 
 
 def _cell(value: Any) -> str:

@@ -20,9 +20,8 @@ job, and it has two halves:
 late.  Jobs that run side by side (:func:`check_variants`, the two agents) go through
 :func:`helpers.jobs.run_together`, so an interrupt stops them all.
 
-The rank-side names (``save_checkpoint``, ``load_checkpoint``, ``rng_state``, ``set_rng_state``,
-``parse_omit``, ``compare_state_dicts``, ``Diff``, ``PIECES``, ``naive_save``) are re-exported
-from :mod:`helpers.checkpoint`.  Nothing runs at import; torch is imported inside the functions
+The rank side (``save_checkpoint``, ``load_checkpoint``, ``compare_state_dicts``...) is
+:mod:`helpers.checkpoint`.  Nothing runs at import; torch is imported inside the functions
 that need it.  Sources: seed MN5 and https://docs.pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html.
 """
 
@@ -46,18 +45,13 @@ from helpers.checkpoint import (
     Diff,
     compare_state_dicts,
     load_checkpoint,
-    naive_save,
     parse_omit,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
 )
 from helpers.jobdir import JobDir
 from helpers.jobs import JobResult
 
 __all__ = [
-    "PIECES", "Diff", "compare_state_dicts", "load_checkpoint", "naive_save", "parse_omit", "rng_state",
-    "save_checkpoint", "set_rng_state",
     "SCRIPT", "STEP_LINE", "CrashWrite", "crash_mid_write", "parse_steps", "TrainingRun", "training_args",
     "run_training", "ResumeCheck", "check_resume", "check_variants", "ELASTIC_RDZV_CONF", "ElasticRun",
     "elastic_commands", "run_elastic", "epoch_coverage",
@@ -66,36 +60,6 @@ __all__ = [
 SCRIPT = jobs.SCENARIOS / "elastic_train.py"
 T = TypeVar("T")
 STEP_LINE = re.compile(r"^(?:\[rank \d+\] )?step (\d+) ((?:\w+=\S+ ?)+)$")
-
-_CRASH_CODE = r"""
-import os, sys
-sys.path.insert(0, sys.argv[1])
-import torch
-from helpers import checkpoint
-
-path, atomic, die_after = sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-state = {"step": 2, "weight": torch.full((1 << 16,), 2.0)}
-
-class Dying:
-    # A file object that dies with the process after ``die_after`` bytes: a crash mid-write.
-    def __init__(self, fh):
-        self.fh, self.n = fh, 0
-    def write(self, b):
-        if self.n + len(b) > die_after:
-            self.fh.write(bytes(b)[: die_after - self.n])
-            self.fh.flush()
-            os._exit(137)
-        self.n += len(b)
-        return self.fh.write(b)
-    def __getattr__(self, name):
-        return getattr(self.fh, name)
-
-real = checkpoint._serialize
-checkpoint._serialize = lambda s, fh: real(s, Dying(fh))
-(checkpoint.save_checkpoint if atomic else checkpoint.naive_save)(path, state)
-print("write completed", flush=True)
-"""
-
 
 @dataclass
 class CrashWrite:
@@ -145,8 +109,9 @@ def crash_mid_write(path: str | os.PathLike[str], *, atomic: bool, die_after_byt
     dest = Path(path)
     save_checkpoint(dest, {"step": 1, "weight": torch.full((1 << 16,), 1.0)})
     root = str(Path(__file__).resolve().parent.parent)
-    proc = subprocess.run([sys.executable, "-c", _CRASH_CODE, root, str(dest), "1" if atomic else "0",
-                           str(die_after_bytes)], capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run([sys.executable, str(jobs.scenario("crash_write.py")), "--path", str(dest),
+                           *(["--atomic"] if atomic else []), "--die-after-bytes", str(die_after_bytes)],
+                          capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "PYTHONPATH": root})
     step, error = None, ""
     try:
         state = load_checkpoint(dest)

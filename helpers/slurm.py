@@ -27,13 +27,14 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from helpers import envvars
+from helpers import envvars, procs
 from helpers.envvars import shell_lines
 from helpers.launchers import DEFAULT_MASTER_PORT, torchrun_flags
 from helpers.validate import one_of, positive_float, positive_int, tcp_port
@@ -55,7 +56,8 @@ NCCL_TOGGLES = (
 def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_args: Sequence[object] = (), *,
                   rdzv: str = "static", master_port: int = DEFAULT_MASTER_PORT,
                   env: Mapping[str, str | None] | None = None, srun_args: Sequence[str] = (),
-                  ntasks_per_node: int = 1, export: str = "ALL") -> str:
+                  ntasks_per_node: int = 1, export: str = "ALL", nodelist: Sequence[str] = (),
+                  pre_launch: Sequence[str] = (), rdzv_conf: str | None = None) -> str:
     """The shell lines that start ``script`` on every node of the allocation: ``srun`` + ``torchrun``.
 
     Meant to run inside an allocation (``sbatch`` or ``salloc``): it reads ``$SLURM_JOB_NODELIST``,
@@ -78,6 +80,12 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
         ntasks_per_node: ``srun --ntasks-per-node``; 1 is right (one torchrun per node, §8.2): another
             value is written as given so that the command builder can show the trap it makes.
         export: ``srun --export`` (``ALL``; ``NONE`` is written as given, Failure Mode 4).
+        nodelist: the nodes of this job when they are a subset of the allocation (a job step on some
+            nodes of it): ``MASTER_ADDR`` is the first of them, not the allocation's first node; empty
+            (default): ``$SLURM_JOB_NODELIST``.
+        pre_launch: shell lines each task runs before ``torchrun`` (inside the task body, so ``$SLURMD_NODENAME``
+            and the like expand per node), e.g. a marker file that says the task started.
+        rdzv_conf: torchrun's ``--rdzv-conf`` (``timeout=10``: the static store waits 10 s for every agent).
 
     Returns:
         Shell text (several lines, ending with a newline).
@@ -87,6 +95,8 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
             :data:`RDZV_FORMS`, ``master_port`` outside 1..65535, an empty ``script``, an invalid
             variable name in ``env``.
     """
+    if any(not isinstance(n, str) or not re.fullmatch(r"[A-Za-z0-9_.\-\[\],]+", n) for n in nodelist):
+        raise ValueError(f"nodelist={list(nodelist)!r}: node names (letters, digits, '_.-', SLURM ranges)")
     if isinstance(nnodes, str):
         if not nnodes.strip():
             raise ValueError("nnodes: an integer >= 1 or a shell expression such as $SLURM_JOB_NUM_NODES")
@@ -105,12 +115,12 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     # Shell text, double-quoted so that each task expands it: $SLURM_NODEID differs per node.
     if rdzv == "static":
         flags = torchrun_flags("static", nnodes=nnodes, nproc_per_node=nproc_per_node, node_rank='"$SLURM_NODEID"',
-                               master_addr='"$MASTER_ADDR"', master_port='"$MASTER_PORT"')
+                               master_addr='"$MASTER_ADDR"', master_port='"$MASTER_PORT"', rdzv_conf=rdzv_conf)
     else:
         flags = torchrun_flags("c10d", nnodes=nnodes, nproc_per_node=nproc_per_node, rdzv_id='"$SLURM_JOB_ID"',
-                               rdzv_endpoint='"$MASTER_ADDR:$MASTER_PORT"')
+                               rdzv_endpoint='"$MASTER_ADDR:$MASTER_PORT"', rdzv_conf=rdzv_conf)
     torchrun = ["torchrun", *flags, shlex.quote(script), *(shlex.quote(str(a)) for a in script_args)]
-    body = [*task_env, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
+    body = [*task_env, *pre_launch, " \\\n      ".join([" ".join(torchrun[:3]), *torchrun[3:]])]
     # The task body is single-quoted, so $SLURM_NODEID expands in each task, not in the batch shell.
     inner = "\n    ".join(body).replace("'", "'\\''")
     # Slurm 22.05-23.02: srun does not inherit the batch --cpus-per-task (23.11 does again); without it a task may get 1 CPU (issue 17)
@@ -118,7 +128,8 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
             else [f'--cpus-per-task="${{SLURM_CPUS_PER_TASK:-{nproc_per_node}}}"'])
     srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={ntasks_per_node}", *cpus, f"--export={export}",
             *map(shlex.quote, srun_args)]
-    return ("export MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\"\n"
+    hosts = shlex.quote(",".join(nodelist)) if nodelist else '"$SLURM_JOB_NODELIST"'
+    return (f"export MASTER_ADDR=\"$(scontrol show hostnames {hosts} | head -n 1)\"\n"
             f"export MASTER_PORT={master_port}\n"
             f"{' '.join(srun)} bash -c '\n    {inner}\n'\n")
 
@@ -127,7 +138,8 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
                   gpus_per_node: int | None = None, cpus_per_task: int | None = None, time: str = "00:30:00",
                   partition: str | None = None, account: str | None = None, rdzv: str = "static",
                   master_port: int = DEFAULT_MASTER_PORT, env: Mapping[str, str | None] | None = None,
-                  log_dir: str = ".", setup: Sequence[str] = (), ntasks_per_node: int = 1, export: str = "ALL") -> str:
+                  log_dir: str = ".", setup: Sequence[str] = (), ntasks_per_node: int = 1, export: str = "ALL",
+                  rdzv_conf: str | None = None) -> str:
     """A complete ``sbatch`` job script for ``script`` on ``nodes`` nodes (Gilbreth 8.13, fixed).
 
     Header: ``#SBATCH`` lines (``--ntasks-per-node=1``: one torchrun per node, Gilbreth 8.2); partition,
@@ -158,6 +170,7 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
             submit time (see above).
         setup: shell lines run before the launch (``module load ...``, ``source .venv/bin/activate``).
         ntasks_per_node, export: as in :func:`srun_torchrun` (the ``srun`` line's options; keep 1 and ``ALL``).
+        rdzv_conf: as in :func:`srun_torchrun`.
 
     Returns:
         The script text (starts with ``#!/bin/bash``, ends with a newline).
@@ -177,7 +190,8 @@ def sbatch_script(job_name: str, nodes: int, nproc_per_node: int, script: str, s
         if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
             raise ValueError(f"{name}={value!r}: a non-empty word without spaces")
     launch = srun_torchrun('"$SLURM_JOB_NUM_NODES"', nproc_per_node, script, script_args, rdzv=rdzv,
-                           master_port=master_port, env=env, ntasks_per_node=ntasks_per_node, export=export)
+                           master_port=master_port, env=env, ntasks_per_node=ntasks_per_node, export=export,
+                           rdzv_conf=rdzv_conf)
     log = shlex.quote(log_dir)
     out = "" if log_dir in (".", "./") else f"{log_dir}/"
     submit = "sbatch job.sbatch" if not out else f"mkdir -p {log} && sbatch job.sbatch"
@@ -218,21 +232,138 @@ NCCL_PROFILES = ("single_node", "multi_node")
 """The NCCL environment profiles of Gilbreth 8.4, as ``configs/nccl_<name>.env``."""
 
 
-class SlurmClient(Protocol):
-    """Anything that runs a SLURM client command: :class:`helpers.netlab.Lab` (``slurm=True``) or :class:`LocalSlurm`."""
+RUNNERS = ("srun", "lab", "local")
+"""How the project reaches the nodes (``--runner``, ``PREFLIGHT_RUNNER``): ``srun`` (:class:`LocalSlurm`: this machine's
+SLURM), ``lab`` (:class:`helpers.netlab.Lab`: the network / SLURM lab), ``local`` (:class:`ThisHost`: no SLURM, one node).
+:func:`helpers.allocation.local.open_client` turns a name into the client."""
+TAG = "runbook"
+"""The prefix of the job/step name (``srun -J``) of everything the project starts through SLURM; :meth:`SlurmClient.cleanup`
+cancels by the full tag (prefix + a token per run)."""
+LAUNCH_ERRORS = re.compile(r"(Task launch for \S+ failed on node (\S+?):.*|"
+                           r"Unable to create step for job.*|"
+                           r"Required node not available.*|"
+                           r"Nodes? (\S+) (?:are|is) (?:down|not responding).*|"
+                           r"Job step creation temporarily disabled.*)")
+"""SLURM's own launch errors (``srun``/``salloc`` stderr); see :func:`slurm_errors`."""
 
-    def slurm(self, argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, str | None] | None = None,
-              cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]: ...
+
+def new_tag(prefix: str = TAG) -> str:
+    """A job/step name for one run: ``<prefix>-<6 hex digits>`` (what :meth:`SlurmClient.cleanup` looks for)."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-class LocalSlurm:
-    """The SLURM clients of this machine (a login node): ``LocalSlurm().slurm(["squeue"])``."""
+def slurm_errors(text: str) -> list[dict[str, str]]:
+    """SLURM's own launch errors in ``text``: ``[{"line", "node", "kind"}]``.
+
+    ``kind`` is ``unreachable`` when SLURM names a node it could not launch on (``node`` set), else
+    ``refused`` (SLURM refused the step itself: ``Unable to create step ...``; ``node`` empty).
+
+    ``Task launch for StepId=12.0 failed on node node2: Connection timed out`` names ``node2``:
+    slurmctld/srun could not reach that node's slurmd, i.e. a network (or daemon) fault on that node.
+    Source: the messages of SLURM's ``src/srun/`` and ``src/api/step_launch.c`` (https://github.com/SchedMD/slurm).
+    """
+    found = []
+    for m in LAUNCH_ERRORS.finditer(text or ""):
+        node = (m.group(2) or m.group(3) or "").strip()
+        found.append({"line": m.group(1).strip(), "node": node, "kind": "unreachable" if node else "refused"})
+    return found
+
+
+class SlurmClient:
+    """The one way the project asks SLURM something or runs a command on a node (submitit's shape: one interface,
+    a local and a cluster implementation; ``submitit/slurm/slurm.py`` beside ``submitit/local/local.py``).
+
+    Implementations say only *where* a client command runs (:meth:`client_argv`) and how to reach one node
+    (:meth:`on_node`); the rest is written once here:
+
+    * :meth:`slurm`: a client command (``sbatch``, ``squeue``, ``scontrol``, ``scancel``, ``srun``...), bounded
+      by :func:`helpers.procs.run_bounded` (SIGTERM, then SIGKILL of its session, returncode 124);
+    * :meth:`popen`: the same, started in the background with its output in a file (a long ``srun``/``salloc``);
+    * :meth:`step_argv` / :meth:`step`: one job step on some nodes (``-J tag``, ``--overlap`` inside an
+      allocation, ``--export=ALL``, ``--kill-on-bad-exit=1``);
+    * :meth:`cleanup`: ``scancel`` every job and step of a tag still known to SLURM.
+
+    The implementations: :class:`LocalSlurm` (this machine's SLURM clients: a login node or a node of the
+    allocation), :class:`ThisHost` (no SLURM: the one host is the one node) and
+    :class:`helpers.netlab.Lab` (the SLURM lab: client commands on its head node, nodes reached directly).
+    """
+
+    def client_argv(self, argv: Sequence[str]) -> list[str]:
+        """The command line that runs the client command ``argv`` (here: ``argv`` itself)."""
+        return [str(a) for a in argv]
+
+    def client_env(self, env: Mapping[str, str | None] | None = None) -> dict[str, str]:
+        """The environment of a client command: this process's, this venv's ``bin`` first on ``PATH`` (``torchrun``
+        and ``python`` on every node: the project folder is the shared filesystem), then ``env`` (``None`` unsets)."""
+        here = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        return envvars.apply(here, env)
+
+    @property
+    def in_allocation(self) -> bool:
+        """True when client commands run inside a SLURM allocation (steps then need ``--overlap``)."""
+        return bool(os.environ.get("SLURM_JOB_ID"))
 
     def slurm(self, argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, str | None] | None = None,
               cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` here with ``env`` applied to this process's environment (``None`` removes a variable)."""
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
-                              env=envvars.apply(os.environ, env))
+        """Run the client command ``argv`` and wait at most ``timeout_s`` seconds (returncode 124 after that).
+
+        A command that cannot start (``srun`` not installed) is returncode 127 with the reason on stderr.
+        """
+        try:
+            return procs.run_bounded(self.client_argv(argv), timeout_s, env=self.client_env(env), cwd=cwd)
+        except OSError as exc:
+            return subprocess.CompletedProcess(list(argv), 127, "", f"{argv[0]}: {exc.strerror or exc}")
+
+    def popen(self, argv: Sequence[str], log: str | os.PathLike[str],
+              env: Mapping[str, str | None] | None = None) -> subprocess.Popen:
+        """Start the client command ``argv`` in a session of its own, stdout+stderr to the file ``log``.
+
+        Stop it with :func:`helpers.procs.stop_session` (``srun`` cancels its step on SIGTERM).
+        """
+        with open(log, "w") as fh:
+            return subprocess.Popen(self.client_argv(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.client_env(env), start_new_session=True)
+
+    def step_argv(self, nodes: Sequence[str], tag: str, *, ntasks_per_node: int = 1) -> list[str]:
+        """``srun`` options for one step of ``ntasks_per_node`` tasks on each of ``nodes``, named ``tag``."""
+        # -n explicit: inside sbatch, srun inherits SLURM_NTASKS of the whole job ("More processors requested than permitted")
+        opts = ["srun", "-J", tag, "-w", ",".join(nodes), f"-N{len(nodes)}", f"-n{len(nodes) * ntasks_per_node}",
+                f"--ntasks-per-node={ntasks_per_node}", "--export=ALL", "--kill-on-bad-exit=1"]
+        return opts + (["--overlap"] if self.in_allocation else [])
+
+    def step(self, nodes: Sequence[str], argv: Sequence[str], tag: str, timeout_s: float, *,
+             env: Mapping[str, str | None] | None = None, ntasks_per_node: int = 1) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as one step on ``nodes`` (:meth:`step_argv`), bounded by ``timeout_s``."""
+        return self.slurm([*self.step_argv(nodes, tag, ntasks_per_node=ntasks_per_node), *argv], timeout_s, env=env)
+
+    def on_node(self, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on ``node`` (here: a one-task step, ``srun -w NODE -N1 -n1``), bounded by ``timeout_s``."""
+        return self.step([node], argv, f"{TAG}-node", timeout_s)
+
+    def cleanup(self, tag: str) -> list[str]:
+        """``scancel`` every job and step named ``tag`` still known to SLURM; return their ids."""
+        ids: list[str] = []
+        for extra in ([], ["-s"]):
+            out = self.slurm(["squeue", "-h", *extra, "-o", "%i %j"], 20).stdout
+            ids += [line.split()[0] for line in out.splitlines() if line.split()[1:] == [tag]]
+        if ids:
+            self.slurm(["scancel", *ids], 20)
+        return ids
+
+
+class LocalSlurm(SlurmClient):
+    """The SLURM clients of this machine (a login node, or a node of the allocation): ``LocalSlurm().slurm(["squeue"])``."""
+
+
+class ThisHost(SlurmClient):
+    """No SLURM: this host is the only node (``runbook preflight --runner local``); :meth:`on_node` runs ``argv`` here."""
+
+    def on_node(self, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on this machine (``node`` is only a label), bounded by ``timeout_s``."""
+        try:
+            return procs.run_bounded(argv, timeout_s)
+        except OSError as exc:
+            return subprocess.CompletedProcess(list(argv), 127, "", f"{argv[0]}: {exc.strerror or exc}")
 
 
 @dataclass(frozen=True)

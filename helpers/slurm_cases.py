@@ -61,8 +61,8 @@ def job_script(work: str | os.PathLike[str], name: str, script: str | os.PathLik
     positive_int(rdzv_timeout_s, "rdzv_timeout_s", 1)
     text = slurm.sbatch_script(name, nodes, nproc, str(script), list(args), gpus_per_node=0, cpus_per_task=1,
                                partition="lab", account="lab", time=time, master_port=port, log_dir=str(work),
-                               env={"RUNBOOK_BACKEND": "gloo", **(env or {})})
-    return text.replace('--master-port="$MASTER_PORT"', f'--master-port="$MASTER_PORT" --rdzv-conf=timeout={rdzv_timeout_s}')
+                               env={"RUNBOOK_BACKEND": "gloo", **(env or {})}, rdzv_conf=f"timeout={rdzv_timeout_s}")
+    return text
 
 
 def hang_script(work: str | os.PathLike[str], name: str, *, port: int, mode: str = "bug", case: str = "mismatch",
@@ -161,7 +161,7 @@ BREAKS: dict[str, tuple[str, str, Callable[[str], str]]] = {
     "standalone-multinode": ("torchrun --standalone (a single-node command) copied into the 2-node job",
                              "D2; torchrun docs (--standalone: single-node)",
                              _sub(r'--node-rank="\$SLURM_NODEID" \\\n\s+--master-addr="\$MASTER_ADDR" \\\n\s+'
-                                  r'--master-port="\$MASTER_PORT" --rdzv-conf=timeout=(\d+)', r"--standalone --rdzv-conf=join_timeout=\1")),
+                                  r'--master-port="\$MASTER_PORT" \\\n\s+--rdzv-conf=timeout=(\d+)', r"--standalone --rdzv-conf=join_timeout=\1")),
 }
 """Known breakages: name -> (what the user did, seed source, edit of :func:`job_script`'s text)."""
 

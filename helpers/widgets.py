@@ -24,7 +24,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from helpers import envvars, launch_traps
+from helpers import envvars, launch_traps, launchers
 from helpers.launch_traps import LaunchSpec, Trap
 from helpers.validate import positive_int, tcp_port
 
@@ -176,7 +176,7 @@ class CommandBuilder:
             if name == "kind":
                 c = w.Dropdown(options=launch_traps.KINDS, description=label, style=style, layout=wide)
             elif name == "rdzv":
-                c = w.Dropdown(options=launch_traps.RDZV, description=label, style=style, layout=wide)
+                c = w.Dropdown(options=launchers.RDZV_FORMS, description=label, style=style, layout=wide)
             elif name == "accelerate_cpu":
                 c = w.Checkbox(description=label, indent=True, style=style)
             elif name == "env":
@@ -341,7 +341,7 @@ class CommandBuilder:
 
     def _sync_rdzv_options(self) -> None:
         rdzv = self.controls["rdzv"]
-        options = ("static", "c10d") if self.controls["kind"].value in SLURM_KINDS else launch_traps.RDZV
+        options = ("static", "c10d") if self.controls["kind"].value in SLURM_KINDS else launchers.RDZV_FORMS
         if tuple(rdzv.options) != options:
             current = rdzv.value
             rdzv.options = options  # may reset the value: take it back, or the first option

@@ -8,9 +8,10 @@ what each layer checks and how to run it.
 
 from __future__ import annotations
 
-import glob
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -60,17 +61,26 @@ def job_processes(test_id: str) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def no_leftovers(monkeypatch):
-    """Assert that the test's jobs left no process (hence no port listener) and no /tmp/torchelastic_*."""
+def no_leftovers(monkeypatch, tmp_path_factory):
+    """Assert that the test's jobs left no process (hence no port listener), and remove the temp folders they made.
+
+    Only what this test created is blamed: its processes carry ``RUNBOOK_TEST_ID`` (a token of this test), and
+    its temp folders go to a ``TMPDIR`` of its own (under pytest's base temp, so on the shared filesystem when
+    ``make test`` puts ``TMPDIR`` in ``build/``), which is removed at the end: torchrun's ``torchelastic_*`` log
+    folders, which torch never deletes, included.  A ``torchrun`` that something else starts meanwhile, with its
+    ``/tmp/torchelastic_*``, is none of this test's business (the old check counted those and failed the suite).
+    """
     test_id = uuid.uuid4().hex
     monkeypatch.setenv("RUNBOOK_TEST_ID", test_id)
-    before_tmp = set(glob.glob("/tmp/torchelastic_*"))
+    private_tmp = tmp_path_factory.mktemp("tmpdir")
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile re-reads TMPDIR
     yield
     leftovers = job_processes(test_id)
     for proc in leftovers:  # clean up so one failure does not cascade, then fail
         proc.kill()
+    shutil.rmtree(private_tmp, ignore_errors=True)
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
-    assert set(glob.glob("/tmp/torchelastic_*")) <= before_tmp
 
 
 @pytest.fixture(autouse=True)

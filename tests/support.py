@@ -67,7 +67,7 @@ def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Compl
 
 
 def by_id(checks: Sequence[Any]) -> dict[str, Any]:
-    """Check records (anything with an ``id``, e.g. ``preflight.NodeCheck``) by id."""
+    """Check records (anything with an ``id``, e.g. a pre-flight ``Check``) by id."""
     return {c.id: c for c in checks}
 
 
@@ -77,5 +77,5 @@ def not_ok(checks: Sequence[Any]) -> dict[str, Any]:
 
 
 def record_by_id(records: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """Check records (:class:`helpers.checks.Check`, e.g. from ``diagnostics.host_checks``) as dicts, by id."""
+    """Check records (:class:`helpers.checks.Check`, e.g. from ``local.host_checks``) as dicts, by id."""
     return {r.id: r.to_dict() for r in records}

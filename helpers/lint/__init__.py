@@ -7,7 +7,7 @@ command, and runs the cross-file rules: the world size from the launch files che
 batch arithmetic (Gilbreth 7.4), a raw ``deepspeed.initialize`` in a script makes
 ``"auto"`` and a missing optimizer errors (D18, §7.5 issue 1), bf16 in the JSON with float32
 inputs in the script is §7.5 issue 2, accumulation set in two files is D18.
-Each finding is a :class:`helpers.lint.findings.Finding` (a :class:`helpers.checks.Check`).
+Each finding is a :class:`helpers.checks.Check` (built by :func:`helpers.lint.findings.finding`).
 See docs/lint.md.
 """
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from helpers.lint.findings import Finding
+from helpers.checks import Check
+from helpers.lint.findings import finding
 
 UNREADABLE = "input-unreadable"
 
@@ -108,7 +109,7 @@ def _kind(path: str, text: str) -> str:
     return "shell"
 
 
-def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> list[Finding]:
+def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> list[Check]:
     """Lint already-read files ``[(path, text), ...]`` together (and ``command``, shown as ``<command>``).
 
     Returns:
@@ -117,7 +118,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     from helpers import launch_parse
     from helpers.lint import accelerate_rules, deepspeed_rules, python_rules, shell_rules
 
-    findings: list[Finding] = []
+    findings: list[Check] = []
     facts: list[python_rules.PyFacts] = []
     ds_files: list[tuple[str, str, dict]] = []
     acc_files: list[tuple[str, str, dict]] = []
@@ -132,7 +133,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             try:
                 data = deepspeed_rules.load(text)
             except ValueError as exc:
-                findings.append(Finding.make("config-unparsable", "error", path, 1, str(exc), "fix the JSON", "D17"))
+                findings.append(finding("config-unparsable", "error", path, 1, str(exc), "fix the JSON", "D17"))
                 continue
             if deepspeed_rules.is_deepspeed_config(data):
                 ds_files.append((path, text, data))
@@ -140,7 +141,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             try:
                 data = accelerate_rules.load(text)
             except ValueError as exc:
-                findings.append(Finding.make("config-unparsable", "error", path, 1, str(exc), "fix the YAML", "D5"))
+                findings.append(finding("config-unparsable", "error", path, 1, str(exc), "fix the YAML", "D5"))
                 continue
             if accelerate_rules.is_accelerate_config(data):
                 acc_files.append((path, text, data))
@@ -155,7 +156,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             specs.append(spec)
             findings += shell_rules.traps_as_findings(spec, "<command>", 1)
         except ValueError as exc:
-            findings.append(Finding.make("command-unparsable", "error", "<command>", 1, str(exc),
+            findings.append(finding("command-unparsable", "error", "<command>", 1, str(exc),
                                          "paste the whole launch line", "D7"))
     world = next((s.nnodes * s.nproc_per_node for s in specs), None)
     if world is None:
@@ -170,9 +171,9 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                                                    client_optimizer=client_opt, init_where=where)
         half = deepspeed_rules.enabled(data.get("bf16")) or deepspeed_rules.enabled(data.get("fp16"))
         for f in raw:
-            if half and f.float_inputs and not any(x.rule == "half-config-float32-inputs" and x.file == f.path
+            if half and f.float_inputs and not any(x.id == "half-config-float32-inputs" and x.file == f.path
                                                    for x in findings):
-                findings.append(Finding.make(
+                findings.append(finding(
                     "half-config-float32-inputs", "warning", f.path, f.float_inputs[0],
                     f"{path} enables bf16/fp16, so the engine's weights are half precision, but this tensor is built "
                     "float32: 'mat1 and mat2 must have the same dtype, but got Float and BFloat16'",
@@ -183,20 +184,20 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     ds_gas = next(((p, d.get("gradient_accumulation_steps")) for p, _, d in ds_files), None)
     for path, text, data in acc_files:
         findings += accelerate_rules.lint_accelerate(path, text, data, accelerator_grad_accum=accel, ds_gas=ds_gas)
-    return sorted(findings, key=lambda f: (f.file, f.line, f.rule))
+    return sorted(findings, key=lambda f: (f.file, f.line_no, f.id))
 
 
-def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = None) -> list[Finding]:
+def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = None) -> list[Check]:
     """Lint the files at ``paths`` together, plus an optional pasted launch ``command``.
 
     A file that cannot be read gives an ``input-unreadable`` error finding naming it (the CLI exits 2);
     the other files are still linted.
 
     Returns:
-        The findings (:class:`Finding`), sorted by file and line.
+        The findings (:class:`~helpers.checks.Check`), sorted by file and line.
     """
     files: list[tuple[str, str]] = []
-    bad: list[Finding] = []
+    bad: list[Check] = []
     for p in paths:
         path = os.fspath(p)
         try:
@@ -204,9 +205,9 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = No
                 files.append((path, fh.read()))
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            bad.append(Finding.make(UNREADABLE, "error", path, 0, f"cannot read {path}: {reason}",
+            bad.append(finding(UNREADABLE, "error", path, 0, f"cannot read {path}: {reason}",
                                     "check the path and permissions", "runbook lint"))
     return bad + lint_texts(files, command)
 
 
-__all__ = ["RULES", "UNREADABLE", "Finding", "lint_paths", "lint_texts"]
+__all__ = ["RULES", "UNREADABLE", "lint_paths", "lint_texts"]

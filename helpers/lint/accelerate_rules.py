@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from helpers.lint.findings import Finding
+from helpers.checks import Check
+from helpers.lint.findings import finding
 
 DS_FILE_IGNORES = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
                    "offload_param_device", "zero3_save_16bit_model", "mixed_precision")
@@ -38,17 +39,17 @@ def is_accelerate_config(data: dict[str, Any]) -> bool:
 
 
 def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_grad_accum: tuple[str, int, str] | None,
-                    ds_gas: tuple[str, Any] | None) -> list[Finding]:
+                    ds_gas: tuple[str, Any] | None) -> list[Check]:
     """Lint one Accelerate config.
 
     Args:
         accelerator_grad_accum: ``(file, line, value)`` of ``Accelerator(gradient_accumulation_steps=...)`` in a script.
         ds_gas: ``(file, value)`` of ``gradient_accumulation_steps`` in a linted DeepSpeed JSON.
     """
-    out: list[Finding] = []
+    out: list[Check] = []
 
     def add(rule: str, sev: str, key: str, msg: str, fix: str, seed: str) -> None:
-        out.append(Finding.make(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
+        out.append(finding(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
 
     try:
         from accelerate.commands.config.config_args import ClusterConfig

@@ -14,7 +14,8 @@ import json
 import re
 from typing import Any
 
-from helpers.lint.findings import Finding
+from helpers.checks import Check
+from helpers.lint.findings import finding
 
 TOP_LEVEL = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
@@ -82,7 +83,7 @@ def enabled(section: Any) -> bool:
 
 
 def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: int | None, raw_init: bool | None,
-                   client_optimizer: bool, init_where: str = "") -> list[Finding]:
+                   client_optimizer: bool, init_where: str = "") -> list[Check]:
     """Lint one DeepSpeed config.
 
     Args:
@@ -93,10 +94,10 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
         client_optimizer: a script passes its own optimizer to ``deepspeed.initialize``.
         init_where: ``file:line`` of that call, for messages.
     """
-    out: list[Finding] = []
+    out: list[Check] = []
 
     def add(rule: str, sev: str, key: str, msg: str, fix: str, seed: str) -> None:
-        out.append(Finding.make(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
+        out.append(finding(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
 
     for key in data:
         if key.startswith("_") or key in TOP_LEVEL:

@@ -1,53 +1,31 @@
-"""The lint finding record: a :class:`helpers.checks.Check` with a rule id, a file and a line."""
+"""The lint finding: a plain :class:`helpers.checks.Check` built from lint words (rule, severity, file, line).
+
+The record is :class:`~helpers.checks.Check` itself (``id`` = the rule, ``file`` / ``line_no`` = where);
+:func:`finding` only translates the linter's vocabulary, and the ``lint`` text style lives with the
+other renderers in :mod:`helpers.checks` (:func:`~helpers.checks.lint_line`).
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
-from helpers.checks import Check
+from helpers.checks import LINT_WORDS, Check
 
 SEVERITY_TO_STATUS = {"info": "INFO", "warning": "WARN", "error": "FAIL"}
-STATUS_TO_SEVERITY = {v: k for k, v in SEVERITY_TO_STATUS.items()}
+"""Lint severities -> :data:`helpers.checks.STATUSES` (the inverse of :data:`helpers.checks.LINT_WORDS`)."""
 
 
-@dataclasses.dataclass
-class Finding(Check):
-    """One lint finding.
+def finding(rule: str, severity: str, file: str, line: int, message: str, fix: str, seed: str) -> Check:
+    """A lint finding as a :class:`Check`: ``id`` = ``rule``, ``title`` = ``message``, ``remediation`` = ``fix``,
+    ``source`` = ``seed``, ``file`` / ``line_no`` = where (``line`` 0: the file as a whole).
 
-    Attributes (besides :class:`Check`'s: ``id`` = ``rule``, ``title`` = message, ``status`` from
-    the severity, ``remediation`` = fix, ``source`` = the seed entry):
-        rule: the rule id (``rank-gated-collective``, ``ds-batch-mismatch``...).
-        file: the file it was found in (``<command>`` for ``--command``).
-        line: 1-based line number (0: the file as a whole).
+    Raises:
+        ValueError: ``severity`` not one of info, warning, error.
     """
+    if severity not in SEVERITY_TO_STATUS:
+        raise ValueError(f"severity={severity!r}: accepted values are {', '.join(SEVERITY_TO_STATUS)}")
+    return Check(id=rule, title=message, status=SEVERITY_TO_STATUS[severity], remediation=fix, source=seed,
+                 evidence=[f"{file}:{line}"], file=file, line_no=line)
 
-    rule: str = ""
-    file: str = ""
-    line: int = 0
 
-    @classmethod
-    def make(cls, rule: str, severity: str, file: str, line: int, message: str, fix: str, seed: str) -> Finding:
-        """Build a finding from lint words (``severity`` one of info/warning/error).
-
-        Raises:
-            ValueError: ``severity`` not one of info, warning, error.
-        """
-        if severity not in SEVERITY_TO_STATUS:
-            raise ValueError(f"severity={severity!r}: accepted values are {', '.join(SEVERITY_TO_STATUS)}")
-        return cls(id=rule, title=message, status=SEVERITY_TO_STATUS[severity], remediation=fix, source=seed,
-                   evidence=[f"{file}:{line}"], rule=rule, file=file, line=line)
-
-    @property
-    def lint_severity(self) -> str:
-        """``info`` / ``warning`` / ``error`` (``OK`` reads as ``info``)."""
-        return STATUS_TO_SEVERITY.get(self.status, "info")
-
-    def to_lint_dict(self) -> dict[str, Any]:
-        """The ``--json`` form: ``{rule, seed, severity, file, line, message, fix}``."""
-        return {"rule": self.rule, "seed": self.source, "severity": self.lint_severity, "file": self.file,
-                "line": self.line, "message": self.title, "fix": self.remediation}
-
-    def text(self) -> str:
-        """``file:line: severity rule [seed]: message`` and ``    fix: ...`` on the next line."""
-        return f"{self.file}:{self.line}: {self.lint_severity} {self.rule} [{self.source}]: {self.title}\n    fix: {self.remediation}"
+def severity(check: Check) -> str:
+    """The lint word of ``check``'s status: ``info`` / ``warning`` / ``error`` (``OK`` reads as ``info``)."""
+    return LINT_WORDS[check.status]

@@ -26,7 +26,8 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 
-from helpers.lint.findings import Finding
+from helpers.checks import Check
+from helpers.lint.findings import finding
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -229,7 +230,7 @@ class PythonLinter:
     def __init__(self, path: str, text: str):
         self.path, self.text = path, text
         self.tree = ast.parse(text, filename=path)
-        self.findings: list[Finding] = []
+        self.findings: list[Check] = []
         self.facts = PyFacts(path)
         self.imports_tdist = bool(re.search(r"from\s+torch\.distributed\s+import|from\s+accelerate\.utils\s+import", text))
         self.uses_torchmetrics = "torchmetrics" in text
@@ -289,9 +290,9 @@ class PythonLinter:
         line = node if isinstance(node, int) else getattr(node, "lineno", 0)
         if rule in self.suppressed.get(line, set()) or "all" in self.suppressed.get(line, set()):
             return
-        if any(f.rule == rule and f.line == line for f in self.findings):
+        if any(f.id == rule and f.line_no == line for f in self.findings):
             return
-        self.findings.append(Finding.make(rule, severity, self.path, line, message, fix, seed))
+        self.findings.append(finding(rule, severity, self.path, line, message, fix, seed))
 
     def collective_name(self, call: ast.Call, depth: int = 0) -> str | None:
         """The collective this call is or implies (``dist.barrier``, ``helper() -> barrier``), else None."""
@@ -387,7 +388,7 @@ class PythonLinter:
         return None
 
     # --- rules ---------------------------------------------------------------------------
-    def run(self) -> list[Finding]:
+    def run(self) -> list[Check]:
         """Run every rule; return the findings (also kept in :attr:`findings`)."""
         self.rule_rank_gated_collectives()
         self.rule_rank_early_exit()
@@ -399,7 +400,7 @@ class PythonLinter:
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
         self.collect_facts()
-        return sorted(self.findings, key=lambda f: f.line)
+        return sorted(self.findings, key=lambda f: f.line_no)
 
     def _balanced(self, gate: ast.AST, coll: str) -> bool:
         """True when the other branch, or a sibling rank-dependent ``if``, makes the same collective
@@ -772,7 +773,7 @@ class PythonLinter:
                 f.float_inputs.append(call.lineno)
 
 
-def lint_python(path: str, text: str) -> tuple[list[Finding], PyFacts]:
+def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
     """Lint one Python file.
 
     Returns:
@@ -781,6 +782,6 @@ def lint_python(path: str, text: str) -> tuple[list[Finding], PyFacts]:
     try:
         linter = PythonLinter(path, text)
     except SyntaxError as exc:
-        return [Finding.make("python-syntax", "error", path, exc.lineno or 0, f"cannot parse: {exc.msg}",
+        return [finding("python-syntax", "error", path, exc.lineno or 0, f"cannot parse: {exc.msg}",
                              "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
     return linter.run(), linter.facts

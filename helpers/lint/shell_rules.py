@@ -13,19 +13,20 @@ import dataclasses
 import re
 
 from helpers import launch_parse, launch_traps
+from helpers.checks import Check
 from helpers.launch_traps import LaunchSpec
-from helpers.lint.findings import Finding
+from helpers.lint.findings import finding
 
 _SEVERITY = {"FAIL": "error", "WARN": "warning", "INFO": "info"}
 
 
-def traps_as_findings(spec: LaunchSpec, path: str, line: int) -> list[Finding]:
+def traps_as_findings(spec: LaunchSpec, path: str, line: int) -> list[Check]:
     """:func:`launch_traps.find_traps` of ``spec`` as findings (plus ``standalone-multinode`` for ``srun torchrun --standalone``)."""
     traps = list(launch_traps.find_traps(spec))
     if spec.kind in ("srun+torchrun", "sbatch") and spec.rdzv == "standalone" and spec.nnodes > 1:
         alike = dataclasses.replace(spec, kind="torchrun", master_addr=spec.master_addr or "$MASTER_ADDR")
         traps += [t for t in launch_traps.find_traps(alike) if t.id == "standalone-multinode"]
-    return [Finding.make(t.id, _SEVERITY.get(t.severity, "warning"), path, line, t.message, t.fix, t.source) for t in traps]
+    return [finding(t.id, _SEVERITY.get(t.severity, "warning"), path, line, t.message, t.fix, t.source) for t in traps]
 
 
 def _single_quoted_spans(text: str) -> list[tuple[int, int]]:
@@ -52,9 +53,9 @@ def _single_quoted_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
+def lint_shell(path: str, text: str) -> tuple[list[Check], LaunchSpec | None]:
     """Lint a batch/shell script: returns ``(findings, spec)`` (spec None when there is no launch line)."""
-    out: list[Finding] = []
+    out: list[Check] = []
     is_batch = "#SBATCH" in text
     try:
         spec = launch_parse.parse_sbatch(text) if is_batch else launch_parse.parse_command(text)
@@ -75,7 +76,7 @@ def lint_shell(path: str, text: str) -> tuple[list[Finding], LaunchSpec | None]:
         if uses and any(not any(a0 <= u < b0 for a0, b0 in quoted) for u in uses):
             continue  # expanded by the batch shell before srun: no export needed
         line_no = text.count("\n", 0, assign.start()) + 1
-        out.append(Finding.make("master-addr-not-exported", "error", path, line_no,
+        out.append(finding("master-addr-not-exported", "error", path, line_no,
                                 f"{var} is assigned but not exported, and the srun tasks read it later (env:// "
                                 "rendezvous, or $" + var + " deferred to the task by single quotes or \\$): they see it empty "
                                 "('The hostname of the rendezvous endpoint ':29500' ...')",

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from helpers.netlab._host import LAB_ROOT, NAME_RX, NETNS_DIR, host_for, lab_ava
 from helpers.netlab.faults import DATA_IFACE, DECOY_NET, FaultsMixin
 from helpers.netlab.multinode import MultiNodeMixin
 from helpers.netlab.slurmlab import HEAD
+from helpers.slurm import SlurmClient
 
 DEFAULT_NAME = "rb"
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -48,7 +49,7 @@ for dev in sys.argv[1:]:
 """
 
 
-class Lab(FaultsMixin, MultiNodeMixin):
+class Lab(FaultsMixin, MultiNodeMixin, SlurmClient):
     """A lab of ``nodes`` network-namespace nodes behind one bridge (see :mod:`helpers.netlab`).
 
     Args:
@@ -589,11 +590,20 @@ class Lab(FaultsMixin, MultiNodeMixin):
             raise ValueError(f"lab {self.name!r}: made without slurm=True, it has no SLURM (Lab(..., slurm=True))")
         return self.run(HEAD, argv, timeout_s, env=env, cwd=jobs.project_root() if cwd is None else cwd)
 
-    def runner(self) -> Callable[[str, Sequence[str], float], subprocess.CompletedProcess[str]]:
-        """A ``runner(node, argv, timeout_s)`` for :func:`helpers.preflight.run_preflight` (nodes by hostname)."""
-        def run(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-            return self.run(node, argv, timeout_s)
-        return run
+    # --- the SlurmClient interface: client commands on the head node, nodes reached directly (nsenter)
+
+    def client_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as a SLURM client command on the head node, in the project folder (the shared filesystem)."""
+        return self.node_argv(HEAD, [str(a) for a in argv], cwd=jobs.project_root())
+
+    @property
+    def in_allocation(self) -> bool:
+        """False: the lab's client commands run on its head node, outside any allocation."""
+        return False
+
+    def on_node(self, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside ``node`` (by hostname; no SLURM needed: see :meth:`run`)."""
+        return self.run(node, argv, timeout_s)
 
 
 # --------------------------------------------------------------------------- module API (the CLI's verbs)

@@ -2,7 +2,7 @@
 
 Started once per node by ``srun --ntasks-per-node=1 ... torchrun`` (Gilbreth 4.3); every
 rank writes ``<out_dir>/ranks/started-<host>-<local_rank>`` before the rendezvous and
-``joined-<host>-<local_rank>`` after it, so the orchestrator (:mod:`helpers.allocation`) can name a
+``joined-<host>-<local_rank>`` after it, so the orchestrator (:mod:`helpers.allocation.across`) can name a
 node whose ranks never joined.  Rank 0 then writes ``<out_dir>/allocation_job.json``:
 
 * ``records``: every rank's :func:`env_report.collect` record plus ``SLURM_NODEID``;
@@ -30,10 +30,8 @@ import socket
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import collectives  # noqa: E402
-import env_report  # noqa: E402
+from helpers.jobdir import JobDir
+from helpers.scenarios import _common, collectives, env_report
 
 
 def round_robin(n: int, max_rounds: int = 0) -> list[list[tuple[int, int]]]:
@@ -74,7 +72,7 @@ def _max_over(value: float, group, device) -> float:  # noqa: ANN001
     return float(t.item())
 
 
-def _touch(path: str) -> None:
+def _touch(path: str | os.PathLike[str]) -> None:
     with open(path, "w") as fh:
         fh.write(f"{time.time()}\n")
 
@@ -95,11 +93,11 @@ def main() -> int:
     import torch.distributed as dist
 
     host, local = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0"))
-    ranks_dir = os.path.join(args.out_dir, "ranks")
-    os.makedirs(ranks_dir, exist_ok=True)
-    _touch(os.path.join(ranks_dir, f"started-{host}-{local}"))
+    job = JobDir(args.out_dir)
+    job.ranks_dir.mkdir(parents=True, exist_ok=True)
+    _touch(job.node_marker("started", host, local))
     backend, device = _common.init_distributed(args.backend, args.timeout_s)
-    _touch(os.path.join(ranks_dir, f"joined-{host}-{local}"))
+    _touch(job.node_marker("joined", host, local))
     rank, world = dist.get_rank(), dist.get_world_size()
     record = env_report.collect(backend, device)
     records: list = [None] * world

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import resume
+from helpers import checkpoint, resume
 
 
 def _state(value: float) -> dict:
@@ -19,7 +19,7 @@ def test_a_process_killed_mid_write(tmp_path, atomic):
     if atomic:
         assert r.loaded_step == 1 and r.load_error == "" and r.bytes_on_disk > 4096
         assert len(r.leftovers) == 1  # the dead writer could not clean up...
-        resume.save_checkpoint(tmp_path / "c.ckpt", _state(3.0))
+        checkpoint.save_checkpoint(tmp_path / "c.ckpt", _state(3.0))
         assert not list(tmp_path.glob(".c.ckpt.tmp-*"))  # ...the next save does
     else:
         assert r.loaded_step is None and r.bytes_on_disk == 4096

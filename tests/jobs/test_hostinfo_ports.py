@@ -12,7 +12,7 @@ import pytest
 from support import record_by_id as _by_id
 
 from helpers import hostinfo
-from helpers.diagnostics import host_checks
+from helpers.allocation.local import host_checks
 from helpers.hostinfo import free_port, port_free
 
 

@@ -14,6 +14,6 @@ def test_built_command_really_runs(no_leftovers):
     cmd = launchers.build_command("torchrun", 2, script=jobs.SHIM, script_args=[CONTRACT, "--timeout-s", 20])
     run = jobs.run_commands([cmd], name="test-build-command", timeout_s=60, verbose=False)
     assert run.ok, run.summary()
-    contracts = launchers.rank_records(run.output, "contract")
+    contracts = jobs.parse_records(run.output, "contract")
     assert sorted(c["RANK"] for c in contracts) == ["0", "1"] and {c["WORLD_SIZE"] for c in contracts} == {"2"}
-    assert {g["world_size"] for g in launchers.rank_records(run.output, "group")} == {2}
+    assert {g["world_size"] for g in jobs.parse_records(run.output, "group")} == {2}

@@ -1,7 +1,7 @@
 """The allocation check across nodes on the real SLURM lab (issue 11, sections 2-3): healthy once, then one fault at a time.
 
 The full check runs once (healthy 2 nodes x 2 ranks, through ``runbook diagnose``); each fault test runs only
-the steps that must catch it (``helpers.allocation.run_allocation(steps=...)``) and asserts the node it names.
+the steps that must catch it (``helpers.allocation.across.run_allocation(steps=...)``) and asserts the node it names.
 The 10/10 repeats are in ``benchmarks/bench_allocation.py``.  Labs are named ``al``; each test tears its lab down
 and checks that SLURM has no job left.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
-from helpers import allocation, netlab
+from helpers import netlab
+from helpers.allocation import across
 from helpers.checks import faulty_nodes
 from helpers.netlab import slurmlab
 
@@ -40,7 +41,7 @@ def queue(lab: netlab.Lab) -> str:
 
 
 def check(lab: netlab.Lab, tmp_path: Path, steps: list[str], **kw):
-    checks, ev = allocation.run_allocation(lab.hostnames, tmp_path / "alloc", runner="lab", lab=NAME, steps=steps, **kw)
+    checks, ev = across.run_allocation(lab.hostnames, tmp_path / "alloc", runner="lab", lab=NAME, steps=steps, **kw)
     for c in checks:
         print(c.line())
     return checks, ev
@@ -60,8 +61,8 @@ def test_healthy_full_check_via_runbook_diagnose(tmp_path, no_leftovers):
     report_dir = next(tmp_path.glob("*/"))
     data = json.loads((report_dir / "report.json").read_text())
     by_id = {c["id"]: c for c in data["checks"]}
-    assert by_id["allocation.host"]["status"] == "WARN"
-    assert [c["id"] for c in data["checks"] if c["status"] != "OK"] == ["allocation.host"]
+    assert by_id["across.host"]["status"] == "WARN"
+    assert [c["id"] for c in data["checks"] if c["status"] != "OK"] == ["across.host"]
     for cid in ("node.versions", "job.contract", "job.env_diff", "job.correctness", "pairs.bandwidth", "envelope.inter",
                 "envelope.intra.node0", "envelope.intra.node1", "smoke.multinode", "net.mtu.node1"):
         assert by_id[cid]["status"] == "OK", cid
@@ -177,7 +178,7 @@ def test_allocation_check_sbatch_writes_the_report(tmp_path, no_leftovers):
     assert state == "COMPLETED", (state, log[-2000:])
     data = json.loads(next(out.glob("node0-*/report.json")).read_text())  # written on node0, inside the allocation
     by_id = {c["id"]: c for c in data["checks"]}
-    assert by_id["allocation.host"]["status"] == "OK" and by_id["job.contract"]["status"] == "OK"
+    assert by_id["across.host"]["status"] == "OK" and by_id["job.contract"]["status"] == "OK"
     assert by_id["launcher.contract"]["status"] == "OK"  # the single-node jobs ran on node0
     assert data["allocation"]["matrix"]["node0"]["node1"] > 0
     assert not left, left

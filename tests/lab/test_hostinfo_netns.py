@@ -69,7 +69,7 @@ def test_interfaces_inside_netns(netns):
 
 def test_host_checks_inside_netns(netns):
     ns, tag = netns
-    code = ("import json, sys; from helpers.diagnostics import host_checks; "
+    code = ("import json, sys; from helpers.allocation.local import host_checks; "
             "print(json.dumps({r.id: r.to_dict() for r in host_checks(json.loads(sys.argv[1]))}))")
     env = {"GLOO_SOCKET_IFNAME": f"hd{tag}", "NCCL_SOCKET_IFNAME": f"hj{tag}"}
     records = _in_netns(ns, code.replace("sys.argv[1]", repr(json.dumps(env))))

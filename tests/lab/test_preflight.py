@@ -14,6 +14,7 @@ import pytest
 from support import by_id, lab_status, needs_lab, not_ok
 
 from helpers import netlab, preflight
+from helpers.checks import Check, faulty_nodes
 
 AVAILABLE, WHY = lab_status()
 _ids = itertools.count()
@@ -38,9 +39,9 @@ def lab():
     assert not netlab.Lab(1, name=name).leftovers()
 
 
-def run(lab: netlab.Lab, env: dict[str, str]) -> list[preflight.NodeCheck]:
+def run(lab: netlab.Lab, env: dict[str, str]) -> list[Check]:
     t0 = time.monotonic()
-    checks = preflight.run_preflight(lab.hostnames, lab.runner(), env)
+    checks = preflight.run_preflight(lab.hostnames, lab, env)
     assert time.monotonic() - t0 < 60  # bounded: every step has its own timeout
     return checks
 
@@ -95,8 +96,8 @@ def test_df_ping_sees_the_black_hole_with_either_tool(lab):
     """``preflight.df_ping``: iputils ping where installed, the raw-ICMP probe where not; same verdict."""
     lab.set_mtu("all", 9000)
     dst = lab.address(0)
-    big, cmd, said = preflight.df_ping(lab.runner(), "node1", dst, 8972)
-    small, _, _ = preflight.df_ping(lab.runner(), "node1", dst, 1472)
+    big, cmd, said = preflight.df_ping(lab, "node1", dst, 8972)
+    small, _, _ = preflight.df_ping(lab, "node1", dst, 1472)
     assert big != 0 and small == 0, (cmd, said)
 
     def without_ping(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -108,7 +109,7 @@ def test_df_ping_sees_the_black_hole_with_either_tool(lab):
     assert big != 0 and cmd.startswith("python3 <icmp probe>") and "0 received" in said
     assert preflight.df_ping(without_ping, "node1", dst, 1472)[0] == 0
     with pytest.raises(ValueError, match="size"):
-        preflight.df_ping(lab.runner(), "node1", dst, -1)
+        preflight.df_ping(lab, "node1", dst, -1)
 
 
 @needs_lab
@@ -128,7 +129,7 @@ def test_decoy_ifname(lab):
         assert gloo.status == "FAIL" and "172.17.0.1" in gloo.title and sorted(gloo.faulty) == ["node0", "node1"]
         nccl = bad[f"net.NCCL_SOCKET_IFNAME.{node}"]
         assert nccl.status == "FAIL" and "lo" in nccl.title and "^docker0,lo" in nccl.remediation
-    assert preflight.faulty_nodes(list(bad.values())) == ["node0", "node1"]
+    assert faulty_nodes(list(bad.values())) == ["node0", "node1"]
 
 
 @needs_lab
@@ -148,7 +149,7 @@ def test_interface_present_on_one_node_only(lab):
 def test_cut_link(lab, cut):
     lab.cut_link(cut)
     checks = run(lab, HEALTHY_ENV)
-    assert preflight.faulty_nodes(checks) == [f"node{cut}"], preflight.format_checks(checks)
+    assert faulty_nodes(checks) == [f"node{cut}"], preflight.format_checks(checks)
     master = by_id(checks)["net.master.node1"]
     assert master.status == "FAIL" and "no carrier" in master.title and master.faulty == [f"node{cut}"]
 
@@ -164,7 +165,7 @@ def test_wrong_master_address(lab):
     checks = run(lab, {**HEALTHY_ENV, "MASTER_ADDR": "10.77.0.99"})  # an address the master does not have
     fails = {c.id: c for c in checks if c.status == "FAIL"}
     assert fails["net.master.node0"].faulty == ["node0"] and "not an address of node0" in fails["net.master.node0"].title
-    assert preflight.faulty_nodes(checks) == ["node0"]
+    assert faulty_nodes(checks) == ["node0"]
     checks = run(lab, {"MASTER_ADDR": "localhost"})
     assert all("loopback" in by_id(checks)[f"net.master.node{i}"].title for i in range(2))
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from support import SCENARIOS
 
-from helpers import hostinfo, jobs, launchers, netlab, slurm
+from helpers import hostinfo, jobs, netlab, slurm
 from helpers.netlab import slurmlab
 
 LAB_OK, LAB_WHY = netlab.lab_available()
@@ -139,7 +139,7 @@ def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     err = (work / f"lab_{job_id}.err").read_text()
     assert state == "COMPLETED", f"{state}\n{out[-2000:]}\n{err[-3000:]}"
     assert f"job {job_id} on 2 node(s): node[0-1]" in out
-    seen = launchers.rank_records(out, "contract")
+    seen = jobs.parse_records(out, "contract")
     assert sorted(int(r["RANK"]) for r in seen) == [0, 1, 2, 3], out[-3000:]
     assert {r["WORLD_SIZE"] for r in seen} == {"4"} and len({r["MASTER_PORT"] for r in seen}) == 1
     assert {r["MASTER_ADDR"] for r in seen} == {"node0"}  # scontrol show hostnames | head -n 1, exported
@@ -150,5 +150,5 @@ def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     assert {h for h, _ in by_host} == {"node0", "node1"} and len(by_host) == 2  # one node rank per host
     if rdzv == "static":  # static form: the node rank is SLURM_NODEID
         assert by_host == {("node0", "0"), ("node1", "1")}
-    groups = launchers.rank_records(out, "group")
+    groups = jobs.parse_records(out, "group")
     assert len(groups) == 4 and {g["world_size"] for g in groups} == {4}

@@ -38,6 +38,11 @@ def test_scenario_help_answers_without_torch(script):
     ("net_allreduce.py", ["--steps", "0"], "--steps"),
     ("net_allreduce.py", ["--interval-s", "-1"], "--interval-s"),
     ("net_allreduce.py", ["--timeout-s", "-5"], "--timeout-s"),
+    ("node_report.py", ["--master-port", "0"], "--master-port"),
+    ("crash_write.py", ["--path", "x", "--die-after-bytes", "-1"], "--die-after-bytes"),
+    ("icmp_probe.py", ["127.0.0.1", "70000", "1", "-"], "size"),
+    ("icmp_probe.py", ["127.0.0.1", "56", "2", "-"], "df"),
+    ("node_report.py", ["--master-port", "http"], "--master-port"),
     ("net_allreduce.py", ["--backend", "mpi"], "--backend"),
     ("fabric_check.py", ["--timeout-s", "0"], "--timeout-s"),
 ])

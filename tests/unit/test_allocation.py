@@ -9,7 +9,9 @@ import subprocess
 import pytest
 from support import ROOT, SCENARIOS
 
-from helpers import allocation, allocation_grades, diagnose_params, slurm
+from helpers import slurm
+from helpers.allocation import across, grades
+from helpers.allocation import params as notebook_params
 from helpers.checks import Check
 
 
@@ -35,14 +37,14 @@ def test_round_robin_covers_every_pair_once_in_disjoint_rounds(n):
 def test_slurm_errors_name_the_node():
     text = ("srun: error: Task launch for StepId=12.0 failed on node node2: Connection timed out\n"
             "srun: error: Application launch failed: Connection timed out\n")
-    errs = allocation.slurm_errors(text)
+    errs = across.slurm_errors(text)
     assert errs[0] == {"line": "Task launch for StepId=12.0 failed on node node2: Connection timed out", "node": "node2",
                        "kind": "unreachable"}
-    refused = allocation.step_failure("node.step.node0", "node0", subprocess.CompletedProcess(
+    refused = across.step_failure("node.step.node0", "node0", subprocess.CompletedProcess(
         [], 1, "", "srun: error: Unable to create step for job 1: More processors requested than permitted\n"), 30)
     assert refused.faulty == [] and "not a node fault" in refused.remediation
     proc = subprocess.CompletedProcess([], 1, "", text)
-    check = allocation.step_failure("node.step.node2", "node2", proc, 30)
+    check = across.step_failure("node.step.node2", "node2", proc, 30)
     assert check.status == "FAIL" and check.faulty == ["node2"] and "Connection timed out" in check.title
     assert "network or daemon fault on that node" in check.remediation
 
@@ -51,24 +53,24 @@ def test_pairs_name_the_slow_node_or_the_link():
     good = 0.1
     nodes = ["n0", "n1", "n2", "n3"]
     m = {a: {b: good for b in nodes if b != a} for a in nodes}
-    assert allocation_grades.grade_pairs(m).status == "OK"
+    assert grades.grade_pairs(m).status == "OK"
     slow_node = {a: {b: (0.01 if "n2" in (a, b) else good) for b in nodes if b != a} for a in nodes}
-    c = allocation_grades.grade_pairs(slow_node)
+    c = grades.grade_pairs(slow_node)
     assert c.status == "WARN" and c.faulty == ["n2"] and "slow node(s) n2" in c.title
     slow_link = {a: {b: (0.01 if {a, b} == {"n0", "n1"} else good) for b in nodes if b != a} for a in nodes}
-    c = allocation_grades.grade_pairs(slow_link)
+    c = grades.grade_pairs(slow_link)
     assert c.status == "WARN" and c.faulty == [] and "slow link(s): n0-n1" in c.title
     two = {"a": {"b": 0.001}, "b": {"a": 0.001}}
-    assert allocation_grades.grade_pairs(two, 1.25, 0.01).status == "WARN"  # one pair: only the envelope can judge
-    assert allocation_grades.grade_pairs(two, 0.05, 0.01).status == "OK"
+    assert grades.grade_pairs(two, 1.25, 0.01).status == "WARN"  # one pair: only the envelope can judge
+    assert grades.grade_pairs(two, 0.05, 0.01).status == "OK"
 
 
 def test_drain_list_and_login_node():
     checks = [Check("a", "x", "FAIL", faulty=["node3"]), Check("b", "y", "WARN", node="node1"), Check("c", "z", "OK", node="node0")]
-    assert allocation.drain_list(checks) == {"fail": ["node3"], "warn": ["node1"], "nodes": ["node3", "node1"],
+    assert across.drain_list(checks) == {"fail": ["node3"], "warn": ["node1"], "nodes": ["node3", "node1"],
                                              "exclude": "--exclude=node3,node1"}
-    assert allocation.host_check(["node0", "node1"], "login1").status == "WARN"
-    assert allocation.host_check(["node0", "node1"], "node0.cluster").status == "OK"
+    assert across.host_check(["node0", "node1"], "login1").status == "WARN"
+    assert across.host_check(["node0", "node1"], "node0.cluster").status == "OK"
 
 
 @pytest.mark.parametrize("params, field", [({"MAX_BYTES": -5}, "MAX_BYTES"), ({"NPROC": 0}, "NPROC"),
@@ -77,14 +79,14 @@ def test_drain_list_and_login_node():
                                            ({"JOIN_TIMEOUT_S": 0}, "JOIN_TIMEOUT_S"), ({"MASTER_PORT": 70000}, "MASTER_PORT")])
 def test_bad_parameters_name_the_field(params, field):
     with pytest.raises(ValueError, match=field):
-        diagnose_params.validate(params)
+        notebook_params.validate(params)
 
 
 def test_notebook_parameters_are_known():
-    defaults = diagnose_params.notebook_defaults(ROOT / "notebooks" / "00_allocation_check.ipynb")
-    diagnose_params.validate(defaults, defaults)
+    defaults = notebook_params.notebook_defaults(ROOT / "notebooks" / "00_allocation_check.ipynb")
+    notebook_params.validate(defaults, defaults)
     with pytest.raises(ValueError, match="FOO: not a parameter"):
-        diagnose_params.validate({"FOO": 1}, defaults)
+        notebook_params.validate({"FOO": 1}, defaults)
 
 
 def test_cli_refuses_a_bad_parameter_before_any_job(capsys):
@@ -121,10 +123,10 @@ def test_allocation_check_sbatch_template():
 def test_culprits_are_the_nodes_that_never_started():
     nodes = ["node0", "node1"]
     started = {("node0", 0), ("node0", 1)}
-    assert allocation.culprits(nodes, 2, {"node0"}, set(), set()) == ["node1"]  # node0 waits in torchrun's rendezvous
-    assert allocation.culprits(nodes, 2, set(nodes), started, set()) == ["node1"]
-    assert allocation.culprits(nodes, 2, set(nodes), started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
-    assert allocation.culprits(nodes, 2, set(), set(), set()) == []
+    assert across.culprits(nodes, 2, {"node0"}, set(), set()) == ["node1"]  # node0 waits in torchrun's rendezvous
+    assert across.culprits(nodes, 2, set(nodes), started, set()) == ["node1"]
+    assert across.culprits(nodes, 2, set(nodes), started | {("node1", 0), ("node1", 1)}, {("node0", 0), ("node0", 1)}) == ["node1"]
+    assert across.culprits(nodes, 2, set(), set(), set()) == []
 
 
 def test_preflight_reports_slurms_own_launch_error():
@@ -133,20 +135,22 @@ def test_preflight_reports_slurms_own_launch_error():
     err = ("srun: error: Task launch for StepId=5.0 failed on node node2: Connection timed out\n"
            "srun: error: Application launch failed: Connection timed out\nsrun: Job step aborted\n")
 
-    def runner(node, argv, timeout_s):
-        return subprocess.CompletedProcess(argv, 1, "", err)
+    class Refusing(slurm.SlurmClient):
+        def on_node(self, node, argv, timeout_s):
+            return subprocess.CompletedProcess(argv, 1, "", err)
 
-    checks = preflight.run_preflight(["node0", "node2"], runner, {})
+    checks = preflight.run_preflight(["node0", "node2"], Refusing(), {})
     c = next(c for c in checks if c.id == "net.node.node2")
     assert c.status == "FAIL" and "Task launch for StepId=5.0 failed on node node2: Connection timed out" in c.title
     assert c.faulty == ["node2"] and "network or daemon fault on that node" in c.remediation
 
 
 def test_preflight_reads_the_allocation_by_default(monkeypatch, capsys):
-    from helpers import cli, diagnostics, preflight
+    from helpers import cli, preflight
+    from helpers.allocation import local
 
     seen = {}
-    monkeypatch.setattr(diagnostics, "allocation_nodes", lambda nodes="", environ=None: ["gpu-01", "gpu-02"])
+    monkeypatch.setattr(local, "allocation_nodes", lambda nodes="", environ=None: ["gpu-01", "gpu-02"])
 
     def fake(nodes, runner, env, **kw):
         seen["nodes"] = nodes
@@ -165,12 +169,12 @@ def _rec(host, rank, env):
 
 def test_env_diff_names_the_odd_node_rank0_breaks_ties():
     data = {"world_size": 2, "correctness": [], "records": [_rec("node0", 0, {}), _rec("node1", 1, {"NCCL_ALGO": "Ring"})]}
-    contract, env, _ = allocation_grades.grade_job(data, ["node0", "node1"], 1)
+    contract, env, _ = grades.grade_job(data, ["node0", "node1"], 1)
     assert contract.status == "OK" and env.status == "FAIL" and env.faulty == ["node1"]
     data["records"] = [_rec("node0", 0, {"NCCL_IB_DISABLE": "1"}), _rec("node1", 1, {})]  # lost on the other node
-    assert allocation_grades.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
+    assert grades.grade_job(data, ["node0", "node1"], 1)[1].faulty == ["node1"]
     data["records"][1]["contract"]["GROUP_RANK"] = "0"
-    assert allocation_grades.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"
+    assert grades.grade_job(data, ["node0", "node1"], 1)[0].status == "FAIL"
 
 
 def _gpu_envelope(name: str, intra_gbps: float) -> list[Check]:
@@ -179,15 +183,15 @@ def _gpu_envelope(name: str, intra_gbps: float) -> list[Check]:
     rows = [{"op": "all_reduce", "bytes": b, "time_s": b / (intra_gbps * 1e9), "ranks": 2} for b in sizes]
     data = {"records": [{"gpu": {"name": name}}], "inter": rows, "intra": {"node0": rows, "node1": rows}}
     reports = {"node0": {"nic_mbps": 100000}, "node1": {"nic_mbps": 100000}}
-    return [c for c in allocation_grades.grade_envelope(data, reports) if c.id.startswith("envelope.intra")]
+    return [c for c in grades.grade_envelope(data, reports) if c.id.startswith("envelope.intra")]
 
 
 def test_gpu_envelope_matches_the_exact_model_and_form_factor():
     # 20 GB/s: a healthy PCIe 4.0 pair, a broken NVLink on SXM
     assert {c.status for c in _gpu_envelope("NVIDIA A100 80GB PCIe", 20.0)} == {"OK"}
     sxm = _gpu_envelope("NVIDIA A100-SXM4-80GB", 20.0)
-    assert {c.status for c in sxm} == {"WARN"} and allocation.drain_list(sxm)["nodes"] == ["node0", "node1"]
-    assert allocation_grades.gpu_link("NVIDIA H100 NVL")[0] == "NVL" and allocation_grades.gpu_link("A100") is None
+    assert {c.status for c in sxm} == {"WARN"} and across.drain_list(sxm)["nodes"] == ["node0", "node1"]
+    assert grades.gpu_link("NVIDIA H100 NVL")[0] == "NVL" and grades.gpu_link("A100") is None
     unknown = _gpu_envelope("NVIDIA GB200", 20.0)  # not in the table: reported, not graded, never drained
-    assert {c.status for c in unknown} == {"INFO"} and allocation.drain_list(unknown)["nodes"] == []
+    assert {c.status for c in unknown} == {"INFO"} and across.drain_list(unknown)["nodes"] == []
     assert "not in GPU_LINKS" in unknown[0].title

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import checks, launch_traps, preflight, report
+from helpers import checks, launch_traps
 from helpers.checks import Check
 
 
@@ -51,15 +51,6 @@ def test_dict_round_trip_and_unknown_keys():
         Check.from_dict({**data, "severity": "FAIL"})
 
 
-def test_report_reexports_the_one_record():
-    assert report.Check is Check and report.worst is checks.worst and report.STATUSES is checks.STATUSES
-
-
-def test_node_check_is_a_check():
-    c = preflight.NodeCheck("net.x.n1", "t", "FAIL", node="n1")
-    assert isinstance(c, Check) and c.faulty == ["n1"]
-
-
 def test_trap_is_a_thin_check():
     t = launch_traps.Trap("script-in-tmp", "FAIL", "script", "node-local", "use $HOME", "gilbreth 8.12")
     assert isinstance(t, Check)
@@ -76,3 +67,32 @@ def test_find_traps_returns_checks():
     traps = launch_traps.find_traps(spec)
     assert traps and all(isinstance(t, Check) and t.status in ("WARN", "FAIL") for t in traps)
     assert "standalone-multinode" in [t.id for t in traps]
+
+
+def _every_record_type() -> list[Check]:
+    """One record of every tool, built the way each tool builds it."""
+    from helpers.lint.findings import finding
+
+    return [Check("env.diff", "NCCL_ALGO differs", "FAIL", {"nodes": 2}, "export it on every node", "D21", node="n1"),
+            finding("rank-gated-collective", "error", "train.py", 14, "barrier only on rank 0", "call it on every rank", "D21"),
+            launch_traps.find_traps(launch_traps.LaunchSpec(nnodes=2, rdzv="standalone"))[0],
+            Check("net.mtu.n1", "9000-byte frames dropped", "WARN", node="n1", faulty=["n0"]),
+            Check.from_dict(Check("smoke.01", "trained", "OK").to_dict())]
+
+
+@pytest.mark.parametrize("style", checks.STYLES)
+def test_every_record_type_renders_in_every_style(style):
+    records = _every_record_type()
+    text = checks.render(records, style)
+    for c in records:
+        assert c.id in text and c.title in text
+    assert ("train.py:14" in text) == (style in ("lint", "markdown", "runbook"))
+    with pytest.raises(ValueError, match="style"):
+        checks.render(records, "html")
+
+
+def test_every_record_type_goes_through_the_one_json_shape():
+    records = _every_record_type()
+    data = json.loads(json.dumps(checks.to_json(records, summary={"n": len(records)})))
+    assert list(data) == ["checks", "summary"]
+    assert [Check.from_dict(d) for d in data["checks"]] == [Check.from_dict(c.to_dict()) for c in records]

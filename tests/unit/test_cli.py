@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, diagnostics, memory, nccl_log, netlab, preflight
+from helpers import cli, memory, nccl_log, netlab, preflight
+from helpers.allocation import local
 
 NAMES = [c.name for c in cli.COMMANDS]
 
@@ -57,14 +58,6 @@ def test_estimate_memory_help_goes_through_argparse(capsys):
     assert exc.value.code == 2 and "--world-size" in capsys.readouterr().err
 
 
-def test_memory_main_is_the_same_command(capsys):
-    argv = ["--params", "1.3e9", "--world-size", "8", "--strategy", "zero2"]
-    assert memory.main(argv) == 0
-    via_memory = capsys.readouterr().out
-    assert cli.main(["estimate-memory", *argv]) == 0
-    assert capsys.readouterr().out == via_memory and "2Ψ + 14Ψ/N" in via_memory
-
-
 @pytest.mark.parametrize("value", ["0", "-3", "x", "1.5"])
 def test_bad_nproc_names_the_flag(value, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -93,7 +86,7 @@ def test_defaults_come_from_netlab():
     parser = cli.build_parser()
     assert parser.parse_args(["preflight"]).name == netlab.DEFAULT_NAME
     assert parser.parse_args(["lab", "down"]).name == netlab.DEFAULT_NAME
-    default = inspect.signature(diagnostics.run_network_preflight).parameters["lab_name"].default
+    default = inspect.signature(local.run_network_preflight).parameters["lab_name"].default
     assert default == netlab.DEFAULT_NAME
 
 

@@ -54,13 +54,6 @@ def test_lr_table_defaults_to_the_one_rank_run_and_rejects_empty():
         ddp_math.lr_scaling_table(0.1, 32, [])
 
 
-def test_format_table_is_markdown():
-    text = ddp_math.format_table([{"a": 1, "b": 0.123456}, {"a": 2, "b": 3.0}])
-    assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |", "| 2 | 3 |"]
-    with pytest.raises(ValueError, match="columns"):
-        ddp_math.format_table([{"a": 1}], ["a", "zz"])
-
-
 def test_compare_grads_tolerances():
     ok = ddp_math.compare_grads([1.0, -2.0, 0.0], [1.0 + 1e-6, -2.0, 5e-7])
     assert ok["allclose"] and ok["max_abs_diff"] == pytest.approx(1e-6) and ok["n"] == 3

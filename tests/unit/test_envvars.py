@@ -25,7 +25,7 @@ def test_bad_names_and_lines_are_refused():
     with pytest.raises(ValueError, match="not a valid variable name"):
         envvars.shell_lines({"1X": "a"})
     with pytest.raises(ValueError, match=r"env line 2 .*unset NAME"):
-        envvars.parse_lines("A=1\nB\n")  # a bare name used to mean unset (launch_traps.parse_env); issue 16
+        envvars.parse_lines("A=1\nB\n")  # a bare name used to mean unset ; issue 16
     with pytest.raises(ValueError, match="env line 1"):
         envvars.parse_lines("A B")
     with pytest.raises(ValueError, match="--env 'x'"):
@@ -34,7 +34,6 @@ def test_bad_names_and_lines_are_refused():
 
 
 def test_callers_share_the_rules():
-    assert launch_traps.parse_env is envvars.parse_lines
     text = slurm.srun_torchrun(2, 1, "train.py", env={"NCCL_SOCKET_IFNAME": None, "X": "a b"})
     assert "unset NCCL_SOCKET_IFNAME" in text and "export X='\\''a b'\\''" in text  # inside the task's single quotes
     rendered = launch_traps.render(launch_traps.LaunchSpec(env={"X": "a b", "Y": None}))

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import cli, collective_trace, diagnostics, jobs, procs, slurm, tiers
+from helpers import cli, collective_trace, jobs, procs, slurm, tiers
+from helpers.allocation import grades, local
 from helpers.scenarios import fabric_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,12 +131,12 @@ def test_chapter_03_flight_recorder_cell_is_fresh_and_checks_dumps():
 
 def test_default_nproc(gpu_node, monkeypatch):
     gpu_node(0)
-    assert diagnostics.default_nproc({}) == 2
-    assert diagnostics.default_nproc({"SLURM_GPUS_ON_NODE": "4"}) == 4
+    assert local.default_nproc({}) == 2
+    assert local.default_nproc({"SLURM_GPUS_ON_NODE": "4"}) == 4
     gpu_node(8)
-    assert diagnostics.default_nproc({}) == 8
-    assert diagnostics.default_nproc({"SLURM_GPUS_ON_NODE": "4"}) == 4
-    assert diagnostics.default_nproc({"SLURM_GPUS_ON_NODE": "junk"}) == 8
+    assert local.default_nproc({}) == 8
+    assert local.default_nproc({"SLURM_GPUS_ON_NODE": "4"}) == 4
+    assert local.default_nproc({"SLURM_GPUS_ON_NODE": "junk"}) == 8
 
 
 def test_runbook_diagnose_defaults_to_the_gpu_count(gpu_node, monkeypatch, tmp_path, capsys):
@@ -178,30 +179,30 @@ def test_smoke_03_uses_torchrun_and_torch_adam_without_a_toolkit(monkeypatch, tm
         return SimpleNamespace(ok=True, wall_s=1.0)
 
     monkeypatch.setattr(jobs, "run_job", fake_run_job)
-    check, _ = diagnostics.run_smoke("03", tmp_path, nproc=8, backend="nccl", steps=1, hidden=8, batch=4,
+    check, _ = local.run_smoke("03", tmp_path, nproc=8, backend="nccl", steps=1, hidden=8, batch=4,
                                      timeout_s=10, fused_adam=False)
     assert check.status == "OK"
     call = calls[-1]
     assert call["launcher"] == "torchrun" and call["nproc"] == 8 and not call.get("launcher_args")
     config = Path(call["args"][call["args"].index("--deepspeed-config") + 1])
     assert json.loads(config.read_text())["optimizer"]["params"]["torch_adam"] is True
-    diagnostics.run_smoke("03", tmp_path, nproc=8, backend="nccl", steps=1, hidden=8, batch=4, timeout_s=10)
+    local.run_smoke("03", tmp_path, nproc=8, backend="nccl", steps=1, hidden=8, batch=4, timeout_s=10)
     assert calls[-1]["args"][calls[-1]["args"].index("--deepspeed-config") + 1].endswith("configs/ds_zero1_gpu.json")
 
 
 def test_toolchain_is_graded_with_its_fix():
-    assert diagnostics.check_toolchain("gloo", Path(".")) == []
-    missing = diagnostics.grade_toolchain("12.8", None, None)
+    assert local.check_toolchain("gloo", Path(".")) == []
+    missing = grades.grade_toolchain("12.8", None, None)
     assert missing.status == "WARN" and "CUDA_HOME" in missing.title and "torch_adam" in missing.remediation
     assert "cuda/12.8" in missing.remediation
-    mismatch = diagnostics.grade_toolchain("12.8", "/usr/local/cuda", "11.8")
+    mismatch = grades.grade_toolchain("12.8", "/usr/local/cuda", "11.8")
     assert mismatch.status == "WARN" and "does not match" in mismatch.title
-    failed = diagnostics.grade_toolchain("12.8", "/usr/local/cuda", "12.4", {"ok": False, "wall_s": 3, "log": "b.log",
+    failed = grades.grade_toolchain("12.8", "/usr/local/cuda", "12.4", {"ok": False, "wall_s": 3, "log": "b.log",
                                                                             "error": "ninja: build stopped"})
     assert failed.status == "WARN" and "ninja" in failed.title and "b.log" in failed.remediation
-    ok = diagnostics.grade_toolchain("12.8", "/usr/local/cuda", "12.4", {"ok": True, "wall_s": 61.0, "log": "b.log"})
+    ok = grades.grade_toolchain("12.8", "/usr/local/cuda", "12.4", {"ok": True, "wall_s": 61.0, "log": "b.log"})
     assert ok.status == "OK" and "61 s" in ok.title
-    assert diagnostics.grade_toolchain(None, None, None).status == "WARN"
+    assert grades.grade_toolchain(None, None, None).status == "WARN"
 
 
 def test_cpu_affinity_below_the_rank_count_is_a_warn():
@@ -209,11 +210,11 @@ def test_cpu_affinity_below_the_rank_count_is_a_warn():
         return [{"hostname": "gpu-01", "torch": "2.13", "cpu_affinity": cpus,
                  "contract": {"RANK": str(i), "GROUP_RANK": "0"}} for i in range(4)]
 
-    crowded = diagnostics.grade_env(records(1))
+    crowded = grades.grade_env(records(1))
     assert crowded.status == "WARN" and "fewer CPUs than ranks" in crowded.title
     assert crowded.values["cpu_affinity"] == {"gpu-01/node0": {"ranks": 4, "min_cpus": 1}}
     assert "--cpus-per-task" in crowded.remediation
-    assert diagnostics.grade_env(records(4)).status == "OK"
+    assert grades.grade_env(records(4)).status == "OK"
 
 
 # --------------------------------------------------------------------------- launchers: argv and environment

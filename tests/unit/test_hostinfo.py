@@ -12,9 +12,10 @@ from typing import Any
 import psutil
 import pytest
 
-from helpers import diagnostics, hostinfo
+from helpers import hostinfo
+from helpers.allocation import local
+from helpers.allocation.local import host_checks
 from helpers.checks import Check
-from helpers.diagnostics import host_checks
 from helpers.hostinfo import interfaces, port_free, shm_info
 from helpers.ifnames import match as match_ifname
 from helpers.ifnames import parse as parse_socket_ifname
@@ -64,9 +65,9 @@ def test_shm_info_missing_path_raises(tmp_path):
 def test_host_shm_record_grades_measured_size():
     rec = _by_id(host_checks({}))["host.shm"]
     total, free = rec["values"]["total_bytes"], rec["values"]["free_bytes"]
-    if total < diagnostics.SHM_FAIL_BYTES:
+    if total < local.SHM_FAIL_BYTES:
         assert rec["status"] == "FAIL"
-    elif total < diagnostics.SHM_WARN_BYTES or free < diagnostics.SHM_WARN_BYTES:
+    elif total < local.SHM_WARN_BYTES or free < local.SHM_WARN_BYTES:
         assert rec["status"] == "WARN"
         assert "--shm-size" in rec["remediation"] or "/dev/shm" in rec["remediation"]
     else:
@@ -217,10 +218,6 @@ def test_record_shape():
     assert lo and lo[0]["mtu"] == 65536
 
 
-def test_hostinfo_host_checks_alias_grades_the_same():
-    assert [r.id for r in hostinfo.host_checks({})] == [r.id for r in host_checks({})]
-
-
 # ---------------------------------------------------------------- host.jit_lock: torch's JIT build lock (PF-jit-lock)
 
 def _lock(root, age_s, op="deepspeed_shm_comm"):
@@ -235,10 +232,10 @@ def _lock(root, age_s, op="deepspeed_shm_comm"):
 
 def test_stale_build_lock_is_a_fail_naming_the_file(tmp_path):
     ext = tmp_path / "ext"
-    lock = _lock(ext, diagnostics.STALE_BUILD_LOCK_S + 60)
+    lock = _lock(ext, local.STALE_BUILD_LOCK_S + 60)
     env = {"TORCH_EXTENSIONS_DIR": str(ext), "HOME": str(tmp_path / "home")}
     found = hostinfo.build_locks(hostinfo.extension_roots(env))
-    assert [f["path"] for f in found] == [str(lock)] and found[0]["age_s"] >= diagnostics.STALE_BUILD_LOCK_S
+    assert [f["path"] for f in found] == [str(lock)] and found[0]["age_s"] >= local.STALE_BUILD_LOCK_S
     rec = _by_id(host_checks(env))["host.jit_lock"]
     assert rec["status"] == "FAIL" and str(lock) in rec["title"] and f"rm {lock}" in rec["remediation"]
 
@@ -250,10 +247,10 @@ def test_young_lock_or_running_build_is_info_and_no_lock_is_ok(tmp_path):
     # torch's default root: ~/.cache/torch_extensions/<py>_<accelerator>/<op>/lock
     loading = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", 5, op="loading_now")
     assert _by_id(host_checks(env))["host.jit_lock"]["status"] == "OK"  # a load holds it for a moment
-    young = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", diagnostics.BUSY_BUILD_LOCK_S + 5)
+    young = _lock(home / ".cache" / "torch_extensions" / "py311_cpu", local.BUSY_BUILD_LOCK_S + 5)
     rec = _by_id(host_checks(env))["host.jit_lock"]
     assert rec["status"] == "INFO" and str(young) in rec["title"] and str(loading) not in rec["title"]
-    old = _lock(tmp_path / "ext", diagnostics.STALE_BUILD_LOCK_S * 2)
+    old = _lock(tmp_path / "ext", local.STALE_BUILD_LOCK_S * 2)
     builder = subprocess.Popen(["sleep", "30"], cwd=old.parent)  # a build in progress works in that folder
     try:
         env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "ext")
@@ -267,9 +264,9 @@ def test_young_lock_or_running_build_is_info_and_no_lock_is_ok(tmp_path):
 
 def test_smoke_is_not_started_on_a_stale_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    assert diagnostics.stale_lock_failure("smoke.03", "DeepSpeed smoke") is None
-    lock = _lock(tmp_path / "ext", diagnostics.STALE_BUILD_LOCK_S + 1)
-    rec = diagnostics.stale_lock_failure("smoke.03", "DeepSpeed smoke")
+    assert local.stale_lock_failure("smoke.03", "DeepSpeed smoke") is None
+    lock = _lock(tmp_path / "ext", local.STALE_BUILD_LOCK_S + 1)
+    rec = local.stale_lock_failure("smoke.03", "DeepSpeed smoke")
     assert rec.status == "FAIL" and rec.id == "smoke.03" and "not run" in rec.title and rec.evidence == [str(lock)]
-    check, job = diagnostics.run_smoke("03", tmp_path, nproc=2, backend="gloo", steps=1, hidden=8, batch=2, timeout_s=5)
+    check, job = local.run_smoke("03", tmp_path, nproc=2, backend="gloo", steps=1, hidden=8, batch=2, timeout_s=5)
     assert job is None and check.status == "FAIL" and str(lock) in check.title

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from helpers import diagnostics, ifnames, launch_traps, preflight
+from helpers import ifnames, launch_traps, preflight
+from helpers.allocation import local
 
 
 def _iface(name: str, ipv4: list[str], running: bool = True, loopback: bool = False) -> dict[str, Any]:
@@ -21,7 +22,6 @@ IFACES = [_iface("lo", ["127.0.0.1/8"], loopback=True), _iface("eth0", ["10.0.0.
 def test_one_definition_of_the_variables():
     assert ifnames.IFNAME_VARS == {"NCCL_SOCKET_IFNAME": "nccl", "GLOO_SOCKET_IFNAME": "gloo"}
     assert preflight.IFNAME_VARS is ifnames.IFNAME_VARS
-    assert preflight.select_ifaces is ifnames.select
     with pytest.raises(ValueError, match="var='UCX_NET_DEVICES': accepted values are NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME"):
         ifnames.flavor_of("UCX_NET_DEVICES")
 
@@ -72,7 +72,7 @@ def test_builder_preflight_and_rule_agree(name):
     assert ("ifname-loopback" if reason == "loopback" else "ifname-bridge") in trap_ids
     node = [_iface(name, ["127.0.0.1/8" if name == "lo" else "172.17.0.1/16"], loopback=name == "lo"),
             _iface("eth0", ["10.0.0.2/24"])]
-    sel = preflight.select_ifaces("NCCL_SOCKET_IFNAME", "=" + name, node)
+    sel = ifnames.select("NCCL_SOCKET_IFNAME", "=" + name, node)
     assert sel["first"] == name and sel["node_local"] == reason
     plain = launch_traps.LaunchSpec(nnodes=2, rdzv="c10d", master_addr="10.0.0.1", env={"NCCL_SOCKET_IFNAME": "eth0"})
     assert not {"ifname-loopback", "ifname-bridge"} & {t.id for t in launch_traps.find_traps(plain)}
@@ -80,7 +80,7 @@ def test_builder_preflight_and_rule_agree(name):
 
 
 def test_host_grading_uses_the_same_rules():
-    graded = diagnostics._check_socket_ifname({"GLOO_SOCKET_IFNAME": "^docker0"}, IFACES)
+    graded = local._check_socket_ifname({"GLOO_SOCKET_IFNAME": "^docker0"}, IFACES)
     assert graded.status == "FAIL" and graded.values["GLOO_SOCKET_IFNAME"]["spec"] == ifnames.parse("^docker0", "gloo")
-    graded = diagnostics._check_socket_ifname({"NCCL_SOCKET_IFNAME": "eth"}, IFACES)
+    graded = local._check_socket_ifname({"NCCL_SOCKET_IFNAME": "eth"}, IFACES)
     assert graded.status == "OK" and graded.values["NCCL_SOCKET_IFNAME"]["matched"] == ["eth0"]

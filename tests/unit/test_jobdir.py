@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import jobs, launchers
+from helpers import jobs
 from helpers.jobdir import JobDir, LineCounter, LineTail
 
 
@@ -74,7 +74,7 @@ def test_records_of_a_job(tmp_path):
                          hung=False, timeout_s=1.0, stall_s=None, ranks={0: rank0})
     assert [r["_shim_rank"] for r in job.records("group")] == [1, 0]
     assert job.records("contract", rank=0) == [{"RANK": "0", "_shim_rank": None}]
-    assert launchers.rank_records(job.output, "group") == job.records("group")  # the old name still works
+    assert jobs.parse_records(job.output, "group") == job.records("group")
     with pytest.raises(ValueError, match="rank=5"):
         job.records("group", rank=5)
     with pytest.raises(ValueError, match="kind"):

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import launch_parse, launch_traps
-from helpers.launch_traps import KINDS, RDZV, LaunchSpec
+from helpers.launch_traps import KINDS, LaunchSpec
+from helpers.launchers import RDZV_FORMS as RDZV
 
 # Words users type: paths, flags, values with spaces, both quote kinds, shell metacharacters.
 _CHARS = st.characters(codec="ascii", categories=("L", "N"), include_characters=" '\"-_=./:,@%+$*;&|<>()[]{}~!?#\\")

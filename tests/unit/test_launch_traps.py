@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from helpers import hostinfo, launch_traps, widgets
+from helpers import envvars, hostinfo, launch_traps, widgets
 from helpers.launch_traps import LaunchSpec
 
 
@@ -100,13 +100,13 @@ def test_bad_spec_names_the_field(spec, field):
         launch_traps.find_traps(spec)
 
 
-def test_parse_env_forms_and_errors():
-    assert launch_traps.parse_env("export A=1\nB='x y'\n# note\nunset C\n") == {"A": "1", "B": "x y", "C": None}
+def test_parse_lines_forms_and_errors():
+    assert envvars.parse_lines("export A=1\nB='x y'\n# note\nunset C\n") == {"A": "1", "B": "x y", "C": None}
     with pytest.raises(ValueError, match="env line 2"):
-        launch_traps.parse_env("A=1\nA B\n")
+        envvars.parse_lines("A=1\nA B\n")
     # A bare NAME used to mean "unset"; since issue 16 it is an error that says how to unset.
     with pytest.raises(ValueError, match=r"env line 2 .*unset NAME"):
-        launch_traps.parse_env("A=1\nD\n")
+        envvars.parse_lines("A=1\nD\n")
 
 
 def test_widget_updates_as_the_user_types():

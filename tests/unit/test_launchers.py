@@ -7,7 +7,7 @@ import re
 import pytest
 from support import SCENARIOS
 
-from helpers import launchers
+from helpers import jobs, launchers
 
 CONTRACT = SCENARIOS / "launch_contract.py"
 # --- build_command -------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_decision_table_rows_are_complete_and_render():
     for word in ("DDP", "FSDP", "ZeRO"):
         assert word in parallelisms
     for row in launchers.DECISION_TABLE:
-        assert row.launcher in launchers.LAUNCHERS and row.when and row.parallelism
+        assert row.launcher in launchers.DECISION_LAUNCHERS and row.when and row.parallelism
         assert row.seeds and all(re.fullmatch(r"D\d+", s) for s in row.seeds) and "D7" in row.seeds
         for template in (row.single_node, row.multi_node):
             assert template.format(**keys).split()[0] == row.launcher and "train.py" in template.format(**keys)
@@ -90,14 +90,14 @@ def test_decision_table_rows_are_complete_and_render():
     assert len(md) == len(launchers.DECISION_TABLE) + 2 and all(line.count(" | ") == 5 for line in md[2:])
 
 
-def test_rank_records_parses_prefixed_and_plain_lines():
+def test_parse_records_parses_prefixed_and_plain_lines():
     text = "\n".join(['[rank 1] contract {"RANK": "1"}', 'contract {"RANK": "0"}', "[rank 0] contract {broken",
                       '[rank 0] group {"rank": 0}', "contract without json"])
-    recs = launchers.rank_records(text, "contract")
+    recs = jobs.parse_records(text, "contract")
     assert recs == [{"RANK": "1", "_shim_rank": 1}, {"RANK": "0", "_shim_rank": None}]
-    assert launchers.rank_records(text, "group") == [{"rank": 0, "_shim_rank": 0}]
+    assert jobs.parse_records(text, "group") == [{"rank": 0, "_shim_rank": 0}]
     with pytest.raises(ValueError, match="^kind"):
-        launchers.rank_records(text, "Contract!")
+        jobs.parse_records(text, "Contract!")
 
 
 # --- the scenario scripts ----------------------------------------------------------------------------------

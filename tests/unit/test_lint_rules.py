@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 from helpers import cli, launch_traps
+from helpers.checks import Check, lint_line
 from helpers.launch_parse import parse_command, parse_sbatch
 from helpers.launch_traps import LaunchSpec
 from helpers.lint import lint_texts
-from helpers.lint.findings import Finding
+from helpers.lint.findings import finding
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def rules(*files: tuple[str, str], command: str | None = None) -> list[str]:
-    return [f.rule for f in lint_texts([(p, textwrap.dedent(t)) for p, t in files], command)]
+    return [f.id for f in lint_texts([(p, textwrap.dedent(t)) for p, t in files], command)]
 
 
 def test_collective_through_a_helper_and_after_an_early_return():
@@ -39,9 +40,9 @@ def test_collective_through_a_helper_and_after_an_early_return():
         evaluate(model)
     """
     got = lint_texts([("t.py", textwrap.dedent(src))])
-    gated = [f for f in got if f.rule == "rank-gated-collective"]
-    assert gated and "save() -> dist.barrier" in gated[0].message and gated[0].line == 14
-    assert "rank-early-exit-collective" in [f.rule for f in got]
+    gated = [f for f in got if f.id == "rank-gated-collective"]
+    assert gated and "save() -> dist.barrier" in gated[0].title and gated[0].line_no == 14
+    assert "rank-early-exit-collective" in [f.id for f in got]
 
 
 def test_rank_dependent_break_in_a_loop():
@@ -144,7 +145,7 @@ srun --export=NONE bash -c "torchrun --nnodes=2 --nproc-per-node=8 --node-rank=$
 
 
 def test_sbatch_rules_come_from_launch_traps():
-    ids = {f.rule for f in lint_texts([("job.sbatch", SBATCH_EARLY)])}
+    ids = {f.id for f in lint_texts([("job.sbatch", SBATCH_EARLY)])}
     assert {"node-rank-fixed", "srun-export-none", "master-addr-not-exported"} <= ids
     spec = parse_sbatch(SBATCH_EARLY)
     assert spec.node_rank == 0 and spec.srun_export == "NONE" and spec.nnodes == 2
@@ -188,11 +189,12 @@ def test_parse_command_forms():
 
 
 def test_finding_is_a_check_with_lint_severities():
-    f = Finding.make("r", "warning", "a.py", 3, "msg", "fix", "D21")
-    assert (f.status, f.id, f.source, f.lint_severity) == ("WARN", "r", "D21", "warning")
-    assert set(f.to_lint_dict()) == {"rule", "seed", "severity", "file", "line", "message", "fix"}
+    f = finding("r", "warning", "a.py", 3, "msg", "fix", "D21")
+    assert (f.status, f.id, f.source, f.file, f.line_no) == ("WARN", "r", "D21", "a.py", 3)
+    assert type(f) is Check and f.line() == "[WARN] r a.py:3: msg\n       -> fix"
+    assert lint_line(f) == "a.py:3: warning r [D21]: msg\n    fix: fix"
     with pytest.raises(ValueError, match="severity"):
-        Finding.make("r", "fatal", "a.py", 1, "m", "f", "D1")
+        finding("r", "fatal", "a.py", 1, "m", "f", "D1")
 
 
 def _run_cli(argv: list[str]) -> int:
@@ -207,10 +209,10 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert _run_cli([str(ok)]) == 0
     capsys.readouterr()
     assert _run_cli([str(bad), "--json"]) == 1
-    first = json.loads(capsys.readouterr().out)["findings"][0]
-    assert {k: first[k] for k in ("rule", "seed", "severity", "file", "line")} == {
-        "rule": "rank-gated-collective", "seed": "D21", "severity": "error", "file": str(bad), "line": 3}
-    assert first["message"] and first["fix"]
+    first = json.loads(capsys.readouterr().out)["checks"][0]
+    assert {k: first[k] for k in ("id", "source", "status", "file", "line_no")} == {
+        "id": "rank-gated-collective", "source": "D21", "status": "FAIL", "file": str(bad), "line_no": 3}
+    assert first["title"] and first["remediation"]
     missing = tmp_path / "nope.json"
     assert _run_cli([str(missing), str(bad)]) == 2
     captured = capsys.readouterr()
@@ -220,7 +222,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 def test_the_scenarios_buggy_modes_are_found():
     """The project's own reproductions: the linter finds the intended bug where it is statically decidable."""
     paths = [REPO / "helpers" / "scenarios" / n for n in ("hangs.py", "ds_checkpoint.py", "fsdp_checkpoint.py")]
-    got = {(Path(f.file).name, f.rule) for f in lint_texts([(str(p), p.read_text()) for p in paths])}
+    got = {(Path(f.file).name, f.id) for f in lint_texts([(str(p), p.read_text()) for p in paths])}
     assert ("hangs.py", "rank-gated-collective") in got        # rank0_save: save_checkpoint() -> dist.barrier (D21)
     assert ("hangs.py", "rank-sliced-data") in got             # uneven: data[rank * per:(rank + 1) * per] (D22)
     assert ("ds_checkpoint.py", "rank-gated-collective") in got  # engine.save_checkpoint under rank == 0 (Gilbreth 7.5)
@@ -233,4 +235,4 @@ def test_json_output_stays_json_when_deepspeed_is_imported(tmp_path, capsys):
     cfg.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": True},
                                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}))
     assert _run_cli([str(cfg), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"findings": []}
+    assert json.loads(capsys.readouterr().out) == {"checks": []}

@@ -53,14 +53,14 @@ def _row(notebook: str, symptom: str) -> list[str]:
 
 
 def _emitted_ids() -> set[str]:
-    """Rule ids written as the first argument of ``add(...)``, ``Finding.make(...)``, ``Trap(...)`` in the rule modules."""
+    """Rule ids written as the first argument of ``add(...)``, ``finding(...)``, ``Trap(...)`` in the rule modules."""
     ids: set[str] = set()
     for path in RULE_MODULES:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name not in ("add", "make", "Trap"):
+            if name not in ("add", "finding", "Trap", "trap"):
                 continue
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
@@ -149,9 +149,9 @@ def test_the_rule_the_table_names_fires_on_the_chapters_buggy_scenario(tmp_path,
         path = _ds_json(tmp_path, "ds_config.json", scenario.split(":", 1)[1])
     else:
         path = ROOT / scenario
-    findings = [f for f in lint_paths([path], command=command) if f.rule == rule]
+    findings = [f for f in lint_paths([path], command=command) if f.id == rule]
     assert findings, f"{rule} does not fire on {scenario}"
     if marker is not None:
         lines = path.read_text(encoding="utf-8").splitlines()
-        assert any(marker in lines[f.line - 1] for f in findings if f.line >= 1), \
-            f"{rule} fires on {scenario} at {[f.line for f in findings]}, none of them the line with {marker!r}"
+        assert any(marker in lines[f.line_no - 1] for f in findings if f.line_no >= 1), \
+            f"{rule} fires on {scenario} at {[f.line_no for f in findings]}, none of them the line with {marker!r}"

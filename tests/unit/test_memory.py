@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import memory
+from helpers import cli, memory
 from helpers.scenarios import smoke_deepspeed
 
 GB = 1e9
@@ -241,20 +241,20 @@ def test_parse_count(text, value):
 
 
 def test_cli_table(capsys):
-    assert memory.main(["--params", "1.3e9", "--world-size", "8", "--strategy", "zero2"]) == 0
+    assert cli.main(["estimate-memory", "--params", "1.3e9", "--world-size", "8", "--strategy", "zero2"]) == 0
     out = capsys.readouterr().out
     assert "2Ψ + 14Ψ/N" in out and "4,875,000,000" in out and "arxiv.org/abs/1910.02054" in out
-    assert memory.main(["--params", "7B", "--world-size", "16", "--strategy", "all"]) == 0
+    assert cli.main(["estimate-memory", "--params", "7B", "--world-size", "16", "--strategy", "all"]) == 0
     out = capsys.readouterr().out
     assert all(s in out for s in ("ddp", "zero1", "zero2", "zero3", "fsdp_full_shard"))
-    assert memory.main(["--params", "1.3e9", "--world-size", "8", "--strategy", "zero3", "--offload", "cpu"]) == 0
+    assert cli.main(["estimate-memory", "--params", "1.3e9", "--world-size", "8", "--strategy", "zero3", "--offload", "cpu"]) == 0
     assert "host" in capsys.readouterr().out
 
 
 def test_cli_bad_input(capsys):
-    assert memory.main(["--params", "1.3e9", "--world-size", "8", "--strategy", "zero9"]) == 2
+    assert cli.main(["estimate-memory", "--params", "1.3e9", "--world-size", "8", "--strategy", "zero9"]) == 2
     assert "strategy='zero9'" in capsys.readouterr().err
-    assert memory.main(["--params", "lots", "--world-size", "8", "--strategy", "zero2"]) == 2
+    assert cli.main(["estimate-memory", "--params", "lots", "--world-size", "8", "--strategy", "zero2"]) == 2
     assert "--params" in capsys.readouterr().err
 
 

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-from helpers import diagnostics
+from helpers.allocation import local
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 
@@ -21,7 +21,7 @@ def _job(tmp_path: Path, log: str) -> SimpleNamespace:
 
 
 def test_nccl_jobs_get_the_interpreters_verdicts(tmp_path):
-    found = diagnostics.nccl_checks("nccl", _job(tmp_path, "single_node_net_ib.log"), None)
+    found = local.nccl_checks("nccl", _job(tmp_path, "single_node_net_ib.log"), None)
     assert found and all(c.id.startswith("nccl.") for c in found)
     fail = [c for c in found if c.status == "FAIL"]
     assert [c.id for c in fail] == ["nccl.single-node-net-transport"]
@@ -29,17 +29,17 @@ def test_nccl_jobs_get_the_interpreters_verdicts(tmp_path):
 
 
 def test_gloo_and_silent_logs_add_nothing(tmp_path):
-    assert diagnostics.nccl_checks("gloo", _job(tmp_path / "a", "single_node_net_ib.log")) == []
+    assert local.nccl_checks("gloo", _job(tmp_path / "a", "single_node_net_ib.log")) == []
     quiet = tmp_path / "b" / "ranks"
     quiet.mkdir(parents=True)
     (quiet / "rank0.stdout").write_text("step 1\nstep 2\n")
-    assert diagnostics.nccl_checks("nccl", SimpleNamespace(job_dir=tmp_path / "b")) == []
+    assert local.nccl_checks("nccl", SimpleNamespace(job_dir=tmp_path / "b")) == []
 
 
 def test_nccl_jobs_log_init_and_net_only(monkeypatch):
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     monkeypatch.delenv("NCCL_DEBUG_SUBSYS", raising=False)
-    assert diagnostics.nccl_debug_env("gloo") == {}
-    assert diagnostics.nccl_debug_env("nccl") == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    assert local.nccl_debug_env("gloo") == {}
+    assert local.nccl_debug_env("nccl") == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     monkeypatch.setenv("NCCL_DEBUG", "TRACE")
-    assert diagnostics.nccl_debug_env("nccl")["NCCL_DEBUG"] == "TRACE"
+    assert local.nccl_debug_env("nccl")["NCCL_DEBUG"] == "TRACE"

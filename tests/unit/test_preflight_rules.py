@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import pytest
 from support import by_id
 
-from helpers import preflight
-from helpers.report import Check
+from helpers import ifnames, preflight, slurm
+from helpers.checks import Check
 
 
 def iface(name: str, ipv4: Sequence[str] = (), *, mtu: int = 1500, carrier: bool = True, loopback: bool = False) -> dict:
@@ -25,28 +25,28 @@ LO = iface("lo", ["127.0.0.1/8"], mtu=65536, loopback=True)
 def test_nccl_prefix_exclusion_and_exact():
     ifaces = preflight.parse_ip_addr(json.dumps([LO, iface("eth0", ["10.0.0.1/24"]), iface("docker0", ["172.17.0.1/16"]),
                                                  iface("ib0", ["10.1.0.1/24"], carrier=False)]))
-    sel = preflight.select_ifaces("NCCL_SOCKET_IFNAME", "eth", ifaces)
+    sel = ifnames.select("NCCL_SOCKET_IFNAME", "eth", ifaces)
     assert sel["selected"] == ["eth0"] and sel["address"] == "10.0.0.1" and not sel["problem"]
-    sel = preflight.select_ifaces("NCCL_SOCKET_IFNAME", "^docker0", ifaces)  # keeps lo, which comes first
+    sel = ifnames.select("NCCL_SOCKET_IFNAME", "^docker0", ifaces)  # keeps lo, which comes first
     assert sel["first"] == "lo" and sel["kind"] == "loopback"
-    sel = preflight.select_ifaces("NCCL_SOCKET_IFNAME", "^docker0,lo", ifaces)
+    sel = ifnames.select("NCCL_SOCKET_IFNAME", "^docker0,lo", ifaces)
     assert sel["selected"] == ["eth0"] and not sel["problem"]
-    sel = preflight.select_ifaces("NCCL_SOCKET_IFNAME", "=eth", ifaces)  # exact: no interface is named "eth"
+    sel = ifnames.select("NCCL_SOCKET_IFNAME", "=eth", ifaces)  # exact: no interface is named "eth"
     assert sel["kind"] == "missing" and sel["error"] == "Bootstrap : no socket interface found"
-    sel = preflight.select_ifaces("NCCL_SOCKET_IFNAME", "ib", ifaces)  # matches, but no carrier: NCCL skips it
+    sel = ifnames.select("NCCL_SOCKET_IFNAME", "ib", ifaces)  # matches, but no carrier: NCCL skips it
     assert sel["kind"] == "no-carrier" and "ib0" in sel["problem"]
 
 
 def test_gloo_exact_names_only():
     ifaces = preflight.parse_ip_addr(json.dumps([LO, iface("eth0", ["10.0.0.1/24"]), iface("br9")]))
-    assert not preflight.select_ifaces("GLOO_SOCKET_IFNAME", "eth0", ifaces)["problem"]
-    sel = preflight.select_ifaces("GLOO_SOCKET_IFNAME", "eth", ifaces)  # no prefix matching in gloo
+    assert not ifnames.select("GLOO_SOCKET_IFNAME", "eth0", ifaces)["problem"]
+    sel = ifnames.select("GLOO_SOCKET_IFNAME", "eth", ifaces)  # no prefix matching in gloo
     assert sel["kind"] == "missing" and sel["error"] == "Unable to find address for: eth"
-    sel = preflight.select_ifaces("GLOO_SOCKET_IFNAME", "^docker0", ifaces)
+    sel = ifnames.select("GLOO_SOCKET_IFNAME", "^docker0", ifaces)
     assert sel["kind"] == "syntax" and sel["error"] == "Unable to find address for: ^docker0"
-    assert preflight.select_ifaces("GLOO_SOCKET_IFNAME", "br9", ifaces)["kind"] == "no-address"
+    assert ifnames.select("GLOO_SOCKET_IFNAME", "br9", ifaces)["kind"] == "no-address"
     with pytest.raises(ValueError, match="var"):
-        preflight.select_ifaces("UCX_NET_DEVICES", "eth0", ifaces)
+        ifnames.select("UCX_NET_DEVICES", "eth0", ifaces)
 
 
 def test_parse_inventory_rejects_truncated_output():
@@ -55,28 +55,29 @@ def test_parse_inventory_rejects_truncated_output():
 
 
 def test_node_check_defaults_faulty_to_its_node():
-    c = preflight.NodeCheck("net.x.n1", "t", "FAIL", node="n1")
+    c = Check("net.x.n1", "t", "FAIL", node="n1")
     assert c.faulty == ["n1"] and isinstance(c, Check)
-    assert preflight.NodeCheck("net.x.n1", "t", "OK", node="n1").faulty == []
+    assert Check("net.x.n1", "t", "OK", node="n1").faulty == []
 
 
 def test_run_preflight_validates_its_arguments():
     with pytest.raises(ValueError, match="nodes"):
-        preflight.run_preflight([], preflight.local_runner)
+        preflight.run_preflight([], slurm.ThisHost())
     with pytest.raises(ValueError, match="master"):
-        preflight.run_preflight(["a", "b"], preflight.local_runner, master="c")
+        preflight.run_preflight(["a", "b"], slurm.ThisHost(), master="c")
     with pytest.raises(ValueError, match="MASTER_PORT"):
-        preflight.run_preflight(["a"], preflight.local_runner, {"MASTER_PORT": "http"})
+        preflight.run_preflight(["a"], slurm.ThisHost(), {"MASTER_PORT": "http"})
 
 
 def test_unreachable_node_is_a_fail_naming_it():
     """A runner that cannot reach node b (as srun to a dead node): net.node.b FAIL; a is still checked."""
-    def runner(node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        if node == "b":
-            return subprocess.CompletedProcess(list(argv), 1, "", "srun: error: Unable to create step: node b down")
-        return preflight.local_runner(node, argv, timeout_s)
+    class DeadB(slurm.ThisHost):
+        def on_node(self, node: str, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+            if node == "b":
+                return subprocess.CompletedProcess(list(argv), 1, "", "srun: error: Unable to create step: node b down")
+            return super().on_node(node, argv, timeout_s)
 
-    checks = preflight.run_preflight(["a", "b"], runner, {"MASTER_ADDR": "127.0.0.1"})
+    checks = preflight.run_preflight(["a", "b"], DeadB(), {"MASTER_ADDR": "127.0.0.1"})
     bad = by_id(checks)["net.node.b"]
     assert bad.status == "FAIL" and bad.faulty == ["b"] and "node b down" in bad.title
     assert by_id(checks)["net.node.a"].status == "OK"

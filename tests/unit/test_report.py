@@ -8,11 +8,12 @@ import os
 import pytest
 
 from helpers import report
+from helpers.checks import Check, worst
 
 
 def _checks():
-    return [report.Check("a.one", "first", "OK", {"x_bytes": 1}),
-            report.Check("b.two", "second", "WARN", {"y": [1, 2]}, "do this", "D4")]
+    return [Check("a.one", "first", "OK", {"x_bytes": 1}),
+            Check("b.two", "second", "WARN", {"y": [1, 2]}, "do this", "D4")]
 
 
 def test_write_report_files(tmp_path):
@@ -41,16 +42,16 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_worst_and_line():
-    checks = _checks() + [report.Check("c", "bad", "FAIL", remediation="fix it")]
-    assert report.worst(checks) == "FAIL"
-    assert report.worst([]) == "OK"
+    checks = _checks() + [Check("c", "bad", "FAIL", remediation="fix it")]
+    assert worst(checks) == "FAIL"
+    assert worst([]) == "OK"
     assert checks[2].line().startswith("[FAIL] c: bad") and "-> fix it" in checks[2].line()
 
 
 def test_bad_records_are_refused(tmp_path):
     with pytest.raises(ValueError, match="status='MAYBE'.*OK, INFO, WARN, FAIL"):
-        report.Check("x", "t", "MAYBE")
+        Check("x", "t", "MAYBE")
     with pytest.raises(ValueError, match="duplicate ids"):
-        report.write_report(tmp_path, [report.Check("x", "t", "OK")] * 2, {})
+        report.write_report(tmp_path, [Check("x", "t", "OK")] * 2, {})
     with pytest.raises(ValueError, match="checks"):
         report.write_report(tmp_path, [], {})

@@ -20,25 +20,25 @@ def _state(value: float) -> dict:
 # --------------------------------------------------------------------------- atomic save / load
 
 def test_save_then_load_round_trips(tmp_path):
-    path = resume.save_checkpoint(tmp_path / "sub" / "a.ckpt", _state(1.0))
-    back = resume.load_checkpoint(path)
+    path = checkpoint.save_checkpoint(tmp_path / "sub" / "a.ckpt", _state(1.0))
+    back = checkpoint.load_checkpoint(path)
     assert back["step"] == 1 and back["note"] == "x"
-    assert resume.compare_state_dicts(_state(1.0)["model"], back["model"]).equal
+    assert checkpoint.compare_state_dicts(_state(1.0)["model"], back["model"]).equal
     assert not list(path.parent.glob(".a.ckpt.tmp-*"))
 
 
 def test_failure_before_replace_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
-    resume.save_checkpoint(path, _state(1.0))
+    checkpoint.save_checkpoint(path, _state(1.0))
 
     def refuse(src, dst):
         raise OSError("simulated crash just before os.replace")
 
     monkeypatch.setattr(checkpoint.os, "replace", refuse)
     with pytest.raises(OSError, match="before os.replace"):
-        resume.save_checkpoint(path, _state(2.0))
+        checkpoint.save_checkpoint(path, _state(2.0))
     monkeypatch.undo()
-    assert resume.load_checkpoint(path)["step"] == 1
+    assert checkpoint.load_checkpoint(path)["step"] == 1
     assert not list(tmp_path.glob(".a.ckpt.tmp-*")), "the failed write must remove its temporary file"
 
 
@@ -51,35 +51,35 @@ def _dies_halfway(state, fh):
 
 def test_failure_mid_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
-    resume.save_checkpoint(path, _state(1.0))
+    checkpoint.save_checkpoint(path, _state(1.0))
     monkeypatch.setattr(checkpoint, "_serialize", _dies_halfway)
     with pytest.raises(KeyboardInterrupt):
-        resume.save_checkpoint(path, _state(2.0))
+        checkpoint.save_checkpoint(path, _state(2.0))
     monkeypatch.undo()
-    assert resume.load_checkpoint(path)["step"] == 1
+    assert checkpoint.load_checkpoint(path)["step"] == 1
     assert not list(tmp_path.glob(".a.ckpt.tmp-*"))
 
 
 def test_naive_save_is_torn_by_the_same_failure(tmp_path, monkeypatch):
     path = tmp_path / "a.ckpt"
-    resume.naive_save(path, _state(1.0))
+    checkpoint.naive_save(path, _state(1.0))
     monkeypatch.setattr(checkpoint, "_serialize", _dies_halfway)
     with pytest.raises(KeyboardInterrupt):
-        resume.naive_save(path, _state(2.0))
+        checkpoint.naive_save(path, _state(2.0))
     monkeypatch.undo()
     with pytest.raises(RuntimeError):
-        resume.load_checkpoint(path)
+        checkpoint.load_checkpoint(path)
 
 
 def test_save_rejects_a_non_mapping(tmp_path):
     with pytest.raises(ValueError, match="state"):
-        resume.save_checkpoint(tmp_path / "a.ckpt", [1, 2])  # type: ignore[arg-type]
+        checkpoint.save_checkpoint(tmp_path / "a.ckpt", [1, 2])  # type: ignore[arg-type]
 
 
 def test_load_missing(tmp_path):
-    assert resume.load_checkpoint(tmp_path / "none.ckpt", missing_ok=True) is None
+    assert checkpoint.load_checkpoint(tmp_path / "none.ckpt", missing_ok=True) is None
     with pytest.raises(FileNotFoundError):
-        resume.load_checkpoint(tmp_path / "none.ckpt")
+        checkpoint.load_checkpoint(tmp_path / "none.ckpt")
 
 
 def test_crash_mid_write_rejects_bad_size(tmp_path):
@@ -98,16 +98,16 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     random.seed(1)
     np.random.seed(1)
     _draws()
-    path = resume.save_checkpoint(tmp_path / "rng.ckpt", {"rng": [resume.rng_state()]})
+    path = checkpoint.save_checkpoint(tmp_path / "rng.ckpt", {"rng": [checkpoint.rng_state()]})
     expected = _draws()
     _draws()
-    resume.set_rng_state(resume.load_checkpoint(path)["rng"][0])
+    checkpoint.set_rng_state(checkpoint.load_checkpoint(path)["rng"][0])
     assert _draws() == expected
 
 
 def test_set_rng_state_names_missing_keys():
     with pytest.raises(ValueError, match="numpy"):
-        resume.set_rng_state({"torch": torch.get_rng_state(), "python": list(random.getstate())})
+        checkpoint.set_rng_state({"torch": torch.get_rng_state(), "python": list(random.getstate())})
 
 
 # --------------------------------------------------------------------------- exact comparison
@@ -115,7 +115,7 @@ def test_set_rng_state_names_missing_keys():
 def test_compare_equal_is_exact_and_zero():
     a = {"w": torch.randn(4, 4), "opt": {"state": [{"exp_avg": torch.ones(2)}], "lr": 0.1}}
     b = {"w": a["w"].clone(), "opt": {"state": [{"exp_avg": torch.ones(2)}], "lr": 0.1}}
-    d = resume.compare_state_dicts(a, b)
+    d = checkpoint.compare_state_dicts(a, b)
     assert d.equal and d.max_abs_diff == 0.0 and d.first == "" and d.compared == 3
     assert "EQUAL" in str(d)
 
@@ -123,7 +123,7 @@ def test_compare_equal_is_exact_and_zero():
 def test_compare_names_the_first_differing_tensor_and_its_max_diff():
     a = {"0.weight": torch.zeros(3), "0.bias": torch.zeros(2), "1.weight": torch.zeros(2)}
     b = {"0.weight": torch.zeros(3), "0.bias": torch.tensor([0.0, 1e-7]), "1.weight": torch.tensor([0.0, -0.25])}
-    d = resume.compare_state_dicts(a, b)
+    d = checkpoint.compare_state_dicts(a, b)
     assert not d.equal and d.differing == ["0.bias", "1.weight"] and d.first == "0.bias"
     assert d.first_max_abs_diff == pytest.approx(1e-7) and d.max_abs_diff == 0.25
     assert "first: 0.bias" in str(d)
@@ -131,34 +131,34 @@ def test_compare_names_the_first_differing_tensor_and_its_max_diff():
 
 def test_compare_is_bitwise():
     nan = float("nan")
-    assert resume.compare_state_dicts({"x": torch.tensor([nan, 1.0])}, {"x": torch.tensor([nan, 1.0])}).equal
-    signed = resume.compare_state_dicts({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])})
+    assert checkpoint.compare_state_dicts({"x": torch.tensor([nan, 1.0])}, {"x": torch.tensor([nan, 1.0])}).equal
+    signed = checkpoint.compare_state_dicts({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])})
     assert not signed.equal and signed.first == "x" and signed.first_max_abs_diff == 0.0
-    one_nan = resume.compare_state_dicts({"x": torch.tensor([nan])}, {"x": torch.tensor([1.0])})
+    one_nan = checkpoint.compare_state_dicts({"x": torch.tensor([nan])}, {"x": torch.tensor([1.0])})
     assert not one_nan.equal and math.isinf(one_nan.first_max_abs_diff)
 
 
 def test_compare_shape_dtype_and_missing_keys():
-    assert math.isinf(resume.compare_state_dicts({"x": torch.zeros(3)}, {"x": torch.zeros(2)}).first_max_abs_diff)
-    assert not resume.compare_state_dicts({"x": torch.zeros(2)}, {"x": torch.zeros(2, dtype=torch.float64)}).equal
-    d = resume.compare_state_dicts({"x": torch.zeros(1)}, {"x": torch.zeros(1), "y": torch.ones(1)})
+    assert math.isinf(checkpoint.compare_state_dicts({"x": torch.zeros(3)}, {"x": torch.zeros(2)}).first_max_abs_diff)
+    assert not checkpoint.compare_state_dicts({"x": torch.zeros(2)}, {"x": torch.zeros(2, dtype=torch.float64)}).equal
+    d = checkpoint.compare_state_dicts({"x": torch.zeros(1)}, {"x": torch.zeros(1), "y": torch.ones(1)})
     assert not d.equal and d.only_in_b == ["y"] and d.first == "y" and math.isinf(d.max_abs_diff)
-    assert not resume.compare_state_dicts({"x": torch.zeros(1)}, {"x": 0.0}).equal
+    assert not checkpoint.compare_state_dicts({"x": torch.zeros(1)}, {"x": 0.0}).equal
 
 
 def test_compare_rejects_non_mappings():
     with pytest.raises(ValueError, match="b="):
-        resume.compare_state_dicts({}, [torch.zeros(1)])  # type: ignore[arg-type]
+        checkpoint.compare_state_dicts({}, [torch.zeros(1)])  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- arguments and log parsing
 
 def test_parse_omit():
-    assert resume.parse_omit("rng, scheduler,rng") == ("scheduler", "rng")
-    assert resume.parse_omit(None) == () and resume.parse_omit("") == ()
-    assert resume.parse_omit(["epoch"]) == ("epoch",)
+    assert checkpoint.parse_omit("rng, scheduler,rng") == ("scheduler", "rng")
+    assert checkpoint.parse_omit(None) == () and checkpoint.parse_omit("") == ()
+    assert checkpoint.parse_omit(["epoch"]) == ("epoch",)
     with pytest.raises(ValueError, match="omit.*accepted values are model, optimizer"):
-        resume.parse_omit("rngs")
+        checkpoint.parse_omit("rngs")
 
 
 def test_training_args_validate_their_fields():

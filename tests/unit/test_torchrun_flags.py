@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import jobs, launch_traps, launchers, slurm
+from helpers import jobs, launchers, slurm
 from helpers.launchers import torchrun_flags
 
 
@@ -16,7 +16,7 @@ def test_forms():
     assert torchrun_flags("c10d", nnodes=2, nproc_per_node=1, master_addr="h", master_port=29400, rdzv_id="j7") == [
         "--nnodes=2", "--nproc-per-node=1", "--rdzv-id=j7", "--rdzv-backend=c10d", "--rdzv-endpoint=h:29400"]
     assert torchrun_flags(None, nnodes=1, nproc_per_node=None) == ["--nnodes=1"]
-    assert launchers.RDZV_FORMS == ("standalone", "static", "c10d") and launch_traps.RDZV is launchers.RDZV_FORMS
+    assert launchers.RDZV_FORMS == ("standalone", "static", "c10d")
 
 
 def test_shell_text_passes_through():
@@ -69,4 +69,3 @@ def test_callers_build_with_it():
     assert '--rdzv-id="$SLURM_JOB_ID"' in text and '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in text
     argv = jobs.launcher_argv("torchrun", "t.py", nproc=2)[0]
     assert argv[1:4] == ["--nnodes=1", "--nproc-per-node=2", "--standalone"]
-    assert launchers.LAUNCHERS is launchers.DECISION_LAUNCHERS

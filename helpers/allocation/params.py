@@ -3,7 +3,6 @@
 A bad value is an input error, not an allocation FAIL: ``runbook diagnose -p MAX_BYTES -5`` used to run
 for 46 s and report ``collectives job did not finish`` (issue 11).  :func:`validate` raises
 ``ValueError`` naming the parameter and its accepted range (the CLI exits 2 with it).
-Standard library only.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from helpers.slurm import RUNNERS
 from helpers.validate import positive_float, positive_int, tcp_port
 
-RUNNERS = ("srun", "lab", "local")
 SMOKES = ("01", "02", "03")
 MULTI_STEPS = ("nodes", "job", "smoke", "preflight")
 BACKENDS = ("auto", "gloo", "nccl")

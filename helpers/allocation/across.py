@@ -5,13 +5,13 @@ through real SLURM (issue 11, sections 2-3):
 
 * :func:`run_node_steps`: one ``srun -w NODE -N1 -n1 --overlap`` step per node, in parallel, running
   :func:`node_report` there (versions, GPU count, host checks, interfaces, NIC line rate,
-  host memory-copy bandwidth); :func:`helpers.allocation_grades.grade_nodes` turns them into checks naming the node.
+  host memory-copy bandwidth); :func:`helpers.allocation.grades.grade_nodes` turns them into checks naming the node.
 * :func:`run_job_across`: ONE job over every node, the Gilbreth 4.3 way (``srun`` one task per node
   + ``torchrun``, ``--export=ALL``, ``MASTER_ADDR`` from ``scontrol show hostnames``: the text of
   :func:`helpers.slurm.srun_torchrun`), with a join deadline: a node whose ranks never wrote their
   ``joined-*`` marker is a FAIL naming it.  The job (``helpers/scenarios/allocation_job.py``)
   measures the env contract, collectives, intra/inter-node busbw and the node pairs;
-  :mod:`helpers.allocation_grades` grades them (``grade_job``, ``grade_pairs``, ``grade_envelope``).
+  :mod:`helpers.allocation.grades` grades them (``grade_job``, ``grade_pairs``, ``grade_envelope``).
 * :func:`run_smoke_across`: the multi-node DeepSpeed ZeRO-1 smoke test (Gilbreth 8.9: the verified multi-node DeepSpeed run).
 * :func:`drain_list`: the nodes to leave out, as ``--exclude=`` for the next ``sbatch``.
 
@@ -24,142 +24,34 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from helpers import jobs, sources
-from helpers.allocation_grades import grade_envelope, grade_job, grade_nodes, grade_pairs, inter_envelope, pair_matrix
-from helpers.checks import Check, faulty_nodes
+from helpers.allocation import local
+from helpers.allocation.grades import grade_envelope, grade_job, grade_nodes, grade_pairs, grade_smoke, inter_envelope, pair_matrix
+from helpers.checks import Check, faulty_nodes, render
+from helpers.jobdir import JobDir
+from helpers.launchers import DEFAULT_MASTER_PORT
+from helpers.procs import stop_session
+from helpers.slurm import TAG as SLURM_TAG
+from helpers.slurm import SlurmClient, new_tag, slurm_errors, srun_torchrun
 
-TAG = "runbook-check"
+TAG = f"{SLURM_TAG}-check"
 MAX_ALL_PAIRS = 16  # every node pair up to 16 nodes (15 rounds); beyond, the first SAMPLED_ROUNDS round-robin rounds
 SAMPLED_ROUNDS = 8
-RUNNERS = ("srun", "lab")
-_LAUNCH_ERR = re.compile(r"(Task launch for \S+ failed on node (\S+?):.*|"
-                         r"Unable to create step for job.*|"
-                         r"Required node not available.*|"
-                         r"Nodes? (\S+) (?:are|is) (?:down|not responding).*|"
-                         r"Job step creation temporarily disabled.*)")
-
-
-# --------------------------------------------------------------------------- running SLURM commands
-
-class Slurm:
-    """Runs SLURM client commands: here (``runner="srun"``, inside or outside an allocation) or on the head node of lab ``lab``.
-
-    Every ``srun``/``salloc`` it starts carries ``-J <tag>``, so :meth:`cleanup` can find and
-    ``scancel`` what is left (no pending job or step after a failure).
-
-    Raises:
-        ValueError: ``runner`` not in :data:`RUNNERS`; ``runner="lab"`` and no SLURM lab ``lab`` up.
-    """
-
-    def __init__(self, runner: str = "srun", lab: str = "", tag: str = "") -> None:
-        if runner not in RUNNERS:
-            raise ValueError(f"runner={runner!r}: accepted values are {', '.join(RUNNERS)}")
-        self.runner = runner
-        self.tag = tag or f"{TAG}-{uuid.uuid4().hex[:6]}"
-        self.lab = None
-        if runner == "lab":
-            from helpers import netlab
-
-            self.lab = netlab.Lab.attach(lab) if lab else netlab.Lab.attach()
-            if not self.lab.has_slurm:
-                raise ValueError(f"lab={lab!r}: the lab has no SLURM (runbook lab up --slurm)")
-        self.in_allocation = runner == "srun" and bool(os.environ.get("SLURM_JOB_ID"))
-        # torchrun and python of this venv on every node (the project folder is the shared filesystem)
-        self.base_env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-    def argv(self, argv: Sequence[str]) -> list[str]:
-        """The command line that runs ``argv`` as a SLURM client (inside the lab's head node for ``lab``)."""
-        argv = [str(a) for a in argv]
-        return self.lab.node_argv("head", argv, cwd=jobs.project_root()) if self.lab else argv
-
-    def popen(self, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
-        """Start ``argv`` (its own session), stdout+stderr to ``log``."""
-        fh = open(log, "w")  # noqa: SIM115 - the child owns it
-        try:
-            return subprocess.Popen(self.argv(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **self.base_env, **(env or {})}, start_new_session=True)
-        finally:
-            fh.close()
-
-    def run(self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` and wait at most ``timeout_s``; on expiry stop it (:func:`stop`), returncode 124."""
-        proc = subprocess.Popen(self.argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **self.base_env, **(env or {})},
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-            return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            stop(proc)
-            out, err = proc.communicate()
-            return subprocess.CompletedProcess(argv, 124, out, (err or "") + f"\n[runbook] stopped after {timeout_s:g} s\n")
-
-    def step_argv(self, nodes: Sequence[str], *, ntasks_per_node: int = 1) -> list[str]:
-        """``srun`` options for one step on ``nodes`` (``--overlap`` inside an allocation)."""
-        # -n explicit: inside sbatch, srun inherits SLURM_NTASKS of the whole job ("More processors requested than permitted")
-        opts = ["srun", "-J", self.tag, "-w", ",".join(nodes), f"-N{len(nodes)}", f"-n{len(nodes) * ntasks_per_node}",
-                f"--ntasks-per-node={ntasks_per_node}", "--export=ALL", "--kill-on-bad-exit=1"]
-        return opts + (["--overlap"] if self.in_allocation else [])
-
-    def cleanup(self) -> list[str]:
-        """``scancel`` every job and step of this run still known to SLURM; return their ids."""
-        ids: list[str] = []
-        for extra in ([], ["-s"]):
-            out = self.run(["squeue", "-h", *extra, "-o", "%i %j"], 20).stdout
-            ids += [line.split()[0] for line in out.splitlines() if line.split()[1:] == [self.tag]]
-        if ids:
-            self.run(["scancel", *ids], 20)
-        return ids
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """Stop an ``srun``/``salloc`` politely: SIGTERM (srun cancels its step), then SIGKILL its session."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def slurm_errors(text: str) -> list[dict[str, str]]:
-    """SLURM's own launch errors in ``text``: ``[{"line", "node", "kind"}]``.
-
-    ``kind`` is ``unreachable`` when SLURM names a node it could not launch on (``node`` set), else
-    ``refused`` (SLURM refused the step itself: ``Unable to create step ...``; ``node`` empty).
-
-    ``Task launch for StepId=12.0 failed on node node2: Connection timed out`` names ``node2``:
-    slurmctld/srun could not reach that node's slurmd, i.e. a network (or daemon) fault on that node.
-    """
-    found = []
-    for m in _LAUNCH_ERR.finditer(text or ""):
-        node = (m.group(2) or m.group(3) or "").strip()
-        found.append({"line": m.group(1).strip(), "node": node, "kind": "unreachable" if node else "refused"})
-    return found
 
 
 # --------------------------------------------------------------------------- per node
 
 
-def node_report(master_port: int = 29500) -> dict[str, Any]:
+def node_report(master_port: int = DEFAULT_MASTER_PORT) -> dict[str, Any]:
     """What :func:`run_node_steps` measures on one node (run there): versions, GPUs, host checks, NIC, memcpy.
 
     Returns:
@@ -171,7 +63,7 @@ def node_report(master_port: int = 29500) -> dict[str, Any]:
 
     import torch
 
-    from helpers import diagnostics, hostinfo
+    from helpers import hostinfo
 
     def version(name: str) -> str | None:
         try:
@@ -195,7 +87,7 @@ def node_report(master_port: int = 29500) -> dict[str, Any]:
     data = [i for i in ifaces if i["up"] and not i["loopback"] and i["ipv4"]]
     iface = data[0]["name"] if data else ""
     speed, source = hostinfo.nic_speed_mbps(iface) if iface else (None, "no data interface")
-    checks = diagnostics.host_checks(master_port=master_port)
+    checks = local.host_checks(master_port=master_port)
     return {"hostname": socket.gethostname(), "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                                                            "nccl": nccl, "driver": driver, "deepspeed": version("deepspeed")},
             "gpus": gpus, "nvswitch": nvswitch, "fabric_manager": fabric,
@@ -205,19 +97,19 @@ def node_report(master_port: int = 29500) -> dict[str, Any]:
             "slurm_gpus": os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE")}
 
 
-def run_node_steps(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, timeout_s: float = 45.0,
+def run_node_steps(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir: Path, *, timeout_s: float = 45.0,
                    env: Mapping[str, str] | None = None) -> tuple[dict[str, dict], list[Check]]:
-    """One step per node, in parallel: :func:`node_report` there.
+    """One step per node named ``tag``, in parallel: :func:`node_report` there (``scenarios/node_report.py``).
 
     Returns:
         ``({node: report}, [a FAIL per node whose step failed, in SLURM's words])``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    py = [sys.executable, "-m", "helpers.allocation", "node-report"]
+    py = [sys.executable, str(jobs.scenario("node_report.py"))]
 
     def one(node: str) -> tuple[str, subprocess.CompletedProcess[str]]:
-        return node, slurm.run([*slurm.step_argv([node]), *py], timeout_s, env)
+        return node, client.step([node], py, tag, timeout_s, env=env)
 
     reports, failures = {}, []
     with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
@@ -257,36 +149,33 @@ def step_failure(cid: str, node: str, proc: subprocess.CompletedProcess[str], ti
     else:
         tail = [ln for ln in text.splitlines() if ln.strip()][-2:]
         title = f"{node}: the step failed (exit {proc.returncode}): {' | '.join(tail)}"
-        fix = f"read {node}'s step log; run the command by hand: srun -w {node} -N1 python -m helpers.allocation node-report"
+        fix = f"read {node}'s step log; run the command by hand: srun -w {node} -N1 python helpers/scenarios/node_report.py"
     return Check(cid, title, "FAIL", {"returncode": proc.returncode, "slurm_errors": errs}, fix,
                  sources.cite("MN1", "MN3"), evidence=[e["line"] for e in errs], node=node, faulty=named)
 
 
 # --------------------------------------------------------------------------- one job across every node
 
-def _job_shell(slurm: Slurm, nodes: Sequence[str], nproc: int, script: Path, args: Sequence[str],
-               env: Mapping[str, str | None] | None, master_port: int) -> list[str]:
-    """The Gilbreth 4.3 launch (``slurm.srun_torchrun``) as one command: inside the allocation, or in a ``salloc`` on ``nodes``."""
-    from helpers import slurm as slurm_forms
-
-    text = slurm_forms.srun_torchrun(len(nodes), nproc, str(script), list(args), master_port=master_port, env=env,
-                                     srun_args=["-J", slurm.tag, "-w", ",".join(nodes), f"--ntasks={len(nodes)}",
-                                                "--kill-on-bad-exit=1",
-                                                *(["--overlap"] if slurm.in_allocation else [])])
-    if slurm.in_allocation:
-        # SLURM_JOB_NODELIST is the whole allocation; MASTER_ADDR must be the first node *of this job*.
-        text = text.replace('"$SLURM_JOB_NODELIST"', shlex.quote(",".join(nodes)))
+def _job_shell(client: SlurmClient, tag: str, nodes: Sequence[str], nproc: int, script: Path, args: Sequence[str],
+               env: Mapping[str, str | None] | None, master_port: int, pre_launch: Sequence[str] = ()) -> list[str]:
+    """The Gilbreth 4.3 launch (:func:`helpers.slurm.srun_torchrun`) as one command: inside the allocation, or in a
+    ``salloc`` on ``nodes``.  ``MASTER_ADDR`` is the first of ``nodes`` (inside an allocation ``SLURM_JOB_NODELIST``
+    is the whole allocation); ``pre_launch`` runs in each task before ``torchrun``."""
+    text = srun_torchrun(len(nodes), nproc, str(script), list(args), master_port=master_port, env=env,
+                         srun_args=["-J", tag, "-w", ",".join(nodes), f"--ntasks={len(nodes)}", "--kill-on-bad-exit=1",
+                                    *(["--overlap"] if client.in_allocation else [])],
+                         nodelist=nodes, pre_launch=pre_launch)
+    if client.in_allocation:
         return ["bash", "-c", text]
     # One torchrun task per node needs a CPU per rank: the srun line asks for $SLURM_CPUS_PER_TASK (Slurm 22.05-23.02
     # do not pass the allocation's value to srun), so the allocation must grant it, or the step is refused.
-    return ["salloc", "-J", slurm.tag, "-w", ",".join(nodes), f"-N{len(nodes)}", "--ntasks-per-node=1",
+    return ["salloc", "-J", tag, "-w", ",".join(nodes), f"-N{len(nodes)}", "--ntasks-per-node=1",
             f"--cpus-per-task={nproc}", "--immediate=30", "bash", "-c", text]
 
 
 def _joined(out_dir: Path, what: str = "joined") -> set[tuple[str, int]]:
-    """``(node, local_rank)`` of every ``ranks/<what>-<node>-<local_rank>`` marker (``what``: started or joined)."""
-    return {(p.name[len(what) + 1:].rsplit("-", 1)[0], int(p.name.rsplit("-", 1)[1]))
-            for p in (out_dir / "ranks").glob(f"{what}-*")}
+    """``(node, local_rank)`` of every ``<what>`` marker of :meth:`helpers.jobdir.JobDir.node_markers` (started or joined)."""
+    return JobDir(out_dir).node_markers(what)
 
 
 def culprits(nodes: Sequence[str], nproc: int, tasks: set[str], started: set[tuple[str, int]],
@@ -307,12 +196,15 @@ def culprits(nodes: Sequence[str], nproc: int, tasks: set[str], started: set[tup
     return next((missing for missing in levels if 0 < len(missing) < len(nodes)), [])
 
 
-def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: int = 1, backend: str = "gloo",
+def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir: Path, *, nproc: int = 1, backend: str = "gloo",
                    join_timeout_s: float = 60.0, timeout_s: float = 240.0, collective_timeout_s: float = 60.0,
                    script: str = "allocation_job.py", script_args: Sequence[str] = (),
-                   env: Mapping[str, str | None] | None = None, master_port: int = 29500,
+                   env: Mapping[str, str | None] | None = None, master_port: int = DEFAULT_MASTER_PORT,
                    result: str = "allocation_job.json", markers: bool = True) -> dict[str, Any]:
-    """Launch ``script`` on every node with ``nproc`` ranks each; wait for every node to join, then for the result.
+    """Launch ``script`` on every node with ``nproc`` ranks each (job name ``tag``); wait for every node to join, then for the result.
+
+    The markers each task and rank leave (task started, rank started, rank joined) are the job folder's
+    (:class:`helpers.jobdir.JobDir`: ``ranks/task-<node>``, ``ranks/started-<node>-<local_rank>``, ``ranks/joined-...``).
 
     Returns:
         ``{"ok", "data" (rank 0's JSON or None), "missing" (nodes with a rank that never joined),
@@ -328,14 +220,13 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
     # JIT-built ops (DeepSpeed's) in the project's build folder on the shared filesystem, built once for every node,
     # never in each user's ~/.cache (jobs.extensions_dir)
     env = {"TORCH_EXTENSIONS_DIR": str(jobs.extensions_dir()), **(env or {})}
-    cmd = _job_shell(slurm, nodes, nproc, jobs.project_root() / "helpers" / "scenarios" / script, argv, env, master_port)
     # Each task leaves a marker before torchrun, whose rendezvous holds every rank until all nodes are in:
-    # the node without one is the node whose task never started (inside the single-quoted task body).
-    if "'" not in str(out_dir):
-        touch = f'touch {out_dir}/ranks/task-"${{SLURMD_NODENAME:-$(hostname)}}"\n    torchrun '
-        cmd[-1] = cmd[-1].replace("\n    torchrun ", "\n    " + touch, 1)
+    # the node without one is the node whose task never started.
+    jd = JobDir(out_dir)
+    cmd = _job_shell(client, tag, nodes, nproc, jobs.scenario(script), argv, env, master_port,
+                     pre_launch=[jd.task_marker_shell()])
     t0 = time.monotonic()
-    proc = slurm.popen(cmd, log)
+    proc = client.popen(cmd, log)
     expected = {(n, r) for n in nodes for r in range(nproc)}
     stopped = ""
     while proc.poll() is None:
@@ -345,7 +236,7 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
         elif elapsed > timeout_s:
             stopped = f"no result within {timeout_s:g} s"
         if stopped:
-            stop(proc)
+            stop_session(proc)
             break
         time.sleep(0.5)
     proc.wait()
@@ -354,7 +245,7 @@ def run_job_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: 
     data_path = out_dir / result
     data = json.loads(data_path.read_text()) if data_path.exists() else None
     started = _joined(out_dir, "started")
-    tasks = {p.name[len("task-"):] for p in (out_dir / "ranks").glob("task-*")}
+    tasks = jd.task_markers()
     all_in = {(n, r) for n in nodes for r in range(nproc)} <= joined
     missing = culprits(nodes, nproc, tasks, started, joined) if markers and not all_in else []
     return {"ok": proc.returncode == 0 and data is not None and not stopped, "data": data, "missing": missing,
@@ -380,25 +271,23 @@ def job_failure(cid: str, title: str, run: Mapping[str, Any], nodes: Sequence[st
                  fix, sources.cite("MN1", "MN3", "Gilbreth 4.3"), evidence=run["tail"], faulty=faulty)
 
 
-def run_smoke_across(slurm: Slurm, nodes: Sequence[str], out_dir: Path, *, nproc: int, backend: str,
+def run_smoke_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir: Path, *, nproc: int, backend: str,
                      steps: int = 20, timeout_s: float = 300.0, join_timeout_s: float = 90.0) -> Check:
     """The multi-node smoke test (Gilbreth 8.9: the verified multi-node DeepSpeed run): DeepSpeed ZeRO-1 bf16, every rank saves and loads; one optimizer-state file per rank."""
-    from helpers import diagnostics
-
     title = f"multi-node DeepSpeed ZeRO-1 bf16 on {len(nodes)} nodes x {nproc}"
-    if (locked := diagnostics.stale_lock_failure("smoke.multinode", title)) is not None:
+    if (locked := local.stale_lock_failure("smoke.multinode", title)) is not None:
         return locked  # the ranks would wait on it until the timeout (the folder is on the shared filesystem)
     out_dir = Path(out_dir)
     ckpt = out_dir / "checkpoints"
     out = out_dir / "smoke.json"
-    cfg = diagnostics.CONFIGS / ("ds_zero1_gpu.json" if backend == "nccl" else "ds_zero1_cpu.json")
+    cfg = local.CONFIGS / ("ds_zero1_gpu.json" if backend == "nccl" else "ds_zero1_cpu.json")
     args = ["--steps", str(steps), "--ckpt-dir", str(ckpt), "--out", str(out), "--deepspeed-config", str(cfg)]
-    run = run_job_across(slurm, nodes, out_dir, nproc=nproc, backend=backend, join_timeout_s=join_timeout_s,
+    run = run_job_across(client, tag, nodes, out_dir, nproc=nproc, backend=backend, join_timeout_s=join_timeout_s,
                          timeout_s=timeout_s, script="smoke_deepspeed.py", script_args=args, result="smoke.json",
                          markers=False)
     if not run["data"]:
         return job_failure("smoke.multinode", title, run, nodes)
-    check = diagnostics.grade_smoke("smoke.multinode", title, run["data"], "Gilbreth 8.9")
+    check = grade_smoke("smoke.multinode", title, run["data"], "Gilbreth 8.9")
     optim = [f for f in run["data"].get("checkpoint_files", []) if "optim_states" in f]
     want = len(nodes) * nproc
     check.values.update(optimizer_state_files=len(optim), ranks=want, wall_s=run["wall_s"])
@@ -422,8 +311,8 @@ def host_check(nodes: Sequence[str], host: str | None = None) -> Check:
     host = host or socket.gethostname()
     short = host.split(".")[0]
     if short in nodes or host in nodes:
-        return Check("allocation.host", f"running on {host}, a node of the allocation", "OK", {"host": host, "nodes": list(nodes)})
-    return Check("allocation.host", f"running on {host}, which is not a node of the allocation ({', '.join(nodes)}): "
+        return Check("across.host", f"running on {host}, a node of the allocation", "OK", {"host": host, "nodes": list(nodes)})
+    return Check("across.host", f"running on {host}, which is not a node of the allocation ({', '.join(nodes)}): "
                  "the single-node jobs are not run here, every check below ran on the nodes through srun", "WARN",
                  {"host": host, "nodes": list(nodes)},
                  "run `runbook diagnose` inside the allocation (sbatch configs/slurm/allocation_check.sbatch, or "
@@ -462,7 +351,7 @@ def render_markdown(ev: Mapping[str, Any], checks: Sequence[Check] = ()) -> str:
                   f"DeepSpeed {v['deepspeed']}",
                   f"- GPUs: {rep['gpus']}; NIC {rep['iface']} {rep['nic_mbps']} Mb/s ({rep['nic_source']}); "
                   f"memory copy {rep['memcpy_GBps']} GB/s", ""]
-        lines += [f"- [{c.status}] `{c.id}`: {c.title}" for c in mine] + [""]
+        lines += [render(mine, "markdown"), ""] if mine else []
     return "\n".join(lines)
 
 
@@ -478,8 +367,6 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
     Raises:
         ValueError: fewer than 2 nodes, an unknown step or runner.
     """
-    from helpers import diagnostics
-
     if len(nodes) < 2:
         raise ValueError(f"nodes={list(nodes)!r}: give 2 or more nodes")
     unknown = [s for s in steps if s not in MULTI_STEPS]
@@ -488,20 +375,21 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
     out_dir = Path(out_dir).resolve()  # the nodes write there: an absolute path on the shared filesystem
     checks: list[Check] = []
     try:
-        slurm = Slurm(runner, lab)
+        client = local.open_client(runner, lab, need_slurm=True)
     except ValueError as exc:
         if runner != "lab" or "has no SLURM" not in str(exc):
             raise
-        checks.append(Check("allocation.slurm", f"{exc}: the per-node steps and the job across nodes are skipped", "INFO",
+        checks.append(Check("across.slurm", f"{exc}: the per-node steps and the job across nodes are skipped", "INFO",
                             {"lab": lab}, "", "docs/slurm-lab.md"))
         if "preflight" in steps:
-            checks += diagnostics.run_network_preflight(nodes, "lab", lab_name=lab or diagnostics.DEFAULT_LAB_NAME)
+            checks += local.run_network_preflight(nodes, "lab", lab_name=lab or local.DEFAULT_LAB_NAME)
         return checks, {"reports": {}, "matrix": {}, "job": None, "drain": drain_list(checks),
                         "checks": [c.to_dict() for c in checks]}
-    ev: dict[str, Any] = {"reports": {}, "matrix": {}, "job": None, "tag": slurm.tag}
+    tag = new_tag(TAG)
+    ev: dict[str, Any] = {"reports": {}, "matrix": {}, "job": None, "tag": tag}
     try:
         if "nodes" in steps:
-            reports, failed = run_node_steps(slurm, nodes, out_dir / "nodes", timeout_s=min(45.0, timeout_s))
+            reports, failed = run_node_steps(client, tag, nodes, out_dir / "nodes", timeout_s=min(45.0, timeout_s))
             ev["reports"] = reports
             checks += failed + grade_nodes(reports, gpus_per_node=gpus_per_node)
             log(f"per-node steps: {len(reports)}/{len(nodes)} nodes answered")
@@ -510,7 +398,7 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
             checks.append(Check("job.launch", f"not launched: {', '.join(dead)} cannot run a SLURM step", "FAIL",
                                 {"skipped_for": dead}, f"rerun without them: --exclude={','.join(dead)}", "MN1", faulty=dead))
         elif "job" in steps:
-            run = run_job_across(slurm, nodes, out_dir / "job", nproc=nproc, backend=backend,
+            run = run_job_across(client, tag, nodes, out_dir / "job", nproc=nproc, backend=backend,
                                  join_timeout_s=join_timeout_s, timeout_s=timeout_s)
             ev["job"] = {k: v for k, v in run.items() if k != "data"}
             log(f"job across {len(nodes)} nodes: ok={run['ok']} in {run['wall_s']} s")
@@ -527,27 +415,13 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
                     checks += grade_envelope(data, ev["reports"])
                 ev["inter"], ev["intra"] = data["inter"], data["intra"]
         if "smoke" in steps and not dead:
-            checks.append(run_smoke_across(slurm, nodes, out_dir / "smoke", nproc=nproc, backend=backend,
+            checks.append(run_smoke_across(client, tag, nodes, out_dir / "smoke", nproc=nproc, backend=backend,
                                            steps=smoke_steps, join_timeout_s=max(join_timeout_s, 90.0)))
         if "preflight" in steps:
-            checks += diagnostics.run_network_preflight(nodes, "lab" if runner == "lab" else "srun",
-                                                        lab_name=lab or diagnostics.DEFAULT_LAB_NAME)
+            checks += local.run_network_preflight(nodes, "lab" if runner == "lab" else "srun",
+                                                        lab_name=lab or local.DEFAULT_LAB_NAME)
     finally:
-        ev["cancelled"] = slurm.cleanup()
+        ev["cancelled"] = client.cleanup(tag)
     ev["drain"] = drain_list(checks)
     ev["checks"] = [c.to_dict() for c in checks]
     return checks, ev
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m helpers.allocation node-report``: print :func:`node_report` as one JSON line (run by each node's step)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] != ["node-report"]:
-        print("usage: python -m helpers.allocation node-report", file=sys.stderr)
-        return 2
-    print(json.dumps(node_report(int(os.environ.get("MASTER_PORT", "29500") or 29500))), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,8 +8,8 @@ import socket
 
 from support import SCENARIOS
 
-from helpers import diagnostics as diag
 from helpers import jobs
+from helpers.allocation import grades, local
 
 
 def _free_port() -> int:
@@ -33,18 +33,18 @@ def _two_node_env_job(tmp_path, env_per_node):
 
 def test_a_setting_that_differs_across_ranks_is_a_warn(tmp_path, no_leftovers):
     records = _two_node_env_job(tmp_path, [{"NCCL_DEBUG": "INFO"}, {"NCCL_DEBUG": None}])
-    check = diag.grade_env(records)
+    check = grades.grade_env(records)
     assert check.status == "WARN"
     assert check.values["differing"] == {"env.NCCL_DEBUG": {0: "INFO", 1: None}}
     assert "re-export" in check.remediation
     # the same two "nodes" with the same settings: contract complete, nothing differs
-    contract = diag.grade_contract(records)
+    contract = grades.grade_contract(records)
     assert contract.status == "OK", contract.values["problems"]
     assert [r["contract"]["GROUP_RANK"] for r in records] == ["0", "1"]
 
 
 def test_identical_ranks_are_ok(tmp_path, no_leftovers):
-    checks, records, job = diag.run_env_contract(tmp_path, nproc=2, backend="gloo", timeout_s=30)
+    checks, records, job = local.run_env_contract(tmp_path, nproc=2, backend="gloo", timeout_s=30)
     assert [c.status for c in checks] == ["OK", "OK"], [c.line() for c in checks]
     assert [r["contract"]["RANK"] for r in records] == ["0", "1"]
     assert "gloo" in checks[1].values["device_binding"]
@@ -55,22 +55,22 @@ def test_contract_faults_are_named(tmp_path):
              "contract": {"RANK": str(i), "LOCAL_RANK": str(i), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                           "GROUP_RANK": "0", "MASTER_ADDR": "n", "MASTER_PORT": "29500"},
              "gpu": {"index": i, "uuid": f"GPU-{i}"}} for i in range(2)]
-    assert diag.grade_contract(base).status == "OK"
+    assert grades.grade_contract(base).status == "OK"
     same_gpu = copy.deepcopy(base)
     same_gpu[1]["gpu"]["uuid"] = "GPU-0"
-    check = diag.grade_contract(same_gpu)
+    check = grades.grade_contract(same_gpu)
     assert check.status == "FAIL" and "same GPU" in check.title
     dup = copy.deepcopy(base)
     dup[1]["contract"]["RANK"] = "0"
-    assert "RANK values [0, 0]" in diag.grade_contract(dup).title
+    assert "RANK values [0, 0]" in grades.grade_contract(dup).title
     no_group = copy.deepcopy(base)
     for r in no_group:
         r["contract"]["GROUP_RANK"] = None
-    assert diag.grade_contract(no_group).status == "WARN"
+    assert grades.grade_contract(no_group).status == "WARN"
 
 
 def test_corrupt_rank_fails_the_correctness_check(tmp_path, no_leftovers):
-    checks, rows, job = diag.run_collectives(tmp_path, nproc=2, backend="gloo", timeout_s=30, min_bytes=1 << 15,
+    checks, rows, job = local.run_collectives(tmp_path, nproc=2, backend="gloo", timeout_s=30, min_bytes=1 << 15,
                                              max_bytes=1 << 16, check_elements=4096, corrupt_rank=1)
     correctness, bandwidth = checks
     assert correctness.status == "FAIL"
@@ -88,16 +88,16 @@ def test_corrupt_rank_fails_the_correctness_check(tmp_path, no_leftovers):
 def test_bandwidth_threshold_warns(tmp_path):
     data = {"world_size": 2, "backend": "gloo",
             "sweep": [{"op": "all_reduce", "bytes": 1 << k, "time_s": (1 << k) / 1e9} for k in range(15, 20)]}
-    ok, rows = diag.grade_bandwidth(data, min_busbw_gbps=0.5)
+    ok, rows = grades.grade_bandwidth(data, min_busbw_gbps=0.5)
     assert ok.status == "OK" and ok.values["plateau_busbw_GBps"]["all_reduce"] == 1.0
-    warn, _ = diag.grade_bandwidth(data, min_busbw_gbps=2.0)
+    warn, _ = grades.grade_bandwidth(data, min_busbw_gbps=2.0)
     assert warn.status == "WARN" and "below 2.0 GB/s" in warn.title
 
 
 def test_a_hung_job_becomes_a_fail_naming_the_stacks(no_leftovers):
     job = jobs.run_job(SCENARIOS / "toy_job.py", ["--mode", "hang", "--steps", "50", "--step-s", "0.2"], nproc=2,
                        timeout_s=60, stall_s=4, heartbeat=r"step \d+", verbose=False)
-    check = diag.job_failure("x", "t", job)
+    check = local.job_failure("x", "t", job)
     assert check.status == "FAIL" and check.values["hung_ranks"] == [0, 1]
     assert "all_reduce" in check.values["stacks"][0]
     assert "stacks" in check.remediation

@@ -1,8 +1,9 @@
-"""The allocation check: run each check as a real multi-process job and grade what it measured.
+"""The allocation check on one node: run each check as a real multi-process job, measure the host.
 
 Each ``run_*`` function launches a job through :mod:`helpers.jobs` and returns the
-:class:`~helpers.checks.Check` records plus the evidence; each ``grade_*`` function is the
-pure part (measured data in, verdicts out), so it can be tested on its own.  :func:`host_checks`
+:class:`~helpers.checks.Check` records plus the evidence; the grading of what it measured is the
+pure part and lives in :mod:`helpers.allocation.grades` (measured data in, verdicts out), so it
+can be tested on its own.  :func:`host_checks`
 grades what :mod:`helpers.hostinfo` measures on this host (check 5: port, ``/dev/shm``,
 interfaces, ``*_SOCKET_IFNAME`` with the rules of :mod:`helpers.ifnames`).
 """
@@ -14,32 +15,22 @@ import os
 import shutil
 import socket
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import busbw, hostinfo, ifnames, jobs, sources
+from helpers import hostinfo, ifnames, jobs, sources
+from helpers.allocation.grades import grade_bandwidth, grade_contract, grade_correctness, grade_env, grade_smoke, grade_toolchain
 from helpers.checks import Check, worst_status
 from helpers.jobdir import JobDir
 from helpers.launchers import DEFAULT_MASTER_PORT
 from helpers.netlab import DEFAULT_NAME as DEFAULT_LAB_NAME
 from helpers.report import GIB, MIB
+from helpers.slurm import RUNNERS, LocalSlurm, SlurmClient, ThisHost
 from helpers.validate import tcp_port
 
 SCENARIOS = jobs.SCENARIOS
 CONFIGS = jobs.CONFIGS
-
-# Values that differ across ranks by design (one per rank, or one per node): not a WARN.
-PER_RANK_KEYS = {
-    "pid", "dist_rank", "hostname", "device", "gpu.index", "gpu.uuid", "gpu.pci_bus_id",
-    "contract.RANK", "contract.LOCAL_RANK", "contract.ROLE_RANK", "contract.GROUP_RANK",
-    "env.TORCHELASTIC_ERROR_FILE", "env.SLURM_PROCID", "env.SLURM_LOCALID", "env.SLURM_NODEID",
-    "env.SLURM_TASK_PID", "env.SLURMD_NODENAME", "env.SLURM_TOPOLOGY_ADDR", "env.SLURM_GTIDS",
-    "env.SLURM_STEP_GPUS", "env.SLURM_JOB_GPUS",
-}
-REQUIRED_CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-TORCHRUN_CONTRACT = ("LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
 def new_report_dir(base: str | Path | None = None) -> Path:
@@ -80,135 +71,6 @@ def _innermost(stack: str) -> str:
 
 
 # --------------------------------------------------------------------------- 1 + 2: env report and contract
-
-def _flatten(record: dict, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in record.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def grade_env(records: Sequence[dict]) -> Check:
-    """WARN when any value that should be the same on every rank differs (versions, NCCL_*...).
-
-    ``CUDA_VISIBLE_DEVICES`` may differ when each rank is given exactly one distinct GPU (a
-    scheduler binding one GPU per task); any other difference is a WARN.  Also WARN when a
-    node's ranks may run on fewer CPUs than there are ranks (the smallest ``cpu_affinity``,
-    ``len(os.sched_getaffinity(0))``, below the node's rank count): the ``srun`` without
-    ``--cpus-per-task`` case (Slurm 22.05-23.02 do not pass the batch value to ``srun``),
-    which makes starts slow and stall windows fire (issue 17, finding 8).
-    ``values["cpu_affinity"]``: the crowded nodes, ``{node: {"ranks", "min_cpus"}}``.
-    """
-    flats = [_flatten(r) for r in records]
-    keys = sorted(set().union(*flats) - PER_RANK_KEYS)
-    differing: dict[str, dict[int, Any]] = {}
-    for key in keys:
-        values = {i: f.get(key) for i, f in enumerate(flats)}
-        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
-            differing[key] = values
-    cvd = differing.get("env.CUDA_VISIBLE_DEVICES")
-    if cvd and all(v and "," not in str(v) for v in cvd.values()) and len(set(cvd.values())) == len(cvd):
-        differing.pop("env.CUDA_VISIBLE_DEVICES")
-    first = records[0] if records else {}
-    values = {"ranks": len(records), "hosts": sorted({r.get("hostname") for r in records}),
-              "torch": first.get("torch"), "cuda": first.get("torch_cuda"), "nccl": first.get("nccl"),
-              "driver": first.get("driver"), "deepspeed": first.get("deepspeed"),
-              "accelerate": first.get("accelerate"),
-              "gpu": (first.get("gpu") or {}).get("name"),
-              "gpu_memory_bytes": (first.get("gpu") or {}).get("total_memory_bytes"),
-              "variables": sorted(k[4:] for k in keys if k.startswith("env.")),
-              "differing": differing}
-    crowded = _crowded_hosts(records)
-    values["cpu_affinity"] = crowded
-    if crowded:
-        where = "; ".join(f"{host}: {v['ranks']} ranks on {v['min_cpus']} CPU(s)" for host, v in crowded.items())
-        return Check("env.diff", f"fewer CPUs than ranks ({where})"
-                     + (f"; {len(differing)} value(s) differ across ranks: {', '.join(differing)}" if differing else ""),
-                     "WARN", values, "give every rank at least one core: under srun pass --cpus-per-task=N on the srun "
-                     "line itself (Slurm 22.05-23.02 do not pass the batch value to srun; or export "
-                     "SRUN_CPUS_PER_TASK), check taskset/numactl bindings"
-                     + ("; and make every rank see the same settings (Gilbreth 8.12 failure mode 4)"
-                        if differing else ""),
-                     "Slurm 22.05-23.02 srun --cpus-per-task: https://slurm.schedmd.com/srun.html#OPT_cpus-per-task; "
-                     + sources.cite("Gilbreth 8.12"))
-    if differing:
-        return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
-                     values, "make every rank see the same software and NCCL_*/TORCH_*/GLOO_* settings "
-                     "(export them before the launcher; under srun re-export them in the srun command: "
-                     "Gilbreth 8.12 failure mode 4)", sources.cite("Gilbreth 8.12", "D1"))
-    return Check("env.diff", f"environment identical on all {len(records)} ranks "
-                 f"(torch {values['torch']}, {values['gpu'] or 'no GPU'})", "OK", values, "", "D1")
-
-
-def _crowded_hosts(records: Sequence[dict]) -> dict[str, dict[str, int]]:
-    """Per node (hostname/GROUP_RANK): ranks and the smallest ``cpu_affinity``, where that is below the rank count."""
-    by_node: dict[str, list[int]] = defaultdict(list)
-    for r in records:
-        if isinstance(r.get("cpu_affinity"), int):
-            by_node[f"{r.get('hostname')}/node{(r.get('contract') or {}).get('GROUP_RANK')}"].append(r["cpu_affinity"])
-    return {node: {"ranks": len(cpus), "min_cpus": min(cpus)} for node, cpus in by_node.items() if min(cpus) < len(cpus)}
-
-
-def grade_contract(records: Sequence[dict]) -> Check:
-    """Check the launcher's env contract (seed D1) and the device binding by LOCAL_RANK (seed D3)."""
-    problems: list[str] = []
-    warnings: list[str] = []
-    contracts = [r.get("contract", {}) for r in records]
-    n = len(records)
-    for i, c in enumerate(contracts):
-        missing = [k for k in REQUIRED_CONTRACT if not c.get(k)]
-        if missing:
-            problems.append(f"rank #{i} lacks {', '.join(missing)}")
-        soft = [k for k in TORCHRUN_CONTRACT if not c.get(k)]
-        if soft:
-            warnings.append(f"rank #{i} lacks {', '.join(soft)} (set by torchrun; other launchers may omit them)")
-    ranks = sorted(int(c["RANK"]) for c in contracts if str(c.get("RANK", "")).isdigit())
-    if ranks != list(range(n)):
-        problems.append(f"RANK values {ranks} are not 0..{n - 1}, each once")
-    sizes = {c.get("WORLD_SIZE") for c in contracts} | {str(r.get("dist_world_size")) for r in records}
-    if sizes != {str(n)}:
-        problems.append(f"WORLD_SIZE {sorted(map(str, sizes))} disagrees with the {n} ranks that reported")
-    for key in ("MASTER_ADDR", "MASTER_PORT"):
-        seen = {c.get(key) for c in contracts}
-        if len(seen) > 1:
-            problems.append(f"{key} differs across ranks: {sorted(map(str, seen))}")
-    # A node is a launcher agent: (hostname, GROUP_RANK); two agents on one host are two nodes.
-    by_host: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        by_host[f"{r.get('hostname')}/node{r.get('contract', {}).get('GROUP_RANK')}"].append(r)
-    for host, recs in by_host.items():
-        local = sorted(int(r["contract"]["LOCAL_RANK"]) for r in recs if str(r["contract"].get("LOCAL_RANK", "")).isdigit())
-        if local != list(range(len(recs))):
-            problems.append(f"{host}: LOCAL_RANK values {local} are not 0..{len(recs) - 1}, each once")
-        gpus = [r["gpu"] for r in recs if r.get("gpu")]
-        if gpus:
-            ids = [g.get("uuid") or g.get("pci_bus_id") for g in gpus]
-            if len(set(ids)) < len(ids):
-                problems.append(f"{host}: several ranks are bound to the same GPU {ids} (D3: bind by LOCAL_RANK, "
-                                "check CUDA_VISIBLE_DEVICES)")
-            for r in recs:
-                if r.get("gpu") and str(r["gpu"].get("index")) != str(r["contract"].get("LOCAL_RANK")):
-                    problems.append(f"{host}: rank {r['contract'].get('RANK')} uses cuda:{r['gpu'].get('index')} "
-                                    f"but LOCAL_RANK={r['contract'].get('LOCAL_RANK')}")
-    backend = records[0].get("backend") if records else None
-    binding = ("one GPU per rank, by LOCAL_RANK" if backend == "nccl"
-               else "CPU ranks (gloo): no GPU to bind, binding by LOCAL_RANK not exercised")
-    values = {"per_rank": [{k: c.get(k) for k in (*REQUIRED_CONTRACT, *TORCHRUN_CONTRACT)} for c in contracts],
-              "device_binding": binding, "problems": problems, "warnings": warnings}
-    if problems:
-        return Check("launcher.contract", f"env contract broken: {problems[0]}", "FAIL", values,
-                     "launch through torchrun (or srun + torchrun), which sets RANK, LOCAL_RANK, WORLD_SIZE, "
-                     "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT for every rank; bind the GPU with "
-                     "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))", "D1, D3")
-    if warnings:
-        return Check("launcher.contract", f"env contract usable, with gaps: {warnings[0]}", "WARN", values,
-                     "prefer torchrun, which sets the whole contract", "D1")
-    return Check("launcher.contract", f"env contract complete on {n} ranks; device binding: {binding}", "OK",
-                 values, "", "D1, D3")
 
 
 def nccl_debug_env(backend: str) -> dict[str, str | None]:
@@ -266,56 +128,6 @@ def run_env_contract(out_dir: Path, *, nproc: int, backend: str, timeout_s: floa
 
 # --------------------------------------------------------------------------- 3 + 4: collectives
 
-def grade_correctness(data: dict) -> Check:
-    """FAIL when any output element of any collective differs from its known value."""
-    cases = data["correctness"]
-    wrong = [c for c in cases if not c["exact"] or any(c["wrong_per_rank"])]
-    values = {c["op"]: {"elements": c["elements"], "wrong_per_rank": c["wrong_per_rank"]} for c in cases}
-    if wrong:
-        detail = "; ".join(f"{c['op']}: {sum(c['wrong_per_rank'])} wrong element(s), per rank {c['wrong_per_rank']}"
-                           for c in wrong)
-        values["first_mismatch_rank0"] = next((c["first_mismatch_rank0"] for c in wrong if c["first_mismatch_rank0"]), None)
-        return Check("collectives.correctness", f"wrong results: {detail}", "FAIL", values,
-                     "a rank or link corrupts data: rerun to see if it repeats, then exclude the node/GPU "
-                     "(compare per-GPU with nccl-tests -c 1) and report it to the admins",
-                     "https://github.com/NVIDIA/nccl-tests (-c check)")
-    ops = ", ".join(c["op"] for c in cases)
-    return Check("collectives.correctness", f"exact results on {data['world_size']} ranks for {ops}", "OK",
-                 values, "", "https://github.com/NVIDIA/nccl-tests (-c check)")
-
-
-def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0) -> tuple[Check, list[dict]]:
-    """Annotate the sweep with algbw/busbw and each op's plateau; WARN below ``min_busbw_gbps``.
-
-    Args:
-        data: the collectives job's JSON (``world_size``, ``sweep`` rows).
-        min_busbw_gbps: the plateau busbw (GB/s) every op must reach; 0 disables the threshold
-            (there is no universal number: take it from a known-good node of the same kind).
-
-    Returns:
-        ``(check, annotated rows)``.
-    """
-    n = data["world_size"]
-    rows = busbw.annotate(data["sweep"], n)
-    plateaus = {}
-    for op in dict.fromkeys(r["op"] for r in rows):
-        mine = [r for r in rows if r["op"] == op]
-        plateaus[op] = busbw.plateau([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine])
-    values = {"world_size": n, "backend": data["backend"], "plateau_busbw_GBps":
-              {op: round(p["plateau_GBps"], 3) for op, p in plateaus.items()}, "plateaus": plateaus,
-              "sizes_bytes": [min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)] if rows else []}
-    if n < 2:
-        return Check("collectives.bandwidth", "one rank: nothing crosses a link (busbw factor 0)", "WARN", values,
-                     "run with 2 or more ranks per node", "nccl-tests PERFORMANCE.md"), rows
-    slow = {op: p for op, p in values["plateau_busbw_GBps"].items() if p < min_busbw_gbps}
-    summary = ", ".join(f"{op} {v:.2f}" for op, v in values["plateau_busbw_GBps"].items())
-    source = "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md"
-    if slow:
-        return Check("collectives.bandwidth", f"plateau busbw below {min_busbw_gbps} GB/s: {slow}", "WARN", values,
-                     "check the transport NCCL picked (NCCL_DEBUG=INFO: P2P/SHM inside a node, NET/IB across), "
-                     "NCCL_P2P_LEVEL / NCCL_IB_DISABLE settings, and GPU topology (nvidia-smi topo -m)", source), rows
-    return Check("collectives.bandwidth", f"plateau busbw (GB/s): {summary}", "OK", values, "", source), rows
-
 
 def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float, min_bytes: int, max_bytes: int,
                     check_elements: int = 1 << 20, corrupt_rank: int = -1,
@@ -350,20 +162,6 @@ SMOKE = {
     "03": ("smoke.03_deepspeed_zero1", "torchrun", "smoke_deepspeed.py",
            "DeepSpeed ZeRO-1 bf16, collective save and reload", sources.cite("Gilbreth 7")),
 }
-
-
-def grade_smoke(check_id: str, title: str, data: dict, source: str) -> Check:
-    """OK when the smoke test's own JSON says it trained, its loss is finite and its checkpoint reloaded exactly."""
-    keep = ("world_size", "backend", "device", "steps", "steps_per_s", "samples_per_s", "final_loss", "params",
-            "peak_memory", "checkpoint_reload", "checkpoint_bytes", "zero_stage", "dtype")
-    values = {k: data[k] for k in keep if k in data}
-    headline = (f"{data.get('steps')} steps at {data.get('steps_per_s', 0):.1f} steps/s, final loss "
-                f"{data.get('final_loss', float('nan')):.4f}, peak memory "
-                f"{(data.get('peak_memory') or {}).get('bytes', 0) / 1e9:.2f} GB")
-    if data.get("passed"):
-        return Check(check_id, f"{title}: {headline}", "OK", values, "", source)
-    return Check(check_id, f"{title}: FAILED ({headline}, reload exact: {data.get('checkpoint_reload')})", "FAIL",
-                 values, "read the rank logs; compare with the working pattern in " + source, source)
 
 
 def run_smoke(which: str, out_dir: Path, *, nproc: int, backend: str, steps: int, hidden: int, batch: int,
@@ -436,49 +234,6 @@ def default_nproc(environ: dict[str, str] | None = None) -> int:
     return slurm or 2
 
 
-def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release: str | None,
-                    build: dict[str, Any] | None = None) -> Check:
-    """Grade the CUDA toolchain that DeepSpeed's FusedAdam (smoke test 03 on GPU) JIT-builds with.
-
-    Args:
-        torch_cuda: ``torch.version.cuda`` (``"12.8"``), ``None`` for a CPU build of torch.
-        cuda_home: torch's ``cpp_extension.CUDA_HOME`` (``None``: not found).
-        nvcc_release: ``"12.8"`` from ``nvcc -V``, ``None`` when nvcc could not run.
-        build: the FusedAdam build attempt, ``{"ok": bool, "wall_s": float, "log": path, "error": str}``,
-            or ``None`` when not attempted.
-
-    Returns:
-        ``toolchain.fused_adam``: OK when the build succeeded (or would be possible and was not
-        tried), WARN with the fix otherwise (an allocation can be fine without a toolkit: jobs
-        then need ``"torch_adam": true``).  Rule: DeepSpeed ``op_builder/builder.py``
-        (``installed_cuda_version``: no CUDA_HOME -> MissingCUDAException; torch and nvcc CUDA
-        major versions must match).
-    """
-    source = ("deepspeed op_builder/builder.py (installed_cuda_version, assert_no_cuda_mismatch); "
-              + sources.cite("Gilbreth 7.4"))
-    values: dict[str, Any] = {"torch_cuda": torch_cuda, "cuda_home": cuda_home, "nvcc_release": nvcc_release,
-                              "build": build}
-    avoid = 'or avoid the build: "torch_adam": true in the DeepSpeed config\'s optimizer params'
-    if torch_cuda is None:
-        return Check("toolchain.fused_adam", "torch has no CUDA: FusedAdam cannot be built", "WARN", values,
-                     "install a CUDA build of torch (environment.yml), " + avoid, source)
-    if cuda_home is None or nvcc_release is None:
-        what = "no CUDA_HOME" if cuda_home is None else f"no runnable nvcc in {cuda_home}/bin"
-        return Check("toolchain.fused_adam", f"{what}: DeepSpeed cannot JIT-build FusedAdam", "WARN", values,
-                     f"load a CUDA {torch_cuda.split('.')[0]}.x toolkit (module load cuda/{torch_cuda}, or "
-                     f"export CUDA_HOME=/usr/local/cuda-{torch_cuda}) so that $CUDA_HOME/bin/nvcc exists, " + avoid, source)
-    if nvcc_release.split(".")[0] != torch_cuda.split(".")[0]:
-        return Check("toolchain.fused_adam", f"nvcc {nvcc_release} does not match torch's CUDA {torch_cuda}", "WARN",
-                     values, f"point CUDA_HOME at a CUDA {torch_cuda.split('.')[0]}.x toolkit, " + avoid, source)
-    if build is not None and not build.get("ok"):
-        return Check("toolchain.fused_adam", f"FusedAdam JIT build failed: {build.get('error', '')[:200]}", "WARN",
-                     values, f"read {build.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,
-                     source)
-    built = f", FusedAdam built in {build['wall_s']:.0f} s" if build else ""
-    return Check("toolchain.fused_adam", f"nvcc {nvcc_release} matches torch CUDA {torch_cuda}{built}", "OK", values,
-                 "", source)
-
-
 def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_s: float = 900.0) -> list[Check]:
     """Before smoke test 03 on GPU: find nvcc/CUDA_HOME and JIT-build FusedAdam once, outside any stall window.
 
@@ -529,7 +284,6 @@ def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_
     return [grade_toolchain(torch.version.cuda, cuda_home, release, attempt)]
 
 
-PREFLIGHT_RUNNERS = ("srun", "lab", "local")
 
 
 def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> list[str]:
@@ -542,14 +296,12 @@ def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> 
     Raises:
         ValueError: ``nodes`` names a node twice, or ``scontrol`` failed on the node list.
     """
-    import subprocess
 
     environ = dict(os.environ) if environ is None else environ
     if nodes.strip():
         names = [n.strip() for n in nodes.split(",") if n.strip()]
     elif environ.get("SLURM_JOB_NODELIST") and int(environ.get("SLURM_JOB_NUM_NODES", "1") or 1) > 1:
-        proc = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
-                              capture_output=True, text=True, timeout=30, check=False)
+        proc = LocalSlurm().slurm(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]], 30)
         if proc.returncode != 0:
             raise ValueError(f"SLURM_JOB_NODELIST={environ['SLURM_JOB_NODELIST']!r}: scontrol show hostnames "
                              f"failed: {proc.stderr.strip()}")
@@ -561,13 +313,39 @@ def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> 
     return names if len(names) > 1 else []
 
 
+def open_client(runner: str = "srun", lab_name: str = "", *, need_slurm: bool = False) -> SlurmClient:
+    """The :class:`helpers.slurm.SlurmClient` for ``runner`` (one of :data:`helpers.slurm.RUNNERS`).
+
+    ``srun``: :class:`~helpers.slurm.LocalSlurm`; ``lab``: the running lab ``lab_name`` (default name when empty);
+    ``local``: :class:`~helpers.slurm.ThisHost`.
+
+    Raises:
+        ValueError: an unknown ``runner`` (names the accepted values); ``lab`` with no lab of that name up
+            (:meth:`helpers.netlab.Lab.attach`); ``need_slurm`` and a lab without SLURM (``has no SLURM``), or ``local``.
+    """
+    if runner not in RUNNERS:
+        raise ValueError(f"runner={runner!r}: accepted values are {', '.join(RUNNERS)}")
+    if runner == "srun":
+        return LocalSlurm()
+    if runner == "local":
+        if need_slurm:
+            raise ValueError("runner='local': this check needs SLURM (srun or lab)")
+        return ThisHost()
+    from helpers import netlab
+
+    attached = netlab.Lab.attach(lab_name or DEFAULT_LAB_NAME)
+    if need_slurm and not attached.has_slurm:
+        raise ValueError(f"lab={lab_name!r}: the lab has no SLURM (runbook lab up --slurm)")
+    return attached
+
+
 def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[str, str] | None = None,
                           *, lab_name: str = DEFAULT_LAB_NAME, timeout_s: float = 15.0) -> list[Check]:
     """The network pre-flight of ``helpers.preflight`` across the allocation's nodes (issue: multi-node).
 
     Args:
         nodes: node names (first = the master); see :func:`allocation_nodes`.
-        runner: how to run a command on a node: ``srun`` (``srun -w NODE --overlap``, inside a
+        runner: how to run a command on a node (:func:`open_client`): ``srun`` (``srun -w NODE --overlap``, inside a
             SLURM allocation), ``lab`` (the running network lab ``lab_name``), ``local``.
         env: the job's variables (``MASTER_ADDR``, ``MASTER_PORT``, ``*_SOCKET_IFNAME``);
             default: this process's environment.
@@ -575,8 +353,7 @@ def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[
         timeout_s: limit per command on a node, seconds.
 
     Returns:
-        One ``net.*`` check per node and property (``helpers.preflight.NodeCheck``, a
-        :class:`Check` naming the node to fix in ``faulty``).
+        One ``net.*`` check per node and property (a :class:`Check` naming the node to fix in ``faulty``).
 
     Raises:
         ValueError: an unknown ``runner`` (names the accepted values), bad nodes or port,
@@ -584,18 +361,9 @@ def run_network_preflight(nodes: Sequence[str], runner: str = "srun", env: dict[
     """
     from helpers import preflight
 
-    if runner not in PREFLIGHT_RUNNERS:
-        raise ValueError(f"runner={runner!r}: accepted values are {', '.join(PREFLIGHT_RUNNERS)}")
-    if runner == "lab":
-        from helpers import netlab
-
-        run = netlab.Lab.attach(lab_name).runner()
-    elif runner == "srun":
-        run = preflight.srun_runner()
-    else:
-        run = preflight.local_runner
+    client = open_client(runner, lab_name)
     env = dict(os.environ) if env is None else env
-    return list(preflight.run_preflight(list(nodes), run, env, timeout_s=timeout_s))
+    return list(preflight.run_preflight(list(nodes), client, env, timeout_s=timeout_s))
 
 # --------------------------------------------------------------------------- host checks (check 5)
 

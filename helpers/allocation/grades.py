@@ -1,0 +1,548 @@
+"""Every grade of the allocation check, one node or many: measured data in, :class:`~helpers.checks.Check` out.
+
+Pure functions and their thresholds (no SLURM, no job, no file here); :mod:`helpers.allocation.local`
+and :mod:`helpers.allocation.across` measure, this module decides.
+
+One node (the jobs of :mod:`helpers.allocation.local`):
+
+* :func:`grade_env` / :func:`grade_contract`: the env report of every rank (versions equal, the launcher's
+  contract complete, the device binding);
+* :func:`grade_correctness` / :func:`grade_bandwidth`: the collectives job (exact results, busbw plateaus);
+* :func:`grade_smoke`: the Gilbreth smoke tests; :func:`grade_toolchain`: the CUDA toolchain for FusedAdam.
+
+Across nodes (:mod:`helpers.allocation.across`):
+
+* :func:`grade_nodes`: the per-node reports (:func:`helpers.allocation.across.node_report`) -> ``node.versions``,
+  ``node.gpus.<node>``, ``node.<host check>.<node>``.
+* :func:`grade_job`: the job across nodes -> ``job.contract``, ``job.env_diff`` (the odd node named),
+  ``job.correctness``.
+* :func:`pair_matrix` / :func:`grade_pairs`: the node x node busbw matrix and its outlier (a slow node is slow
+  in every pair of its own; one slow pair is the link), bisection as nccl-tests users do by hand
+  (NVIDIA/nccl-tests PR 376, NVIDIA/nccl issue 349).
+* :func:`inter_envelope` / :func:`grade_envelope`: "is my number normal": plateau busbw against the NIC line
+  rate, the host's memory copy (CPU) or published NVLink/PCIe figures (GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from helpers import busbw, sources
+from helpers.checks import Check
+
+PAIR_SLOW_FRACTION = 0.3  # a pair below 30% of the reference (median over nodes of each node's best pair) is slow
+# (bisection as in NVIDIA/nccl-tests PR 376); healthy pairs on the loaded 2-core lab varied 2.7x (0.074-0.197 GB/s)
+INTER_FLOOR = 0.2  # GPU: inter-node plateau below 20% of the NIC line rate: WARN (a 10 GbE fallback on a 100G NIC is 10%)
+CPU_FLOOR = 0.01  # CPU (gloo): busbw below 1% of the envelope (min of line rate and memory copy): WARN; measured healthy
+# on the 2-core lab under load ~10: inter-node 4%, intra-node 7-9% of a 1.8 GB/s memory copy (docs/allocation-check.md)
+SRC_PAIRS = "https://github.com/NVIDIA/nccl-tests/pull/376; https://github.com/NVIDIA/nccl/issues/349"
+SRC_ENVELOPE = "https://github.com/NVIDIA/nccl-tests/issues/40; nccl-tests doc/PERFORMANCE.md"
+# Published per-GPU link bandwidth, GB/s per direction, by the EXACT model name nvidia-smi / torch report (the GPU
+# path: written and gated, not run here).  The form factor decides the link: SXM boards have NVLink (through NVSwitch)
+# between every pair; PCIe and NVL cards have NVLink only across a bridge between some pairs, so their floor is the
+# PCIe slot's figure.  A model not listed is graded INFO (no floor): matching by substring graded "A100 80GB PCIe"
+# against NVLink 3 and proposed every healthy PCIe node for draining, and let unknown NVLink models pass as PCIe.
+_NVL4 = "NVLink 4: 900 GB/s bidirectional per GPU"
+_PCIE4 = "PCIe 4.0 x16: 32 GB/s per direction, https://pcisig.com/specifications"
+_PCIE5 = "PCIe 5.0 x16: 64 GB/s per direction, https://pcisig.com/specifications"
+GPU_LINKS: dict[str, tuple[str, float, str]] = {
+    "NVIDIA B200": ("SXM", 900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/hgx/"),
+    "NVIDIA H200": ("SXM", 450.0, f"{_NVL4}, https://www.nvidia.com/en-us/data-center/h200/"),
+    "NVIDIA H200 NVL": ("NVL", 64.0, f"{_PCIE5} (NVLink bridges join some pairs only)"),
+    "NVIDIA H100 80GB HBM3": ("SXM", 450.0, f"{_NVL4}, https://www.nvidia.com/en-us/data-center/h100/"),
+    "NVIDIA H100 NVL": ("NVL", 64.0, f"{_PCIE5} (NVLink bridges join some pairs only)"),
+    "NVIDIA H100 PCIe": ("PCIe", 64.0, _PCIE5),
+    "NVIDIA A100-SXM4-80GB": ("SXM", 300.0, "NVLink 3: 600 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/a100/"),
+    "NVIDIA A100-SXM4-40GB": ("SXM", 300.0, "NVLink 3: 600 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/a100/"),
+    "NVIDIA A100 80GB PCIe": ("PCIe", 32.0, _PCIE4),
+    "NVIDIA A100-PCIE-40GB": ("PCIe", 32.0, _PCIE4),
+    "NVIDIA L40S": ("PCIe", 32.0, _PCIE4),
+    "Tesla V100-SXM2-32GB": ("SXM", 150.0, "NVLink 2: 300 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/v100/"),
+    "Tesla V100-SXM2-16GB": ("SXM", 150.0, "NVLink 2: 300 GB/s bidirectional per GPU, https://www.nvidia.com/en-us/data-center/v100/"),
+    "Tesla V100-PCIE-32GB": ("PCIe", 16.0, "PCIe 3.0 x16: 16 GB/s per direction, https://pcisig.com/specifications"),
+}
+
+
+def gpu_link(name: str) -> tuple[str, float, str] | None:
+    """``(form factor SXM/PCIe/NVL, GB/s per direction, source)`` for the exact model ``name``; None when not listed.
+
+    Only surrounding whitespace is ignored: "NVIDIA A100 80GB PCIe" is not "NVIDIA A100-SXM4-80GB".
+    """
+    return GPU_LINKS.get(name.strip())
+
+
+# --------------------------------------------------------------------------- one node
+
+# Values that differ across ranks by design (one per rank, or one per node): not a WARN.
+PER_RANK_KEYS = {
+    "pid", "dist_rank", "hostname", "device", "gpu.index", "gpu.uuid", "gpu.pci_bus_id",
+    "contract.RANK", "contract.LOCAL_RANK", "contract.ROLE_RANK", "contract.GROUP_RANK",
+    "env.TORCHELASTIC_ERROR_FILE", "env.SLURM_PROCID", "env.SLURM_LOCALID", "env.SLURM_NODEID",
+    "env.SLURM_TASK_PID", "env.SLURMD_NODENAME", "env.SLURM_TOPOLOGY_ADDR", "env.SLURM_GTIDS",
+    "env.SLURM_STEP_GPUS", "env.SLURM_JOB_GPUS",
+}
+
+
+REQUIRED_CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+TORCHRUN_CONTRACT = ("LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def _flatten(record: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def grade_env(records: Sequence[dict]) -> Check:
+    """WARN when any value that should be the same on every rank differs (versions, NCCL_*...).
+
+    ``CUDA_VISIBLE_DEVICES`` may differ when each rank is given exactly one distinct GPU (a
+    scheduler binding one GPU per task); any other difference is a WARN.  Also WARN when a
+    node's ranks may run on fewer CPUs than there are ranks (the smallest ``cpu_affinity``,
+    ``len(os.sched_getaffinity(0))``, below the node's rank count): the ``srun`` without
+    ``--cpus-per-task`` case (Slurm 22.05-23.02 do not pass the batch value to ``srun``),
+    which makes starts slow and stall windows fire (issue 17, finding 8).
+    ``values["cpu_affinity"]``: the crowded nodes, ``{node: {"ranks", "min_cpus"}}``.
+    """
+    flats = [_flatten(r) for r in records]
+    keys = sorted(set().union(*flats) - PER_RANK_KEYS)
+    differing: dict[str, dict[int, Any]] = {}
+    for key in keys:
+        values = {i: f.get(key) for i, f in enumerate(flats)}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            differing[key] = values
+    cvd = differing.get("env.CUDA_VISIBLE_DEVICES")
+    if cvd and all(v and "," not in str(v) for v in cvd.values()) and len(set(cvd.values())) == len(cvd):
+        differing.pop("env.CUDA_VISIBLE_DEVICES")
+    first = records[0] if records else {}
+    values = {"ranks": len(records), "hosts": sorted({r.get("hostname") for r in records}),
+              "torch": first.get("torch"), "cuda": first.get("torch_cuda"), "nccl": first.get("nccl"),
+              "driver": first.get("driver"), "deepspeed": first.get("deepspeed"),
+              "accelerate": first.get("accelerate"),
+              "gpu": (first.get("gpu") or {}).get("name"),
+              "gpu_memory_bytes": (first.get("gpu") or {}).get("total_memory_bytes"),
+              "variables": sorted(k[4:] for k in keys if k.startswith("env.")),
+              "differing": differing}
+    crowded = _crowded_hosts(records)
+    values["cpu_affinity"] = crowded
+    if crowded:
+        where = "; ".join(f"{host}: {v['ranks']} ranks on {v['min_cpus']} CPU(s)" for host, v in crowded.items())
+        return Check("env.diff", f"fewer CPUs than ranks ({where})"
+                     + (f"; {len(differing)} value(s) differ across ranks: {', '.join(differing)}" if differing else ""),
+                     "WARN", values, "give every rank at least one core: under srun pass --cpus-per-task=N on the srun "
+                     "line itself (Slurm 22.05-23.02 do not pass the batch value to srun; or export "
+                     "SRUN_CPUS_PER_TASK), check taskset/numactl bindings"
+                     + ("; and make every rank see the same settings (Gilbreth 8.12 failure mode 4)"
+                        if differing else ""),
+                     "Slurm 22.05-23.02 srun --cpus-per-task: https://slurm.schedmd.com/srun.html#OPT_cpus-per-task; "
+                     + sources.cite("Gilbreth 8.12"))
+    if differing:
+        return Check("env.diff", f"{len(differing)} value(s) differ across ranks: {', '.join(differing)}", "WARN",
+                     values, "make every rank see the same software and NCCL_*/TORCH_*/GLOO_* settings "
+                     "(export them before the launcher; under srun re-export them in the srun command: "
+                     "Gilbreth 8.12 failure mode 4)", sources.cite("Gilbreth 8.12", "D1"))
+    return Check("env.diff", f"environment identical on all {len(records)} ranks "
+                 f"(torch {values['torch']}, {values['gpu'] or 'no GPU'})", "OK", values, "", "D1")
+
+
+def _crowded_hosts(records: Sequence[dict]) -> dict[str, dict[str, int]]:
+    """Per node (hostname/GROUP_RANK): ranks and the smallest ``cpu_affinity``, where that is below the rank count."""
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        if isinstance(r.get("cpu_affinity"), int):
+            by_node[f"{r.get('hostname')}/node{(r.get('contract') or {}).get('GROUP_RANK')}"].append(r["cpu_affinity"])
+    return {node: {"ranks": len(cpus), "min_cpus": min(cpus)} for node, cpus in by_node.items() if min(cpus) < len(cpus)}
+
+
+def grade_contract(records: Sequence[dict]) -> Check:
+    """Check the launcher's env contract (seed D1) and the device binding by LOCAL_RANK (seed D3)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    contracts = [r.get("contract", {}) for r in records]
+    n = len(records)
+    for i, c in enumerate(contracts):
+        missing = [k for k in REQUIRED_CONTRACT if not c.get(k)]
+        if missing:
+            problems.append(f"rank #{i} lacks {', '.join(missing)}")
+        soft = [k for k in TORCHRUN_CONTRACT if not c.get(k)]
+        if soft:
+            warnings.append(f"rank #{i} lacks {', '.join(soft)} (set by torchrun; other launchers may omit them)")
+    ranks = sorted(int(c["RANK"]) for c in contracts if str(c.get("RANK", "")).isdigit())
+    if ranks != list(range(n)):
+        problems.append(f"RANK values {ranks} are not 0..{n - 1}, each once")
+    sizes = {c.get("WORLD_SIZE") for c in contracts} | {str(r.get("dist_world_size")) for r in records}
+    if sizes != {str(n)}:
+        problems.append(f"WORLD_SIZE {sorted(map(str, sizes))} disagrees with the {n} ranks that reported")
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        seen = {c.get(key) for c in contracts}
+        if len(seen) > 1:
+            problems.append(f"{key} differs across ranks: {sorted(map(str, seen))}")
+    # A node is a launcher agent: (hostname, GROUP_RANK); two agents on one host are two nodes.
+    by_host: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_host[f"{r.get('hostname')}/node{r.get('contract', {}).get('GROUP_RANK')}"].append(r)
+    for host, recs in by_host.items():
+        local = sorted(int(r["contract"]["LOCAL_RANK"]) for r in recs if str(r["contract"].get("LOCAL_RANK", "")).isdigit())
+        if local != list(range(len(recs))):
+            problems.append(f"{host}: LOCAL_RANK values {local} are not 0..{len(recs) - 1}, each once")
+        gpus = [r["gpu"] for r in recs if r.get("gpu")]
+        if gpus:
+            ids = [g.get("uuid") or g.get("pci_bus_id") for g in gpus]
+            if len(set(ids)) < len(ids):
+                problems.append(f"{host}: several ranks are bound to the same GPU {ids} (D3: bind by LOCAL_RANK, "
+                                "check CUDA_VISIBLE_DEVICES)")
+            for r in recs:
+                if r.get("gpu") and str(r["gpu"].get("index")) != str(r["contract"].get("LOCAL_RANK")):
+                    problems.append(f"{host}: rank {r['contract'].get('RANK')} uses cuda:{r['gpu'].get('index')} "
+                                    f"but LOCAL_RANK={r['contract'].get('LOCAL_RANK')}")
+    backend = records[0].get("backend") if records else None
+    binding = ("one GPU per rank, by LOCAL_RANK" if backend == "nccl"
+               else "CPU ranks (gloo): no GPU to bind, binding by LOCAL_RANK not exercised")
+    values = {"per_rank": [{k: c.get(k) for k in (*REQUIRED_CONTRACT, *TORCHRUN_CONTRACT)} for c in contracts],
+              "device_binding": binding, "problems": problems, "warnings": warnings}
+    if problems:
+        return Check("launcher.contract", f"env contract broken: {problems[0]}", "FAIL", values,
+                     "launch through torchrun (or srun + torchrun), which sets RANK, LOCAL_RANK, WORLD_SIZE, "
+                     "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT for every rank; bind the GPU with "
+                     "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))", "D1, D3")
+    if warnings:
+        return Check("launcher.contract", f"env contract usable, with gaps: {warnings[0]}", "WARN", values,
+                     "prefer torchrun, which sets the whole contract", "D1")
+    return Check("launcher.contract", f"env contract complete on {n} ranks; device binding: {binding}", "OK",
+                 values, "", "D1, D3")
+
+
+def grade_correctness(data: dict) -> Check:
+    """FAIL when any output element of any collective differs from its known value."""
+    cases = data["correctness"]
+    wrong = [c for c in cases if not c["exact"] or any(c["wrong_per_rank"])]
+    values = {c["op"]: {"elements": c["elements"], "wrong_per_rank": c["wrong_per_rank"]} for c in cases}
+    if wrong:
+        detail = "; ".join(f"{c['op']}: {sum(c['wrong_per_rank'])} wrong element(s), per rank {c['wrong_per_rank']}"
+                           for c in wrong)
+        values["first_mismatch_rank0"] = next((c["first_mismatch_rank0"] for c in wrong if c["first_mismatch_rank0"]), None)
+        return Check("collectives.correctness", f"wrong results: {detail}", "FAIL", values,
+                     "a rank or link corrupts data: rerun to see if it repeats, then exclude the node/GPU "
+                     "(compare per-GPU with nccl-tests -c 1) and report it to the admins",
+                     "https://github.com/NVIDIA/nccl-tests (-c check)")
+    ops = ", ".join(c["op"] for c in cases)
+    return Check("collectives.correctness", f"exact results on {data['world_size']} ranks for {ops}", "OK",
+                 values, "", "https://github.com/NVIDIA/nccl-tests (-c check)")
+
+
+def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0) -> tuple[Check, list[dict]]:
+    """Annotate the sweep with algbw/busbw and each op's plateau; WARN below ``min_busbw_gbps``.
+
+    Args:
+        data: the collectives job's JSON (``world_size``, ``sweep`` rows).
+        min_busbw_gbps: the plateau busbw (GB/s) every op must reach; 0 disables the threshold
+            (there is no universal number: take it from a known-good node of the same kind).
+
+    Returns:
+        ``(check, annotated rows)``.
+    """
+    n = data["world_size"]
+    rows = busbw.annotate(data["sweep"], n)
+    plateaus = {}
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        plateaus[op] = busbw.plateau([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine])
+    values = {"world_size": n, "backend": data["backend"], "plateau_busbw_GBps":
+              {op: round(p["plateau_GBps"], 3) for op, p in plateaus.items()}, "plateaus": plateaus,
+              "sizes_bytes": [min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)] if rows else []}
+    if n < 2:
+        return Check("collectives.bandwidth", "one rank: nothing crosses a link (busbw factor 0)", "WARN", values,
+                     "run with 2 or more ranks per node", "nccl-tests PERFORMANCE.md"), rows
+    slow = {op: p for op, p in values["plateau_busbw_GBps"].items() if p < min_busbw_gbps}
+    summary = ", ".join(f"{op} {v:.2f}" for op, v in values["plateau_busbw_GBps"].items())
+    source = "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md"
+    if slow:
+        return Check("collectives.bandwidth", f"plateau busbw below {min_busbw_gbps} GB/s: {slow}", "WARN", values,
+                     "check the transport NCCL picked (NCCL_DEBUG=INFO: P2P/SHM inside a node, NET/IB across), "
+                     "NCCL_P2P_LEVEL / NCCL_IB_DISABLE settings, and GPU topology (nvidia-smi topo -m)", source), rows
+    return Check("collectives.bandwidth", f"plateau busbw (GB/s): {summary}", "OK", values, "", source), rows
+
+
+def grade_smoke(check_id: str, title: str, data: dict, source: str) -> Check:
+    """OK when the smoke test's own JSON says it trained, its loss is finite and its checkpoint reloaded exactly."""
+    keep = ("world_size", "backend", "device", "steps", "steps_per_s", "samples_per_s", "final_loss", "params",
+            "peak_memory", "checkpoint_reload", "checkpoint_bytes", "zero_stage", "dtype")
+    values = {k: data[k] for k in keep if k in data}
+    headline = (f"{data.get('steps')} steps at {data.get('steps_per_s', 0):.1f} steps/s, final loss "
+                f"{data.get('final_loss', float('nan')):.4f}, peak memory "
+                f"{(data.get('peak_memory') or {}).get('bytes', 0) / 1e9:.2f} GB")
+    if data.get("passed"):
+        return Check(check_id, f"{title}: {headline}", "OK", values, "", source)
+    return Check(check_id, f"{title}: FAILED ({headline}, reload exact: {data.get('checkpoint_reload')})", "FAIL",
+                 values, "read the rank logs; compare with the working pattern in " + source, source)
+
+
+def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release: str | None,
+                    build: dict[str, Any] | None = None) -> Check:
+    """Grade the CUDA toolchain that DeepSpeed's FusedAdam (smoke test 03 on GPU) JIT-builds with.
+
+    Args:
+        torch_cuda: ``torch.version.cuda`` (``"12.8"``), ``None`` for a CPU build of torch.
+        cuda_home: torch's ``cpp_extension.CUDA_HOME`` (``None``: not found).
+        nvcc_release: ``"12.8"`` from ``nvcc -V``, ``None`` when nvcc could not run.
+        build: the FusedAdam build attempt, ``{"ok": bool, "wall_s": float, "log": path, "error": str}``,
+            or ``None`` when not attempted.
+
+    Returns:
+        ``toolchain.fused_adam``: OK when the build succeeded (or would be possible and was not
+        tried), WARN with the fix otherwise (an allocation can be fine without a toolkit: jobs
+        then need ``"torch_adam": true``).  Rule: DeepSpeed ``op_builder/builder.py``
+        (``installed_cuda_version``: no CUDA_HOME -> MissingCUDAException; torch and nvcc CUDA
+        major versions must match).
+    """
+    source = ("deepspeed op_builder/builder.py (installed_cuda_version, assert_no_cuda_mismatch); "
+              + sources.cite("Gilbreth 7.4"))
+    values: dict[str, Any] = {"torch_cuda": torch_cuda, "cuda_home": cuda_home, "nvcc_release": nvcc_release,
+                              "build": build}
+    avoid = 'or avoid the build: "torch_adam": true in the DeepSpeed config\'s optimizer params'
+    if torch_cuda is None:
+        return Check("toolchain.fused_adam", "torch has no CUDA: FusedAdam cannot be built", "WARN", values,
+                     "install a CUDA build of torch (environment.yml), " + avoid, source)
+    if cuda_home is None or nvcc_release is None:
+        what = "no CUDA_HOME" if cuda_home is None else f"no runnable nvcc in {cuda_home}/bin"
+        return Check("toolchain.fused_adam", f"{what}: DeepSpeed cannot JIT-build FusedAdam", "WARN", values,
+                     f"load a CUDA {torch_cuda.split('.')[0]}.x toolkit (module load cuda/{torch_cuda}, or "
+                     f"export CUDA_HOME=/usr/local/cuda-{torch_cuda}) so that $CUDA_HOME/bin/nvcc exists, " + avoid, source)
+    if nvcc_release.split(".")[0] != torch_cuda.split(".")[0]:
+        return Check("toolchain.fused_adam", f"nvcc {nvcc_release} does not match torch's CUDA {torch_cuda}", "WARN",
+                     values, f"point CUDA_HOME at a CUDA {torch_cuda.split('.')[0]}.x toolkit, " + avoid, source)
+    if build is not None and not build.get("ok"):
+        return Check("toolchain.fused_adam", f"FusedAdam JIT build failed: {build.get('error', '')[:200]}", "WARN",
+                     values, f"read {build.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,
+                     source)
+    built = f", FusedAdam built in {build['wall_s']:.0f} s" if build else ""
+    return Check("toolchain.fused_adam", f"nvcc {nvcc_release} matches torch CUDA {torch_cuda}{built}", "OK", values,
+                 "", source)
+
+
+# --------------------------------------------------------------------------- across nodes
+
+def grade_nodes(reports: Mapping[str, Mapping[str, Any]], *, gpus_per_node: int = 0) -> list[Check]:
+    """Checks from the per-node reports: versions equal everywhere, GPU count, host checks and fabric manager per node.
+
+    Args:
+        reports: ``{node: node_report()}``.
+        gpus_per_node: GPUs the allocation asked for per node (0: none expected, CPU).
+
+    Returns:
+        ``node.versions`` (FAIL naming the odd node(s) on a torch/CUDA/NCCL/DeepSpeed difference, WARN on the
+        driver), then per node ``node.gpus.<node>`` and ``node.<host check id>.<node>`` (node set).
+    """
+    checks: list[Check] = []
+    keys = ("torch", "cuda", "nccl", "driver", "deepspeed")
+    differing: dict[str, dict[str, Any]] = {}
+    odd: list[str] = []
+    for key in keys:
+        seen = {n: r["versions"].get(key) for n, r in reports.items()}
+        values = [json.dumps(v) for v in seen.values()]
+        if len(set(values)) > 1:
+            common = max(set(values), key=values.count)
+            differing[key] = seen
+            odd += [n for n, v in seen.items() if json.dumps(v) != common and n not in odd]
+    table = {n: r["versions"] for n, r in reports.items()}
+    if differing:
+        status = "FAIL" if set(differing) - {"driver"} else "WARN"
+        checks.append(Check("node.versions", f"versions differ across nodes: {', '.join(differing)} (odd: {', '.join(odd)})",
+                            status, {"per_node": table, "differing": differing},
+                            f"install the same torch/CUDA/NCCL/DeepSpeed on {', '.join(odd)} (one venv on the shared "
+                            "filesystem); ranks with different NCCL versions hang or crash (Gilbreth 8.12 failure mode 4)",
+                            sources.cite("Gilbreth 8.12"), faulty=odd))
+    else:
+        first = next(iter(table.values()), {})
+        checks.append(Check("node.versions", f"same versions on {len(table)} nodes: " +
+                            ", ".join(f"{k} {first.get(k)}" for k in keys), "OK", {"per_node": table}, "", "D1"))
+    for node, r in reports.items():
+        want = gpus_per_node
+        status = "OK" if r["gpus"] >= want else "FAIL"
+        title = f"{node}: {r['gpus']} GPU(s) visible, {want} asked for"
+        if r.get("nvswitch") and r.get("fabric_manager") != "active":
+            status, title = "FAIL", title + f"; NVSwitch node with nvidia-fabricmanager {r.get('fabric_manager')!r} (MN1)"
+        checks.append(Check(f"node.gpus.{node}", title, status, {"gpus": r["gpus"], "asked": want,
+                                                                   "fabric_manager": r.get("fabric_manager")},
+                            "" if status == "OK" else f"{node}: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and the job's --gpus-per-node; "
+                            "NVSwitch nodes: systemctl start nvidia-fabricmanager", sources.cite("MN1"), node=node))
+        for c in r["host_checks"]:
+            rec = Check.from_dict(c)
+            rec.id, rec.node, rec.title = f"node.{rec.id}.{node}", node, f"{node}: {rec.title}"
+            # a stale JIT build lock sits in a user's folder (often the shared home), not in the node: nothing to drain
+            rec.faulty = [node] if rec.status in ("WARN", "FAIL") and c["id"] != "host.jit_lock" else []
+            checks.append(rec)
+    return checks
+
+
+def grade_job(data: Mapping[str, Any], nodes: Sequence[str], nproc: int) -> list[Check]:
+    """The env contract and env diff across all ranks of all nodes, and collectives correctness across nodes.
+
+    Adds to :func:`grade_contract`: ``GROUP_RANK == SLURM_NODEID`` on every rank and
+    ``WORLD_SIZE == nodes x ranks per node``.
+    """
+    records = data["records"]
+    contract = grade_contract(records)
+    extra = []
+    for r in records:
+        c, nid = r.get("contract", {}), r.get("env", {}).get("SLURM_NODEID")
+        if nid is not None and str(c.get("GROUP_RANK")) != str(nid):
+            extra.append(f"{r['hostname']}: GROUP_RANK={c.get('GROUP_RANK')} but SLURM_NODEID={nid}")
+    if data["world_size"] != len(nodes) * nproc:
+        extra.append(f"WORLD_SIZE={data['world_size']} != {len(nodes)} nodes x {nproc} ranks")
+    if extra:
+        contract = Check("launcher.contract", f"env contract broken across nodes: {extra[0]}", "FAIL",
+                         {**contract.values, "problems": contract.values["problems"] + extra},
+                         "start one torchrun per node with --node-rank=$SLURM_NODEID (Gilbreth 4.3)", "D1, D3",
+                         faulty=sorted({e.split(":")[0] for e in extra if ":" in e}))
+    contract.id = "job.contract"
+    env = grade_env(records)
+    env.id = "job.env_diff"
+    if env.status != "OK":  # name the node(s) whose value is the odd one out
+        hosts = [r["hostname"] for r in records]
+        odd: list[str] = []
+        for per_rank in env.values["differing"].values():
+            vals = [json.dumps(v) for v in per_rank.values()]
+            # the most frequent value is the reference; on a tie, rank 0's (the node the job was launched from:
+            # failure mode 4 loses the launch environment on the *other* nodes)
+            top = max(vals.count(v) for v in vals)
+            common = json.dumps(per_rank.get(0)) if vals.count(json.dumps(per_rank.get(0))) == top else \
+                max(set(vals), key=vals.count)
+            odd += [hosts[i] for i, v in per_rank.items() if json.dumps(v) != common and hosts[i] not in odd]
+        if len(set(hosts)) > 1 and odd and len(set(odd)) < len(set(hosts)):
+            env.status = "FAIL"
+        env.faulty = list(dict.fromkeys(odd))
+        env.title += f" (odd: {', '.join(env.faulty)})"
+    corr = grade_correctness({"correctness": data["correctness"], "world_size": data["world_size"]})
+    corr.id = "job.correctness"
+    return [contract, env, corr]
+
+
+def _plateau(rows: Sequence[Mapping[str, Any]]) -> float:
+    ann = busbw.annotate(rows, rows[0]["ranks"])
+    return busbw.plateau([r["bytes"] for r in ann], [r["busbw_GBps"] for r in ann])["plateau_GBps"]
+
+
+def pair_matrix(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{a: {b: busbw GB/s}}`` (symmetric) from the job's pair rows (2-rank all_reduce: busbw = algbw)."""
+    m: dict[str, dict[str, float]] = {h: {} for h in data["hosts"]}
+    for p in data["pairs"]:
+        v = busbw.busbw_gbps("all_reduce", 2, p["bytes"], p["time_s"])
+        m[p["a"]][p["b"]] = m[p["b"]][p["a"]] = round(v, 4)
+    return m
+
+
+def inter_envelope(reports: Mapping[str, Mapping[str, Any]], cpu: bool) -> tuple[float | None, float, str]:
+    """``(envelope GB/s, floor fraction, what it is)`` for inter-node busbw.
+
+    GPU: the slowest node's NIC line rate (sysfs/ethtool/ibstat), floor :data:`INTER_FLOOR`.  CPU (gloo):
+    the smaller of that and the slowest node's measured memory copy (gloo over TCP is CPU-bound long
+    before a 10 GbE line), floor :data:`CPU_FLOOR`.
+    """
+    rates = [r["nic_mbps"] / 8000 for r in reports.values() if r.get("nic_mbps")]
+    line = min(rates) if rates else None
+    if not cpu:
+        return line, INTER_FLOOR, "NIC line rate"
+    mem = [r["memcpy_GBps"] for r in reports.values() if r.get("memcpy_GBps")]
+    cands = [v for v in (line, min(mem) if mem else None) if v]
+    return (min(cands) if cands else None), CPU_FLOOR, "min(NIC line rate, host memory copy): CPU/gloo"
+
+
+def grade_pairs(matrix: Mapping[str, Mapping[str, float]], line_rate_gbps: float | None = None,
+                floor_fraction: float = INTER_FLOOR) -> Check:
+    """Name the outlier of the node x node matrix: a node all of whose pairs are slow, or one slow pair (the link).
+
+    A pair is slow below :data:`PAIR_SLOW_FRACTION` of the reference, the median over nodes of each node's
+    best pair (3 or more nodes), or below
+    ``floor_fraction`` of the envelope ``line_rate_gbps`` when given (:func:`inter_envelope`; with 2 nodes
+    there is one pair: only the envelope can judge it).
+    """
+    pairs = {tuple(sorted((a, b))): v for a, row in matrix.items() for b, v in row.items()}
+    values = {"matrix": matrix, "envelope_GBps": line_rate_gbps, "floor_fraction": floor_fraction,
+              "slow_fraction_of_median": PAIR_SLOW_FRACTION}
+    if not pairs:
+        return Check("pairs.bandwidth", "no node pair measured", "WARN", values, "run with 2 or more nodes", SRC_PAIRS)
+    best = sorted(max(row.values()) for row in matrix.values() if row)
+    med = best[len(best) // 2]  # the reference: a slow node is in every pair of its own, never in most nodes' best pair
+    floor = max(PAIR_SLOW_FRACTION * med if len(matrix) > 2 else 0.0, floor_fraction * line_rate_gbps if line_rate_gbps else 0.0)
+    slow = {p: v for p, v in pairs.items() if v < floor}
+    values.update(reference_GBps=med, floor_GBps=round(floor, 4), slow_pairs={f"{a}-{b}": v for (a, b), v in slow.items()})
+    if not slow:
+        return Check("pairs.bandwidth", f"{len(pairs)} node pair(s), reference busbw {med:.3f} GB/s, none below {floor:.3f}",
+                     "OK", values, "", SRC_PAIRS)
+    nodes = list(matrix)
+    bad_nodes = [n for n in nodes if all(p in slow for p in pairs if n in p)]
+    if len(nodes) == 2:
+        bad_nodes = []
+    if bad_nodes:
+        title = f"slow node(s) {', '.join(bad_nodes)}: every pair with it below {floor:.3f} GB/s (reference {med:.3f})"
+        fix = (f"drain {', '.join(bad_nodes)} (--exclude={','.join(bad_nodes)}); check its NIC rate (ethtool, ibstat), "
+               "its port's errors, and a throttled or shared link")
+        faulty = bad_nodes
+    else:
+        links = ", ".join(f"{a}-{b} ({v:.3f} GB/s)" for (a, b), v in slow.items())
+        title = f"slow link(s): {links}, below {floor:.3f} GB/s"
+        fix = "the nodes are fine with others: the cable/switch path between them is slow; report the link"
+        faulty = sorted({n for p in slow for n in p}) if len(slow) == 1 and len(nodes) == 2 else []
+    return Check("pairs.bandwidth", title, "WARN", values, fix, SRC_PAIRS, faulty=faulty)
+
+
+def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]]) -> list[Check]:
+    """"Is my number normal": inter-node plateau vs the NIC line rate, intra-node vs memory copy (CPU) or NVLink/PCIe (GPU).
+
+    The envelope is printed in each record.  Floors: inter-node :data:`INTER_FLOOR` of the slowest node's line rate;
+    CPU intra-node :data:`CPU_FLOOR` of the node's measured memory-copy bandwidth; GPU intra-node half of the
+    published per-GPU figure of the model's exact entry in :data:`GPU_LINKS` (:func:`gpu_link`); a model not listed
+    gets an INFO record without a floor, never a WARN (so never a drain proposal).
+    """
+    checks = []
+    rates = {n: r["nic_mbps"] / 8000 for n, r in reports.items() if r.get("nic_mbps")}
+    gpu_name = (data["records"][0].get("gpu") or {}).get("name") or ""
+    line, floor_frac, what = inter_envelope(reports, cpu=not gpu_name)
+    inter = _plateau(data["inter"])
+    env = {"envelope_GBps": line, "envelope": what, "per_node_line_rate_GBps": rates,
+           "per_node_memcpy_GBps": {n: r.get("memcpy_GBps") for n, r in reports.items()},
+           "sources": {n: r.get("nic_source") for n, r in reports.items()}}
+    if line is None:
+        checks.append(Check("envelope.inter", f"inter-node plateau busbw {inter:.3f} GB/s; line rate unknown", "INFO",
+                            {"plateau_GBps": inter, **env}, "", SRC_ENVELOPE))
+    else:
+        frac = inter / line
+        status = "OK" if frac >= floor_frac else "WARN"
+        checks.append(Check("envelope.inter", f"inter-node plateau busbw {inter:.3f} GB/s = {frac:.1%} of the "
+                            f"{line:.3f} GB/s envelope ({what}; floor {floor_frac:.0%})", status,
+                            {"plateau_GBps": inter, "fraction": round(frac, 3), **env},
+                            "far below the NIC: a fallback path (TCP instead of IB, 10 GbE), a slow node (see "
+                            "pairs.bandwidth) or NCCL_SOCKET_IFNAME on the wrong NIC", SRC_ENVELOPE))
+    for node, rows in data.get("intra", {}).items():
+        plat = _plateau(rows)
+        rep = reports.get(node, {})
+        if gpu_name and gpu_link(gpu_name) is None:
+            checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s; no "
+                                f"published link figure for '{gpu_name}' (not in GPU_LINKS): not graded", "INFO",
+                                {"plateau_GBps": plat, "gpu": gpu_name}, "", SRC_ENVELOPE, node=node))
+            continue
+        if gpu_name:
+            form, ref, src = gpu_link(gpu_name)
+            src, floor = f"{form}: {src}", 0.5 * ref
+        else:
+            ref, src, floor = rep.get("memcpy_GBps"), "memory copy of this host, measured", CPU_FLOOR * (rep.get("memcpy_GBps") or 0)
+        status = "OK" if not ref or plat >= floor else "WARN"
+        checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s vs envelope "
+                            f"{ref} GB/s ({src}); floor {floor:.3f}", status,
+                            {"plateau_GBps": plat, "envelope_GBps": ref, "floor_GBps": floor, "source": src},
+                            f"{node}: check the intra-node transport (NCCL_DEBUG=INFO: P2P/NVLink or SHM), nvidia-smi topo -m",
+                            SRC_ENVELOPE, node=node))
+    for c in checks:
+        c.remediation = "" if c.status == "OK" else c.remediation
+    return checks
