@@ -45,6 +45,7 @@ EXPECTED = {
     "bridge_virbr0_bootstrap.log": ("bad-interface", "FAIL", 1),
     "lo_socket_ifname.log": ("bad-interface", "FAIL", 1),
     "single_node_net_ib.log": ("single-node-net-transport", "FAIL", 1),
+    "single_node_p2p_hang.log": ("single-node-p2p-hang", "FAIL", 1),  # issue 29: the verdict the log reader needs
     "ib_fallback_socket.log": ("ib-fallback-socket", "WARN", 0),
     "connect_no_route.log": ("connect-failed", "FAIL", 1),
     "mn1_stuck_host.log": ("init-incomplete", "FAIL", 1),
