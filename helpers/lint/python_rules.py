@@ -36,7 +36,8 @@ GLOBAL_RANK_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "
 RANK_ATTRS = {"local_rank", "rank", "global_rank", "is_main_process", "is_local_main_process", "process_index",
               "local_process_index", "is_global_zero", "is_master", "is_main", "is_rank_zero", "master_process",
               "is_world_process_zero", "is_local_process_zero", "node_rank", "dp_rank"}
-RANK_NAMES = RANK_ATTRS | {"is_main_process_flag", "main_process", "is_rank0", "rank0"}
+RANK_NAMES = RANK_ATTRS | {"is_main_process_flag", "main_process", "is_rank0", "rank0", "gpu_id", "local_gpu_id",
+                            "gpu_rank", "device_rank", "global_rank", "world_rank", "proc_rank", "process_rank"}
 RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "is_main_process", "is_rank_0", "is_rank0",
               "is_master", "is_world_process_zero", "is_local_process_zero", "get_node_local_rank", "is_primary",
               "is_local_main_process", "get_data_parallel_rank"}
@@ -135,6 +136,7 @@ class _Taint:
         self.rank: set[str] = set()
         self.global_rank: set[str] = set()
         self.rank_attrs: set[str] = set()
+        self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
         self.spawned_params = spawned_params
 
     def is_rank(self, node: ast.AST) -> bool:
@@ -146,7 +148,7 @@ class _Taint:
                 return True
             if isinstance(sub, ast.Call):
                 _, name = _call_name(sub)
-                if name in RANK_CALLS:
+                if name in RANK_CALLS or name in self.rank_funcs:
                     return True
             key = _env_key(sub)
             if key in RANK_ENV:
@@ -175,7 +177,7 @@ class _Taint:
                 continue
             if isinstance(node, ast.Call):
                 _, name = _call_name(node)
-                if name in RANK_CALLS:
+                if name in RANK_CALLS or name in self.rank_funcs:
                     return True
                 if name in ("int", "str", "float", "bool") and node.args:
                     todo.append(node.args[0])
@@ -275,14 +277,56 @@ class PythonLinter:
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
-        self.taint.learn(self.nodes)
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
+        self._learn_across_functions()
         self.collective_funcs: dict[str, str] = {}
         self._find_collective_functions()
         self.suppressed = self._suppressions()
+
+    def _learn_across_functions(self) -> None:
+        """Rank taint through assignments and across the file's functions (a few rounds, to a fixed point):
+
+        * ``mp.spawn(fn, ...)``: ``fn``'s first parameter is the process index (rank-dependent);
+        * a call ``f(x)`` with a rank-dependent ``x`` taints ``f``'s parameter at that position (or keyword);
+        * a function that returns a rank-dependent value (``def is_main(): return dist.get_rank() == 0``)
+          makes its calls rank-dependent.
+
+        Names are not scoped (a name tainted in one function is tainted in all): the over-approximation the
+        assignment pass already makes.
+        """
+        taint = self.taint
+        for name in self.spawned_funcs:
+            fn = self.functions.get(name)
+            if fn is not None and fn.args.args:
+                taint.rank.add(fn.args.args[0].arg)
+        calls = [c for c in self._calls() if isinstance(c.func, (ast.Name, ast.Attribute))]
+        returns = {name: [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+                   for name, fn in self.functions.items()}
+        for _ in range(3):
+            before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs))
+            taint.learn(self.nodes)
+            for call in calls:
+                recv, name = _call_name(call)
+                fn = self.functions.get(name)
+                if fn is None or recv not in ("", "self", "cls"):
+                    continue
+                params = [a.arg for a in fn.args.args]
+                if params and params[0] in ("self", "cls") and recv:
+                    params = params[1:]
+                for i, arg in enumerate(call.args):
+                    if i < len(params) and taint.is_rank_value(arg):
+                        taint.rank.add(params[i])
+                for kw in call.keywords:
+                    if kw.arg and kw.arg in params and taint.is_rank_value(kw.value):
+                        taint.rank.add(kw.arg)
+            for name, values in returns.items():
+                if name not in taint.rank_funcs and values and any(taint.is_rank_value(v) for v in values):
+                    taint.rank_funcs.add(name)
+            if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs)) == before:
+                break
 
     # --- helpers -------------------------------------------------------------------------
     def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
@@ -390,6 +434,9 @@ class PythonLinter:
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             if isinstance(p, (ast.If, ast.While, ast.IfExp)) and child is not p.test and self.taint.rank_test(p.test):
                 return p
+            if isinstance(p, (ast.For, ast.AsyncFor)) and child is not p.iter and isinstance(p.iter, ast.Call) and \
+                    _call_name(p.iter)[1] == "range" and any(self.taint.is_rank_value(a) for a in p.iter.args):
+                return p  # type: ignore[return-value]  # a trip count that differs between ranks
             if isinstance(p, (ast.BoolOp,)) and child is not p.values[0] and self.taint.is_rank(p.values[0]) and \
                     self.taint.rank_test(p.values[0]):
                 return p  # type: ignore[return-value]
@@ -457,7 +504,7 @@ class PythonLinter:
                 continue
             seed = "Gilbreth 7.5" if "->" not in coll and coll.endswith(("save_checkpoint", "load_checkpoint")) else "D21"
             self.add("rank-gated-collective", "error", call,
-                     f"{coll} is reached only when `{_src(getattr(gate, 'test', gate))[:60]}` holds: the ranks that skip it "
+                     f"{coll} is reached only when `{_src(getattr(gate, 'test', None) or getattr(gate, 'iter', gate))[:60]}` holds: the ranks that skip it "
                      f"never join, the others wait in it forever (hang)",
                      "call the collective on every rank; gate only the side effect (print, file write) on rank 0", seed)
 

@@ -167,3 +167,49 @@ def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule
     builder.paste.value = text
     assert rule in [t.id for t in builder.pasted_traps]
     assert rule in [t.id for t in launch_traps.check_text(text)[1]]
+
+
+# ---------------------------------------------------------------- rank data flow across functions
+def test_rank_flows_through_calls_returns_spawn_and_loop_counts():
+    through_call = """
+    import torch.distributed as dist
+    def step(is_first):
+        if is_first:
+            dist.barrier()
+    def main():
+        step(dist.get_rank() == 0)
+    """
+    assert "rank-gated-collective" in ids(("t.py", through_call))
+    returned = """
+    import torch.distributed as dist
+    def is_leader():
+        return dist.get_rank() == 0
+    if is_leader():
+        dist.all_reduce(t)
+    """
+    assert "rank-gated-collective" in ids(("t.py", returned))
+    spawned = """
+    import torch.multiprocessing as mp, torch.distributed as dist
+    def worker(idx, world):
+        if idx == 0:
+            dist.barrier()
+    mp.spawn(worker, args=(2,), nprocs=2)
+    """
+    assert "rank-gated-collective" in ids(("t.py", spawned))
+    loop = """
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    for _ in range(rank + 1):
+        dist.all_reduce(t)
+    """
+    assert "rank-gated-collective" in ids(("t.py", loop))
+    save_on_gpu0 = """
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    def train(gpu_id, model):
+        dist.init_process_group("nccl", timeout=t)
+        model = DDP(model, device_ids=[gpu_id])
+        if gpu_id == 0:
+            torch.save(model.state_dict(), "m.pt")
+    """
+    assert not ids(("t.py", save_on_gpu0)) & {"write-on-every-rank", "rank-gated-collective"}
