@@ -598,7 +598,7 @@ def build_command(args: argparse.Namespace) -> int:
                 text = inputs.read_text(args.check_file)  # regular files and stdin ('-'), bounded
             else:
                 text = args.check
-            spec, traps = launch_traps.check_text(text, check_port=args.check_port)
+            spec, traps = launch_traps.check_text(text, check_port=args.check_port, file=args.check_file is not None)
             print(f"read as: {launch_parse.describe(spec)}")
         else:
             env: dict[str, str | None] = dict(envvars.parse_pairs(args.env))

@@ -847,6 +847,86 @@ class PythonLinter:
                 f.float_inputs.append(call.lineno)
 
 
+_MAX_REPAIRS = 200
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _close_brackets(lines: list[str], n: int) -> bool:
+    """Close the brackets still open before line ``n`` (an excerpt cut inside a call) at the end of the last code
+    line above it; True when something was closed.  Strings and comments are skipped roughly (no triple quotes)."""
+    stack: list[str] = []
+    last = -1
+    for i in range(n):
+        code = re.sub(r"#.*", "", re.sub(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"", "''", lines[i]))
+        if code.strip():
+            last = i
+        for ch in code:
+            if ch in _PAIRS:
+                stack.append(_PAIRS[ch])
+            elif ch in ")]}" and stack:
+                stack.pop()
+    if not stack or last < 0:
+        return False
+    lines[last] = lines[last].rstrip() + "".join(reversed(stack))
+    return True
+
+
+def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
+    """``text`` made parseable line by line, for excerpts (a snippet pasted from an issue, pseudo-code around it).
+
+    Leading tabs become 4 spaces, code lines are dedented by their common indentation (comment lines do not
+    count), and each line the parser rejects is re-indented (``unexpected indent``, ``unindent does not
+    match``, ``expected an indented block``) or replaced, at its indentation, by ``pass`` (``if True:`` when it
+    opens a block), up to 200 times.  Line numbers are kept, so findings point at the user's lines.
+
+    Why home-made: no parser in the standard library or on PyPI recovers from errors and still gives the
+    :mod:`ast` tree the rules walk (parso recovers, but into its own tree).
+
+    Returns:
+        ``(the text, [(line, the parser's message) for each line changed]``; the first entry is the original
+        error.  ``ast.parse`` of the returned text succeeds, or raises after 200 repairs.
+    """
+    lines = [re.sub(r"^[ \t]+", lambda m: m.group(0).expandtabs(4), ln) for ln in text.split("\n")]
+    code = [_indent(ln) for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    base = min(code) if code else 0
+    lines = [ln[base:] if ln.strip() and not ln.lstrip().startswith("#") else ln for ln in lines]
+    changed: list[tuple[int, str]] = []
+    for _ in range(_MAX_REPAIRS):
+        try:
+            ast.parse("\n".join(lines))
+            return "\n".join(lines), changed
+        except SyntaxError as exc:
+            n = (exc.lineno or 1) - 1
+            if n >= len(lines):
+                n = len(lines) - 1
+            msg = str(exc.msg)
+            changed.append((n + 1, msg))
+            prev = next((lines[i] for i in range(n - 1, -1, -1) if lines[i].strip() and
+                         not lines[i].lstrip().startswith("#")), "")
+            line = lines[n]
+            body = line.strip()
+            if _close_brackets(lines, n):
+                continue
+            if "unexpected indent" in msg:
+                lines[n] = " " * _indent(prev) + body
+            elif "expected an indented block" in msg:
+                lines[n] = " " * (_indent(prev) + 4) + body
+            elif "unindent does not match" in msg:
+                levels = [_indent(lines[i]) for i in range(n) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+                lines[n] = " " * max([lv for lv in levels if lv < _indent(line)] or [0]) + body
+            elif body in ("pass", "if True:"):  # the error is elsewhere (an open bracket above): drop the line
+                lines[n] = ""
+            else:
+                lines[n] = " " * _indent(line) + ("if True:" if body.endswith(":") else "pass")
+    raise SyntaxError(f"more than {_MAX_REPAIRS} lines do not parse")
+
+
 def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
     """Lint one Python file.
 
@@ -858,13 +938,24 @@ def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
             ``MemoryError`` / ``RecursionError``, "too many nested parentheses").
     """
     try:
-        linter = PythonLinter(path, text)
-        return linter.run(), linter.facts
+        try:
+            linter = PythonLinter(path, text)
+            return linter.run(), linter.facts
+        except SyntaxError as exc:
+            if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
+                raise
+            fixed, changed = repair(text)
+            linter = PythonLinter(path, fixed)
+            linter.text = text  # the regex-based checks read the user's text
+            note = finding("python-syntax", "error", path, exc.lineno or 0,
+                           f"cannot parse: {exc.msg}; {len(changed)} line(s) re-indented or skipped to analyse the "
+                           "rest (an excerpt?)", "fix the syntax error", "https://docs.python.org/3/library/ast.html")
+            return [note, *linter.run()], linter.facts
     except SyntaxError as exc:
         if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
             raise InputError(path, f"too deeply nested to analyse (Python's parser: {exc.msg})") from None
         return [finding("python-syntax", "error", path, exc.lineno or 0, f"cannot parse: {exc.msg}",
-                             "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
+                        "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
     except (RecursionError, MemoryError):
         raise InputError(path, "too deeply nested to analyse (an expression or block nested deeper than the parser "
                          "or the analysis can follow)") from None
