@@ -222,6 +222,8 @@ def rule_fsdp_optimizer_before_wrap(lt: PythonLinter) -> None:
     """The optimizer built from ``model.parameters()`` before ``model = FSDP(model)`` / ``fully_shard(model)``."""
     from helpers.lint.python_rules import _call_name
 
+    if not re.search(r"FullyShardedDataParallel|\bFSDP\(|fully_shard\(", lt.text):
+        return
     for node in lt.nodes:
         body = getattr(node, "body", None)
         if not isinstance(body, list):

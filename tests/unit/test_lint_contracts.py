@@ -58,7 +58,55 @@ CASES = [
                  '"offload_param": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}}'),
      ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, '
                  '"offload_param": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}}')),
+    ("ds-invalid-value",
+     ("ds.json", '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "8"}'),
+     ("ds.json", '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto"}')),
+    ("syncbn-without-ddp",
+     ("t.py", "model = torch.nn.DataParallel(model)\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"),
+     ("t.py", "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DistributedDataParallel(model)\n")),
+    ("load-without-map-location",
+     ("t.py", "dist.init_process_group('nccl')\nmodel = DDP(model)\nstate = torch.load('snap.pt')\n"),
+     ("t.py", "dist.init_process_group('nccl')\nmodel = DDP(model)\nstate = torch.load('snap.pt', map_location=loc)\n")),
+    ("nccl-cpu-tensor",
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('nccl')\ndef f(a):\n"
+              "    t = torch.FloatTensor([a])\n    dist.all_reduce(t)\n"),
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('nccl')\ndef f(a):\n"
+              "    t = torch.tensor([a], device='cuda')\n    dist.all_reduce(t)\n")),
+    ("grad-accum-from-device-count",
+     ("t.py", "init_process_group('nccl')\ngradient_accumulation_steps //= torch.cuda.device_count()\n"),
+     ("t.py", "init_process_group('nccl')\ngradient_accumulation_steps //= int(os.environ['WORLD_SIZE'])\n")),
+    ("undefined-attribute",
+     ("t.py", "class T:\n    def __init__(self):\n        self.local_rank = 0\n    def load(self):\n"
+              "        return f'cuda:{self.gpu_id}'\n"),
+     ("t.py", "class T:\n    def __init__(self):\n        self.gpu_id = 0\n    def load(self):\n"
+              "        return f'cuda:{self.gpu_id}', self.helper()\n")),
 ]
+
+
+def test_hf_trainer_arguments_against_the_deepspeed_config():
+    ds = ("ds.json", '{"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 8}')
+    cmd = "deepspeed train.py --deepspeed ds.json --output_dir out --do_train"
+    assert "ds-args-mismatch" in ids(ds, command=cmd)  # the TrainingArguments defaults: 8 and 1
+    auto = ("ds.json", '{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}')
+    assert "ds-args-mismatch" not in ids(auto, command=cmd)
+    same = cmd + " --per_device_train_batch_size 16 --gradient_accumulation_steps 8"
+    assert "ds-args-mismatch" not in ids(ds, command=same)
+
+
+def test_excerpts_and_reports_are_read():
+    excerpt = "# pasted from an issue\n    if torch.cuda.device_count() > 1:\n        sampler = DistributedSampler(ds)\n" \
+              "# [...]\n    loader = DataLoader(ds, shuffle=True,\n# [...]\n    sampler=sampler)\n"
+    got = ids(("t.py", excerpt))
+    assert {"python-syntax", "dataloader-sampler-and-shuffle"} <= got
+    report = "- distributed_type: MULTI_GPU\n- num_processes: 1\n- num_machines: 2\n- machine_rank: 0\n"
+    assert "acc-processes-not-divisible" in ids(("env.txt", report))
+    usage = "usage: train.py [-h] [--lr LR]\n"
+    assert "local-rank-arg-under-launcher" in ids(("usage.txt", usage),
+                                                  command="python -m torch.distributed.launch --nproc_per_node=2 train.py")
+    truncated = ("ds.json", '{"train_batch_size": 8,\n "gradient_accumulation_steps": "8",\n "fp16": {"enabled": true,\n')
+    assert {"config-unparsable", "ds-invalid-value"} <= ids(truncated)
+    broken = "CUDA_VISIBLE_DEVICES=1,2 torchrun --nproc_per_node=4 --master_addr=127.0.0.1\n--master_port=5555 train.py\n"
+    assert "nproc-exceeds-gpus" in ids(("run.sh", broken))
 
 
 @pytest.mark.parametrize("rule, buggy, clean", CASES, ids=[c[0] for c in CASES])
