@@ -79,7 +79,7 @@ def test_findings_do_not_depend_on_the_other_files():
 
 
 PY_SEEDS = sorted((DATA / "buggy").glob("*.py"))[:6] + sorted((DATA / "clean").glob("*.py"))[:3]
-_PROPS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+_PROPS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))  # the unit layer's budget; the long campaign is helper fuzz's benchmark
 
 
 def _never_crashes(path: str, text: str) -> None:

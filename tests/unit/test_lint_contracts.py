@@ -201,8 +201,13 @@ def test_every_launch_rule_has_an_example():
     assert launch_rules <= set(LAUNCH_EXAMPLES), launch_rules - set(LAUNCH_EXAMPLES)
 
 
+@pytest.fixture(scope="module")
+def builder():
+    return widgets.command_builder()
+
+
 @pytest.mark.parametrize("rule", sorted(LAUNCH_EXAMPLES))
-def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule, capsys, tmp_path):
+def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule, capsys, tmp_path, builder):
     text = LAUNCH_EXAMPLES[rule]
     job = tmp_path / "job.sh"
     job.write_text(text)
@@ -211,8 +216,7 @@ def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule
     assert f"] {rule} (" in capsys.readouterr().out
     cli.main(["build", "--check-file", str(job)])                                            # --check-file
     assert f"] {rule} (" in capsys.readouterr().out
-    builder = widgets.command_builder()                                                      # the paste box
-    builder.paste.value = text
+    builder.paste.value = text                                                               # the paste box
     assert rule in [t.id for t in builder.pasted_traps]
     assert rule in [t.id for t in launch_traps.check_text(text)[1]]
 
