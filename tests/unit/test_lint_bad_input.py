@@ -55,6 +55,8 @@ def test_a_symlink_to_dev_zero_is_refused_not_read(tmp_path, capsys):
     os.symlink("/dev/zero", link)
     code, _out, err = _run(capsys, link)
     assert code == 2 and "device" in err and err.count("\n") == 1
+    assert cli.main(["build", "--check-file", str(link)]) == 2  # the same way in for build --check-file
+    assert "device" in capsys.readouterr().err
 
 
 def test_zero_micro_batch_is_deepspeeds_own_assertion_not_a_crash():
