@@ -55,7 +55,13 @@ def _join_continuations(text: str) -> list[tuple[int, str]]:
         buf = ""
     if buf:
         out.append((start, buf))
-    return out
+    merged: list[tuple[int, str]] = []
+    for start, line in out:  # a pasted command broken without its backslash: a line that starts with --option
+        if merged and line.lstrip().startswith("--") and not merged[-1][1].lstrip().startswith("#"):
+            merged[-1] = (merged[-1][0], merged[-1][1].rstrip() + " " + line.strip())
+        else:
+            merged.append((start, line))
+    return merged
 
 
 _SHLEX_MAX = 65536
@@ -162,7 +168,7 @@ def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
         spec["rdzv"] = "c10d"
         host, _, port = (out.get("--rdzv-endpoint") or "").rpartition(":")
         spec["master_addr"] = host or None
-        spec["master_port"] = _int(port, "--rdzv-endpoint port")
+        spec["master_port"] = _int(port, "--rdzv-endpoint port") or None  # port 0: c10d picks a free port (torchrun docs)
     elif "--standalone" in flags:
         spec["rdzv"] = "standalone"
     else:
@@ -314,6 +320,11 @@ def _parse_lines(text: str, env: dict[str, str | None], early: dict[str, Any], *
         if got is None:
             continue
         launcher, args = got
+        for w in words:  # VAR=value prefixes of the launch command are in its environment
+            m = _ASSIGN.match(w)
+            if not m or w.startswith("-"):
+                break
+            env[m.group(1)] = m.group(2)
         # a variable set from $SLURM_NODEID in the batch shell, used on the launch line: expanded once
         used_early = any(re.search(r"\$\{?" + v + r"\b", line) for v in early.get("early_vars", ()))
         local_early = dict(early)
@@ -352,7 +363,7 @@ def _finish(fields: dict[str, Any], env: dict[str, str | None], early: dict[str,
     kwargs["env"] = dict(env)
     kwargs.setdefault("script", "train.py")
     if not kwargs["script"]:
-        raise ValueError("command: no training script found after the launcher's options")
+        raise NoLaunch("command: no training script found after the launcher's options")
     kwargs["script_args"] = tuple(kwargs.get("script_args", ()))
     return LaunchSpec(**kwargs)
 

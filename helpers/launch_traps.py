@@ -247,7 +247,14 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
             holders = ", ".join(f"{h['name']} (pid {h['pid']})" for h in hostinfo.port_holders(port)) or "another process"
             t.append(Trap("port-in-use", "FAIL", "master_port", f"port {port} is taken on this machine by {holders}: "
                           "DistNetworkError ... EADDRINUSE", f"another port (free now: {hostinfo.free_port()})", "D4"))
-    if spec.gpus_per_node is not None and spec.gpus_per_node > 0 and spec.nproc_per_node > spec.gpus_per_node:
+    visible = env.get("CUDA_VISIBLE_DEVICES") or ""
+    if re.fullmatch(r"\d+(,\d+)*", visible) and spec.nproc_per_node > len(visible.split(",")):
+        t.append(Trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
+                      f"{spec.nproc_per_node} ranks per node but CUDA_VISIBLE_DEVICES={visible} shows "
+                      f"{len(visible.split(','))} GPU(s): local ranks {len(visible.split(','))}.. call set_device on "
+                      "an ordinal that does not exist ('invalid device ordinal') or share a GPU",
+                      f"nproc_per_node <= {len(visible.split(','))}, or list more GPUs in CUDA_VISIBLE_DEVICES", "D3"))
+    elif spec.gpus_per_node is not None and spec.gpus_per_node > 0 and spec.nproc_per_node > spec.gpus_per_node:
         t.append(Trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
                       f"{spec.nproc_per_node} ranks per node on {spec.gpus_per_node} GPU(s): two ranks share a GPU "
                       "(NCCL: 'Duplicate GPU detected') or cuda:LOCAL_RANK does not exist ('invalid device ordinal')",
@@ -410,9 +417,30 @@ def _nnodes_traps(text: str) -> list[Trap]:
     return out
 
 
-def check_text(text: str, *, check_port: bool = False) -> tuple[LaunchSpec, list[Trap]]:
+def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Trap]:
+    """``node-rank-fixed`` for a launch *file* of a multi-node static job that writes its node rank as a number:
+    the same file run on every node makes every node that rank (torchrun docs: each node passes its own)."""
+    if spec.nnodes < 2 or spec.kind not in ("torchrun", "accelerate") or spec.rdzv == "c10d" or spec.node_rank is None:
+        return []
+    m = re.search(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text)
+    if not m:
+        return []
+    trap = Trap("node-rank-fixed", "WARN", "node_rank",
+                f"this file writes --node-rank={m.group(1)} for a {spec.nnodes}-node job: run unchanged on every node, "
+                f"every node claims node rank {m.group(1)} and the rendezvous never completes",
+                "take it per node: --node-rank=$NODE_RANK (or $SLURM_NODEID inside srun), or use the c10d "
+                "rendezvous (no node rank)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+    trap.line_no = text.count("\n", 0, m.start()) + 1
+    return [trap]
+
+
+def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec, list[Trap]]:
     """The one way a launch text is checked: :func:`helpers.launch_parse.parse` then :func:`find_traps` and
     :func:`text_traps` (``runbook build --check`` / ``--check-file``, the widget's paste box and ``runbook lint``).
+
+    ``file``: the text is a launch file (``--check-file``, a file given to ``runbook lint``), meant to be run
+    unchanged on every node, so a node rank written as a number is ``node-rank-fixed`` (a pasted command is
+    one node's line).
 
     Returns:
         ``(spec, traps)``, FAILs first.
@@ -425,4 +453,6 @@ def check_text(text: str, *, check_port: bool = False) -> tuple[LaunchSpec, list
 
     spec = launch_parse.parse(text)
     traps = find_traps(spec, check_port=check_port) + text_traps(text)
+    if file and not any(t.id == "node-rank-fixed" for t in traps):
+        traps += _literal_node_rank(spec, text)
     return spec, sorted(traps, key=lambda trap: SEVERITIES.index(trap.severity), reverse=True)

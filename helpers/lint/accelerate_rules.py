@@ -18,7 +18,7 @@ DS_FILE_IGNORES = ("gradient_accumulation_steps", "gradient_clipping", "zero_sta
 
 
 def _line(text: str, key: str) -> int:
-    m = re.search(r"^\s*" + re.escape(key) + r"\s*:", text, re.MULTILINE)
+    m = re.search(r"^\s*(?:-\s+)?" + re.escape(key) + r"\s*:", text, re.MULTILINE)
     return text.count("\n", 0, m.start()) + 1 if m else 1
 
 
@@ -35,6 +35,24 @@ def load(text: str, path: str = "<yaml>") -> dict[str, Any]:
         raise inputs.InputError(path, f"not valid YAML: {getattr(exc, 'reason', None) or exc}") from None
     if not isinstance(data, dict):
         raise inputs.InputError(path, "not valid YAML for an Accelerate config: it is a mapping (key: value)")
+    return data
+
+
+def from_env_report(text: str) -> dict[str, Any] | None:
+    """The config in ``accelerate env``'s report (``- num_processes: 1`` lines, what issue templates ask for), or
+    None when ``text`` is not one (fewer than three such lines, or no ``distributed_type``/``num_processes``)."""
+    import yaml
+
+    pairs = re.findall(r"^[ \t]*-[ \t]+([a-z_]+):[ \t]*(.*?)[ \t]*$", text, re.M)
+    keys = {k for k, _ in pairs}
+    if len(pairs) < 3 or not {"distributed_type", "num_processes"} & keys:
+        return None
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        try:
+            data[key] = yaml.safe_load(value) if value else None
+        except yaml.YAMLError:
+            data[key] = value
     return data
 
 

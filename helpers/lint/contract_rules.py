@@ -74,6 +74,7 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
         r"HfArgumentParser|parse_known_args|add_subparsers|parents\s*=|fromfile_prefix_chars|jsonargparse|"
         r"LightningCLI|hydra|fire\.Fire|typer|click|tyro|simple_parsing|OmegaConf\.from_cli|absl", text)
     options: set[str] = set()
+    defaults: dict[str, str] = {}
     dynamic = False
     for (recv, name), c in names:
         if name == "add_argument":
@@ -81,6 +82,10 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             if len(strs) != len(c.args):
                 dynamic = True
             options.update(s for s in strs if s.startswith("-"))
+            default = _const(_kw(c, "default"))
+            longs = [x for x in strs if x.startswith("--")]
+            if isinstance(default, str) and longs:
+                defaults[longs[0][2:].replace("-", "_")] = default
         elif name == "add_config_arguments":
             options.update(DEEPSPEED_ARGS)
         elif name in ("parse_args",) and not c.args and not sc.options_line:
@@ -93,19 +98,24 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             if isinstance(_const(backend), str):
                 sc.backend = str(_const(backend)).lower()
             method = _const(_kw(c, "init_method"))
-            explicit = any(k.arg in ("rank", "world_size", "store") or k.arg is None for k in c.keywords) or \
-                len(c.args) > 2 or (isinstance(method, str) and not method.startswith("env://")) or \
+            explicit = any(k.arg in ("store",) or k.arg is None for k in c.keywords) or len(c.args) > 1 or \
+                (isinstance(method, str) and not method.startswith("env://")) or \
                 (_kw(c, "init_method") is not None and method is None)
-            sc.env_init = not explicit
+            sc.env_init = not explicit  # env:// reads MASTER_ADDR/MASTER_PORT (and RANK/WORLD_SIZE unless given)
+            if isinstance(backend, ast.Attribute) and not sc.backend:
+                sc.extra["backend_attr"] = backend.attr
         elif name in ("spawn", "start_processes", "Process", "launch", "elastic_launch", "notebook_launcher"):
             sc.spawns = True
         elif name == "Trainer" and "lightning" in text:
             dev, nodes = _const(_kw(c, "devices")), _const(_kw(c, "num_nodes"))
             sc.trainer = (c.lineno, dev if isinstance(dev, int) else None, nodes if isinstance(nodes, int) else None)
-    if sc.env_init and re.search(r"environ\[\s*['\"](RANK|WORLD_SIZE)['\"]\s*\]\s*=|environ\.setdefault\(\s*['\"]RANK|"
+    if sc.env_init and re.search(r"environ\[\s*['\"](RANK|WORLD_SIZE|MASTER_ADDR)['\"]\s*\]\s*=|"
+                                 r"environ\.setdefault\(\s*['\"](RANK|MASTER_ADDR)|"
                                  r"SLURM_PROCID|OMPI_COMM_WORLD_RANK|PMI_RANK|MPI\.COMM_WORLD|mpi4py|"
                                  r"environ\.update\(", text):
         sc.env_init = False  # the script supplies RANK / WORLD_SIZE itself
+    if not sc.backend and sc.extra.get("backend_attr") in defaults:
+        sc.backend = defaults[str(sc.extra["backend_attr"])].lower()  # backend=args.dist_backend, default 'nccl'
     sc.local_rank_arg = bool({"--local_rank", "--local-rank"} & options)
     if plain_argparse and sc.options_line and not dynamic:
         sc.options = options
@@ -190,19 +200,20 @@ def _collective_before_init(lt: PythonLinter) -> None:
 
 def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
     """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0."""
-    text = lt.text
+    text = re.sub(r"#.*", "", lt.text)  # what the code does, not what its comments say
     if sc.backend != "nccl" or sc.spawns:
         return
-    if re.search(r"set_device|LOCAL_RANK|local_rank|device_id|cuda:\{|cuda:%|\"cuda:\" *\+|'cuda:' *\+|"
-                 r"torch\.device\(\s*['\"]cuda['\"]\s*,|\.cuda\(\s*\w|\.to\(\s*(rank|gpu|local|device_id|\w*rank)\b|"
-                 r"CUDA_VISIBLE_DEVICES|Accelerator\(|deepspeed\.initialize|device_mesh|init_device_mesh|"
-                 r"get_device|current_device\(\)\s*\)|localid|gpu_id|gpu\b", text, re.IGNORECASE):
+    if re.search(r"set_device|torch\.cuda\.device\(|device_id\s*=|CUDA_VISIBLE_DEVICES|Accelerator\(|"
+                 r"deepspeed\.initialize|init_device_mesh|Fabric\(|Trainer\(", text):
+        return  # the device is bound (or a framework binds it)
+    bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
+                     r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)
+    if not bare:
         return
-    if not re.search(r"\.cuda\(\)|['\"]cuda['\"]|['\"]cuda:0['\"]", text):
-        return
-    lt.add("nccl-no-device-binding", "error", sc.init_line,
-           "the nccl backend with no per-rank GPU (no torch.cuda.set_device(local_rank), no device_id, tensors on "
-           "'cuda' / .cuda()): every rank of a node uses cuda:0 ('Duplicate GPU detected', or a hang)",
+    lt.add("nccl-no-device-binding", "error", text.count("\n", 0, bare.start()) + 1,
+           f"'{bare.group(0)}' under the nccl backend with no torch.cuda.set_device(local_rank) (nor device_id=) "
+           "anywhere: 'cuda' is cuda:0 on every rank of a node, so NCCL binds them all to GPU 0 ('Duplicate GPU "
+           "detected', or a hang in the first collective)",
            "local_rank = int(os.environ['LOCAL_RANK']); torch.cuda.set_device(local_rank) before "
            "init_process_group", _DIST + "#torch.distributed.all_gather_object")
 
@@ -211,6 +222,8 @@ def rule_fsdp_optimizer_before_wrap(lt: PythonLinter) -> None:
     """The optimizer built from ``model.parameters()`` before ``model = FSDP(model)`` / ``fully_shard(model)``."""
     from helpers.lint.python_rules import _call_name
 
+    if not re.search(r"FullyShardedDataParallel|\bFSDP\(|fully_shard\(", lt.text):
+        return
     for node in lt.nodes:
         body = getattr(node, "body", None)
         if not isinstance(body, list):
@@ -223,6 +236,8 @@ def rule_fsdp_optimizer_before_wrap(lt: PythonLinter) -> None:
                     m = re.match(r"^(\w+)\.parameters\(\)$", ast.unparse(c.args[0]) if c.args else "")
                     if m:
                         opt_from.setdefault(m.group(1), stmt)
+                if name == "configure_optimizers" and re.fullmatch(r"\w+", recv):
+                    opt_from.setdefault(recv, stmt)  # model.configure_optimizers(): built from model.parameters()
                 if name in ("FullyShardedDataParallel", "FSDP", "fully_shard") and c.args and \
                         isinstance(c.args[0], ast.Name) and c.args[0].id in opt_from:
                     lt.add("fsdp-optimizer-before-wrap", "error", c,
@@ -263,6 +278,118 @@ def rule_wrapper_raw_backward(lt: PythonLinter) -> None:
                else _FABRIC + "#backward")
 
 
+def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
+    """SyncBatchNorm under single-process DataParallel (SyncBatchNorm docs: DDP with one GPU per process only)."""
+    text = lt.text
+    m = re.search(r"convert_sync_batchnorm|SyncBatchNorm\(", text)
+    if m and re.search(r"\bDataParallel\(", text) and not re.search(r"DistributedDataParallel|\bDDP\(", text):
+        lt.add("syncbn-without-ddp", "error", text.count("\n", 0, m.start()) + 1,
+               "SyncBatchNorm with nn.DataParallel: SyncBatchNorm works only inside DistributedDataParallel with one "
+               "GPU per process ('SyncBatchNorm expected input tensor to be on GPU' / 'Default process group has not "
+               "been initialized')", "use DistributedDataParallel (torchrun, one process per GPU), or plain "
+               "BatchNorm under DataParallel", "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html")
+
+
+def rule_load_without_map_location(lt: PythonLinter) -> None:
+    """``torch.load(path)`` with no ``map_location`` in a multi-GPU script: every rank loads onto the saving GPU."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"DistributedDataParallel|\bDDP\(|init_process_group|FullyShardedDataParallel", lt.text):
+        return
+    loads = [c for c in lt._calls() if _call_name(c) == ("torch", "load")]
+    if any(_kw(c, "map_location") is not None or len(c.args) > 1 for c in loads):
+        return  # the script places its loads itself
+    for c in loads:
+        lt.add("load-without-map-location", "warning", c,
+               f"{ast.unparse(c)[:60]} without map_location: torch.load puts each tensor back on the device it was "
+               "saved from (cuda:0), so every rank fills GPU 0 (out of memory, or all ranks on one GPU)",
+               "torch.load(path, map_location=f'cuda:{local_rank}') (or 'cpu')",
+               "https://docs.pytorch.org/docs/stable/generated/torch.load.html")
+
+
+_TENSOR_CTORS = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "tensor", "zeros", "ones", "empty",
+                 "full", "as_tensor", "from_numpy", "Tensor"}
+
+
+def rule_nccl_cpu_tensor(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A CPU tensor passed to a collective under nccl ('Tensors must be CUDA and dense')."""
+    from helpers.lint.python_rules import _call_name
+
+    if sc.backend != "nccl":
+        return
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if name not in ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor") or \
+                recv not in ("dist", "torch.distributed") or not call.args or not isinstance(call.args[0], ast.Name):
+            continue
+        var = call.args[0].id
+        fn = lt._enclosing_function(call) or lt.tree
+        made = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var
+                                                                             for t in n.targets)]
+        if len(made) != 1 or not isinstance(made[0].value, ast.Call):
+            continue
+        ctor = made[0].value
+        crecv, cname = _call_name(ctor)
+        if crecv != "torch" or cname not in _TENSOR_CTORS or _kw(ctor, "device") is not None:
+            continue
+        moved = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == var for n in ast.walk(fn))
+        if not moved:
+            lt.add("nccl-cpu-tensor", "error", call,
+                   f"{var} (torch.{cname}(...), line {made[0].lineno}) is a CPU tensor and the backend is nccl: "
+                   "'Tensors must be CUDA and dense'", f"create it on the GPU: torch.{cname}(..., device='cuda') or "
+                   f"{var}.cuda()", _DIST + "#backends")
+
+
+def rule_grad_accum_from_device_count(lt: PythonLinter) -> None:
+    """Accumulation or batch split by ``torch.cuda.device_count()`` (GPUs on this node) instead of the world size."""
+    if "init_process_group" not in lt.text:
+        return
+    for node in lt.nodes:
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = " ".join(ast.unparse(t) for t in targets).lower()
+            if ("accum" in names or "batch" in names) and "device_count()" in ast.unparse(node.value):
+                lt.add("grad-accum-from-device-count", "warning", node,
+                       f"{ast.unparse(node)[:70]}: torch.cuda.device_count() counts this node's GPUs, not the ranks "
+                       "(several nodes, or fewer ranks than GPUs): the global batch is not the one intended",
+                       "divide by the world size: int(os.environ['WORLD_SIZE']) / dist.get_world_size()",
+                       "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables")
+
+
+def rule_undefined_attribute(lt: PythonLinter) -> None:
+    """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
+    assigns ``X`` nor defines it: AttributeError at run time."""
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        if cls.bases or cls.keywords or cls.decorator_list:
+            continue
+        src = ast.unparse(cls)
+        if re.search(r"setattr|__getattr__|__dict__|__slots__", src) or \
+                not any(isinstance(n, ast.FunctionDef) and n.name == "__init__" for n in cls.body):
+            continue
+        called = {id(n.func) for n in ast.walk(cls) if isinstance(n, ast.Call)}  # self.method(): maybe cut from an excerpt
+        defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        reads = []
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                if isinstance(n.ctx, (ast.Store, ast.Del)):
+                    defined.add(n.attr)
+                elif id(n) not in called:
+                    reads.append(n)
+        for n in (t for node in ast.walk(cls) if isinstance(node, (ast.Tuple, ast.List)) for t in node.elts):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                defined.add(n.attr)
+        for n in reads:
+            if n.attr not in defined and not n.attr.startswith("__"):
+                lt.add("undefined-attribute", "error", n,
+                       f"self.{n.attr} is read in {cls.name} but never assigned there: AttributeError: '{cls.name}' "
+                       f"object has no attribute '{n.attr}'", f"assign self.{n.attr} in __init__ (or use the attribute "
+                       "the class does set)", "https://docs.python.org/3/reference/datamodel.html#object.__getattr__")
+                break
+
+
 def run(lt: PythonLinter) -> ScriptContract:
     """Run the single-file contract rules on ``lt``; return the script's :class:`ScriptContract`."""
     sc = script_contract(lt)
@@ -271,6 +398,11 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_nccl_no_device_binding(lt, sc)
     rule_fsdp_optimizer_before_wrap(lt)
     rule_wrapper_raw_backward(lt)
+    rule_syncbn_without_ddp(lt)
+    rule_load_without_map_location(lt)
+    rule_nccl_cpu_tensor(lt, sc)
+    rule_grad_accum_from_device_count(lt)
+    rule_undefined_attribute(lt)
     lt.facts.contract = sc
     return sc
 

@@ -106,6 +106,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("collectives", "With nccl, each rank's tensors and object collectives use that rank's own GPU "
        "(torch.cuda.set_device(local_rank) first)", _DIST + "#torch.distributed.all_gather_object",
        ("nccl-no-device-binding", "device-from-global-rank")),
+    _c("collectives", "With nccl, the tensors passed to a collective are CUDA tensors ('Tensors must be CUDA and "
+       "dense')", _DIST + "#backends", "nccl-cpu-tensor"),
     _c("collectives", "A data-dependent early exit (one rank's NaN, one rank's exception) is agreed by all ranks",
        _COLL, note="which rank sees the NaN is decided by data at run time (the Flight Recorder shows it)"),
     # ---------------------------------------------------------------- DDP
@@ -115,6 +117,13 @@ CONTRACTS: tuple[Contract, ...] = (
        "find_unused_parameters=True", _DDP, "find-unused-parameters",
        note="which parameters get a gradient is decided by the forward pass at run time; the rule reports the cost "
        "of the flag"),
+    _c("SyncBatchNorm", "SyncBatchNorm works only inside DistributedDataParallel with one GPU per process (not "
+       "nn.DataParallel)", _SYNCBN, "syncbn-without-ddp"),
+    _c("torch.load", "Tensors are restored on the device they were saved from unless map_location says otherwise "
+       "(every rank loading a cuda:0 checkpoint fills GPU 0)", "https://docs.pytorch.org/docs/stable/generated/"
+       "torch.load.html", "load-without-map-location"),
+    _c("torchrun", "The world size is WORLD_SIZE (nnodes x nproc-per-node), not the GPUs one node has "
+       "(torch.cuda.device_count())", _TORCHRUN + "#environment-variables", "grad-accum-from-device-count"),
     _c("DistributedDataParallel", "BatchNorm statistics are per process unless the model is converted with "
        "SyncBatchNorm.convert_sync_batchnorm before wrapping", _SYNCBN, "batchnorm-without-syncbn"),
     _c("DistributedDataParallel", "Each process's forward runs the same module structure (no rank-dependent "
@@ -149,7 +158,7 @@ CONTRACTS: tuple[Contract, ...] = (
        "argparse accepts it", _DS_LAUNCH, "local-rank-arg-under-launcher"),
     _c("deepspeed launcher", "--num_gpus is at most the GPUs on each node", _DS_RES, "nproc-exceeds-gpus"),
     _c("deepspeed launcher", "A single-node run takes port 29500 unless --master_port: two jobs on one node clash",
-       _DS_LAUNCH, "default-port-shared"),
+       _DS_LAUNCH, "default-port-shared", note="whether a second job shares the node is known only when it starts"),
     # ---------------------------------------------------------------- accelerate launch
     _c("accelerate launch", "--num_processes is the total over all machines, a multiple of --num_machines",
        _ACC_CLI, "acc-processes-not-divisible"),
@@ -201,6 +210,11 @@ CONTRACTS: tuple[Contract, ...] = (
        "world size", _DS_CFG + "#batch-size-related-parameters", "ds-batch-mismatch"),
     _c("DeepSpeed config", "The batch sizes and gradient_accumulation_steps are greater than 0", _DS_CFG +
        "#batch-size-related-parameters", "ds-batch-not-positive"),
+    _c("DeepSpeed config", "Batch sizes, gradient_accumulation_steps and gradient_clipping are numbers (a quoted "
+       "\"8\" is a string)", _DS_CFG + "#batch-size-related-parameters", "ds-invalid-value"),
+    _c("DeepSpeed config with the HF Trainer", "A value that is not \"auto\" equals the matching TrainingArguments "
+       "value (per_device_train_batch_size, gradient_accumulation_steps, max_grad_norm, learning_rate...), given or "
+       "default", _HF_DS + "#deepspeed-and-trainer-parameter-summary", "ds-args-mismatch"),
     _c("DeepSpeed config", "fp16 and bf16 are not both enabled", _DS_CFG + "#bfloat16-training-options",
        "ds-fp16-and-bf16"),
     _c("DeepSpeed config", "zero_optimization holds valid keys and values (stage 0-3, sizes, offload sections)",
@@ -234,6 +248,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "fully_shard (parameters become DTensors)", _FSDP2, ("fsdp-no-wrap-policy", "fsdp-optimizer-before-wrap")),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collectives: every rank calls them", _DCP,
        "rank-gated-collective"),
+    _c("Python classes", "An attribute read through self is assigned before (AttributeError otherwise): the "
+       "tutorial Trainer renamed gpu_id to local_rank/global_rank", "https://docs.python.org/3/reference/"
+       "datamodel.html#object.__getattr__", "undefined-attribute"),
     # ---------------------------------------------------------------- Lightning (where the course mentions it)
     _c("Lightning Trainer on SLURM", "Trainer(devices=N, num_nodes=M) matches --ntasks-per-node=N and --nodes=M "
        "('You set devices=N in Lightning, but the number of tasks per node configured in SLURM ... does not "
@@ -244,6 +261,12 @@ CONTRACTS: tuple[Contract, ...] = (
        "rank, not under rank_zero_only / global_rank == 0", _PL_DIST, "rank-gated-collective"),
 )
 """Every precondition in the course's scope; docs/lint.md shows them as a table."""
+
+
+def advisory_rules(contracts: tuple[Contract, ...] = CONTRACTS) -> frozenset[str]:
+    """Rules that appear only on undecidable preconditions: ``runbook lint`` reports them as info."""
+    decided = {r for c in contracts if c.decidable for r in c.rules}
+    return frozenset(r for c in contracts if not c.decidable for r in c.rules if r not in decided)
 
 
 def coverage(contracts: tuple[Contract, ...] = CONTRACTS) -> tuple[int, int]:

@@ -32,7 +32,7 @@ def _script(facts: Sequence[object], name: str) -> tuple[str, ScriptContract] | 
     base = os.path.basename(name or "")
     for f in facts:
         sc = getattr(f, "contract", None)
-        if sc is not None and base and os.path.basename(f.path) == base:  # type: ignore[attr-defined]
+        if sc is not None and base and os.path.basename(str(sc.extra.get("script", f.path))) == base:  # type: ignore[attr-defined]
             return f.path, sc  # type: ignore[attr-defined]
     return None
 
@@ -149,3 +149,102 @@ def _lightning(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                     f"Trainer(num_nodes={num_nodes}) but {path} allocates --nodes={nodes}: the ranks wait for "
                     "nodes that are not there (or some nodes are idle)", f"num_nodes={nodes}", _PL_SLURM))
     return out
+
+
+HF_MATCHED = (("train_micro_batch_size_per_gpu", "per_device_train_batch_size", 8),
+              ("gradient_accumulation_steps", "gradient_accumulation_steps", 1),
+              ("gradient_clipping", "max_grad_norm", 1.0),
+              ("optimizer.params.lr", "learning_rate", 5e-5),
+              ("optimizer.params.weight_decay", "weight_decay", 0.0),
+              ("scheduler.params.warmup_max_lr", "learning_rate", 5e-5),
+              ("scheduler.params.warmup_num_steps", "warmup_steps", 0))
+"""DeepSpeed key <-> HF ``TrainingArguments`` field and its default, as ``HfTrainerDeepSpeedConfig.trainer_config_process``
+(transformers/integrations/deepspeed.py) matches them: a value that is not ``"auto"`` must equal the argument."""
+_HF_DOCS = "https://huggingface.co/docs/transformers/en/deepspeed#deepspeed-and-trainer-parameter-summary"
+
+
+def _cli(args: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            key, eq, val = a[2:].partition("=")
+            key = key.replace("-", "_")
+            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                val, i = args[i + 1], i + 1
+            out[key] = val if (eq or val) else "true"
+        i += 1
+    return out
+
+
+def _get(data: dict, dotted: str) -> object:
+    cur: object = data
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def ds_args_mismatch(launches: Sequence[tuple[str, str, LaunchSpec | None]],
+                     ds_files: Sequence[tuple[str, str, dict]], acc_files: Sequence[tuple[str, str, dict]]) -> list[Check]:
+    """``ds-args-mismatch``: a DeepSpeed value (JSON via ``--deepspeed``, or an Accelerate YAML's ``deepspeed_config``)
+    that differs from the HF ``TrainingArguments`` the launch line passes (or their defaults), which the HF
+    integration refuses ('Please correct the following DeepSpeed config values that mismatch TrainingArguments')."""
+    out: list[Check] = []
+    for _path, _text, spec in launches:
+        if spec is None:
+            continue
+        cli = _cli(spec.script_args)
+        if "output_dir" not in cli:
+            continue  # not HF TrainingArguments
+        ds_name = os.path.basename(cli.get("deepspeed", ""))
+        targets = [(p, t, d, True) for p, t, d in ds_files if ds_name and os.path.basename(p) == ds_name]
+        targets += [(p, t, d.get("deepspeed_config"), False) for p, t, d in acc_files
+                    if isinstance(d.get("deepspeed_config"), dict) and str(d.get("distributed_type")) == "DEEPSPEED"]
+        for path, text, data, json_file in targets:
+            for ds_key, hf_key, default in HF_MATCHED:
+                ds_val = _get(data, ds_key)
+                if ds_val is None or ds_val == "auto" or (not json_file and hf_key not in cli):
+                    continue
+                hf_text = cli.get(hf_key)
+                hf_val = _number(hf_text) if hf_text is not None else default
+                if hf_val is None or (isinstance(ds_val, (int, float)) and not isinstance(ds_val, bool)
+                                      and float(ds_val) == float(hf_val)):
+                    continue
+                key = ds_key.split(".")[-1]
+                m = re.search(r'^\s*"?' + re.escape(key) + r'"?\s*:', text, re.M)
+                line = text.count("\n", 0, m.start()) + 1 if m else 1
+                shown = hf_text if hf_text is not None else f"{default} (its default)"
+                out.append(finding(
+                    "ds-args-mismatch", "error", path, line,
+                    f"{ds_key}={ds_val!r} here but the launch passes --{hf_key} {shown} to the HF Trainer: 'Please "
+                    f"correct the following DeepSpeed config values that mismatch TrainingArguments values: - ds "
+                    f"{ds_key}={ds_val} vs hf {hf_key}={hf_val}'", f'"{key}": "auto" (the Trainer fills it in), or '
+                    f"pass --{hf_key} {ds_val}", _HF_DOCS))
+    return out
+
+
+def usage_contract(path: str, text: str) -> object | None:
+    """The :class:`helpers.lint.python_rules.PyFacts` of a script known only by its ``--help`` output (``usage: x.py
+    [-h] [--lr LR] ...``, argparse's format): its options, for the launch <-> script rules; None when ``text`` holds
+    no argparse usage line."""
+    from helpers.lint.python_rules import PyFacts
+
+    m = re.search(r"^usage: (\S+\.py)\b(.*(?:\n[ \t]+.*)*)", text, re.M)
+    if not m:
+        return None
+    options = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", m.group(2)))
+    facts = PyFacts(path)
+    facts.contract = ScriptContract(options=options, options_line=text.count("\n", 0, m.start()) + 1,
+                                    local_rank_arg=bool({"--local_rank", "--local-rank"} & options),
+                                    extra={"script": m.group(1)})
+    return facts

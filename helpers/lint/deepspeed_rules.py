@@ -72,6 +72,33 @@ def load(text: str, path: str = "<json>") -> dict[str, Any]:
     return data
 
 
+def repair(text: str) -> str | None:
+    """A truncated or hand-edited JSON excerpt made parseable: trailing commas dropped, the brackets left open at
+    the end closed (strings skipped).  None when that is not enough.  The result is for analysis only: the file
+    still gets its ``config-unparsable`` error."""
+    body = re.sub(r",\s*([}\]])", r"\1", text.rstrip().rstrip(","))
+    stack: list[str] = []
+    in_str = esc = False
+    for ch in body:
+        if in_str:
+            esc, in_str = (False, in_str) if esc else (ch == "\\", ch != '"')
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and stack:
+            stack.pop()
+    if in_str:
+        return None
+    fixed = body.rstrip().rstrip(",") + "".join(reversed(stack))
+    try:
+        data = inputs.load_json(fixed, "<repair>", allow_nan=True)
+    except ValueError:
+        return None
+    return fixed if isinstance(data, dict) else None
+
+
 def is_deepspeed_config(data: dict[str, Any]) -> bool:
     """True when the JSON looks like a DeepSpeed config (one of its main keys is present)."""
     return bool({"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu", "fp16", "bf16",
@@ -159,6 +186,23 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             f'"auto" in {", ".join(autos[:4])}: only the HF Trainer/Accelerate integration fills "auto" in; a raw '
             f"deepspeed.initialize ({init_where}) reads the string ('>' not supported between 'str' and 'int')",
             'write the numbers, or launch through the HF Trainer/Accelerate', "D18")
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "gradient_clipping", "steps_per_print"):
+        value = data.get(key)
+        if isinstance(value, str) and value != "auto":
+            add("ds-invalid-value", "error", key,
+                f'{key} is the string "{value}": the config documents a number, and DeepSpeed compares and multiplies '
+                f"it as one (the HF integration reports 'ds {key}={value} vs hf ...', DeepSpeed's own check "
+                "'>' not supported between 'str' and 'int')", f'{key}: {value} (no quotes), or "auto" under the HF '
+                "Trainer/Accelerate", "https://www.deepspeed.ai/docs/config-json/#batch-size-related-parameters")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    if isinstance(offload, dict) and isinstance(offload.get("ratio"), (int, float)) and offload["ratio"] < 1 and \
+            offload.get("device") not in (None, "cpu"):
+        add("ds-invalid-section", "error", "ratio",
+            f"zero_optimization.offload_optimizer.ratio {offload['ratio']} (partial offload) with device "
+            f"{offload.get('device')}: the ratio is the share offloaded to CPU Adam (config docs), and ZeRO-3's hybrid "
+            "optimizer asserts 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam'", 'device "cpu", or drop "ratio"',
+            "https://www.deepspeed.ai/docs/config-json/#optimizer-offloading")
     tb, mb, ga = (data.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
     for key, value in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
                        ("gradient_accumulation_steps", ga)):

@@ -36,7 +36,8 @@ GLOBAL_RANK_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "
 RANK_ATTRS = {"local_rank", "rank", "global_rank", "is_main_process", "is_local_main_process", "process_index",
               "local_process_index", "is_global_zero", "is_master", "is_main", "is_rank_zero", "master_process",
               "is_world_process_zero", "is_local_process_zero", "node_rank", "dp_rank"}
-RANK_NAMES = RANK_ATTRS | {"is_main_process_flag", "main_process", "is_rank0", "rank0"}
+RANK_NAMES = RANK_ATTRS | {"is_main_process_flag", "main_process", "is_rank0", "rank0", "gpu_id", "local_gpu_id",
+                            "gpu_rank", "device_rank", "global_rank", "world_rank", "proc_rank", "process_rank"}
 RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "is_main_process", "is_rank_0", "is_rank0",
               "is_master", "is_world_process_zero", "is_local_process_zero", "get_node_local_rank", "is_primary",
               "is_local_main_process", "get_data_parallel_rank"}
@@ -135,6 +136,7 @@ class _Taint:
         self.rank: set[str] = set()
         self.global_rank: set[str] = set()
         self.rank_attrs: set[str] = set()
+        self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
         self.spawned_params = spawned_params
 
     def is_rank(self, node: ast.AST) -> bool:
@@ -146,7 +148,7 @@ class _Taint:
                 return True
             if isinstance(sub, ast.Call):
                 _, name = _call_name(sub)
-                if name in RANK_CALLS:
+                if name in RANK_CALLS or name in self.rank_funcs:
                     return True
             key = _env_key(sub)
             if key in RANK_ENV:
@@ -175,7 +177,7 @@ class _Taint:
                 continue
             if isinstance(node, ast.Call):
                 _, name = _call_name(node)
-                if name in RANK_CALLS:
+                if name in RANK_CALLS or name in self.rank_funcs:
                     return True
                 if name in ("int", "str", "float", "bool") and node.args:
                     todo.append(node.args[0])
@@ -275,14 +277,56 @@ class PythonLinter:
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
-        self.taint.learn(self.nodes)
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
+        self._learn_across_functions()
         self.collective_funcs: dict[str, str] = {}
         self._find_collective_functions()
         self.suppressed = self._suppressions()
+
+    def _learn_across_functions(self) -> None:
+        """Rank taint through assignments and across the file's functions (a few rounds, to a fixed point):
+
+        * ``mp.spawn(fn, ...)``: ``fn``'s first parameter is the process index (rank-dependent);
+        * a call ``f(x)`` with a rank-dependent ``x`` taints ``f``'s parameter at that position (or keyword);
+        * a function that returns a rank-dependent value (``def is_main(): return dist.get_rank() == 0``)
+          makes its calls rank-dependent.
+
+        Names are not scoped (a name tainted in one function is tainted in all): the over-approximation the
+        assignment pass already makes.
+        """
+        taint = self.taint
+        for name in self.spawned_funcs:
+            fn = self.functions.get(name)
+            if fn is not None and fn.args.args:
+                taint.rank.add(fn.args.args[0].arg)
+        calls = [c for c in self._calls() if isinstance(c.func, (ast.Name, ast.Attribute))]
+        returns = {name: [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+                   for name, fn in self.functions.items()}
+        for _ in range(3):
+            before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs))
+            taint.learn(self.nodes)
+            for call in calls:
+                recv, name = _call_name(call)
+                fn = self.functions.get(name)
+                if fn is None or recv not in ("", "self", "cls"):
+                    continue
+                params = [a.arg for a in fn.args.args]
+                if params and params[0] in ("self", "cls") and recv:
+                    params = params[1:]
+                for i, arg in enumerate(call.args):
+                    if i < len(params) and taint.is_rank_value(arg):
+                        taint.rank.add(params[i])
+                for kw in call.keywords:
+                    if kw.arg and kw.arg in params and taint.is_rank_value(kw.value):
+                        taint.rank.add(kw.arg)
+            for name, values in returns.items():
+                if name not in taint.rank_funcs and values and any(taint.is_rank_value(v) for v in values):
+                    taint.rank_funcs.add(name)
+            if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs)) == before:
+                break
 
     # --- helpers -------------------------------------------------------------------------
     def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
@@ -390,6 +434,9 @@ class PythonLinter:
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             if isinstance(p, (ast.If, ast.While, ast.IfExp)) and child is not p.test and self.taint.rank_test(p.test):
                 return p
+            if isinstance(p, (ast.For, ast.AsyncFor)) and child is not p.iter and isinstance(p.iter, ast.Call) and \
+                    _call_name(p.iter)[1] == "range" and any(self.taint.is_rank_value(a) for a in p.iter.args):
+                return p  # type: ignore[return-value]  # a trip count that differs between ranks
             if isinstance(p, (ast.BoolOp,)) and child is not p.values[0] and self.taint.is_rank(p.values[0]) and \
                     self.taint.rank_test(p.values[0]):
                 return p  # type: ignore[return-value]
@@ -457,7 +504,7 @@ class PythonLinter:
                 continue
             seed = "Gilbreth 7.5" if "->" not in coll and coll.endswith(("save_checkpoint", "load_checkpoint")) else "D21"
             self.add("rank-gated-collective", "error", call,
-                     f"{coll} is reached only when `{_src(getattr(gate, 'test', gate))[:60]}` holds: the ranks that skip it "
+                     f"{coll} is reached only when `{_src(getattr(gate, 'test', None) or getattr(gate, 'iter', gate))[:60]}` holds: the ranks that skip it "
                      f"never join, the others wait in it forever (hang)",
                      "call the collective on every rank; gate only the side effect (print, file write) on rank 0", seed)
 
@@ -800,6 +847,86 @@ class PythonLinter:
                 f.float_inputs.append(call.lineno)
 
 
+_MAX_REPAIRS = 200
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _close_brackets(lines: list[str], n: int) -> bool:
+    """Close the brackets still open before line ``n`` (an excerpt cut inside a call) at the end of the last code
+    line above it; True when something was closed.  Strings and comments are skipped roughly (no triple quotes)."""
+    stack: list[str] = []
+    last = -1
+    for i in range(n):
+        code = re.sub(r"#.*", "", re.sub(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"", "''", lines[i]))
+        if code.strip():
+            last = i
+        for ch in code:
+            if ch in _PAIRS:
+                stack.append(_PAIRS[ch])
+            elif ch in ")]}" and stack:
+                stack.pop()
+    if not stack or last < 0:
+        return False
+    lines[last] = lines[last].rstrip() + "".join(reversed(stack))
+    return True
+
+
+def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
+    """``text`` made parseable line by line, for excerpts (a snippet pasted from an issue, pseudo-code around it).
+
+    Leading tabs become 4 spaces, code lines are dedented by their common indentation (comment lines do not
+    count), and each line the parser rejects is re-indented (``unexpected indent``, ``unindent does not
+    match``, ``expected an indented block``) or replaced, at its indentation, by ``pass`` (``if True:`` when it
+    opens a block), up to 200 times.  Line numbers are kept, so findings point at the user's lines.
+
+    Why home-made: no parser in the standard library or on PyPI recovers from errors and still gives the
+    :mod:`ast` tree the rules walk (parso recovers, but into its own tree).
+
+    Returns:
+        ``(the text, [(line, the parser's message) for each line changed]``; the first entry is the original
+        error.  ``ast.parse`` of the returned text succeeds, or raises after 200 repairs.
+    """
+    lines = [re.sub(r"^[ \t]+", lambda m: m.group(0).expandtabs(4), ln) for ln in text.split("\n")]
+    code = [_indent(ln) for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    base = min(code) if code else 0
+    lines = [ln[base:] if ln.strip() and not ln.lstrip().startswith("#") else ln for ln in lines]
+    changed: list[tuple[int, str]] = []
+    for _ in range(_MAX_REPAIRS):
+        try:
+            ast.parse("\n".join(lines))
+            return "\n".join(lines), changed
+        except SyntaxError as exc:
+            n = (exc.lineno or 1) - 1
+            if n >= len(lines):
+                n = len(lines) - 1
+            msg = str(exc.msg)
+            changed.append((n + 1, msg))
+            prev = next((lines[i] for i in range(n - 1, -1, -1) if lines[i].strip() and
+                         not lines[i].lstrip().startswith("#")), "")
+            line = lines[n]
+            body = line.strip()
+            if _close_brackets(lines, n):
+                continue
+            if "unexpected indent" in msg:
+                lines[n] = " " * _indent(prev) + body
+            elif "expected an indented block" in msg:
+                lines[n] = " " * (_indent(prev) + 4) + body
+            elif "unindent does not match" in msg:
+                levels = [_indent(lines[i]) for i in range(n) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+                lines[n] = " " * max([lv for lv in levels if lv < _indent(line)] or [0]) + body
+            elif body in ("pass", "if True:"):  # the error is elsewhere (an open bracket above): drop the line
+                lines[n] = ""
+            else:
+                lines[n] = " " * _indent(line) + ("if True:" if body.endswith(":") else "pass")
+    raise SyntaxError(f"more than {_MAX_REPAIRS} lines do not parse")
+
+
 def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
     """Lint one Python file.
 
@@ -811,13 +938,24 @@ def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
             ``MemoryError`` / ``RecursionError``, "too many nested parentheses").
     """
     try:
-        linter = PythonLinter(path, text)
-        return linter.run(), linter.facts
+        try:
+            linter = PythonLinter(path, text)
+            return linter.run(), linter.facts
+        except SyntaxError as exc:
+            if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
+                raise
+            fixed, changed = repair(text)
+            linter = PythonLinter(path, fixed)
+            linter.text = text  # the regex-based checks read the user's text
+            note = finding("python-syntax", "error", path, exc.lineno or 0,
+                           f"cannot parse: {exc.msg}; {len(changed)} line(s) re-indented or skipped to analyse the "
+                           "rest (an excerpt?)", "fix the syntax error", "https://docs.python.org/3/library/ast.html")
+            return [note, *linter.run()], linter.facts
     except SyntaxError as exc:
         if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
             raise InputError(path, f"too deeply nested to analyse (Python's parser: {exc.msg})") from None
         return [finding("python-syntax", "error", path, exc.lineno or 0, f"cannot parse: {exc.msg}",
-                             "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
+                        "fix the syntax error", "https://docs.python.org/3/library/ast.html")], PyFacts(path)
     except (RecursionError, MemoryError):
         raise InputError(path, "too deeply nested to analyse (an expression or block nested deeper than the parser "
                          "or the analysis can follow)") from None

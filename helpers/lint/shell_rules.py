@@ -31,7 +31,7 @@ def lint_shell(path: str, text: str) -> tuple[list[Check], LaunchSpec | None]:
             (the caller reports it as the file's one ``input-unreadable`` line).
     """
     try:
-        spec, traps = launch_traps.check_text(text)
+        spec, traps = launch_traps.check_text(text, file=path != "<command>")
     except launch_parse.NoLaunch:
         spec, traps = None, launch_traps.text_traps(text)
     line = launch_parse.launch_line(text) if spec is not None else 1

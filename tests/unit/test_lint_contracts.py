@@ -58,7 +58,55 @@ CASES = [
                  '"offload_param": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}}'),
      ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, '
                  '"offload_param": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}}')),
+    ("ds-invalid-value",
+     ("ds.json", '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "8"}'),
+     ("ds.json", '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto"}')),
+    ("syncbn-without-ddp",
+     ("t.py", "model = torch.nn.DataParallel(model)\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"),
+     ("t.py", "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DistributedDataParallel(model)\n")),
+    ("load-without-map-location",
+     ("t.py", "dist.init_process_group('nccl')\nmodel = DDP(model)\nstate = torch.load('snap.pt')\n"),
+     ("t.py", "dist.init_process_group('nccl')\nmodel = DDP(model)\nstate = torch.load('snap.pt', map_location=loc)\n")),
+    ("nccl-cpu-tensor",
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('nccl')\ndef f(a):\n"
+              "    t = torch.FloatTensor([a])\n    dist.all_reduce(t)\n"),
+     ("t.py", "import torch.distributed as dist\ndist.init_process_group('nccl')\ndef f(a):\n"
+              "    t = torch.tensor([a], device='cuda')\n    dist.all_reduce(t)\n")),
+    ("grad-accum-from-device-count",
+     ("t.py", "init_process_group('nccl')\ngradient_accumulation_steps //= torch.cuda.device_count()\n"),
+     ("t.py", "init_process_group('nccl')\ngradient_accumulation_steps //= int(os.environ['WORLD_SIZE'])\n")),
+    ("undefined-attribute",
+     ("t.py", "class T:\n    def __init__(self):\n        self.local_rank = 0\n    def load(self):\n"
+              "        return f'cuda:{self.gpu_id}'\n"),
+     ("t.py", "class T:\n    def __init__(self):\n        self.gpu_id = 0\n    def load(self):\n"
+              "        return f'cuda:{self.gpu_id}', self.helper()\n")),
 ]
+
+
+def test_hf_trainer_arguments_against_the_deepspeed_config():
+    ds = ("ds.json", '{"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 8}')
+    cmd = "deepspeed train.py --deepspeed ds.json --output_dir out --do_train"
+    assert "ds-args-mismatch" in ids(ds, command=cmd)  # the TrainingArguments defaults: 8 and 1
+    auto = ("ds.json", '{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}')
+    assert "ds-args-mismatch" not in ids(auto, command=cmd)
+    same = cmd + " --per_device_train_batch_size 16 --gradient_accumulation_steps 8"
+    assert "ds-args-mismatch" not in ids(ds, command=same)
+
+
+def test_excerpts_and_reports_are_read():
+    excerpt = "# pasted from an issue\n    if torch.cuda.device_count() > 1:\n        sampler = DistributedSampler(ds)\n" \
+              "# [...]\n    loader = DataLoader(ds, shuffle=True,\n# [...]\n    sampler=sampler)\n"
+    got = ids(("t.py", excerpt))
+    assert {"python-syntax", "dataloader-sampler-and-shuffle"} <= got
+    report = "- distributed_type: MULTI_GPU\n- num_processes: 1\n- num_machines: 2\n- machine_rank: 0\n"
+    assert "acc-processes-not-divisible" in ids(("env.txt", report))
+    usage = "usage: train.py [-h] [--lr LR]\n"
+    assert "local-rank-arg-under-launcher" in ids(("usage.txt", usage),
+                                                  command="python -m torch.distributed.launch --nproc_per_node=2 train.py")
+    truncated = ("ds.json", '{"train_batch_size": 8,\n "gradient_accumulation_steps": "8",\n "fp16": {"enabled": true,\n')
+    assert {"config-unparsable", "ds-invalid-value"} <= ids(truncated)
+    broken = "CUDA_VISIBLE_DEVICES=1,2 torchrun --nproc_per_node=4 --master_addr=127.0.0.1\n--master_port=5555 train.py\n"
+    assert "nproc-exceeds-gpus" in ids(("run.sh", broken))
 
 
 @pytest.mark.parametrize("rule, buggy, clean", CASES, ids=[c[0] for c in CASES])
@@ -153,8 +201,13 @@ def test_every_launch_rule_has_an_example():
     assert launch_rules <= set(LAUNCH_EXAMPLES), launch_rules - set(LAUNCH_EXAMPLES)
 
 
+@pytest.fixture(scope="module")
+def builder():
+    return widgets.command_builder()
+
+
 @pytest.mark.parametrize("rule", sorted(LAUNCH_EXAMPLES))
-def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule, capsys, tmp_path):
+def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule, capsys, tmp_path, builder):
     text = LAUNCH_EXAMPLES[rule]
     job = tmp_path / "job.sh"
     job.write_text(text)
@@ -163,7 +216,52 @@ def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule
     assert f"] {rule} (" in capsys.readouterr().out
     cli.main(["build", "--check-file", str(job)])                                            # --check-file
     assert f"] {rule} (" in capsys.readouterr().out
-    builder = widgets.command_builder()                                                      # the paste box
-    builder.paste.value = text
+    builder.paste.value = text                                                               # the paste box
     assert rule in [t.id for t in builder.pasted_traps]
     assert rule in [t.id for t in launch_traps.check_text(text)[1]]
+
+
+# ---------------------------------------------------------------- rank data flow across functions
+def test_rank_flows_through_calls_returns_spawn_and_loop_counts():
+    through_call = """
+    import torch.distributed as dist
+    def step(is_first):
+        if is_first:
+            dist.barrier()
+    def main():
+        step(dist.get_rank() == 0)
+    """
+    assert "rank-gated-collective" in ids(("t.py", through_call))
+    returned = """
+    import torch.distributed as dist
+    def is_leader():
+        return dist.get_rank() == 0
+    if is_leader():
+        dist.all_reduce(t)
+    """
+    assert "rank-gated-collective" in ids(("t.py", returned))
+    spawned = """
+    import torch.multiprocessing as mp, torch.distributed as dist
+    def worker(idx, world):
+        if idx == 0:
+            dist.barrier()
+    mp.spawn(worker, args=(2,), nprocs=2)
+    """
+    assert "rank-gated-collective" in ids(("t.py", spawned))
+    loop = """
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    for _ in range(rank + 1):
+        dist.all_reduce(t)
+    """
+    assert "rank-gated-collective" in ids(("t.py", loop))
+    save_on_gpu0 = """
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    def train(gpu_id, model):
+        dist.init_process_group("nccl", timeout=t)
+        model = DDP(model, device_ids=[gpu_id])
+        if gpu_id == 0:
+            torch.save(model.state_dict(), "m.pt")
+    """
+    assert not ids(("t.py", save_on_gpu0)) & {"write-on-every-rank", "rank-gated-collective"}

@@ -1,0 +1,116 @@
+"""Score ``runbook lint`` on the blind set (tests/data/lint/blind: manifest.yaml, buggy/, clean/), chosen by another
+session without seeing the rules.
+
+* **decidable recall**: a buggy case with ``decidable_before_launch: true`` is *found* when a finding (any status
+  but OK) names its cause, i.e. its rule is one of :data:`CAUSE_RULES` for the case's ``category``, at the right
+  file: a file whose name the manifest's ``cause`` mentions (``train.py:13``).  Undecidable cases are scored too,
+  apart.
+* **false alarms**: any WARN/FAIL on a clean file.
+
+Every file of a case directory is linted together (what a user would pass: script, configs, launch files).
+:data:`CAUSE_RULES` was written from the manifest's categories before the first run, and is not changed
+by tuning (a category whose rule did not exist then names the rule the contract calls for).
+
+Run: ``python benchmarks/blind_lint.py [--out FILE]`` (prints one line per case and the totals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from helpers.checks import NOT_OK
+from helpers.lint import lint_paths
+
+BLIND = Path(__file__).resolve().parents[1] / "tests" / "data" / "lint" / "blind"
+
+CAUSE_RULES: dict[str, set[str]] = {
+    "sampler_shuffle_conflict": {"dataloader-sampler-and-shuffle"},
+    "rank_conditional_collective": {"rank-gated-collective", "rank-early-exit-collective"},
+    "launcher_node_rank": {"node-rank-fixed"},
+    "slurm_srun_torchrun_overlaunch": {"srun-tasks-per-node"},
+    "device_mapping": {"device-from-global-rank", "nccl-no-device-binding"},
+    "missing_launcher": {"env-init-without-launcher"},
+    "ds_config_type_mismatch": {"ds-invalid-section", "ds-invalid-value"},
+    "accelerate_ds_vs_cli_mismatch": {"acc-accumulation-twice", "acc-ds-file-overrides", "ds-args-mismatch"},
+    "ds_batch_arithmetic": {"ds-batch-mismatch", "ds-args-mismatch"},
+    "ds_config_vs_cli_mismatch": {"ds-batch-mismatch", "ds-args-mismatch"},
+    "fsdp_optimizer_order": {"fsdp-optimizer-before-wrap"},
+    "legacy_launch_local_rank": {"local-rank-arg-under-launcher"},
+    "sampler_set_epoch": {"sampler-no-set-epoch"},
+    "checkpoint_load_device": {"load-without-map-location", "device-from-global-rank", "undefined-attribute"},
+    "backend_device_mismatch": {"nccl-cpu-tensor", "nccl-without-gpus"},
+    "launcher_master_addr": {"master-addr-loopback", "master-addr-missing"},
+    "ds_zero_offload_options": {"ds-invalid-section", "ds-offload-needs-stage"},
+    "launcher_nproc_vs_gpus": {"nproc-exceeds-gpus"},
+    "batch_arithmetic": {"grad-accum-from-device-count"},
+    "accelerate_num_processes": {"acc-processes-not-divisible"},
+    "syncbn": {"syncbn-without-ddp", "batchnorm-without-syncbn"},
+    "ddp_find_unused_parameters": {"find-unused-parameters"},
+    "rank_divergent_exception": {"rank-early-exit-collective", "rank-gated-collective"},
+    "fsdp_wrap_policy": {"fsdp-no-wrap-policy", "fsdp-wrap-class-unknown"},
+    "rdzv_endpoint": {"master-addr-loopback"},
+}
+"""Manifest category -> the rule ids that name that cause (fixed before the first scoring run)."""
+
+
+def _files(case: Path) -> list[Path]:
+    return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
+
+
+def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
+    """``(one line per case, totals)`` for the blind set at ``root``."""
+    entries = yaml.safe_load((root / "manifest.yaml").read_text())
+    lines: list[str] = []
+    tot = {"decidable": 0, "found": 0, "undecidable": 0, "found_undecidable": 0, "clean": 0, "false_alarms": 0,
+           "clean_files_alarmed": 0}
+    for e in entries:
+        case = root / e["dir_or_file"]
+        files = _files(case)
+        findings = lint_paths([str(p) for p in files])
+        name = e["dir_or_file"]
+        if e["kind"] == "clean":
+            loud = [f for f in findings if f.status in NOT_OK]
+            tot["clean"] += 1
+            tot["false_alarms"] += len(loud)
+            tot["clean_files_alarmed"] += bool(loud)
+            lines.append(f"clean  {'ALARM' if loud else 'ok   '} {name}: " +
+                         ("; ".join(f"{os.path.basename(f.file)}:{f.line_no} {f.id}" for f in loud) or "-"))
+            continue
+        named = {p.name for p in files if re.search(rf"\b{re.escape(p.name)}\b", e["cause"])} or {p.name for p in files}
+        want = CAUSE_RULES.get(e["category"], set())
+        hits = [f for f in findings if f.id in want and os.path.basename(f.file) in named and f.status != "OK"]
+        key = "decidable" if e.get("decidable_before_launch") else "undecidable"
+        tot[key] += 1
+        tot["found" if key == "decidable" else "found_undecidable"] += bool(hits)
+        got = sorted({f"{os.path.basename(f.file)}:{f.line_no} {f.id}" for f in findings if f.status != "OK"})
+        lines.append(f"{'dec  ' if key == 'decidable' else 'undec'}  {'FOUND' if hits else 'miss '} {name} "
+                     f"[{e['category']}: {', '.join(sorted(want))}] got: {'; '.join(got) or '-'}")
+    return lines, tot
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print (and with ``--out`` write) the per-case results and the totals."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", default=str(BLIND))
+    p.add_argument("--out", help="also write the report here")
+    args = p.parse_args(argv)
+    lines, t = score(Path(args.root))
+    recall = t["found"] / t["decidable"] if t["decidable"] else 0.0
+    total = (f"decidable recall {t['found']}/{t['decidable']} = {recall:.0%}; undecidable found "
+             f"{t['found_undecidable']}/{t['undecidable']}; false alarms {t['false_alarms']} on "
+             f"{t['clean_files_alarmed']}/{t['clean']} clean files")
+    report = "\n".join([*lines, total]) + "\n"
+    print(report, end="")
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
