@@ -160,6 +160,47 @@ def match_site(message: str, level: str | None = None, path: str | None = None) 
 
 # (class id, regex over the format, subsystems it applies to or "" for any, status, kind, meaning, fix, source)
 KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
+    ("ibverbs-missing", r"Failed to open libibverbs|libibverbs", "", "INFO", "context",
+     "libibverbs is not installed or not found: NCCL's IB transport is off (normal on an Ethernet-only node; on an "
+     "InfiniBand node NCCL falls back to TCP sockets)",
+     "ldconfig -p | grep libibverbs; install rdma-core (libibverbs) in the image when the node has InfiniBand",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable"),
+    ("setting-adjusted", r"setting to|defaulting to|, ignoring|[Ii]gnoring|using default|[Ff]alling back|fallback", "", "INFO", "context",
+     "NCCL found a setting out of range or unusable and continues with another value (printed once, not a failure)",
+     "check the NCCL_* variable the line names against https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
+    ("same-gpu", r"same GPU|Duplicate GPU", "", "FAIL", "cause",
+     "two ranks of one communicator use the same GPU",
+     "torch.cuda.set_device(LOCAL_RANK) before init_process_group; nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv",
+     "https://github.com/NVIDIA/nccl/blob/master/src/init.cc"),
+    ("version-skew", r"not backwards compatible|compiled with NCCL version|is different from|does not match the parent|"
+     r"mixed .* across ranks|across ranks|[Vv]ersion mismatch|[Mm]ismatched NCCL version", "", "FAIL", "cause",
+     "ranks or components disagree: different NCCL builds (the application was compiled against another NCCL), or "
+     "ranks configured differently (network devices, NCCL_* settings)",
+     "print the NCCL version on every node (python -c 'import torch; print(torch.cuda.nccl.version())') and diff the "
+     "NCCL_* environment of the ranks the line names; run one image everywhere",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("mnnvl-imex", r"MNNVL|IMEX|cliqueSize|[Ff]abric handle|CU_MEM_HANDLE_TYPE_FABRIC", "", "FAIL", "suspect",
+     "multi-node NVLink (MNNVL) is not usable: the IMEX service or its channel (/dev/nvidia-caps-imex-channels) is "
+     "missing or misconfigured",
+     "systemctl status nvidia-imex and ls /dev/nvidia-caps-imex-channels on every node of the NVLink domain; "
+     "NCCL_MNNVL_ENABLE=0 as a stop-gap", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-mnnvl-enable"),
+    ("sysfs-path", r"real path|/sys/|sysfs|NUMA|numa|[Cc]ould not find (?:NET|CPU|node|id|DEV|NIC)|hostHash|busId|"
+     r"could not find CPU|could not find DEV|KV Convert|Attribute \S+ of node", "", "WARN", "suspect",
+     "NCCL could not read the node's PCI/NUMA topology from /sys (a container without /sys, a virtual NIC or GPU "
+     "without a PCI path) or could not place a device in it",
+     "ls -l /sys/class/net/*/device and nvidia-smi topo -m in the container (mount /sys, or give NCCL_TOPO_FILE)",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("memory-manager", r"MemManager|[Ss]uspend|[Rr]esume|offload|CPU backup|shadow pool", "", "WARN", "cause",
+     "NCCL's memory manager (communicator suspend/resume and memory offload) refused or failed an operation: the "
+     "application used the API in a state or configuration that does not support it",
+     "check the ncclCommSuspend/ncclCommResume calls of the application against NCCL's API documentation",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api.html"),
+    ("size-mismatch", r"truncated|bytes instead of|[Ss]ize mismatch|collective mismatch|Mismatched collective", "", "FAIL", "suspect",
+     "two ranks disagree on the size of a transfer: they called different collectives, in a different order or with "
+     "different sizes (a program bug), or they run different NCCL versions or protocol settings",
+     "compare the calls of the two ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL reports the mismatching collective) and their "
+     "NCCL versions and NCCL_* settings", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
     ("ib-completion", r"Got completion (?:from peer|with error)|completion with error|wc_status|wc\.status", "net-ib,net-plugin", "FAIL", "suspect",
      "an InfiniBand/RoCE work request completed with an error: the status number names it (12: transport retry "
      "exceeded, the peer NIC is unreachable; 4: local protection, usually PCIe ACS/IOMMU breaking GPU Direct RDMA; "
@@ -171,21 +212,21 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "registered (no nvidia-peermem / DMA-BUF support)",
      "ulimit -l on that node (must be unlimited: limits.conf or the container's --ulimit memlock=-1); "
      "lsmod | grep nvidia_peermem; NCCL_NET_GDR_LEVEL=0 as a stop-gap", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
-    ("ib-verbs-call", r"(?:Call to )?ibv_\w+|mlx5dv_\w+|Unable to open device|Unable to query|ibvwrap|IB device|port state|NET/IB", "net-ib", "FAIL", "suspect",
+    ("ib-verbs-call", r"(?:Call to )?ibv_\w+|mlx5dv_\w+|MLX5|DOCA|Unable to open device|Unable to query|ibvwrap|IB device|port state|NET/IB", "", "FAIL", "suspect",
      "an IB verbs call failed: the HCA, its port or the verbs library is not usable from this process",
      "ibv_devinfo (port PORT_ACTIVE, link_layer) and ls /dev/infiniband in the container (pass the devices and "
      "--cap-add IPC_LOCK; ulimit -l unlimited); NCCL_IB_HCA to pick the right ports", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
-    ("ofi-provider", r"fi_getinfo|provider|No eligible|EFA|efa|libfabric|fi_\w+", "net-plugin:aws-ofi", "FAIL", "suspect",
+    ("ofi-provider", r"fi_getinfo|provider|No eligible|EFA|efa|libfabric|fi_\w+|protocol that worked", "net-plugin:aws-ofi", "FAIL", "suspect",
      "the AWS OFI plugin could not use libfabric (no EFA provider: the EFA device is not passed to the container, the "
      "libfabric/EFA installer is missing or too old, or the instance has no EFA)",
      "fi_info -p efa on that node; pass /dev/infiniband/uverbs* to the container, install the EFA software, and keep "
      "FI_PROVIDER=efa", "https://github.com/aws/aws-ofi-nccl"),
-    ("plugin-load", r"[Pp]lugin|dlopen|dlsym|Failed to find \w+ symbol|libnccl-net", "", "WARN", "suspect",
+    ("plugin-load", r"[Pp]lugin|dlopen|[Dd]lsym|Failed to find \w+ symbol|libnccl-net", "", "WARN", "suspect",
      "a plugin (network, tuner, profiler) could not be loaded or lacks a symbol: NCCL falls back to its internal "
      "code, or the plugin and NCCL versions do not match",
      "ldconfig -p | grep nccl-net and echo $NCCL_NET_PLUGIN $LD_LIBRARY_PATH; install the plugin built for this NCCL "
      "version, or NCCL_NET_PLUGIN=none", "https://github.com/NVIDIA/nccl/tree/master/plugins/net"),
-    ("socket-no-interface", r"no socket interface found|No usable listening interface|no interface found|No interface found in the same subnet|interface not found", "", "FAIL", "cause",
+    ("socket-no-interface", r"no socket interface found|no device found (?:matching|after excluding)|OOB_NET_IFNAME|No usable listening interface|no interface found|No interface found in the same subnet|interface not found", "", "FAIL", "cause",
      "no network interface matches NCCL_SOCKET_IFNAME (or none is up with an address), so NCCL cannot bootstrap",
      "ip -br addr on that node; set NCCL_SOCKET_IFNAME to a prefix present on every node, or unset it",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname"),
@@ -207,7 +248,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "wrong job, or the root is unreachable",
      "every rank must get the same unique id (one init_process_group per job, same MASTER_ADDR/PORT); nc -zv between "
      "the nodes; NCCL_SOCKET_IFNAME on the shared network", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
-    ("shm", r"/dev/shm|shm_open|[Ss]hared memory|fallocate|shmutils|\bshm\b|SHM", "", "FAIL", "suspect",
+    ("shm", r"/dev/shm|shm_open|[Ss]hared memory|fallocate|failed to extend|shmutils|\bshm\b|SHM", "", "FAIL", "suspect",
      "a shared-memory segment under /dev/shm could not be created, sized or attached (a container's small /dev/shm, "
      "ranks in different IPC namespaces, or stale segments)",
      "df -h /dev/shm in each rank's container; docker --shm-size=8g or --ipc=host; NCCL_SHM_DISABLE=1 only as a "
@@ -217,7 +258,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "restarted without a GPU reset, or a version different from the driver)",
      "systemctl status nvidia-fabricmanager and nvidia-smi -q | grep -A2 Fabric; NCCL_NVLS_ENABLE=0 as a stop-gap",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-nvls-enable"),
-    ("p2p-ipc", r"P2P|cudaIpc|IPC|[Ii]pc|cuMemImport|cuMemExport|peer access|CUMEM|cuMem\w+FromShareableHandle|pidfd", "", "FAIL", "suspect",
+    ("p2p-ipc", r"P2P|cudaIpc|IPC|UDS|[Ii]pc|failed to peer|cuMemImport|cuMemExport|peer access|CUMEM|cuMem\w+FromShareableHandle|pidfd", "", "FAIL", "suspect",
      "GPU-to-GPU (P2P/IPC) setup between processes failed: the ranks are in different containers or PID/IPC "
      "namespaces, P2P is not supported between these GPUs, or PCIe ACS/IOMMU blocks it",
      "nvidia-smi topo -p2p r; run the ranks' containers with --ipc=host --pid=host; NCCL_P2P_DISABLE=1 as a test",
@@ -226,7 +267,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "a CUDA call inside NCCL failed; the quoted CUDA error names the cause (out of memory, driver too old, a GPU "
      "fault, fabric manager...)",
      "read the CUDA error string in the line; nvidia-smi and dmesg | grep -i xid on that node", "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html"),
-    ("out-of-memory", r"[Oo]ut of memory|[Ff]ailed to (?:CUDA )?(?:c|m|re)alloc|alloc(?:ation)? failed|ENOMEM|[Cc]annot allocate", "", "FAIL", "cause",
+    ("out-of-memory", r"[Oo]ut of memory|Allocation failed|returned null|[Ff]ailed to (?:CUDA )?(?:c|m|re)alloc|alloc(?:ation)? failed|ENOMEM|[Cc]annot allocate", "", "FAIL", "cause",
      "memory ran out (GPU memory for NCCL's buffers, host memory, or pinned/locked memory)",
      "nvidia-smi (memory used per process) and free -g on that node; lower the model's memory or NCCL's buffers "
      "(NCCL_BUFFSIZE, fewer channels), and ulimit -l unlimited for pinned memory", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-buffsize"),
@@ -238,7 +279,14 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "two ranks of one communicator use the same GPU",
      "torch.cuda.set_device(LOCAL_RANK) before init_process_group; nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv",
      "https://github.com/NVIDIA/nccl/blob/master/src/init.cc"),
-    ("usage-error", r"[Ii]nvalid|must be|should not|not supported|unsupported|garbage|[Nn]ot allowed|illegal|[Uu]nknown|cannot be|out of range|exceeds|too (?:many|large|small)|requires", "arguments,enqueue,group,init,registration,symmetric,gin,rma,device-runtime,ce-collectives,misc", "FAIL", "cause",
+    ("usage-error", r"[Ii]nvalid|must be|should not|[Nn]ot in a group|improper usage|must pass|before the previous "
+     r"operation|revoked|without a matching|must either|needs to be valid|not within valid range|is not in the valid|"
+     r"begins with sm|does not support|only supports|[Nn]o GIN-capable|not found\.?$|mismatchs? with|differs from rank|"
+     r"identical|does not match type|not a valid pointer|is not a member|NULL user pointer|did not request|is disabled|"
+     r"already been destroyed|is being ignored|should be a diviser|is less than|Both \S+ and \S+ are set|Invalig|"
+     r"plane IDs?|non-connected|already connected|unknown state|Unsupported|extends beyond|No suitable space|"
+     r"should not use|operator is a NCCL builtin|No algorithm/protocol available|GIN|[Cc]annot create|must be provided|not supported|unsupported|garbage|[Nn]ot allowed|illegal|[Uu]nknown|cannot be|out of range|exceeds|too (?:many|large|small)|requires", "arguments,enqueue,group,init,registration,symmetric,gin,rma,device-runtime,ce-collectives,misc,net-ib,collnet,"
+     "bootstrap,memory,net,p2p,shm,nvls", "FAIL", "cause",
      "the calling program used NCCL wrongly (an invalid argument, a call in the wrong state, a feature this build or "
      "setup does not support); the line names the argument",
      "fix the call the line names (torch: the collective's tensors, device and group); NCCL_DEBUG=WARN prints the "
@@ -251,7 +299,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "an NVML call failed: the driver and its NVML library differ (a driver update without reboot), or the container "
      "lacks the driver's libraries", "nvidia-smi on that node ('Driver/library version mismatch' means reboot or reload the driver)",
      "https://docs.nvidia.com/deploy/nvml-api/"),
-    ("gdrcopy", r"gdr|GDR|gdrcopy", "gdr", "WARN", "suspect",
+    ("gdrcopy", r"gdr|GDR|gdrcopy|GDRCOPY", "", "WARN", "suspect",
      "GDRCopy (CPU access to GPU memory) could not be used: the gdrdrv module is missing or its version differs",
      "lsmod | grep gdrdrv; NCCL_GDRCOPY_ENABLE=0 turns the optional path off", "https://github.com/NVIDIA/gdrcopy"),
     ("collnet", r"CollNet|collNet|SHARP|[Ss]harp", "", "WARN", "suspect",
@@ -267,13 +315,20 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "NCCL's RAS subsystem (reliability and serviceability: it tracks peers and answers ncclras queries) reports a "
      "peer problem; a witness of another rank's failure", "ncclras on a node of the job lists the dead or unreachable peers",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/ras.html"),
-    ("internal", r"[Ii]nternal|[Aa]ssert|[Uu]nexpected|[Cc]orrupt|[Bb]ug", "", "FAIL", "suspect",
+    ("internal", r"[Ii]nternal|[Aa]ssert|[Uu]nexpected|[Cc]orrupt|[Bb]ug|is NULL|pass NULL|not ready|not initialized|"
+     r"does not exist|invalid socket|socket is invalid|[Cc]ould not find handle|No allocation found|ran out of|"
+     r"progress error|unable to allocate|[Nn]ot enough space|failed to join|string is null|No valid|deregister|"
+     r"Deregister|reqSize is|[Dd]uplicate registration|[Ff]ailed to determine|creation failed|sync deviceStream|"
+     r"cleanup comm|destroys proxy|sets state|[Cc]ould not find|not found|fatal error|[Ee]rror detected|job error|"
+     r"error %d|[Uu]nrecoverable|respSize is|[Dd]uplicate", "", "FAIL", "suspect",
      "NCCL reached a state it does not expect (an internal error): often a known bug of this release",
      "compare the release with the known-bug table (runbook nccl-log shows it) and try the newest NCCL", "https://github.com/NVIDIA/nccl/issues"),
     ("timeout", r"[Tt]imeout|timed out|[Tt]imed out", "", "FAIL", "suspect",
      "an NCCL operation timed out waiting for a peer", "check that every rank reached the same call; test the network between the nodes",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
-    ("system-call", r"Call to \S+ failed|errno|strerror|: [A-Z][a-z]+ [a-z ]+ \(\d+\)|%m", "", "FAIL", "suspect",
+    ("system-call", r"Call to \S+ failed|errno|strerror|: [A-Z][a-z]+ [a-z ]+ \(\d+\)|%m|[Tt]hread|sched_\w+|"
+     r"failed with|[Ff]ailed to open|[Aa]ccept failed|[Bb]inding|[Rr]eceiving data|[Ss]ocket creation|dlvsym|"
+     r"[Rr]etrieve \S+ failed|failure %d|random_device|failed : %s", "", "FAIL", "suspect",
      "a system call failed; the error text in the line names it", "read the errno text; strace -f -e trace=network,ipc the failing rank if it repeats",
      "https://man7.org/linux/man-pages/man3/errno.3.html"),
 )
@@ -357,12 +412,13 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
 and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``."""
 
 
-def cuda_reading(line: str) -> tuple[str, str, str] | None:
-    """``(kind, meaning, fix)`` for the CUDA error a ``Cuda failure`` line quotes, or None when not in :data:`CUDA_ERRORS`."""
+def cuda_reading(line: str) -> tuple[str, str, str, str] | None:
+    """``(class, kind, meaning, fix)`` for the CUDA error a ``Cuda failure`` line quotes (class ``cuda-<words>``), or
+    None when the error is not in :data:`CUDA_ERRORS`."""
     low = line.lower()
     for words, kind, meaning, fix in CUDA_ERRORS:
         if words.lower() in low:
-            return kind, meaning, fix
+            return "cuda-" + re.sub(r"\W+", "-", words.lower()).strip("-"), kind, meaning, fix
     return None
 
 
@@ -412,4 +468,35 @@ def bugs_for(version: str, text: str = "") -> list[dict]:
         lo, hi = version_tuple(str(e["affected"][0])), version_tuple(str(e["affected"][1]))
         if lo <= v <= hi and (not e.get("pattern") or re.search(e["pattern"], text)):
             out.append(e)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- coverage
+
+def coverage(origin: str = "nccl", level: str = "WARN", latest_only: bool = True) -> dict[str, dict[str, int]]:
+    """Sites the reader recognises, per subsystem: ``{subsystem: {"sites", "recognised", "specific"}}`` plus ``"all"``.
+
+    A site (one call in the source; ``site_count`` per format) is *recognised* when the message printf makes of
+    its format (:func:`helpers.nccl_log.generate.sample_message`) is matched back by :func:`match_site` to an
+    entry with the same reading; it is *specific* when that reading comes from a class of :data:`KNOWLEDGE` (or,
+    for ``Cuda failure`` formats, from :data:`CUDA_ERRORS` at run time) rather than the subsystem alone.
+
+    Args:
+        origin: ``nccl`` or a plugin name (``aws-ofi``...); level: ``WARN``, ``INFO`` or ``ERROR``;
+        latest_only: count only the formats the newest walked release still prints.
+    """
+    from helpers.nccl_log.generate import sample_message
+
+    out: dict[str, dict[str, int]] = {}
+    for e in load_sites()["entries"]:
+        if e["origin"] != origin or e["level"] != level or (latest_only and not e["in_latest"]):
+            continue
+        n = e["site_count"]
+        back = match_site(sample_message(e["format"]), level)
+        ok = back is not None and back["knowledge"]["class"] == e["knowledge"]["class"]
+        for key in (e["subsystem"], "all"):
+            row = out.setdefault(key, {"sites": 0, "recognised": 0, "specific": 0})
+            row["sites"] += n
+            row["recognised"] += n if ok else 0
+            row["specific"] += n if ok and e["knowledge"]["specific"] == "yes" else 0
     return out

@@ -197,7 +197,8 @@ class _Parser:
             self._hits.clear()
         site = None
         if rel is not None and (rel[2] or any(w in rel[1] for w in _SITE_INFO_WORDS)):
-            entry = match_site(rel[1][:_SCAN_MAX], None if rel[2] else "INFO")
+            # a bare message (torch's "Last error:" quotes a WARN without its marker) may come from any level
+            entry = match_site(rel[1][:_SCAN_MAX], "INFO" if "NCCL INFO" in ckey else None)
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
         memo = self._hits[ckey] = (hit, rel, events, site)
         return memo

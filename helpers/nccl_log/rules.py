@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from helpers.checks import NOT_OK, STATUSES, Check
-from helpers.nccl_log.catalog import bugs_for, cuda_reading
+from helpers.nccl_log.catalog import bugs_for, cuda_reading, knowledge_for
 from helpers.nccl_log.model import (
     _EVIDENCE_MAX,
     _VERDICT_LIST_MAX,
@@ -196,7 +196,9 @@ def _check_ib_loaded(log: NcclLog, topology: str) -> list[Check]:
     message = ("NCCL loaded the IB network on a job with no inter-node traffic; Gilbreth 6.3 lists "
                "'Using network IB' as its incorrect single-node output: harmless if collectives complete")
     evidence = _evidence(line for i in infos for line in i.evidence_lines if "Using network" in line)
-    fix = "only if collectives hang after Init COMPLETE: " + GILBRETH_SINGLE_NODE_FIX
+    fix = ("only if collectives hang after Init COMPLETE: with channels 'via NET/...' " + GILBRETH_SINGLE_NODE_FIX +
+           "; with channels 'via P2P/...' suspect PCIe ACS / the IOMMU instead: nvidia-smi topo -p2p r, "
+           "sudo lspci -vvv | grep ACSCtl, and a rerun with NCCL_P2P_DISABLE=1 (" + ACS_DOCS + ")")
     return [verdict("single-node-ib-loaded", "INFO", message, [i.key for i in infos if i.key != "?"],
                     _hosts(infos), evidence, fix)]
 
@@ -379,6 +381,22 @@ def _check_versions(log: NcclLog) -> list[Check]:
                     _hosts(involved), evidence, fix)]
 
 
+_QUIET_INFO = {"plugin-load", "ibverbs-missing", "version-mismatch", "topology", "nvml", "gdrcopy", "collnet", "ras",
+               "usage-error", "internal"}
+"""Classes of INFO sites that are NCCL's normal path (no plugin, no libibverbs, a fallback it took): no verdict."""
+
+_VAGUE = {"system-call", "timeout", "internal", "cuda-failure"}
+"""Site classes that say little when the format hides the failing call: the printed message is read too."""
+
+
+def _message(line: str) -> str:
+    """The message of an NCCL line (after ``NCCL WARN`` / ``NCCL INFO``), or the line."""
+    for mark in ("NCCL WARN ", "NCCL INFO "):
+        if mark in line:
+            return line.split(mark, 1)[1]
+    return line
+
+
 _NOT_EXPLAINING = {"init-incomplete", "connect-failed", "no-init-complete", "torch-async-abort", "torch-dump-signal",
                    "torch-desync-seq"}
 """Verdicts that say where a job stopped but not why: the site readings keep their status next to them."""
@@ -407,11 +425,18 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
             continue
         e = hit.entry
         k = dict(e["knowledge"])
+        if k["class"] in _VAGUE or k["class"].startswith("other-"):
+            # the format hides what failed ("Call to %s failed"): read the printed message itself
+            printed = knowledge_for(_message(lines[0]), e["subsystem"], e["level"])
+            if printed["specific"] == "yes" and printed["class"] not in _VAGUE:
+                k = dict(printed)
         if k["class"] == "cuda-failure":
             reading = cuda_reading(" ".join(lines))
             if reading:
-                k.update(kind=reading[0], meaning=reading[1], fix=reading[2], specific="yes")
-                k["class"] = "cuda-" + re.sub(r"\W+", "-", reading[1].split(" (", 1)[0].split(":")[0].lower())[:40].strip("-")
+                k.update({"class": reading[0], "kind": reading[1], "meaning": reading[2], "fix": reading[3],
+                          "specific": "yes"})
+        if e["level"] == "INFO" and (k["class"] in _QUIET_INFO or k["class"].startswith("other-")):
+            continue
         if k["status"] in NOT_OK and (k["kind"] == "context" or explained):
             k["status"] = "INFO"
         g = groups.setdefault(k["class"], {"k": k, "lines": [], "keys": [], "hosts": [], "count": 0, "sites": [],
