@@ -38,7 +38,8 @@ _CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl"}
 _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
-                 "Some NCCL operations", "Timeout at NCCL work")
+                 "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
+                 "open files")
 
 
 @lru_cache(maxsize=4)
@@ -160,6 +161,38 @@ def match_site(message: str, level: str | None = None, path: str | None = None) 
 
 # (class id, regex over the format, subsystems it applies to or "" for any, status, kind, meaning, fix, source)
 KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
+    ("gdr-disabled", r"GPU Direct RDMA Disabled", "", "WARN", "suspect",
+     "GPU Direct RDMA is off for the HCAs: NCCL found no peer-memory module (nvidia_peermem / nv_peer_mem) or "
+     "DMA-BUF support, so network transfers bounce through host memory (several times slower); NCCL up to 2.22.3 "
+     "only looks for the old nv_peer_mem module (2.23.4 release notes: 'Add new check for nvidia peermem')",
+     "lsmod | grep -E 'nvidia_peermem|nv_peer_mem' and cat /sys/module/nvidia_peermem/version on that node; "
+     "modprobe nvidia-peermem; with nvidia_peermem loaded and NCCL <= 2.22.3, upgrade NCCL to 2.23.4 or later",
+     "https://github.com/NVIDIA/nccl/releases/tag/v2.23.4-1"),
+    ("ib-qp-transition", r"ibv_modify_qp|modify_qp", "", "FAIL", "suspect",
+     "moving an InfiniBand/RoCE queue pair to ready-to-receive/send failed: the peer NIC is not reachable with this "
+     "addressing (on RoCE a GID index that selects a non-routable GID such as the IPv6 link-local fe80:: one, or the "
+     "wrong RoCE version; on a rail-optimised fabric a NIC paired with a peer NIC on a rail it is not routed to), or "
+     "the HCA port is down ('No such device')",
+     "ibv_devinfo -v and show_gids on both nodes: set NCCL_IB_GID_INDEX to the RoCE v2 GID of the routable IPv4 "
+     "address; NCCL_CROSS_NIC=0 on fabrics without cross-rail routing; NCCL_IB_HCA=^<hca> to leave out a port that is "
+     "down; ib_write_bw between the two NICs", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-gid-index"),
+    ("topo-xml-file", r"Attribute \S+ of node \S+ not found|XML Import|NCCL_TOPO_FILE|NCCL_GRAPH_FILE|[Gg]raph file|"
+     r"topology file", "", "FAIL", "suspect",
+     "an XML topology file or graph file given to NCCL (NCCL_TOPO_FILE / NCCL_GRAPH_FILE, also set from /etc/nccl.conf or "
+     "~/.nccl.conf, or installed by a network plugin such as aws-ofi-nccl) lacks what this NCCL reads (such as a CPU "
+     "node's arch/vendor/model) or describes another machine",
+     "grep -E 'TOPO_FILE|GRAPH_FILE' /etc/nccl.conf ~/.nccl.conf and the 'set by environment' lines; unset them to let "
+     "NCCL detect the topology, or upgrade the plugin that installs the file",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("topology-path", r"reverse path|[Cc]ould not find a path|no path", "", "FAIL", "suspect",
+     "NCCL could not find a path between two devices of the topology it detected: the NCCL release is likely too old "
+     "for the machine (a GPU, NVSwitch or NIC layout it does not know), or a topology file describes another machine", "nvidia-smi topo -m; try a newer NCCL (a newer torch wheel bundles one) and unset NCCL_TOPO_FILE",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("ofi-register", r"NET/OFI .*(?:[Rr]egister memory|register_mr|reg_mr)", "", "FAIL", "suspect",
+     "libfabric (EFA) could not register a buffer with the NIC: an EFA installer / libfabric too old for the buffers "
+     "this NCCL allocates (cuMem), or the locked-memory limit",
+     "fi_info --version and the EFA installer version on the node; upgrade the EFA installer (libfabric), ulimit -l "
+     "unlimited; see aws-ofi-nccl's release notes for the libfabric it needs", "https://github.com/aws/aws-ofi-nccl"),
     ("ibverbs-missing", r"Failed to open libibverbs|libibverbs", "", "INFO", "context",
      "libibverbs is not installed or not found: NCCL's IB transport is off (normal on an Ethernet-only node; on an "
      "InfiniBand node NCCL falls back to TCP sockets)",
@@ -196,6 +229,12 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "application used the API in a state or configuration that does not support it",
      "check the ncclCommSuspend/ncclCommResume calls of the application against NCCL's API documentation",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api.html"),
+    ("bootstrap-truncated", r"[Tt]runcated|bytes instead of", "bootstrap", "FAIL", "suspect",
+     "a bootstrap message had another size than expected: the ranks run different NCCL versions, another process "
+     "(another job, a scanner) connected to this rank's bootstrap port, or the 2.19-2.20 regression that reorders "
+     "bootstrap messages (fixed in 2.21.5)",
+     "compare the NCCL version of every rank (the 'NCCL version' lines); give each job its own MASTER_PORT / NCCL_COMM_ID; "
+     "on 2.19.x-2.20.x upgrade to 2.21.5 or later", "https://github.com/NVIDIA/nccl/releases/tag/v2.21.5-1"),
     ("size-mismatch", r"truncated|bytes instead of|[Ss]ize mismatch|collective mismatch|Mismatched collective", "", "FAIL", "suspect",
      "two ranks disagree on the size of a transfer: they called different collectives, in a different order or with "
      "different sizes (a program bug), or they run different NCCL versions or protocol settings",
@@ -355,6 +394,10 @@ SUBSYSTEM_MEANING: dict[str, str] = {
 """What each subsystem of :func:`helpers.nccl_log.generate.subsystem_of` is, for readings no class above covers."""
 
 
+_INFO_KEEPS = {"gdr-disabled"}
+"""Classes that keep their status when NCCL prints them as INFO (it continues, but on a slow path)."""
+
+
 @lru_cache(maxsize=4096)
 def knowledge_for(fmt: str, subsystem: str, level: str) -> dict[str, str]:
     """The reading of one message format: ``{"class", "status", "kind", "meaning", "fix", "source", "specific"}``.
@@ -369,7 +412,7 @@ def knowledge_for(fmt: str, subsystem: str, level: str) -> dict[str, str]:
         if allowed and subsystem not in allowed and base not in allowed:
             continue
         if re.search(rx, fmt):
-            if level == "INFO":
+            if level == "INFO" and cid not in _INFO_KEEPS:
                 status, kind = "INFO", "context"
             return {"class": cid, "status": status, "kind": kind, "meaning": meaning, "fix": fix, "source": source,
                     "specific": "yes"}
@@ -392,6 +435,16 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
      "nvidia-smi topo -p2p r; NCCL_P2P_DISABLE=1 (NCCL then uses shared memory)"),
     ("peer mapping resources exhausted", "cause", "too many P2P mappings (more than 8 peers per GPU under the legacy IPC path)",
      "NCCL_P2P_LEVEL=NVL or fewer ranks per node"),
+    ("named symbol not found", "cause", "NCCL's kernels were not built for this GPU's architecture (a source build "
+     "without this GPU's -gencode): the kernel it launches does not exist",
+     "nvidia-smi --query-gpu=compute_cap --format=csv; rebuild NCCL with NVCC_GENCODE including that architecture, or use "
+     "a release build"),
+    ("no kernel image is available", "cause", "the binary has no kernel for this GPU's architecture (built without its "
+     "-gencode, or a GPU newer than the build)", "nvidia-smi --query-gpu=compute_cap --format=csv; install a build for it"),
+    ("invalid resource handle", "suspect", "a CUDA handle (stream, event) of another device or context was used: the "
+     "current device is not set per rank (torch.cuda.set_device), or an old NCCL (< 2.13) runs under a newer torch",
+     "call torch.cuda.set_device(LOCAL_RANK) before init_process_group and the first collective; use the NCCL the torch "
+     "wheel ships (old NCCL < 2.13 with torch >= 2.3 fails this way)"),
     ("invalid device ordinal", "cause", "a rank asked for a GPU index that does not exist (LOCAL_RANK >= visible GPUs, or CUDA_VISIBLE_DEVICES too short)",
      "compare --nproc-per-node with nvidia-smi -L and CUDA_VISIBLE_DEVICES on that node"),
     ("illegal memory access", "suspect", "a kernel accessed invalid memory; the error is sticky, so NCCL reports the previous kernel's fault (often the program's own kernel)",

@@ -79,6 +79,7 @@ _NO_IFACE = re.compile(r"Socket creation failed : Address family not supported|B
                        r"NET/Socket ?: no interface found|No interface found in the same subnet")
 _IBVERBS = re.compile(r"Failed to open libibverbs")
 _ABORT = re.compile(r"Abort COMPLETE")
+_ERROR_CHAIN = re.compile(r"^(?:[\w/]+/)?(\w+)\.(?:cc|cu|h):\d+ -> [1-9]\d*\b")
 
 def _ifaces(text: str) -> list[Iface]:
     """Interfaces of a ``[0]eth0:10.0.0.1<0> [1]ib0:...`` or ``eth0:10.0.0.1<0>`` list."""
@@ -131,8 +132,10 @@ class _Parser:
         per-line work is slicing and dict lookups.
         """
         self.log.sources.append(source)
+        lines = _unwrap(lines)
         previous: str | None = None
         count = nccl = seen = 0
+        last_error = False
         catalog = _catalog_regex()
         log = self.log
         hits = self._hits
@@ -147,6 +150,9 @@ class _Parser:
                     continue
                 first = line[0]
                 if first == "#" or (first in " \t" and line.lstrip().startswith("#")):
+                    if line.startswith("# Avg bus bandwidth"):   # nccl-tests' summary, not a comment
+                        log.nccl_tests_summaries += 1
+                        count += 1
                     continue
                 if _RECONSTRUCTED in line:
                     line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
@@ -161,6 +167,13 @@ class _Parser:
                 if memo is None:
                     memo = self._memo(ckey, catalog)
                 hit, rel, events, site = memo
+                if rel is None and last_error and site is None:
+                    # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
+                    entry = match_site(ckey)
+                    if entry is not None:
+                        self._site_hit(entry["index"], line, log.unattributed)
+                        count += 1
+                last_error = line.endswith("Last error:")
                 if rel is None:
                     if hit is not None:
                         count += 1
@@ -411,6 +424,9 @@ class _Parser:
             _keep(info.ibverbs_lines, cut)
         elif kind == "abort":
             info.aborts += 1
+        elif kind == "chain":
+            if event[1] not in info.error_chain and len(info.error_chain) < _KEEP_MAX:
+                info.error_chain.append(event[1])
         elif kind == "plugin":
             info.net_plugin = bool(info.net_plugin) or event[1]
         elif kind == "oob":
@@ -485,6 +501,7 @@ def _merge(into: RankInfo, other: RankInfo) -> None:
     for cid, n in other.catalog.items():
         into.catalog[cid] = into.catalog.get(cid, 0) + n
     into.aborts += other.aborts
+    into.error_chain += [c for c in other.error_chain if c not in into.error_chain]
     into.lines += other.lines
     into.stage = max(into.stage, other.stage)
 
@@ -535,7 +552,7 @@ def _classify(msg: str) -> list[tuple]:
     if m := _CHANNEL.match(msg):
         events.append(("channel", Channel(int(m["ch"]), int(m["conn"]) if m["conn"] is not None else None,
                                           int(m["src"]), int(m["dst"]), m["dir"], m["via"].strip())))
-    if _CONNECT_ANY.search(msg):
+    if _CONNECT_ANY.search(msg) and "ibv_" not in msg:   # an IB verbs call that timed out is not a socket connect
         events.append(("connect",))
     if _NO_IFACE.search(msg):
         events.append(("no_iface",))
@@ -545,6 +562,8 @@ def _classify(msg: str) -> list[tuple]:
         events.append(("ibverbs",))
     if _ABORT.search(msg):
         events.append(("abort",))
+    if m := _ERROR_CHAIN.match(msg):
+        events.append(("chain", m.group(1)))
     return events
 
 
@@ -582,8 +601,31 @@ def parse(text: str, source: str = "<text>") -> NcclLog:
     return parser.finish()
 
 
-_SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not found", "isabl")
+_SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not found", "isabl", "exceed")
 """An INFO message is matched against the generated sites only when it holds one of these (WARN lines always are)."""
+
+
+_WRAPPED = re.compile(r"^\s*\[\d+\][^\s:\[\]]+:\S+<\d+>\s*$")
+
+
+def _unwrap(lines: Iterable[str]) -> Iterator[str]:
+    """Join interface-list lines a terminal or an issue wrapped (``[1]br-05ab:172.19.0.1<0>`` alone on a line) to the
+    ``... : Using`` line they continue, so ``NET/Socket : Using`` keeps its interfaces."""
+    held: str | None = None
+    for line in lines:
+        if held is not None and _WRAPPED.match(line):
+            held = held.rstrip("\n") + " " + line.strip()
+            continue
+        if held is not None:
+            yield held + "\n"
+            held = None
+        stripped = line.rstrip()
+        if stripped.endswith(": Using") or (stripped.endswith(">") and " : Using " in stripped):
+            held = stripped
+            continue
+        yield line
+    if held is not None:
+        yield held + "\n"
 
 
 def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> tuple[str | None, bool]:
