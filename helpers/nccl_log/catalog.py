@@ -134,10 +134,18 @@ _SITE_RE: dict[int, re.Pattern[str]] = {}
 
 
 def match_site(message: str, level: str | None = None, path: str | None = None) -> dict | None:
-    """The generated entry whose format printed ``message`` (the text after ``NCCL WARN`` / ``NCCL INFO``), or None.
+    """The generated entry whose format printed ``message`` (see :func:`_match_site_index`), or None."""
+    index = _match_site_index(message, level, path)
+    return None if index is None else load_sites(path)["entries"][index]
 
-    Entries are tried longest literal anchor first; an entry matches when its anchor is in ``message`` and its
-    regex matches from the start (a message cut short still matches when the anchor is there).
+
+@lru_cache(maxsize=8192)
+def _match_site_index(message: str, level: str | None = None, path: str | None = None) -> int | None:
+    """The index of the generated entry whose format printed ``message`` (the text after ``NCCL WARN``), or None.
+
+    Memoised (bounded): a log repeats its messages.  Entries are tried longest literal anchor first; an entry
+    matches when its anchor is in ``message`` and its regex matches from the start (a message cut short still
+    matches when the anchor is there).
 
     Args:
         message: one message, prefix removed; level: ``WARN`` / ``INFO`` / ``ERROR`` to try only those entries.
@@ -153,7 +161,7 @@ def match_site(message: str, level: str | None = None, path: str | None = None) 
         if rx is None:
             rx = _SITE_RE[i] = re.compile(e["regex"])
         if rx.match(message):
-            return e
+            return i
     return None
 
 
