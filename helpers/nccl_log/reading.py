@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -52,7 +52,7 @@ _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+[\w.]+)?)")
 _DRIVER = re.compile(r"^cudaDriverVersion (\d+)")
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (\S+?)\.?$")
 _BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (.+)$")
-_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using (?!interface )(?P<devs>.+)$")
+_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using(?: (?!interface )(?P<devs>.+))?$")
 _OLD_SIDEBAND = re.compile(r"^NET/IB ?: Using interface (\S+) for sideband")
 _OLD_NET_IFACE = re.compile(r"^NET ?: Using interface (\S+)")
 _OLD_INTERNAL = re.compile(r"^Using internal Network (\w+)")
@@ -111,6 +111,7 @@ class _Parser:
         # head ("host:pid:tid [dev] ", with any label) -> its rank, for heads whose attribution never changes
         # (NCCL's prefix, no torchrun local label); cleared by finish(), which merges records
         self._rank_of: dict[str, RankInfo] = {}
+        self.nul_line = 0   # line number of the first NUL byte in the last input fed (0: none)
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
               dev: int | None = None) -> RankInfo:
@@ -132,17 +133,27 @@ class _Parser:
         per-line work is slicing and dict lookups.
         """
         self.log.sources.append(source)
-        lines = _unwrap(lines)
         previous: str | None = None
         count = nccl = seen = 0
         last_error = False
+        using: tuple[RankInfo] | None = None
+        stop = False
+        self.nul_line = 0
         catalog = _catalog_regex()
         log = self.log
         hits = self._hits
         on_line = self._line
         try:
             for raw in lines:
+                if stop:
+                    break
                 seen += 1
+                if "\x00" in raw:          # NUL bytes: a preallocated or crash-truncated file; the text ends here
+                    self.nul_line = seen
+                    raw = raw.split("\x00", 1)[0]
+                    stop = True            # read what precedes the NULs on this line, then stop
+                    if not raw.strip():
+                        break
                 line = (raw if len(raw) <= _READ_MAX else raw[:_READ_MAX]).rstrip()
                 if "\x1b" in line:
                     line = _ANSI.sub("", line).rstrip()
@@ -174,6 +185,10 @@ class _Parser:
                         self._site_hit(entry["index"], line, log.unattributed)
                         count += 1
                 last_error = line.endswith("Last error:")
+                if rel is None and using is not None and first == "[" and _WRAPPED.match(line):
+                    using[0].socket_ifaces += _ifaces(line)     # an interface list wrapped onto its own lines
+                    _keep(using[0].evidence_lines, _cut(line))
+                    continue
                 if rel is None:
                     if hit is not None:
                         count += 1
@@ -187,6 +202,7 @@ class _Parser:
                 count += 1
                 nccl += 1
                 previous, info = on_line(line, (line[:k + 2] + rel[0]) if k >= 0 else rel[0], events, previous, rel[2])
+                using = (info,) if rel[1][-5:] == "Using" else None
                 if hit is not None:
                     self._catalog_hit(hit, line, info)
                 if site is not None:
@@ -519,7 +535,7 @@ def _classify(msg: str) -> list[tuple]:
     if m := _BOOTSTRAP.match(msg):
         events.append(("bootstrap", _ifaces(m.group(1))))
     if (m := _NET_USING.match(msg)) and m["net"] != "Plugin":
-        devs_text, _, oob_text = m["devs"].partition("; OOB ")
+        devs_text, _, oob_text = (m["devs"] or "").partition("; OOB ")
         devs = [d for d in re.findall(r"\[\d+\]\S+", devs_text)] or devs_text.split()
         oob = _ifaces(oob_text)
         events.append(("net", m["net"], [d for d in devs if d != "[RO]"], oob[0] if oob else None))
@@ -608,26 +624,6 @@ _SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not 
 _WRAPPED = re.compile(r"^\s*\[\d+\][^\s:\[\]]+:\S+<\d+>\s*$")
 
 
-def _unwrap(lines: Iterable[str]) -> Iterator[str]:
-    """Join interface-list lines a terminal or an issue wrapped (``[1]br-05ab:172.19.0.1<0>`` alone on a line) to the
-    ``... : Using`` line they continue, so ``NET/Socket : Using`` keeps its interfaces."""
-    held: str | None = None
-    for line in lines:
-        if held is not None and _WRAPPED.match(line):
-            held = held.rstrip("\n") + " " + line.strip()
-            continue
-        if held is not None:
-            yield held + "\n"
-            held = None
-        stripped = line.rstrip()
-        if stripped.endswith(": Using") or (stripped.endswith(">") and " : Using " in stripped):
-            held = stripped
-            continue
-        yield line
-    if held is not None:
-        yield held + "\n"
-
-
 def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> tuple[str | None, bool]:
     """Feed one input to ``parser`` through :func:`helpers.inputs.open_lines`: ``(problem line or None, read)``.
 
@@ -647,28 +643,15 @@ def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> tuple
                 return f"{shown}: gzip-compressed; decompress it first (zcat {name} | runbook nccl-log -)", False
             if head[:1] == b"\x00" or head[:512].count(b"\x00") > 64:
                 return f"{shown}: binary file, not a text log", False
-            nul_at = [0]
-            if parser.feed(_until_nul(lines, nul_at), shown) == 0:
+            if parser.feed(lines, shown) == 0:
                 if not head:
                     return f"{shown}: empty file (no NCCL lines)", False
                 return f"{shown}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO?)", False
-            if nul_at[0]:
-                return f"{shown}: NUL bytes from line {nul_at[0]} on: read up to there, the rest is not text", True
+            if parser.nul_line:
+                return f"{shown}: NUL bytes from line {parser.nul_line} on: read up to there, the rest is not text", True
     except inputs.InputError as exc:
         return f"{shown}: cannot read the log ({exc.reason})", False
     return None, True
-
-
-def _until_nul(lines: Iterable[str], where: list[int]) -> Iterator[str]:
-    """The lines up to the first one holding a NUL byte; ``where[0]`` becomes that line's 1-based number."""
-    for n, line in enumerate(lines, 1):
-        if "\x00" in line:
-            before = line.split("\x00", 1)[0]
-            where[0] = n
-            if before.strip():
-                yield before
-            return
-        yield line
 
 
 def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
