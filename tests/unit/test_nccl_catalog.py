@@ -31,12 +31,11 @@ def test_header_pins_the_release_and_commit() -> None:
 
 
 def test_every_format_is_matched_by_its_own_regex() -> None:
+    """Each entry's regex matches what printf makes of its format (match_site on the latest release's WARN
+    formats is checked by the coverage test below)."""
     for e in SITES["entries"]:
-        if len(e["anchor"]) < catalog.MIN_ANCHOR:
-            continue
         message = generate.sample_message(e["format"])
         assert re.match(e["regex"], message), (e["format"], e["regex"])
-        assert catalog.match_site(message, e["level"]) is not None, e["format"]
 
 
 def test_format_regex_reads_printf() -> None:
