@@ -102,7 +102,8 @@ command of its fix), ``context`` (a consequence or a fact worth knowing, not a f
 def load_sites(path: str | None = None) -> dict:
     """The generated catalog: ``{"header": {...}, "entries": [...], "skipped": [...]}`` (:mod:`helpers.nccl_log.generate`).
 
-    Each entry gains ``index`` (its position) and ``knowledge`` (:func:`knowledge_for`).
+    Each entry gains ``index`` (its position) and ``knowledge`` (:func:`knowledge_for`); ``sites`` keeps the first
+    two URLs (``site_count`` counts them all) so the reader's memory stays small.
 
     Raises:
         ValueError: the file is not the generator's JSON (names the missing key).
@@ -113,7 +114,9 @@ def load_sites(path: str | None = None) -> dict:
             raise ValueError(f"{path or SITES_PATH}: missing {key!r}; regenerate it with python -m helpers.nccl_log.generate")
     for i, e in enumerate(data["entries"]):
         e["index"] = i
+        e["sites"] = e["sites"][:2]      # the file keeps up to 8 per format; verdicts cite the first ones
         e["knowledge"] = knowledge_for(e["format"], e["subsystem"], e["level"])
+    data.pop("skipped", None)
     return data
 
 
