@@ -38,7 +38,8 @@ _CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl"}
 _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
-                 "Some NCCL operations", "Timeout at NCCL work")
+                 "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
+                 "open files")
 
 
 @lru_cache(maxsize=4)
@@ -101,7 +102,8 @@ command of its fix), ``context`` (a consequence or a fact worth knowing, not a f
 def load_sites(path: str | None = None) -> dict:
     """The generated catalog: ``{"header": {...}, "entries": [...], "skipped": [...]}`` (:mod:`helpers.nccl_log.generate`).
 
-    Each entry gains ``index`` (its position) and ``knowledge`` (:func:`knowledge_for`).
+    Each entry gains ``index`` (its position) and ``knowledge`` (:func:`knowledge_for`); ``sites`` keeps the first
+    two URLs (``site_count`` counts them all) so the reader's memory stays small.
 
     Raises:
         ValueError: the file is not the generator's JSON (names the missing key).
@@ -112,16 +114,35 @@ def load_sites(path: str | None = None) -> dict:
             raise ValueError(f"{path or SITES_PATH}: missing {key!r}; regenerate it with python -m helpers.nccl_log.generate")
     for i, e in enumerate(data["entries"]):
         e["index"] = i
+        e["sites"] = e["sites"][:2]      # the file keeps up to 8 per format; verdicts cite the first ones
         e["knowledge"] = knowledge_for(e["format"], e["subsystem"], e["level"])
+    data.pop("skipped", None)
     return data
 
 
 @lru_cache(maxsize=2)
-def _site_index(path: str | None = None) -> tuple[tuple[str, int], ...]:
-    """``(anchor, index)`` of every WARN/ERROR/INFO entry, longest anchor first (the most specific wins)."""
+def _site_index(path: str | None = None) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
+    """``({word: entry indices}, indices without a word)``: each entry filed under every word of its anchor.
+
+    A message is then checked only against the entries filed under one of its own words (a dict lookup per word)
+    instead of all ~2,000 entries.  Every word counts, not only the longest: a word next to a conversion
+    (``Using%s``) may be glued to the printed value.
+    """
     entries = load_sites(path)["entries"]
-    return tuple(sorted(((e["anchor"], e["index"]) for e in entries if len(e["anchor"]) >= MIN_ANCHOR),
-                        key=lambda a: -len(a[0])))
+    by_word: dict[str, list[int]] = {}
+    loose: list[int] = []
+    for e in sorted(entries, key=lambda e: -len(e["anchor"])):
+        if len(e["anchor"]) < MIN_ANCHOR:
+            continue
+        words = set(_WORD.findall(e["anchor"]))
+        for word in words:
+            by_word.setdefault(word, []).append(e["index"])
+        if not words:
+            loose.append(e["index"])
+    return {w: tuple(v) for w, v in by_word.items()}, tuple(loose)
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 
 
 MIN_ANCHOR = 3
@@ -133,26 +154,34 @@ _SITE_RE: dict[int, re.Pattern[str]] = {}
 
 
 def match_site(message: str, level: str | None = None, path: str | None = None) -> dict | None:
-    """The generated entry whose format printed ``message`` (the text after ``NCCL WARN`` / ``NCCL INFO``), or None.
+    """The generated entry whose format printed ``message`` (see :func:`_match_site_index`), or None."""
+    index = _match_site_index(message, level, path)
+    return None if index is None else load_sites(path)["entries"][index]
 
-    Entries are tried longest literal anchor first; an entry matches when its anchor is in ``message`` and its
-    regex matches from the start (a message cut short still matches when the anchor is there).
+
+@lru_cache(maxsize=8192)
+def _match_site_index(message: str, level: str | None = None, path: str | None = None) -> int | None:
+    """The index of the generated entry whose format printed ``message`` (the text after ``NCCL WARN``), or None.
+
+    Memoised (bounded): a log repeats its messages.  Entries are tried longest literal anchor first; an entry
+    matches when its anchor is in ``message`` and its regex matches from the start (a message cut short still
+    matches when the anchor is there).
 
     Args:
         message: one message, prefix removed; level: ``WARN`` / ``INFO`` / ``ERROR`` to try only those entries.
     """
     entries = load_sites(path)["entries"]
-    for anchor, i in _site_index(path):
-        if anchor not in message:
-            continue
+    by_word, loose = _site_index(path)
+    candidates = {i for w in set(_WORD.findall(message)) for i in by_word.get(w, ())}
+    for i in sorted(candidates, key=lambda i: -len(entries[i]["anchor"])) + list(loose):
         e = entries[i]
-        if level is not None and e["level"] != level:
+        if e["anchor"] not in message or (level is not None and e["level"] != level):
             continue
         rx = _SITE_RE.get(i)
         if rx is None:
             rx = _SITE_RE[i] = re.compile(e["regex"])
         if rx.match(message):
-            return e
+            return i
     return None
 
 
@@ -160,6 +189,85 @@ def match_site(message: str, level: str | None = None, path: str | None = None) 
 
 # (class id, regex over the format, subsystems it applies to or "" for any, status, kind, meaning, fix, source)
 KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
+    ("gdr-disabled", r"GPU Direct RDMA Disabled", "", "WARN", "suspect",
+     "GPU Direct RDMA is off for the HCAs: NCCL found no peer-memory module (nvidia_peermem / nv_peer_mem) or "
+     "DMA-BUF support, so network transfers bounce through host memory (several times slower); NCCL up to 2.22.3 "
+     "only looks for the old nv_peer_mem module (2.23.4 release notes: 'Add new check for nvidia peermem')",
+     "lsmod | grep -E 'nvidia_peermem|nv_peer_mem' and cat /sys/module/nvidia_peermem/version on that node; "
+     "modprobe nvidia-peermem; with nvidia_peermem loaded and NCCL <= 2.22.3, upgrade NCCL to 2.23.4 or later",
+     "https://github.com/NVIDIA/nccl/releases/tag/v2.23.4-1"),
+    ("ib-qp-transition", r"ibv_modify_qp|modify_qp", "", "FAIL", "suspect",
+     "moving an InfiniBand/RoCE queue pair to ready-to-receive/send failed: the peer NIC is not reachable with this "
+     "addressing (on RoCE a GID index that selects a non-routable GID such as the IPv6 link-local fe80:: one, or the "
+     "wrong RoCE version; on a rail-optimised fabric a NIC paired with a peer NIC on a rail it is not routed to), or "
+     "the HCA port is down ('No such device')",
+     "ibv_devinfo -v and show_gids on both nodes: set NCCL_IB_GID_INDEX to the RoCE v2 GID of the routable IPv4 "
+     "address; NCCL_CROSS_NIC=0 on fabrics without cross-rail routing; NCCL_IB_HCA=^<hca> to leave out a port that is "
+     "down; ib_write_bw between the two NICs", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-gid-index"),
+    ("topo-xml-file", r"Attribute \S+ of node \S+ not found|XML Import|NCCL_TOPO_FILE|NCCL_GRAPH_FILE|[Gg]raph file|"
+     r"topology file", "", "FAIL", "suspect",
+     "an XML topology file or graph file given to NCCL (NCCL_TOPO_FILE / NCCL_GRAPH_FILE, also set from /etc/nccl.conf or "
+     "~/.nccl.conf, or installed by a network plugin such as aws-ofi-nccl) lacks what this NCCL reads (such as a CPU "
+     "node's arch/vendor/model) or describes another machine",
+     "grep -E 'TOPO_FILE|GRAPH_FILE' /etc/nccl.conf ~/.nccl.conf and the 'set by environment' lines; unset them to let "
+     "NCCL detect the topology, or upgrade the plugin that installs the file",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("topology-path", r"reverse path|[Cc]ould not find a path|no path", "", "FAIL", "suspect",
+     "NCCL could not find a path between two devices of the topology it detected: the NCCL release is likely too old "
+     "for the machine (a GPU, NVSwitch or NIC layout it does not know), or a topology file describes another machine", "nvidia-smi topo -m; try a newer NCCL (a newer torch wheel bundles one) and unset NCCL_TOPO_FILE",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("ofi-register", r"NET/OFI .*(?:[Rr]egister memory|register_mr|reg_mr)", "", "FAIL", "suspect",
+     "libfabric (EFA) could not register a buffer with the NIC: an EFA installer / libfabric too old for the buffers "
+     "this NCCL allocates (cuMem), or the locked-memory limit",
+     "fi_info --version and the EFA installer version on the node; upgrade the EFA installer (libfabric), ulimit -l "
+     "unlimited; see aws-ofi-nccl's release notes for the libfabric it needs", "https://github.com/aws/aws-ofi-nccl"),
+    ("ibverbs-missing", r"Failed to open libibverbs|libibverbs", "", "INFO", "context",
+     "libibverbs is not installed or not found: NCCL's IB transport is off (normal on an Ethernet-only node; on an "
+     "InfiniBand node NCCL falls back to TCP sockets)",
+     "ldconfig -p | grep libibverbs; install rdma-core (libibverbs) in the image when the node has InfiniBand",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable"),
+    ("setting-adjusted", r"setting to|defaulting to|, ignoring|[Ii]gnoring|using default|[Ff]alling back|fallback", "", "INFO", "context",
+     "NCCL found a setting out of range or unusable and continues with another value (printed once, not a failure)",
+     "check the NCCL_* variable the line names against https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
+    ("same-gpu", r"same GPU|Duplicate GPU", "", "FAIL", "cause",
+     "two ranks of one communicator use the same GPU",
+     "torch.cuda.set_device(LOCAL_RANK) before init_process_group; nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv",
+     "https://github.com/NVIDIA/nccl/blob/master/src/init.cc"),
+    ("version-skew", r"not backwards compatible|compiled with NCCL version|is different from|does not match the parent|"
+     r"mixed .* across ranks|across ranks|[Vv]ersion mismatch|[Mm]ismatched NCCL version", "", "FAIL", "cause",
+     "ranks or components disagree: different NCCL builds (the application was compiled against another NCCL), or "
+     "ranks configured differently (network devices, NCCL_* settings)",
+     "print the NCCL version on every node (python -c 'import torch; print(torch.cuda.nccl.version())') and diff the "
+     "NCCL_* environment of the ranks the line names; run one image everywhere",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
+    ("mnnvl-imex", r"MNNVL|IMEX|cliqueSize|[Ff]abric handle|CU_MEM_HANDLE_TYPE_FABRIC", "", "FAIL", "suspect",
+     "multi-node NVLink (MNNVL) is not usable: the IMEX service or its channel (/dev/nvidia-caps-imex-channels) is "
+     "missing or misconfigured",
+     "systemctl status nvidia-imex and ls /dev/nvidia-caps-imex-channels on every node of the NVLink domain; "
+     "NCCL_MNNVL_ENABLE=0 as a stop-gap", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-mnnvl-enable"),
+    ("sysfs-path", r"real path|/sys/|sysfs|NUMA|numa|[Cc]ould not find (?:NET|CPU|node|id|DEV|NIC)|hostHash|busId|"
+     r"could not find CPU|could not find DEV|KV Convert|Attribute \S+ of node", "", "WARN", "suspect",
+     "NCCL could not read the node's PCI/NUMA topology from /sys (a container without /sys, a virtual NIC or GPU "
+     "without a PCI path) or could not place a device in it",
+     "ls -l /sys/class/net/*/device and nvidia-smi topo -m in the container (mount /sys, or give NCCL_TOPO_FILE)",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("memory-manager", r"MemManager|[Ss]uspend|[Rr]esume|offload|CPU backup|shadow pool", "", "WARN", "cause",
+     "NCCL's memory manager (communicator suspend/resume and memory offload) refused or failed an operation: the "
+     "application used the API in a state or configuration that does not support it",
+     "check the ncclCommSuspend/ncclCommResume calls of the application against NCCL's API documentation",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api.html"),
+    ("bootstrap-truncated", r"[Tt]runcated|bytes instead of", "bootstrap", "FAIL", "suspect",
+     "a bootstrap message had another size than expected: the ranks run different NCCL versions, another process "
+     "(another job, a scanner) connected to this rank's bootstrap port, or the 2.19-2.20 regression that reorders "
+     "bootstrap messages (fixed in 2.21.5)",
+     "compare the NCCL version of every rank (the 'NCCL version' lines); give each job its own MASTER_PORT / NCCL_COMM_ID; "
+     "on 2.19.x-2.20.x upgrade to 2.21.5 or later", "https://github.com/NVIDIA/nccl/releases/tag/v2.21.5-1"),
+    ("size-mismatch", r"truncated|bytes instead of|[Ss]ize mismatch|collective mismatch|Mismatched collective", "", "FAIL", "suspect",
+     "two ranks disagree on the size of a transfer: they called different collectives, in a different order or with "
+     "different sizes (a program bug), or they run different NCCL versions or protocol settings",
+     "compare the calls of the two ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL reports the mismatching collective) and their "
+     "NCCL versions and NCCL_* settings", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
     ("ib-completion", r"Got completion (?:from peer|with error)|completion with error|wc_status|wc\.status", "net-ib,net-plugin", "FAIL", "suspect",
      "an InfiniBand/RoCE work request completed with an error: the status number names it (12: transport retry "
      "exceeded, the peer NIC is unreachable; 4: local protection, usually PCIe ACS/IOMMU breaking GPU Direct RDMA; "
@@ -171,21 +279,21 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "registered (no nvidia-peermem / DMA-BUF support)",
      "ulimit -l on that node (must be unlimited: limits.conf or the container's --ulimit memlock=-1); "
      "lsmod | grep nvidia_peermem; NCCL_NET_GDR_LEVEL=0 as a stop-gap", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
-    ("ib-verbs-call", r"(?:Call to )?ibv_\w+|mlx5dv_\w+|Unable to open device|Unable to query|ibvwrap|IB device|port state|NET/IB", "net-ib", "FAIL", "suspect",
+    ("ib-verbs-call", r"(?:Call to )?ibv_\w+|mlx5dv_\w+|MLX5|DOCA|Unable to open device|Unable to query|ibvwrap|IB device|port state|NET/IB", "", "FAIL", "suspect",
      "an IB verbs call failed: the HCA, its port or the verbs library is not usable from this process",
      "ibv_devinfo (port PORT_ACTIVE, link_layer) and ls /dev/infiniband in the container (pass the devices and "
      "--cap-add IPC_LOCK; ulimit -l unlimited); NCCL_IB_HCA to pick the right ports", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
-    ("ofi-provider", r"fi_getinfo|provider|No eligible|EFA|efa|libfabric|fi_\w+", "net-plugin:aws-ofi", "FAIL", "suspect",
+    ("ofi-provider", r"fi_getinfo|provider|No eligible|EFA|efa|libfabric|fi_\w+|protocol that worked", "net-plugin:aws-ofi", "FAIL", "suspect",
      "the AWS OFI plugin could not use libfabric (no EFA provider: the EFA device is not passed to the container, the "
      "libfabric/EFA installer is missing or too old, or the instance has no EFA)",
      "fi_info -p efa on that node; pass /dev/infiniband/uverbs* to the container, install the EFA software, and keep "
      "FI_PROVIDER=efa", "https://github.com/aws/aws-ofi-nccl"),
-    ("plugin-load", r"[Pp]lugin|dlopen|dlsym|Failed to find \w+ symbol|libnccl-net", "", "WARN", "suspect",
+    ("plugin-load", r"[Pp]lugin|dlopen|[Dd]lsym|Failed to find \w+ symbol|libnccl-net", "", "WARN", "suspect",
      "a plugin (network, tuner, profiler) could not be loaded or lacks a symbol: NCCL falls back to its internal "
      "code, or the plugin and NCCL versions do not match",
      "ldconfig -p | grep nccl-net and echo $NCCL_NET_PLUGIN $LD_LIBRARY_PATH; install the plugin built for this NCCL "
      "version, or NCCL_NET_PLUGIN=none", "https://github.com/NVIDIA/nccl/tree/master/plugins/net"),
-    ("socket-no-interface", r"no socket interface found|No usable listening interface|no interface found|No interface found in the same subnet|interface not found", "", "FAIL", "cause",
+    ("socket-no-interface", r"no socket interface found|no device found (?:matching|after excluding)|OOB_NET_IFNAME|No usable listening interface|no interface found|No interface found in the same subnet|interface not found", "", "FAIL", "cause",
      "no network interface matches NCCL_SOCKET_IFNAME (or none is up with an address), so NCCL cannot bootstrap",
      "ip -br addr on that node; set NCCL_SOCKET_IFNAME to a prefix present on every node, or unset it",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname"),
@@ -207,7 +315,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "wrong job, or the root is unreachable",
      "every rank must get the same unique id (one init_process_group per job, same MASTER_ADDR/PORT); nc -zv between "
      "the nodes; NCCL_SOCKET_IFNAME on the shared network", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
-    ("shm", r"/dev/shm|shm_open|[Ss]hared memory|fallocate|shmutils|\bshm\b|SHM", "", "FAIL", "suspect",
+    ("shm", r"/dev/shm|shm_open|[Ss]hared memory|fallocate|failed to extend|shmutils|\bshm\b|SHM", "", "FAIL", "suspect",
      "a shared-memory segment under /dev/shm could not be created, sized or attached (a container's small /dev/shm, "
      "ranks in different IPC namespaces, or stale segments)",
      "df -h /dev/shm in each rank's container; docker --shm-size=8g or --ipc=host; NCCL_SHM_DISABLE=1 only as a "
@@ -217,7 +325,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "restarted without a GPU reset, or a version different from the driver)",
      "systemctl status nvidia-fabricmanager and nvidia-smi -q | grep -A2 Fabric; NCCL_NVLS_ENABLE=0 as a stop-gap",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-nvls-enable"),
-    ("p2p-ipc", r"P2P|cudaIpc|IPC|[Ii]pc|cuMemImport|cuMemExport|peer access|CUMEM|cuMem\w+FromShareableHandle|pidfd", "", "FAIL", "suspect",
+    ("p2p-ipc", r"P2P|cudaIpc|IPC|UDS|[Ii]pc|failed to peer|cuMemImport|cuMemExport|peer access|CUMEM|cuMem\w+FromShareableHandle|pidfd", "", "FAIL", "suspect",
      "GPU-to-GPU (P2P/IPC) setup between processes failed: the ranks are in different containers or PID/IPC "
      "namespaces, P2P is not supported between these GPUs, or PCIe ACS/IOMMU blocks it",
      "nvidia-smi topo -p2p r; run the ranks' containers with --ipc=host --pid=host; NCCL_P2P_DISABLE=1 as a test",
@@ -226,7 +334,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "a CUDA call inside NCCL failed; the quoted CUDA error names the cause (out of memory, driver too old, a GPU "
      "fault, fabric manager...)",
      "read the CUDA error string in the line; nvidia-smi and dmesg | grep -i xid on that node", "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html"),
-    ("out-of-memory", r"[Oo]ut of memory|[Ff]ailed to (?:CUDA )?(?:c|m|re)alloc|alloc(?:ation)? failed|ENOMEM|[Cc]annot allocate", "", "FAIL", "cause",
+    ("out-of-memory", r"[Oo]ut of memory|Allocation failed|returned null|[Ff]ailed to (?:CUDA )?(?:c|m|re)alloc|alloc(?:ation)? failed|ENOMEM|[Cc]annot allocate", "", "FAIL", "cause",
      "memory ran out (GPU memory for NCCL's buffers, host memory, or pinned/locked memory)",
      "nvidia-smi (memory used per process) and free -g on that node; lower the model's memory or NCCL's buffers "
      "(NCCL_BUFFSIZE, fewer channels), and ulimit -l unlimited for pinned memory", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-buffsize"),
@@ -238,7 +346,14 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "two ranks of one communicator use the same GPU",
      "torch.cuda.set_device(LOCAL_RANK) before init_process_group; nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv",
      "https://github.com/NVIDIA/nccl/blob/master/src/init.cc"),
-    ("usage-error", r"[Ii]nvalid|must be|should not|not supported|unsupported|garbage|[Nn]ot allowed|illegal|[Uu]nknown|cannot be|out of range|exceeds|too (?:many|large|small)|requires", "arguments,enqueue,group,init,registration,symmetric,gin,rma,device-runtime,ce-collectives,misc", "FAIL", "cause",
+    ("usage-error", r"[Ii]nvalid|must be|should not|[Nn]ot in a group|improper usage|must pass|before the previous "
+     r"operation|revoked|without a matching|must either|needs to be valid|not within valid range|is not in the valid|"
+     r"begins with sm|does not support|only supports|[Nn]o GIN-capable|not found\.?$|mismatchs? with|differs from rank|"
+     r"identical|does not match type|not a valid pointer|is not a member|NULL user pointer|did not request|is disabled|"
+     r"already been destroyed|is being ignored|should be a diviser|is less than|Both \S+ and \S+ are set|Invalig|"
+     r"plane IDs?|non-connected|already connected|unknown state|Unsupported|extends beyond|No suitable space|"
+     r"should not use|operator is a NCCL builtin|No algorithm/protocol available|GIN|[Cc]annot create|must be provided|not supported|unsupported|garbage|[Nn]ot allowed|illegal|[Uu]nknown|cannot be|out of range|exceeds|too (?:many|large|small)|requires", "arguments,enqueue,group,init,registration,symmetric,gin,rma,device-runtime,ce-collectives,misc,net-ib,collnet,"
+     "bootstrap,memory,net,p2p,shm,nvls", "FAIL", "cause",
      "the calling program used NCCL wrongly (an invalid argument, a call in the wrong state, a feature this build or "
      "setup does not support); the line names the argument",
      "fix the call the line names (torch: the collective's tensors, device and group); NCCL_DEBUG=WARN prints the "
@@ -251,7 +366,7 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "an NVML call failed: the driver and its NVML library differ (a driver update without reboot), or the container "
      "lacks the driver's libraries", "nvidia-smi on that node ('Driver/library version mismatch' means reboot or reload the driver)",
      "https://docs.nvidia.com/deploy/nvml-api/"),
-    ("gdrcopy", r"gdr|GDR|gdrcopy", "gdr", "WARN", "suspect",
+    ("gdrcopy", r"gdr|GDR|gdrcopy|GDRCOPY", "", "WARN", "suspect",
      "GDRCopy (CPU access to GPU memory) could not be used: the gdrdrv module is missing or its version differs",
      "lsmod | grep gdrdrv; NCCL_GDRCOPY_ENABLE=0 turns the optional path off", "https://github.com/NVIDIA/gdrcopy"),
     ("collnet", r"CollNet|collNet|SHARP|[Ss]harp", "", "WARN", "suspect",
@@ -267,13 +382,20 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "NCCL's RAS subsystem (reliability and serviceability: it tracks peers and answers ncclras queries) reports a "
      "peer problem; a witness of another rank's failure", "ncclras on a node of the job lists the dead or unreachable peers",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/ras.html"),
-    ("internal", r"[Ii]nternal|[Aa]ssert|[Uu]nexpected|[Cc]orrupt|[Bb]ug", "", "FAIL", "suspect",
+    ("internal", r"[Ii]nternal|[Aa]ssert|[Uu]nexpected|[Cc]orrupt|[Bb]ug|is NULL|pass NULL|not ready|not initialized|"
+     r"does not exist|invalid socket|socket is invalid|[Cc]ould not find handle|No allocation found|ran out of|"
+     r"progress error|unable to allocate|[Nn]ot enough space|failed to join|string is null|No valid|deregister|"
+     r"Deregister|reqSize is|[Dd]uplicate registration|[Ff]ailed to determine|creation failed|sync deviceStream|"
+     r"cleanup comm|destroys proxy|sets state|[Cc]ould not find|not found|fatal error|[Ee]rror detected|job error|"
+     r"error %d|[Uu]nrecoverable|respSize is|[Dd]uplicate", "", "FAIL", "suspect",
      "NCCL reached a state it does not expect (an internal error): often a known bug of this release",
      "compare the release with the known-bug table (runbook nccl-log shows it) and try the newest NCCL", "https://github.com/NVIDIA/nccl/issues"),
     ("timeout", r"[Tt]imeout|timed out|[Tt]imed out", "", "FAIL", "suspect",
      "an NCCL operation timed out waiting for a peer", "check that every rank reached the same call; test the network between the nodes",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"),
-    ("system-call", r"Call to \S+ failed|errno|strerror|: [A-Z][a-z]+ [a-z ]+ \(\d+\)|%m", "", "FAIL", "suspect",
+    ("system-call", r"Call to \S+ failed|errno|strerror|: [A-Z][a-z]+ [a-z ]+ \(\d+\)|%m|[Tt]hread|sched_\w+|"
+     r"failed with|[Ff]ailed to open|[Aa]ccept failed|[Bb]inding|[Rr]eceiving data|[Ss]ocket creation|dlvsym|"
+     r"[Rr]etrieve \S+ failed|failure %d|random_device|failed : %s", "", "FAIL", "suspect",
      "a system call failed; the error text in the line names it", "read the errno text; strace -f -e trace=network,ipc the failing rank if it repeats",
      "https://man7.org/linux/man-pages/man3/errno.3.html"),
 )
@@ -300,6 +422,10 @@ SUBSYSTEM_MEANING: dict[str, str] = {
 """What each subsystem of :func:`helpers.nccl_log.generate.subsystem_of` is, for readings no class above covers."""
 
 
+_INFO_KEEPS = {"gdr-disabled"}
+"""Classes that keep their status when NCCL prints them as INFO (it continues, but on a slow path)."""
+
+
 @lru_cache(maxsize=4096)
 def knowledge_for(fmt: str, subsystem: str, level: str) -> dict[str, str]:
     """The reading of one message format: ``{"class", "status", "kind", "meaning", "fix", "source", "specific"}``.
@@ -314,7 +440,7 @@ def knowledge_for(fmt: str, subsystem: str, level: str) -> dict[str, str]:
         if allowed and subsystem not in allowed and base not in allowed:
             continue
         if re.search(rx, fmt):
-            if level == "INFO":
+            if level == "INFO" and cid not in _INFO_KEEPS:
                 status, kind = "INFO", "context"
             return {"class": cid, "status": status, "kind": kind, "meaning": meaning, "fix": fix, "source": source,
                     "specific": "yes"}
@@ -337,6 +463,16 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
      "nvidia-smi topo -p2p r; NCCL_P2P_DISABLE=1 (NCCL then uses shared memory)"),
     ("peer mapping resources exhausted", "cause", "too many P2P mappings (more than 8 peers per GPU under the legacy IPC path)",
      "NCCL_P2P_LEVEL=NVL or fewer ranks per node"),
+    ("named symbol not found", "cause", "NCCL's kernels were not built for this GPU's architecture (a source build "
+     "without this GPU's -gencode): the kernel it launches does not exist",
+     "nvidia-smi --query-gpu=compute_cap --format=csv; rebuild NCCL with NVCC_GENCODE including that architecture, or use "
+     "a release build"),
+    ("no kernel image is available", "cause", "the binary has no kernel for this GPU's architecture (built without its "
+     "-gencode, or a GPU newer than the build)", "nvidia-smi --query-gpu=compute_cap --format=csv; install a build for it"),
+    ("invalid resource handle", "suspect", "a CUDA handle (stream, event) of another device or context was used: the "
+     "current device is not set per rank (torch.cuda.set_device), or an old NCCL (< 2.13) runs under a newer torch",
+     "call torch.cuda.set_device(LOCAL_RANK) before init_process_group and the first collective; use the NCCL the torch "
+     "wheel ships (old NCCL < 2.13 with torch >= 2.3 fails this way)"),
     ("invalid device ordinal", "cause", "a rank asked for a GPU index that does not exist (LOCAL_RANK >= visible GPUs, or CUDA_VISIBLE_DEVICES too short)",
      "compare --nproc-per-node with nvidia-smi -L and CUDA_VISIBLE_DEVICES on that node"),
     ("illegal memory access", "suspect", "a kernel accessed invalid memory; the error is sticky, so NCCL reports the previous kernel's fault (often the program's own kernel)",
@@ -357,12 +493,13 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
 and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``."""
 
 
-def cuda_reading(line: str) -> tuple[str, str, str] | None:
-    """``(kind, meaning, fix)`` for the CUDA error a ``Cuda failure`` line quotes, or None when not in :data:`CUDA_ERRORS`."""
+def cuda_reading(line: str) -> tuple[str, str, str, str] | None:
+    """``(class, kind, meaning, fix)`` for the CUDA error a ``Cuda failure`` line quotes (class ``cuda-<words>``), or
+    None when the error is not in :data:`CUDA_ERRORS`."""
     low = line.lower()
     for words, kind, meaning, fix in CUDA_ERRORS:
         if words.lower() in low:
-            return kind, meaning, fix
+            return "cuda-" + re.sub(r"\W+", "-", words.lower()).strip("-"), kind, meaning, fix
     return None
 
 
@@ -412,4 +549,35 @@ def bugs_for(version: str, text: str = "") -> list[dict]:
         lo, hi = version_tuple(str(e["affected"][0])), version_tuple(str(e["affected"][1]))
         if lo <= v <= hi and (not e.get("pattern") or re.search(e["pattern"], text)):
             out.append(e)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- coverage
+
+def coverage(origin: str = "nccl", level: str = "WARN", latest_only: bool = True) -> dict[str, dict[str, int]]:
+    """Sites the reader recognises, per subsystem: ``{subsystem: {"sites", "recognised", "specific"}}`` plus ``"all"``.
+
+    A site (one call in the source; ``site_count`` per format) is *recognised* when the message printf makes of
+    its format (:func:`helpers.nccl_log.generate.sample_message`) is matched back by :func:`match_site` to an
+    entry with the same reading; it is *specific* when that reading comes from a class of :data:`KNOWLEDGE` (or,
+    for ``Cuda failure`` formats, from :data:`CUDA_ERRORS` at run time) rather than the subsystem alone.
+
+    Args:
+        origin: ``nccl`` or a plugin name (``aws-ofi``...); level: ``WARN``, ``INFO`` or ``ERROR``;
+        latest_only: count only the formats the newest walked release still prints.
+    """
+    from helpers.nccl_log.generate import sample_message
+
+    out: dict[str, dict[str, int]] = {}
+    for e in load_sites()["entries"]:
+        if e["origin"] != origin or e["level"] != level or (latest_only and not e["in_latest"]):
+            continue
+        n = e["site_count"]
+        back = match_site(sample_message(e["format"]), level)
+        ok = back is not None and back["knowledge"]["class"] == e["knowledge"]["class"]
+        for key in (e["subsystem"], "all"):
+            row = out.setdefault(key, {"sites": 0, "recognised": 0, "specific": 0})
+            row["sites"] += n
+            row["recognised"] += n if ok else 0
+            row["specific"] += n if ok and e["knowledge"]["specific"] == "yes" else 0
     return out

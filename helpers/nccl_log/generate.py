@@ -66,10 +66,12 @@ _CONV = re.compile(r"%(?P<flags>[-+ #0']*)(?P<width>\*|\d+)?(?:\.(?P<prec>\*|\d+
 def format_regex(fmt: str) -> str:
     """The regex (a ``str``) matching any text printf makes of ``fmt``; :data:`_ANY` marks reads as ``.*?``.
 
-    Numbers match ``-?\\d+`` (hex ``[0-9a-fA-F]+`` with an optional ``0x``), ``%s`` / ``%m`` / macros match lazily
+    Only the first line of a multi-line format is used: NCCL prints the rest as lines of their own, without its
+    prefix.  Numbers match ``-?\\d+`` (hex ``[0-9a-fA-F]+`` with an optional ``0x``), ``%s`` / ``%m`` / macros match lazily
     ``.*?``, ``%p`` a pointer or ``(nil)``; spaces match one or more blanks (widths pad with spaces).  The result is
     anchored at the start only: NCCL's prefix is cut before matching and the caller decides about the tail.
     """
+    fmt = fmt.split("\n", 1)[0]
     out: list[str] = []
     pos = 0
     for m in _CONV.finditer(fmt):
@@ -100,6 +102,7 @@ def format_regex(fmt: str) -> str:
 
 
 def _literal(text: str) -> str:
+    """``text`` as a regex: escaped, blanks as ``\\s+``, :data:`_ANY` (or ``<...>``) as ``.*?``."""
     parts = []
     for chunk in text.split(_ANY):
         esc = re.escape(chunk.replace("\n", " ").replace("\t", " "))
@@ -107,10 +110,19 @@ def _literal(text: str) -> str:
     return ".*?".join(parts)
 
 
+def sample_message(fmt: str) -> str:
+    """What printf could make of the first line of ``fmt`` (numbers 7, hex 1f, strings ``x``, pointers ``0x7f00``)."""
+    def one(m: re.Match[str]) -> str:
+        c = m["conv"]
+        return {"%": "%", "c": "c", "p": "0x7f00", "s": "x", "m": "x", "n": ""}.get(
+            c, "1f" if c in "xX" else ("1.5" if c in "eEfFgGaA" else "7"))
+    return _CONV.sub(one, fmt.split("\n", 1)[0].replace("<...>", "x"))
+
+
 def anchor_of(fmt: str) -> str:
     """The longest literal piece of ``fmt`` (no conversion, no macro): a cheap substring filter before the regex."""
     pieces = re.split(r"%[-+ #0']*(?:\*|\d+)?(?:\.(?:\*|\d+))?(?:hh|h|ll|l|L|z|j|t|q)?[diouxXeEfFgGaAcspnm%]|\x00",
-                      fmt.replace("\n", " "))
+                      fmt.split("\n", 1)[0])
     return max((p.strip() for p in pieces), key=len, default="")
 
 

@@ -150,6 +150,8 @@ class RankInfo:
             200 MB log stays in bounded memory); net_plugin: True when a net plugin (``libnccl-net.so``,
             IBext) was loaded, False when NCCL said none was found, None when not printed.
         catalog: catalog id -> lines of this rank that matched it (see :func:`load_catalog`).
+        error_chain: the source files (``bootstrap``, ``init``, ``socket``...) of NCCL's error-return lines
+            (``bootstrap.cc:701 -> 6``) this rank printed, in order: where a failure propagated.
     """
 
     key: str
@@ -189,6 +191,7 @@ class RankInfo:
     init_complete_count: int = 0
     net_plugin: bool | None = None
     catalog: dict[str, int] = field(default_factory=dict)
+    error_chain: list[str] = field(default_factory=list)
     _channel_keys: set[tuple] = field(default_factory=set, repr=False, compare=False)
 
     @property
@@ -225,7 +228,7 @@ class RankInfo:
             "init_complete_count": self.init_complete_count,
             "nranks": self.nranks, "n_nodes": self.n_nodes, "local_ranks": self.local_ranks,
             "warns": self.warns[:3], "warn_count": self.warn_count, "net_plugin": self.net_plugin,
-            "catalog": self.catalog, "stage": self.stage_name, "lines": self.lines, "last_line": self.last_line,
+            "catalog": self.catalog, "error_chain": self.error_chain, "stage": self.stage_name, "lines": self.lines, "last_line": self.last_line,
         }
 
 
@@ -245,6 +248,8 @@ class NcclLog:
         catalog: catalog id -> :class:`CatalogHit` (every input line a catalog pattern matched,
             NCCL-prefixed or not: ``Last error:`` quotes and nccl-tests CUDA errors count too).
         problems: one line per input that could not be read (``parse_files(..., problems=[])``).
+        nccl_tests_summaries: ``# Avg bus bandwidth`` lines (one per nccl-tests run; several in one run: processes
+            that ran alone).
         reconstructed: lines that carried the corpus's ``  # reconstructed`` marker (stripped).
     """
 
@@ -256,6 +261,7 @@ class NcclLog:
     sources: list[str] = field(default_factory=list)
     catalog: dict[str, CatalogHit] = field(default_factory=dict)
     sites: dict[int, CatalogHit] = field(default_factory=dict)
+    nccl_tests_summaries: int = 0
     problems: list[str] = field(default_factory=list)
     reconstructed: int = 0
 

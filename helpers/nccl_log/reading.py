@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -52,7 +52,7 @@ _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+[\w.]+)?)")
 _DRIVER = re.compile(r"^cudaDriverVersion (\d+)")
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (\S+?)\.?$")
 _BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (.+)$")
-_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using (?!interface )(?P<devs>.+)$")
+_NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using(?: (?!interface )(?P<devs>.+))?$")
 _OLD_SIDEBAND = re.compile(r"^NET/IB ?: Using interface (\S+) for sideband")
 _OLD_NET_IFACE = re.compile(r"^NET ?: Using interface (\S+)")
 _OLD_INTERNAL = re.compile(r"^Using internal Network (\w+)")
@@ -79,6 +79,7 @@ _NO_IFACE = re.compile(r"Socket creation failed : Address family not supported|B
                        r"NET/Socket ?: no interface found|No interface found in the same subnet")
 _IBVERBS = re.compile(r"Failed to open libibverbs")
 _ABORT = re.compile(r"Abort COMPLETE")
+_ERROR_CHAIN = re.compile(r"^(?:[\w/]+/)?(\w+)\.(?:cc|cu|h):\d+ -> [1-9]\d*\b")
 
 def _ifaces(text: str) -> list[Iface]:
     """Interfaces of a ``[0]eth0:10.0.0.1<0> [1]ib0:...`` or ``eth0:10.0.0.1<0>`` list."""
@@ -110,6 +111,7 @@ class _Parser:
         # head ("host:pid:tid [dev] ", with any label) -> its rank, for heads whose attribution never changes
         # (NCCL's prefix, no torchrun local label); cleared by finish(), which merges records
         self._rank_of: dict[str, RankInfo] = {}
+        self.nul_line = 0   # line number of the first NUL byte in the last input fed (0: none)
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
               dev: int | None = None) -> RankInfo:
@@ -133,13 +135,25 @@ class _Parser:
         self.log.sources.append(source)
         previous: str | None = None
         count = nccl = seen = 0
+        last_error = False
+        using: tuple[RankInfo] | None = None
+        stop = False
+        self.nul_line = 0
         catalog = _catalog_regex()
         log = self.log
         hits = self._hits
         on_line = self._line
         try:
             for raw in lines:
+                if stop:
+                    break
                 seen += 1
+                if "\x00" in raw:          # NUL bytes: a preallocated or crash-truncated file; the text ends here
+                    self.nul_line = seen
+                    raw = raw.split("\x00", 1)[0]
+                    stop = True            # read what precedes the NULs on this line, then stop
+                    if not raw.strip():
+                        break
                 line = (raw if len(raw) <= _READ_MAX else raw[:_READ_MAX]).rstrip()
                 if "\x1b" in line:
                     line = _ANSI.sub("", line).rstrip()
@@ -147,6 +161,9 @@ class _Parser:
                     continue
                 first = line[0]
                 if first == "#" or (first in " \t" and line.lstrip().startswith("#")):
+                    if line.startswith("# Avg bus bandwidth"):   # nccl-tests' summary, not a comment
+                        log.nccl_tests_summaries += 1
+                        count += 1
                     continue
                 if _RECONSTRUCTED in line:
                     line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
@@ -161,6 +178,17 @@ class _Parser:
                 if memo is None:
                     memo = self._memo(ckey, catalog)
                 hit, rel, events, site = memo
+                if rel is None and last_error and site is None:
+                    # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
+                    entry = match_site(ckey)
+                    if entry is not None:
+                        self._site_hit(entry["index"], line, log.unattributed)
+                        count += 1
+                last_error = line.endswith("Last error:")
+                if rel is None and using is not None and first == "[" and _WRAPPED.match(line):
+                    using[0].socket_ifaces += _ifaces(line)     # an interface list wrapped onto its own lines
+                    _keep(using[0].evidence_lines, _cut(line))
+                    continue
                 if rel is None:
                     if hit is not None:
                         count += 1
@@ -174,6 +202,7 @@ class _Parser:
                 count += 1
                 nccl += 1
                 previous, info = on_line(line, (line[:k + 2] + rel[0]) if k >= 0 else rel[0], events, previous, rel[2])
+                using = (info,) if rel[1][-5:] == "Using" else None
                 if hit is not None:
                     self._catalog_hit(hit, line, info)
                 if site is not None:
@@ -197,7 +226,8 @@ class _Parser:
             self._hits.clear()
         site = None
         if rel is not None and (rel[2] or any(w in rel[1] for w in _SITE_INFO_WORDS)):
-            entry = match_site(rel[1][:_SCAN_MAX], None if rel[2] else "INFO")
+            # a bare message (torch's "Last error:" quotes a WARN without its marker) may come from any level
+            entry = match_site(rel[1][:_SCAN_MAX], "INFO" if "NCCL INFO" in ckey else None)
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
         memo = self._hits[ckey] = (hit, rel, events, site)
         return memo
@@ -410,6 +440,9 @@ class _Parser:
             _keep(info.ibverbs_lines, cut)
         elif kind == "abort":
             info.aborts += 1
+        elif kind == "chain":
+            if event[1] not in info.error_chain and len(info.error_chain) < _KEEP_MAX:
+                info.error_chain.append(event[1])
         elif kind == "plugin":
             info.net_plugin = bool(info.net_plugin) or event[1]
         elif kind == "oob":
@@ -484,6 +517,7 @@ def _merge(into: RankInfo, other: RankInfo) -> None:
     for cid, n in other.catalog.items():
         into.catalog[cid] = into.catalog.get(cid, 0) + n
     into.aborts += other.aborts
+    into.error_chain += [c for c in other.error_chain if c not in into.error_chain]
     into.lines += other.lines
     into.stage = max(into.stage, other.stage)
 
@@ -501,7 +535,7 @@ def _classify(msg: str) -> list[tuple]:
     if m := _BOOTSTRAP.match(msg):
         events.append(("bootstrap", _ifaces(m.group(1))))
     if (m := _NET_USING.match(msg)) and m["net"] != "Plugin":
-        devs_text, _, oob_text = m["devs"].partition("; OOB ")
+        devs_text, _, oob_text = (m["devs"] or "").partition("; OOB ")
         devs = [d for d in re.findall(r"\[\d+\]\S+", devs_text)] or devs_text.split()
         oob = _ifaces(oob_text)
         events.append(("net", m["net"], [d for d in devs if d != "[RO]"], oob[0] if oob else None))
@@ -534,7 +568,7 @@ def _classify(msg: str) -> list[tuple]:
     if m := _CHANNEL.match(msg):
         events.append(("channel", Channel(int(m["ch"]), int(m["conn"]) if m["conn"] is not None else None,
                                           int(m["src"]), int(m["dst"]), m["dir"], m["via"].strip())))
-    if _CONNECT_ANY.search(msg):
+    if _CONNECT_ANY.search(msg) and "ibv_" not in msg:   # an IB verbs call that timed out is not a socket connect
         events.append(("connect",))
     if _NO_IFACE.search(msg):
         events.append(("no_iface",))
@@ -544,6 +578,8 @@ def _classify(msg: str) -> list[tuple]:
         events.append(("ibverbs",))
     if _ABORT.search(msg):
         events.append(("abort",))
+    if m := _ERROR_CHAIN.match(msg):
+        events.append(("chain", m.group(1)))
     return events
 
 
@@ -581,8 +617,11 @@ def parse(text: str, source: str = "<text>") -> NcclLog:
     return parser.finish()
 
 
-_SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not found", "isabl")
+_SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not found", "isabl", "exceed")
 """An INFO message is matched against the generated sites only when it holds one of these (WARN lines always are)."""
+
+
+_WRAPPED = re.compile(r"^\s*\[\d+\][^\s:\[\]]+:\S+<\d+>\s*$")
 
 
 def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> tuple[str | None, bool]:
@@ -604,28 +643,15 @@ def _feed_one(parser: _Parser, path: str | Path, stdin: IO[str] | None) -> tuple
                 return f"{shown}: gzip-compressed; decompress it first (zcat {name} | runbook nccl-log -)", False
             if head[:1] == b"\x00" or head[:512].count(b"\x00") > 64:
                 return f"{shown}: binary file, not a text log", False
-            nul_at = [0]
-            if parser.feed(_until_nul(lines, nul_at), shown) == 0:
+            if parser.feed(lines, shown) == 0:
                 if not head:
                     return f"{shown}: empty file (no NCCL lines)", False
                 return f"{shown}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO?)", False
-            if nul_at[0]:
-                return f"{shown}: NUL bytes from line {nul_at[0]} on: read up to there, the rest is not text", True
+            if parser.nul_line:
+                return f"{shown}: NUL bytes from line {parser.nul_line} on: read up to there, the rest is not text", True
     except inputs.InputError as exc:
         return f"{shown}: cannot read the log ({exc.reason})", False
     return None, True
-
-
-def _until_nul(lines: Iterable[str], where: list[int]) -> Iterator[str]:
-    """The lines up to the first one holding a NUL byte; ``where[0]`` becomes that line's 1-based number."""
-    for n, line in enumerate(lines, 1):
-        if "\x00" in line:
-            before = line.split("\x00", 1)[0]
-            where[0] = n
-            if before.strip():
-                yield before
-            return
-        yield line
 
 
 def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from helpers.checks import NOT_OK, STATUSES, Check
-from helpers.nccl_log.catalog import bugs_for, cuda_reading
+from helpers.nccl_log.catalog import bugs_for, cuda_reading, knowledge_for, load_catalog
 from helpers.nccl_log.model import (
     _EVIDENCE_MAX,
     _VERDICT_LIST_MAX,
@@ -196,7 +196,9 @@ def _check_ib_loaded(log: NcclLog, topology: str) -> list[Check]:
     message = ("NCCL loaded the IB network on a job with no inter-node traffic; Gilbreth 6.3 lists "
                "'Using network IB' as its incorrect single-node output: harmless if collectives complete")
     evidence = _evidence(line for i in infos for line in i.evidence_lines if "Using network" in line)
-    fix = "only if collectives hang after Init COMPLETE: " + GILBRETH_SINGLE_NODE_FIX
+    fix = ("only if collectives hang after Init COMPLETE: with channels 'via NET/...' " + GILBRETH_SINGLE_NODE_FIX +
+           "; with channels 'via P2P/...' suspect PCIe ACS / the IOMMU instead: nvidia-smi topo -p2p r, "
+           "sudo lspci -vvv | grep ACSCtl, and a rerun with NCCL_P2P_DISABLE=1 (" + ACS_DOCS + ")")
     return [verdict("single-node-ib-loaded", "INFO", message, [i.key for i in infos if i.key != "?"],
                     _hosts(infos), evidence, fix)]
 
@@ -379,6 +381,22 @@ def _check_versions(log: NcclLog) -> list[Check]:
                     _hosts(involved), evidence, fix)]
 
 
+_QUIET_INFO = {"plugin-load", "ibverbs-missing", "version-mismatch", "topology", "nvml", "gdrcopy", "collnet", "ras",
+               "usage-error", "internal"}
+"""Classes of INFO sites that are NCCL's normal path (no plugin, no libibverbs, a fallback it took): no verdict."""
+
+_VAGUE = {"system-call", "timeout", "internal", "cuda-failure"}
+"""Site classes that say little when the format hides the failing call: the printed message is read too."""
+
+
+def _message(line: str) -> str:
+    """The message of an NCCL line (after ``NCCL WARN`` / ``NCCL INFO``), or the line."""
+    for mark in ("NCCL WARN ", "NCCL INFO "):
+        if mark in line:
+            return line.split(mark, 1)[1]
+    return line
+
+
 _NOT_EXPLAINING = {"init-incomplete", "connect-failed", "no-init-complete", "torch-async-abort", "torch-dump-signal",
                    "torch-desync-seq"}
 """Verdicts that say where a job stopped but not why: the site readings keep their status next to them."""
@@ -395,7 +413,7 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
     site matches go to ``other-warnings`` (INFO), so none is lost.
     """
     used = {line for v in verdicts for line in v.evidence}
-    explained = any(v.status in NOT_OK and v.id not in _NOT_EXPLAINING for v in verdicts)
+    explained = any(v.status in NOT_OK and v.id not in _NOT_EXPLAINING | _GENERIC for v in verdicts)
     groups: dict[str, dict[str, Any]] = {}
     unmatched: list[tuple[list[str], list[str], list[str]]] = []
     for index, hit in sorted(log.sites.items()):
@@ -407,11 +425,26 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
             continue
         e = hit.entry
         k = dict(e["knowledge"])
+        if k["class"] in _VAGUE or k["class"].startswith("other-"):
+            # the format hides what failed ("Call to %s failed"): read the printed message itself
+            printed = knowledge_for(_message(lines[0]), e["subsystem"], e["level"])
+            if printed["specific"] == "yes" and printed["class"] not in _VAGUE:
+                k = dict(printed)
         if k["class"] == "cuda-failure":
             reading = cuda_reading(" ".join(lines))
             if reading:
-                k.update(kind=reading[0], meaning=reading[1], fix=reading[2], specific="yes")
-                k["class"] = "cuda-" + re.sub(r"\W+", "-", reading[1].split(" (", 1)[0].split(":")[0].lower())[:40].strip("-")
+                k.update({"class": reading[0], "kind": reading[1], "meaning": reading[2], "fix": reading[3],
+                          "specific": "yes"})
+        if e["level"] == "INFO" and (k["class"] in _QUIET_INFO or k["class"].startswith("other-")):
+            continue
+        if k["class"] == "socket-peer-closed" and any("bootstrap" in r.error_chain for r in log.all_infos()):
+            k = dict(k, **{"class": "bootstrap-peer-closed", "status": "WARN", "kind": "suspect", "meaning": (
+                "a connection closed during bootstrap (the error returns through bootstrap.cc): a peer rank died "
+                "while connecting, or another program (a port scanner, a health check) opened a stray connection to "
+                "NCCL's bootstrap port; NCCL before 2.27.3 fails on such a connection (release notes 2.27.3: accept() "
+                "retries when reading the magic fails)"), "fix": (
+                "check that every rank is alive (the launcher's exit codes) and whether a scanner or health check "
+                "probes the nodes' ports; upgrade to NCCL 2.27.3 or later")})
         if k["status"] in NOT_OK and (k["kind"] == "context" or explained):
             k["status"] = "INFO"
         g = groups.setdefault(k["class"], {"k": k, "lines": [], "keys": [], "hosts": [], "count": 0, "sites": [],
@@ -449,10 +482,109 @@ def _check_catalog(log: NcclLog) -> list[Check]:
         e = hit.entry
         keys = [k for k in hit.keys if k != "?"]
         where = f" on {', '.join(hit.hosts)}" if hit.hosts else ""
-        message = f"{e['cause']} ({hit.count} line(s){where})"
-        out.append(verdict(cid, e["status"], message, keys, hit.hosts, hit.evidence, e["fix"], e["source"],
-                           {"lines": hit.count, "subsystem": e["subsystem"]}, kind=e["kind"]))
+        cause, fix, kind, vid = e["cause"], e["fix"], e["kind"], cid
+        reading = cuda_reading(" ".join(hit.evidence)) if cid in _READ_CUDA else None
+        if reading and reading[0] in _CUDA_TO_CATALOG:
+            e = next(x for x in load_catalog() if x["id"] == _CUDA_TO_CATALOG[reading[0]])
+            vid, kind, cause, fix = e["id"], e["kind"], e["cause"], e["fix"]
+        elif reading:
+            vid, kind, cause, fix = f"nccl.{reading[0]}", reading[1], reading[2], reading[3]
+        message = f"{cause} ({hit.count} line(s){where})"
+        out.append(verdict(vid, e["status"], message, keys, hit.hosts, hit.evidence, fix, e["source"],
+                           {"lines": hit.count, "subsystem": e["subsystem"]}, kind=kind))
     return out
+
+
+_READ_CUDA = {"nccl-tests-cuda-failure"}
+_CUDA_TO_CATALOG = {"cuda-system-not-yet-initialized": "cuda-802-fabric-manager"}
+"""A CUDA error the hand-written catalog already reads: its entry is used."""
+"""Catalog entries whose line quotes a CUDA error string: read through :data:`helpers.nccl_log.catalog.CUDA_ERRORS`."""
+
+
+def _check_nvls_stall(log: NcclLog) -> list[Check]:
+    """A rank whose log stops on an NVLS setup line, with no Init COMPLETE: NVLS setup hangs (a suspect).
+
+    NCCL prints ``NVLS Bind mem ...`` / ``NVLS multicast support ...`` while it binds NVLink SHARP multicast memory;
+    a log that ends there without ``Init COMPLETE`` stalled in that step (the fabric manager / NVSwitch path).
+    """
+    stuck = [r for r in log.all_infos() if not r.completed and "NVLS" in r.last_line]
+    if not stuck:
+        return []
+    return [verdict("nvls-setup-stalled", "WARN",
+                    f"{_who(stuck)} stopped while setting up NVLink SHARP (NVLS) multicast memory, before Init COMPLETE",
+                    [r.key for r in stuck if r.key != "?"], _hosts(stuck), _evidence(r.last_line for r in stuck),
+                    "confirm with a rerun with NCCL_NVLS_ENABLE=0 (init then completes); systemctl status "
+                    "nvidia-fabricmanager and nvidia-smi -q | grep -A2 Fabric on that node",
+                    "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-nvls-enable", kind="suspect")]
+
+
+def _check_nccl_tests_separate(log: NcclLog) -> list[Check]:
+    """One nccl-tests run that printed its summary several times: each MPI process ran a test of its own.
+
+    nccl-tests prints ``# Avg bus bandwidth`` once per test run; built without ``MPI=1`` every process that mpirun
+    starts runs its own single-process test (nccl-tests README, "MPI support"), so one log holds several summaries
+    and no cross-node traffic happened.
+    """
+    if log.nccl_tests_summaries < 2 or len(log.sources) != 1:
+        return []
+    return [verdict("nccl-tests-without-mpi", "FAIL",
+                    f"nccl-tests printed its result summary {log.nccl_tests_summaries} times in one run: each MPI "
+                    f"process ran a separate single-process test (nccl-tests built without MPI=1), so the ranks never "
+                    f"talked to each other", [], [], [],
+                    "confirm with ldd ./build/all_reduce_perf | grep -i mpi (no libmpi: built without MPI); make clean "
+                    "and rebuild with make MPI=1 MPI_HOME=<mpi prefix>, then launch with mpirun",
+                    "https://github.com/NVIDIA/nccl-tests#mpi", kind="cause")]
+
+
+IB_HINTS = "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/transport/net_ib/common.h"
+
+
+def _check_ib_remote_error(log: NcclLog) -> list[Check]:
+    """A remote/network error on a job that uses InfiniBand, with no WARN line that names it: NCCL's own IB hints.
+
+    When an IB work request fails NCCL prints three hints (``src/transport/net_ib/common.h``): PCIe ACS breaking
+    GPU Direct RDMA (confirm with NCCL_NET_GDR_LEVEL=0), NICs of the fabric that cannot reach each other, and an
+    NCCL_IB_TIMEOUT too short.  A log that only shows the remote error gets those suspects, with the commands that
+    tell them apart.
+    """
+    remote = log.catalog.get("torch-nccl-remote-error")
+    ib = [r for r in log.all_infos() if _is_ib(r) or any(i.name.startswith("ib") for i in r.bootstrap[:1])]
+    if remote is None or not ib or any(r.warns for r in log.all_infos()):
+        return []
+    return [verdict("ib-network-error", "WARN",
+                    "a remote/network error on an InfiniBand job, with no WARN line naming it: NCCL's IB hints name "
+                    "PCIe ACS breaking GPU Direct RDMA, a faulty node or link in the IB fabric (NICs that cannot reach "
+                    "each other), or NCCL_IB_TIMEOUT too short", [r.key for r in ib if r.key != "?"], _hosts(ib),
+                    _evidence(remote.evidence[:2] + [line for r in ib for line in r.evidence_lines][:2]),
+                    "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET to get the completion error; then: sudo lspci -vvv "
+                    "| grep ACSCtl and a rerun with NCCL_NET_GDR_LEVEL=0 (works: ACS), ibv_devinfo and ib_write_bw "
+                    "between the nodes (one pair fails: that node or link), NCCL_IB_TIMEOUT=22 (works: timeout)",
+                    IB_HINTS, kind="suspect")]
+
+
+def _check_ipoib_bootstrap_stall(log: NcclLog) -> list[Check]:
+    """No rank got past the network setup, and NCCL bootstraps over an IPoIB interface (``ib*``): a suspect.
+
+    NCCL picks ``ib*`` interfaces first when NCCL_SOCKET_IFNAME is not set (NCCL's environment documentation,
+    NCCL_SOCKET_IFNAME); IPoIB addresses are often not reachable from containers or between partitions, and the
+    bootstrap then waits.  Only when no rank reached Init START and no other verdict explains it.
+    """
+    ranks = list(log.ranks.values())
+    if not ranks or any(r.stage >= STAGES.index("init-start") for r in ranks):
+        return []
+    users = [r for r in ranks if r.bootstrap and r.bootstrap[0].name.startswith("ib")]
+    if not users or any(r.socket_ifname_env for r in users):
+        return []
+    names = sorted({r.bootstrap[0].name for r in users})
+    return [verdict("bootstrap-ipoib", "INFO",
+                    f"if the job hangs here: the log stops before init while NCCL bootstraps over the IPoIB interface {', '.join(names)} "
+                    f"(chosen first when NCCL_SOCKET_IFNAME is unset): IPoIB is often not reachable from containers "
+                    f"or between nodes", [r.key for r in users], _hosts(users),
+                    _evidence(line for r in users for line in r.evidence_lines if "Bootstrap" in line),
+                    "confirm with ping -I <ipoib iface> <peer's IPoIB address> from inside the container; set "
+                    "NCCL_SOCKET_IFNAME to the Ethernet NIC every node shares (IB can still carry the data)",
+                    "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname",
+                    kind="suspect")]
 
 
 ACS_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs"
@@ -498,6 +630,7 @@ def _check_known_bugs(log: NcclLog) -> list[Check]:
     if not versions:
         return []
     text = "\n".join([line for hit in log.catalog.values() if hit.entry["status"] in NOT_OK for line in hit.evidence] +
+                      [line for hit in log.sites.values() for line in hit.evidence] +
                       [line for i in log.all_infos() for line in i.warns])
     out = []
     for version in versions:
@@ -599,7 +732,7 @@ def _check_cross_host(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Chec
     return out
 
 
-_GENERIC = {"torch-nccl-system-error", "torch-nccl-cuda-error", "torch-nccl-invalid-usage", "torch-nccl-remote-error",
+_GENERIC = {"init-incomplete", "torch-nccl-system-error", "torch-nccl-cuda-error", "torch-nccl-invalid-usage", "torch-nccl-remote-error",
             "torch-watchdog-timeout", "torch-heartbeat-timeout"}
 """Verdicts that say *that* NCCL failed or timed out, not why: INFO context once a specific verdict names a failure."""
 
@@ -639,6 +772,11 @@ def interpret(log: NcclLog) -> list[Check]:
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
     verdicts += _check_sites(log, verdicts)
     verdicts += _check_p2p_hang(log, topology, verdicts)
+    if not any(v.status == "FAIL" for v in verdicts):
+        verdicts += _check_nvls_stall(log)
+    verdicts += _check_ib_remote_error(log) + _check_nccl_tests_separate(log)
+    if not any(v.status in NOT_OK for v in verdicts):
+        verdicts += _check_ipoib_bootstrap_stall(log)
     verdicts += _check_known_bugs(log)
     verdicts = _demote_generic(verdicts)
     return sorted(verdicts, key=lambda v: SEVERITIES.index(v.status))

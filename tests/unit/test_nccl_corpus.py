@@ -49,26 +49,22 @@ def test_corpus_log_gets_its_verdict(entry: dict) -> None:
         assert not others, others
 
 
-# Catalog entries a real run in this suite shows (PyTorch's TCPStore on CPU: test_tcpstore_failures_are_read) or
-# a real log of the blind set (tests/data/nccl/blind/manifest.yaml) shows, besides the corpus above.
+# Catalog entries a real run in this suite shows (PyTorch's TCPStore on CPU: test_tcpstore_failures_are_read); the
+# others must match a line of a real log: the corpus above or the blind set (tests/data/nccl/blind/).
 REAL_RUNS = {"tcpstore-client-timeout", "tcpstore-port-in-use", "tcpstore-clients-missing"}
-BLIND = DATA / "blind" / "manifest.yaml"
-
-
-def _blind_ids() -> set[str]:
-    if not BLIND.exists():
-        return set()
-    ids: set[str] = set()
-    for e in yaml.safe_load(BLIND.read_text()) or []:
-        ids.update(e.get("catalog_hits", []))
-    return ids
+BLIND = DATA / "blind"
+# PyTorch messages read from torch's sources that no real log of ours shows yet (named, so the list can only shrink).
+PENDING = {"torch-heartbeat-timeout", "torch-desync-seq", "torch-dump-signal", "torch-no-gpu", "torch-sigkill",
+           "torch-cuda-oom"}
 
 
 def test_catalog_entries_all_exercised_and_name_a_command() -> None:
     catalog = nl.load_catalog()
-    expected = {e["expect"] for e in MANIFEST} | REAL_RUNS | _blind_ids()
+    real = sorted(REAL.glob("*.log")) + sorted(BLIND.glob("*.log"))
+    shown = set(nl.parse_files(real, problems=[]).catalog) | REAL_RUNS
+    assert not PENDING & shown, PENDING & shown          # exercised now: take it off the list
     for entry in catalog:
-        assert entry["id"] in expected, entry["id"]
+        assert entry["id"] in shown | PENDING, entry["id"]
         assert entry["source"].startswith("https://")
         assert "confirm with" in entry["fix"] or "compare" in entry["fix"] or "rerun" in entry["fix"]
 
@@ -217,3 +213,19 @@ def test_tcpstore_failures_are_read() -> None:
     assert REAL_RUNS <= set(found), [v.line() for v in found.values()]
     assert all(found[i].status == "FAIL" and found[i].remediation for i in REAL_RUNS)
     assert "nc -zv MASTER_ADDR MASTER_PORT" in found["tcpstore-client-timeout"].remediation
+
+
+def test_blind_set_stays_scored() -> None:
+    """The blind set (tests/data/nccl/blind/, scored in scores.md): at least 90 % right, no wrong stated cause."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_nccl_blind.py"
+    spec = importlib.util.spec_from_file_location("bench_nccl_blind", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    manifest = yaml.safe_load((BLIND / "manifest.yaml").read_text())
+    assert len(manifest) >= 35
+    results = [bench.score(e)[0] for e in manifest]
+    assert results.count("harmful") == 0
+    assert results.count("right") >= 0.9 * len(manifest), results

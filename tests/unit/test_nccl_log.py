@@ -45,7 +45,8 @@ EXPECTED = {
     "bridge_virbr0_bootstrap.log": ("bad-interface", "FAIL", 1),
     "lo_socket_ifname.log": ("bad-interface", "FAIL", 1),
     "single_node_net_ib.log": ("single-node-net-transport", "FAIL", 1),
-    "single_node_p2p_hang.log": ("single-node-p2p-hang", "FAIL", 1),  # issue 29: the verdict the log reader needs
+    "gilbreth_6_3_p2p_hang.log": ("p2p-acs-hang", "FAIL", 1),
+    "single_node_p2p_hang.log": ("p2p-acs-hang", "FAIL", 1),  # issue 29: the guide's two lines in a one-node log
     "ib_fallback_socket.log": ("ib-fallback-socket", "WARN", 0),
     "connect_no_route.log": ("connect-failed", "FAIL", 1),
     "mn1_stuck_host.log": ("init-incomplete", "FAIL", 1),
@@ -399,3 +400,36 @@ def test_runbook_cli_wires_nccl_log(capsys):
     assert cli.main(["nccl-log", str(data / "single_node_net_ib.log")]) == 1
     assert "[FAIL] single-node-net-transport" in capsys.readouterr().out
     assert cli.main(["nccl-log", str(data / "healthy_multinode_ib.log")]) == 0
+
+
+def test_one_node_p2p_then_timeout_names_the_acs_suspect() -> None:
+    """Gilbreth 6.3 on PCIe A100s: P2P channels, Init COMPLETE, a watchdog timeout: PCIe ACS / IOMMU, as a suspect."""
+    log = load("gilbreth_6_3_p2p_hang.log")
+    assert log.topology() == "single-node" and all(r.completed for r in log.ranks.values())
+    found = {v.id: v for v in nl.interpret(log)}
+    v = found["p2p-acs-hang"]
+    assert v.status == "FAIL" and v.values["kind"] == "suspect" and v.title.startswith("suspect:")
+    assert "ACS" in v.title and "IOMMU" in v.title and v.node == "gpu-node-07"
+    for command in ("nvidia-smi topo -p2p r", "lspci -vvv | grep ACSCtl", "NCCL_P2P_DISABLE=1"):
+        assert command in v.remediation
+    assert v.source.endswith("#pci-access-control-services-acs")
+    assert found["torch-watchdog-timeout"].status == "INFO"          # explained by the suspect above
+    assert not [x for x in found.values() if x.status in ("FAIL", "WARN") and x.id != "p2p-acs-hang"]
+    # the same channels without a timeout: nothing to suspect
+    healthy = nl.parse("\n".join(line for line in (DATA / "gilbreth_6_3_p2p_hang.log").read_text().splitlines()
+                                 if "Watchdog" not in line))
+    assert "p2p-acs-hang" not in {x.id for x in nl.interpret(healthy)}
+
+
+def test_every_nccl_variable_a_fix_names_exists_in_nccl() -> None:
+    """Fixes only name NCCL_* variables that some NCCL release (2.18..latest) reads (NCCL_NET_DISABLE does not exist)."""
+    from helpers.nccl_log import catalog, model, rules
+
+    known = set(nl.load_sites()["header"]["env_vars"])
+    assert "NCCL_NET_DISABLE_INTRA" in known and "NCCL_NET_DISABLE" not in known
+    texts = [model.GILBRETH_SINGLE_NODE_FIX] + [e["fix"] for e in nl.load_catalog()]
+    texts += [k[6] for k in catalog.KNOWLEDGE] + [c[3] for c in catalog.CUDA_ERRORS]
+    texts += [b["workaround"] for b in nl.load_versions()]
+    texts.append(Path(rules.__file__).read_text())
+    named = {m for text in texts for m in re.findall(r"\bNCCL_[A-Z0-9_]*[A-Z0-9]\b", text)}
+    assert named - known == set()
