@@ -760,7 +760,7 @@ def build_command(args: argparse.Namespace) -> int:
                                         max_line_chars=launch_parse.MAX_LINE_CHARS)
             else:
                 text = args.check
-            spec, traps = launch_traps.check_text(text, check_port=args.check_port, file=args.check_file is not None)
+            spec, traps = launch_parse.check_text(text, check_port=args.check_port, file=args.check_file is not None)
             print(f"read as: {launch_parse.describe(spec)}")
         else:
             env: dict[str, str | None] = dict(envvars.parse_pairs(args.env))

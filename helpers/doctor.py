@@ -667,6 +667,7 @@ def _lint_hits(states: Mapping[int, RankState], sources: _Sources, limit: int = 
     leaves early)."""
     import ast
 
+    from helpers.lint import contract_rules
     from helpers.lint.python_rules import lint_python
 
     lines: dict[str, set[int]] = {}
@@ -679,7 +680,7 @@ def _lint_hits(states: Mapping[int, RankState], sources: _Sources, limit: int = 
         if lint is None:
             continue
         path, text = sources.texts[file]
-        findings, _facts = lint_python(path, text)
+        findings, _facts = lint_python(path, text, (contract_rules.run,))
         loops = [n for n in lint.nodes if isinstance(n, (ast.For, ast.AsyncFor))
                  and any(n.lineno <= x <= (n.end_lineno or n.lineno) for x in lines[file])]
         fed = _assignment_lines({x.id for n in loops for x in ast.walk(n.iter) if isinstance(x, ast.Name)}, lint)

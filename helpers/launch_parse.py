@@ -22,7 +22,8 @@ import re
 import shlex
 from typing import Any
 
-from helpers.launch_traps import LaunchSpec
+from helpers import sources
+from helpers.launch_traps import SEVERITIES, LaunchSpec, Trap, find_traps
 
 
 class NoLaunch(ValueError):
@@ -589,3 +590,133 @@ def describe(spec: LaunchSpec) -> str:
     return (f"{spec.kind}, {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s), rendezvous {spec.rdzv}{where}"
             f"{f', node rank {spec.node_rank}' if spec.node_rank is not None else ''}, script {spec.script}{args}"
             f"{', env ' + ', '.join(spec.env) if spec.env else ''}")
+
+
+# --------------------------------------------------------------------------- checking a launch text
+# (here, not in launch_traps: the checks need this module's parser, and this module imports launch_traps)
+
+def _single_quoted_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans inside single quotes (not expanded by the shell that reads this text)."""
+    spans, start, dq, i = [], -1, False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and start < 0:
+            i += 2
+            continue
+        if ch == "#" and start < 0 and not dq and (i == 0 or text[i - 1] in " \t\n"):
+            nl = text.find("\n", i)
+            i = len(text) if nl < 0 else nl
+            continue
+        if ch == '"' and start < 0:
+            dq = not dq
+        elif ch == "'" and not dq:
+            if start < 0:
+                start = i
+            else:
+                spans.append((start, i))
+                start = -1
+        i += 1
+    return spans
+
+
+def text_traps(text: str) -> list[Trap]:
+    """The traps only a batch script's text shows (what its :class:`LaunchSpec` cannot hold), each with ``line_no``.
+
+    ``master-addr-not-exported``: ``MASTER_ADDR=...`` / ``MASTER_PORT=...`` assigned without ``export`` before
+    ``srun``, and read later by the tasks (``env://``, or ``$MASTER_ADDR`` deferred by single quotes or ``\\$``):
+    a plain shell variable does not reach a child process (Gilbreth 4.3; POSIX ``export``).
+    ``nnodes-mismatch``: torchrun's ``--nnodes`` differs from the nodes ``srun`` starts it on (:func:`_nnodes_traps`).
+    """
+    out: list[Trap] = []
+    quoted: list[tuple[int, int]] | None = None
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        assign = re.search(rf"^[ \t]*{var}=", text, re.MULTILINE)
+        if not assign or re.search(rf"^[ \t]*export\s+(.*\s)?{var}\b", text, re.MULTILINE):
+            continue
+        if not re.search(r"^[ \t]*srun\b", text[assign.end():], re.MULTILINE):
+            continue
+        if quoted is None:
+            quoted = _single_quoted_spans(text)
+        uses = [m.start() for m in re.finditer(r"\$\{?" + var + r"\b", text)
+                if m.start() > assign.end() and text[m.start() - 1] != "\\"]  # \$VAR: expanded later, per task
+        if uses and any(not any(a0 <= u < b0 for a0, b0 in quoted) for u in uses):
+            continue  # expanded by the batch shell before srun: no export needed
+        trap = Trap("master-addr-not-exported", "FAIL", f"env.{var}",
+                    f"{var} is assigned but not exported, and the srun tasks read it later (env:// rendezvous, or "
+                    f"${var} deferred to the task by single quotes or \\$): they see it empty ('The hostname of the "
+                    "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
+        trap.line_no = text.count("\n", 0, assign.start()) + 1
+        out.append(trap)
+    return out + _nnodes_traps(text)
+
+
+def _nnodes_traps(text: str) -> list[Trap]:
+    """``nnodes-mismatch``: torchrun's ``--nnodes`` against the nodes ``srun`` starts it on (``srun -N`` or the
+    allocation's ``#SBATCH --nodes``), and ``srun -N`` beyond the allocation (torchrun docs; srun(1))."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    allocated = int(alloc) if re.fullmatch(r"\d{1,6}", alloc) else None
+    out: list[Trap] = []
+    for number, line in _join_continuations(text):
+        srun = re.search(r"(?:^|[;&|]\s*)srun\b", line)
+        run = re.search(r"\btorchrun\b|torch\.distributed\.run\b", line)
+        if not srun or not run or srun.start() > run.start() or line.lstrip().startswith("#"):
+            continue
+        head = line[srun.end():run.start()]
+        m = re.search(r"(?:-N\s*|--nodes[= ])(\d{1,6})\b", head)
+        started = int(m.group(1)) if m else allocated
+        if m and allocated is not None and started is not None and started > allocated:
+            trap = Trap("nnodes-mismatch", "FAIL", "nnodes",
+                        f"srun -N {started} inside an allocation of {allocated} node(s): 'srun: error: Only allocated "
+                        f"{allocated} nodes asked for {started}'", f"srun -N {allocated} (or #SBATCH --nodes={started})",
+                        "https://slurm.schedmd.com/srun.html")
+            trap.line_no = number
+            out.append(trap)
+        n = re.search(r"--nnodes[= ]+['\"]?(\d{1,6})['\"]?(?=\s|$)", line[run.end():])
+        if n and started is not None and int(n.group(1)) != started:
+            trap = Trap("nnodes-mismatch", "FAIL", "nnodes",
+                        f"torchrun --nnodes={n.group(1)} but srun starts it on {started} node(s): the rendezvous "
+                        + ("waits for nodes that never come" if int(n.group(1)) > started else
+                           "has more agents than nodes (node ranks out of range, or extra nodes rejected)"),
+                        f"--nnodes={started} (or $SLURM_NNODES)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+            trap.line_no = number
+            out.append(trap)
+    return out
+
+
+def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Trap]:
+    """``node-rank-fixed`` for a launch *file* of a multi-node static job that writes its node rank as a number:
+    the same file run on every node makes every node that rank (torchrun docs: each node passes its own)."""
+    if spec.nnodes < 2 or spec.kind not in ("torchrun", "accelerate") or spec.rdzv == "c10d" or spec.node_rank is None:
+        return []
+    m = re.search(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text)
+    if not m:
+        return []
+    trap = Trap("node-rank-fixed", "WARN", "node_rank",
+                f"this file writes --node-rank={m.group(1)} for a {spec.nnodes}-node job: run unchanged on every node, "
+                f"every node claims node rank {m.group(1)} and the rendezvous never completes",
+                "take it per node: --node-rank=$NODE_RANK (or $SLURM_NODEID inside srun), or use the c10d "
+                "rendezvous (no node rank)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+    trap.line_no = text.count("\n", 0, m.start()) + 1
+    return [trap]
+
+
+def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec, list[Trap]]:
+    """The one way a launch text is checked: :func:`helpers.parse` then :func:`find_traps` and
+    :func:`text_traps` (``runbook build --check`` / ``--check-file``, the widget's paste box and ``runbook lint``).
+
+    ``file``: the text is a launch file (``--check-file``, a file given to ``runbook lint``), meant to be run
+    unchanged on every node, so a node rank written as a number is ``node-rank-fixed`` (a pasted command is
+    one node's line).
+
+    Returns:
+        ``(spec, traps)``, FAILs first.
+
+    Raises:
+        helpers.NoLaunch: no launch line in ``text`` (a ``ValueError``).
+        ValueError: a launch line with a value no launch can have (``--master-port 0``), naming the field.
+    """
+    spec = parse(text)
+    traps = find_traps(spec, check_port=check_port) + text_traps(text)
+    if file and not any(t.id == "node-rank-fixed" for t in traps):
+        traps += _literal_node_rank(spec, text)
+    return spec, sorted(traps, key=lambda trap: SEVERITIES.index(trap.severity), reverse=True)

@@ -407,7 +407,7 @@ class CommandBuilder:
             self.paste_output.value, self.load_button.disabled = "", True
             return
         try:
-            self.pasted, self.pasted_traps = launch_traps.check_text(text)
+            self.pasted, self.pasted_traps = launch_parse.check_text(text)
         except ValueError as exc:
             self.pasted = None
             self.paste_output.value = (f"<div class='rb-out'><p style='color:{_COLOURS['FAIL']}'><b>cannot read it:</b> "

@@ -156,7 +156,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         The findings, sorted by file and line.
     """
     from helpers import launch_parse
-    from helpers.lint import accelerate_rules, cross_rules, deepspeed_rules, python_rules, shell_rules
+    from helpers.lint import accelerate_rules, contract_rules, cross_rules, deepspeed_rules, python_rules, shell_rules
 
     findings: list[Check] = []
     facts: list[python_rules.PyFacts] = []
@@ -168,7 +168,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         try:
             kind = _kind(path, text)
             if kind == "python":
-                got, fact = python_rules.lint_python(path, text)
+                got, fact = python_rules.lint_python(path, text, (contract_rules.run,))
                 findings += got
                 facts.append(fact)
             elif kind in ("json", "yaml"):

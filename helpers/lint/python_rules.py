@@ -24,6 +24,7 @@ import ast
 import io
 import re
 import tokenize
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from helpers.checks import Check
@@ -455,8 +456,10 @@ class PythonLinter:
         return None
 
     # --- rules ---------------------------------------------------------------------------
-    def run(self) -> list[Check]:
-        """Run every rule; return the findings (also kept in :attr:`findings`)."""
+    def run(self, extra_rules: Sequence[Callable[[PythonLinter], None]] = ()) -> list[Check]:
+        """Run every rule, then ``extra_rules`` (each called with this linter: the contract rules of
+        :mod:`helpers.lint.contract_rules`, which read this linter's tree and add to :attr:`findings`); return the
+        findings (also kept in :attr:`findings`).  Passed in, not imported here: the contract rules import this module."""
         self.rule_rank_gated_collectives()
         self.rule_rank_early_exit()
         self.rule_device_from_global_rank()
@@ -466,8 +469,8 @@ class PythonLinter:
         self.rule_ddp_fsdp_options()
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
-        from helpers.lint import contract_rules
-        contract_rules.run(self)
+        for rule in extra_rules:
+            rule(self)
         self.collect_facts()
         return sorted(self.findings, key=lambda f: f.line_no)
 
@@ -927,8 +930,9 @@ def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
     raise SyntaxError(f"more than {_MAX_REPAIRS} lines do not parse")
 
 
-def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
-    """Lint one Python file.
+def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLinter], None]] = ()
+                ) -> tuple[list[Check], PyFacts]:
+    """Lint one Python file (``extra_rules``: see :meth:`PythonLinter.run`).
 
     Returns:
         ``(findings, facts)``; a file that does not parse gives one ``python-syntax`` error finding.
@@ -940,7 +944,7 @@ def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
     try:
         try:
             linter = PythonLinter(path, text)
-            return linter.run(), linter.facts
+            return linter.run(extra_rules), linter.facts
         except SyntaxError as exc:
             if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
                 raise
@@ -950,7 +954,7 @@ def lint_python(path: str, text: str) -> tuple[list[Check], PyFacts]:
             note = finding("python-syntax", "error", path, exc.lineno or 0,
                            f"cannot parse: {exc.msg}; {len(changed)} line(s) re-indented or skipped to analyse the "
                            "rest (an excerpt?)", "fix the syntax error", "https://docs.python.org/3/library/ast.html")
-            return [note, *linter.run()], linter.facts
+            return [note, *linter.run(extra_rules)], linter.facts
     except SyntaxError as exc:
         if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
             raise InputError(path, f"too deeply nested to analyse (Python's parser: {exc.msg})") from None

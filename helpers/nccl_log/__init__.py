@@ -57,9 +57,6 @@ Nothing runs at import; the standard library only, plus PyYAML when the catalog 
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-
 from helpers.nccl_log.catalog import CATALOG_PATH, load_catalog, load_sites, load_versions, match_site
 from helpers.nccl_log.model import (
     SEVERITIES,
@@ -79,12 +76,5 @@ from helpers.nccl_log.rules import KINDS, interpret, verdict
 
 __all__ = ["CATALOG_PATH", "KINDS", "SEVERITIES", "STAGES", "TOPOLOGIES", "CatalogHit", "Channel", "Iface",
            "InitComplete", "NcclLog", "RankInfo", "bad_interface_reason", "checks_for_job", "interpret",
-           "load_catalog", "load_sites", "load_versions", "main", "match_site", "parse", "parse_files", "render",
+           "load_catalog", "load_sites", "load_versions", "match_site", "parse", "parse_files", "render",
            "to_json", "verdict"]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m helpers.nccl_log FILE...``: the same as ``runbook nccl-log FILE...`` (:func:`helpers.cli.nccl_log`)."""
-    from helpers import cli
-
-    return cli.main(["nccl-log", *(sys.argv[1:] if argv is None else argv)])
