@@ -189,8 +189,12 @@ CONTRACTS: tuple[Contract, ...] = (
        ("ifname-node-specific", "ifname-loopback", "ifname-bridge", "nccl-exclude-keeps-lo")),
     _c("GLOO_SOCKET_IFNAME", "Takes exact interface names (no ^ exclusion or = prefix syntax)",
        _DIST + "#choosing-the-network-interface-to-use", "gloo-nccl-syntax"),
-    _c("NCCL_NET_DISABLE / NCCL_P2P_DISABLE", "Multi-node needs a network transport; one node with P2P and SHM "
-       "off falls back to it", _NCCL_ENV, ("multinode-net-disabled", "single-node-net-transport")),
+    _c("NCCL_P2P_DISABLE / NCCL_SHM_DISABLE", "One node with P2P and SHM off falls back to the network transport",
+       _NCCL_ENV, ("single-node-net-transport",)),
+    _c("NCCL_IB_DISABLE", "Several nodes with InfiniBand off fall back to TCP sockets, silently", _NCCL_ENV,
+       ("multinode-ib-disabled",)),
+    _c("NCCL_NET_DISABLE", "Not a variable NCCL reads (only NCCL_NET_DISABLE_INTRA exists): setting it changes nothing",
+       _NCCL_ENV, ("nccl-net-disable-ignored",)),
     _c("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING is the deprecated name; 0 disables tearing "
        "down a job whose collective timed out", _TORCH_NCCL_ENV,
        ("deprecated-async-error-handling", "async-error-handling-off")),

@@ -18,15 +18,17 @@ import pytest
 from helpers import envnames, sources
 
 ROOT = Path(__file__).resolve().parents[2]
-NOT_A_VARIABLE = re.compile(r"not an? (?:NCCL|torch)|does not exist|not read|ignore|unknown|no such|isn't one",
+NOT_A_VARIABLE = re.compile(r"not an? (?:NCCL|torch)|does not exist|not read|never reads|ignore|unknown|no such|isn't one|"
+                            r"is not one of them",
                             re.I)
 """Words that tell the reader the name next to them is not a variable (within MARKER_LINES lines)."""
 MARKER_LINES = 3
-NOT_VARIABLES = {"NCCL_PARAM", "NCCL_KEY", "TORCH_CHECK", "NCCL_VERSION_CODE", "NCCL_X"}
-"""Names that are not meant as variables: NCCL/torch C macros and a docstring's placeholder (``NCCL_X``)."""
-PENDING = {"helpers/nccl_log.py": {"NCCL_NET_DISABLE"}}
-"""The log reader's Gilbreth fix text still exports NCCL_NET_DISABLE=1 (issue #24 owns that file; issue #29's
-report gives the new text): remove this entry when it lands."""
+NOT_VARIABLES = {"NCCL_PARAM", "NCCL_KEY", "TORCH_CHECK", "NCCL_VERSION_CODE", "NCCL_X", "NCCL_LOG_WARN", "NCCL_OFI_INFO",
+                 "NCCL_OFI_WARN"}
+"""Names that are not meant as variables: NCCL/torch C macros (NCCL's and aws-ofi-nccl's log macros) and a
+docstring's placeholder (``NCCL_X``)."""
+PENDING: dict[str, set[str]] = {}
+"""Files allowed an unknown name for now (none)."""
 
 
 def _python_text(text: str, identifiers: set[str] | None = None) -> str:

@@ -186,7 +186,8 @@ LAUNCH_EXAMPLES = {
                             "train.py",
     "nccl-exclude-keeps-lo": "export NCCL_SOCKET_IFNAME=^docker0\ntorchrun --standalone --nproc-per-node=2 train.py",
     "single-node-net-transport": "export NCCL_P2P_DISABLE=1\ntorchrun --standalone --nproc-per-node=2 train.py",
-    "multinode-net-disabled": "export NCCL_NET_DISABLE=1\ntorchrun --nnodes=2 --node-rank=0 --master-addr=n0 train.py",
+    "nccl-net-disable-ignored": "export NCCL_NET_DISABLE=1\ntorchrun --nnodes=2 --node-rank=0 --master-addr=n0 train.py",
+    "multinode-ib-disabled": "export NCCL_IB_DISABLE=1\ntorchrun --nnodes=2 --node-rank=0 --master-addr=n0 train.py",
     "deprecated-async-error-handling": "export NCCL_ASYNC_ERROR_HANDLING=1\ntorchrun --standalone train.py",
     "async-error-handling-off": "export TORCH_NCCL_ASYNC_ERROR_HANDLING=0\ntorchrun --standalone train.py",
     "master-addr-not-exported": "#!/bin/bash\n#SBATCH --nodes=2\nMASTER_ADDR=$(hostname)\nsrun bash -c 'torchrun "
@@ -212,10 +213,10 @@ def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule
     job = tmp_path / "job.sh"
     job.write_text(text)
     assert rule in {f.id for f in lint_texts([(str(job), text)])}                           # runbook lint
-    cli.main(["build", "--check", text])                                                     # runbook build --check
-    assert f"] {rule} (" in capsys.readouterr().out
+    cli.main(["build", "--check", text])                                                     # runbook build --check (traps on stderr)
+    assert f"] {rule} (" in capsys.readouterr().err
     cli.main(["build", "--check-file", str(job)])                                            # --check-file
-    assert f"] {rule} (" in capsys.readouterr().out
+    assert f"] {rule} (" in capsys.readouterr().err
     builder.paste.value = text                                                               # the paste box
     assert rule in [t.id for t in builder.pasted_traps]
     assert rule in [t.id for t in launch_parse.check_text(text)[1]]
