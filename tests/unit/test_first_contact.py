@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -96,3 +97,21 @@ def test_chapter_01_explains_18_bytes_per_parameter_as_the_tool_counts_it():
     assert memory.estimate(psi, 8, "ddp").total == 18 * psi
     assert memory.estimate(psi, 8, "ddp", bucket_view=True).total == 16 * psi
     assert memory.estimate(psi, 8, "ddp", precision="fp32").total == 20 * psi  # torch.autocast keeps fp32 weights
+
+
+def test_make_lab_turns_autosave_and_the_news_off(tmp_path):
+    """``make lab`` must not write into a chapter unless the user saves (the browser test checks the news and a chapter
+    opened unmodified in Chromium; autosave's 120 s interval is too slow to wait for there)."""
+    import json
+
+    from helpers import labserver
+
+    argv = labserver.lab_argv(tmp_path / "nb", lab_dir=tmp_path)
+    assert f"--LabApp.app_settings_dir={tmp_path.resolve() / 'app-settings'}" in argv
+    assert "--LabApp.expose_app_in_browser=True" in argv  # the builder's chapter links use window.jupyterapp
+    written = json.loads(labserver.write_overrides(tmp_path).read_text())
+    assert written["@jupyterlab/docmanager-extension:plugin"] == {"autosave": False}
+    assert written["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    schema = Path(sys.prefix) / "share" / "jupyter" / "lab" / "schemas" / "@jupyterlab" / "docmanager-extension" / "plugin.json"
+    if schema.exists():  # the setting names are JupyterLab's own
+        assert "autosave" in json.loads(schema.read_text())["properties"]
