@@ -58,3 +58,4 @@ def test_outputs_counts_run_metadata_and_a_foreign_kernelspec_are_found_and_fixe
     assert "language_info {'name': 'python'} is not the kernel's" in nbclean.problems(path)[0]
     nbclean.fix(path)
     assert nbclean.problems(path) == [] and nbformat.read(path, as_version=4).cells[code].id == nb.cells[code].id
+
