@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	@$(MAKE) --no-print-directory system-tools
 	@$(MAKE) --no-print-directory ds-ops
+	# nbstripout as this clone's git clean filter: outputs never reach a diff or a commit (helpers/nbclean.py)
+	-$(BIN)/python -m helpers.nbclean --install-git-filter
 	touch $@
 
 # Debian tools the network lab and the pre-flight check use when present (chapter 06 shows a real
@@ -73,6 +75,7 @@ diagnose: $(STAMP)
 
 # JupyterLab on 127.0.0.1:$(LAB_PORT) (as root too: --allow-root only then); it prints the URL with its
 # token.  From a laptop: ssh -N -L 8888:127.0.0.1:8888 you@host (docs/command-builder.md).
+# Autosave is off and the news pop-up too (helpers/labserver.py): a chapter changes only when you save it.
 LAB_PORT ?= 8888
 lab: $(STAMP)
 	@mkdir -p build/tmp

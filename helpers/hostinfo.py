@@ -7,7 +7,7 @@ them into :class:`helpers.checks.Check` records is :func:`helpers.allocation.loc
 :mod:`helpers.ifnames`'.  Nothing runs at import.
 
 Facts measured on this project's machines (torch 2.13 CPU, Linux 6.x; the tests in
-tests/test_hostinfo.py re-check them) are marked "measured"; the rest cite their source.
+tests/unit/test_hostinfo.py re-check them) are marked "measured"; the rest cite their source.
 """
 
 from __future__ import annotations

@@ -7,11 +7,21 @@ not in ``~/.local/share``.  JupyterLab refuses to start as root (``Running as ro
 recommended. Use --allow-root to bypass.``), so ``--allow-root`` is passed exactly when the
 effective user is root.  The server listens on 127.0.0.1 only: from a laptop, forward the port
 over ssh (``ssh -N -L 8888:127.0.0.1:8888 user@host``) and open the URL it prints, token included.
+
+Opening a chapter must not change it (issue 28): :data:`SETTING_OVERRIDES` turns autosave off (a
+chapter is written only when you save it; ``git diff`` then shows no outputs anyway, through the
+nbstripout filter of :mod:`helpers.nbclean`) and JupyterLab's news pop-up off (it covered the
+builder's corner).  They are JupyterLab's documented default overrides (an ``overrides.json`` in
+the application settings folder, https://jupyterlab.readthedocs.io/en/stable/user/directories.html),
+written to ``build/jupyter/app-settings/``: your own settings still win.  The app is exposed as
+``window.jupyterapp`` so that the command builder's chapter links open the section in this
+JupyterLab (:func:`helpers.widgets.trap_html`) instead of a second one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -23,6 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LAB_DIR = ROOT / "build" / "jupyter"
 """Where the runtime files and the workspaces of ``make lab`` go."""
 DEFAULT_PORT = 8888
+SETTING_OVERRIDES = {
+    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+"""JupyterLab settings ``make lab`` changes from JupyterLab's defaults (plugin id -> values)."""
 
 
 def lab_argv(notebook_dir: str | os.PathLike[str] = ROOT / "notebooks", *, port: int = DEFAULT_PORT,
@@ -44,7 +59,16 @@ def lab_argv(notebook_dir: str | os.PathLike[str] = ROOT / "notebooks", *, port:
     return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
             f"--ServerApp.root_dir={Path(notebook_dir).resolve()}",
             f"--LabApp.workspaces_dir={Path(lab_dir).resolve() / 'workspaces'}",
+            f"--LabApp.app_settings_dir={Path(lab_dir).resolve() / 'app-settings'}",
+            "--LabApp.expose_app_in_browser=True",
             *(["--allow-root"] if root else []), *extra]
+
+
+def write_overrides(lab_dir: str | os.PathLike[str] = LAB_DIR) -> Path:
+    """Write :data:`SETTING_OVERRIDES` to ``<lab_dir>/app-settings/overrides.json`` (atomically); return its path."""
+    from helpers.report import write_atomic
+
+    return write_atomic(Path(lab_dir) / "app-settings" / "overrides.json", json.dumps(SETTING_OVERRIDES, indent=2) + "\n")
 
 
 def lab_env(base: Mapping[str, str] | None = None, *, lab_dir: str | os.PathLike[str] = LAB_DIR,
@@ -86,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"make lab: {exc}", file=sys.stderr)
         return 2
     env = lab_env(lab_dir=args.lab_dir, isolated=args.isolated)
+    write_overrides(args.lab_dir)
     user = os.environ.get("USER") or "you"
     print(f"JupyterLab on 127.0.0.1:{args.port} (the next free port if taken){' as root (--allow-root)' if os.geteuid() == 0 else ''}.\n"
           f"From a laptop: ssh -N -L {args.port}:127.0.0.1:{args.port} {user}@{os.uname().nodename}  then open the "

@@ -191,7 +191,7 @@ def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
                               f"{var}={value} names one node's interface; names differ per node (ibp65s0 vs ibp161s0): "
                               + ("'Bootstrap : no socket interface found'" if flavor == "nccl"
                                  else f"'Unable to find address for: {names[0]}'") + " where it is missing",
-                              fix, sources.cite("Gilbreth 8.12", "MN2")))
+                              fix, sources.cite("PF-wrong-nic", "Gilbreth 8.12", "MN2")))
         if flavor == "nccl" and parsed["exclude"] and "lo" not in names:
             traps.append(Trap("nccl-exclude-keeps-lo", "WARN", f"env.{var}",
                               f"{var}={value} still allows lo, which NCCL lists first: it may bootstrap on 127.0.0.1",
@@ -273,7 +273,8 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
     if (multi or slurm_kind) and spec.script.startswith("/tmp/"):
         t.append(Trap("script-in-tmp", "FAIL", "script",
                       f"{spec.script} is node-local: the other nodes fail with \"can't open file '{spec.script}'\"",
-                      "put the script on a shared filesystem ($HOME, /scratch)", sources.cite("Gilbreth 8.12")))
+                      "put the script on a shared filesystem ($HOME, /scratch)",
+                      sources.cite("PF-slurm-node-tmp", "Gilbreth 8.12")))
     if slurm_kind and spec.srun_ntasks_per_node != 1:
         t.append(Trap("srun-tasks-per-node", "FAIL", "srun_ntasks_per_node",
                       f"{spec.srun_ntasks_per_node} srun tasks per node each start a torchrun: "
@@ -296,7 +297,7 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
         t.append(Trap("args-in-tmp", "FAIL", "script_args",
                       f"{tmp_args[0]} is node-local: the other nodes cannot read it",
                       "put configs and data on a shared filesystem ($HOME, /scratch)",
-                      sources.cite("Gilbreth 8.12")))
+                      sources.cite("PF-slurm-node-tmp", "Gilbreth 8.12")))
     t += _ifname_traps(spec)
     if spec.nnodes == 1 and (env.get("NCCL_P2P_DISABLE") == "1" or env.get("NCCL_SHM_DISABLE") == "1"):
         t.append(Trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",

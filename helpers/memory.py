@@ -45,7 +45,7 @@ and ``deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs``, and
 / ``_all_cold`` wrappers) add a 1.5 "additional buffer factor" to host RAM, count the 4Ψ/N fp32
 gradient partition that ZeRO-1/2/3 build while the optimizer steps (``step_transient`` here),
 and leave out ZeRO-3's 2-byte gradient partition, which 0.19.8 keeps allocated;
-``tests/test_memory.py`` checks each difference.
+``tests/unit/test_memory.py`` checks each difference.
 
 Command line (the ``runbook estimate-memory`` subcommand calls :func:`main`)::
 
@@ -358,7 +358,7 @@ def params_of(model: Any, *, trainable_only: bool = False) -> int:
     memory: build the real architecture there and count it before you pick a strategy.
     Sharing is resolved by parameter identity (``module.parameters()`` yields a tied weight
     once).  DeepSpeed's ``model_to_params`` dedupes by ``data_ptr()`` instead, which is 0 for
-    every meta tensor: on a meta model it counts only one tensor (see tests/test_memory.py).
+    every meta tensor: on a meta model it counts only one tensor (see tests/unit/test_memory.py).
 
     Args:
         model: the module.  trainable_only: count only parameters with ``requires_grad``.

@@ -70,11 +70,11 @@ def plot_pair_matrix(matrix: Mapping[str, Mapping[str, float]], path: str | Path
         The PNG path.
 
     Raises:
-        ValueError: ``matrix`` has fewer than 2 nodes.
+        ValueError: ``matrix`` has fewer than 3 nodes (two nodes are one pair: one number, no picture to read).
     """
     nodes = list(matrix)
-    if len(nodes) < 2:
-        raise ValueError("matrix: needs 2 or more nodes")
+    if len(nodes) < 3:
+        raise ValueError(f"matrix: {len(nodes)} node(s); a heat-map needs 3 or more (2 nodes are one pair: report its busbw)")
     import math
 
     import matplotlib

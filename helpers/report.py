@@ -96,23 +96,72 @@ def _cell(value: Any) -> str:
 
 
 def to_markdown(checks: Sequence[Check], meta: dict[str, Any], *, images: Sequence[str] = (), sections_md: str = "") -> str:
-    """The ``report.md`` text: a summary table, ``sections_md`` (e.g. the per-node sections), then each check's values."""
-    lines = [f"# Allocation check: {meta.get('host', '?')} — {worst(checks)}", ""]
+    """The ``report.md`` text: what to do first, then the checks in one table, then the evidence, folded.
+
+    Layout (a reader acts on the first screen; the raw values are one click away):
+
+    1. ``# Allocation check: HOST — STATUS``;
+    2. **What to do**: one numbered line per FAIL, then per WARN check (title, remediation, the nodes
+       it names), and the drain list when ``sections_md`` starts with one; or one line saying there is
+       nothing to do;
+    3. the checks as one table (status, id, what), FAILs and WARNs first;
+    4. folded (``<details>``, which GitHub and JupyterLab render): the run's ``meta``, the rest of
+       ``sections_md`` (node pairs, each node), and each check's values and source (the FAIL and WARN
+       ones unfolded); then ``images``.
+
+    Args:
+        checks: the records; meta: run facts (``host``...); images: file names next to the report;
+        sections_md: Markdown from :func:`helpers.allocation.render_markdown` (its ``## Drain list``
+            section first, which is lifted into "What to do").
+    """
+    order = {"FAIL": 0, "WARN": 1, "INFO": 2, "OK": 3}
+    ranked = sorted(checks, key=lambda c: order[c.status])
+    act = [c for c in ranked if c.status in ("FAIL", "WARN")]
+    drain, rest = "", sections_md.strip()
+    if rest.startswith("## Drain list"):
+        cut = rest.find("\n## ", 1)
+        drain, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + 1:])
+        drain = drain.removeprefix("## Drain list").strip()
+    lines = [f"# Allocation check: {meta.get('host', '?')} — {worst(checks)}", "", "## What to do", ""]
+    if act:
+        for n, c in enumerate(act, 1):
+            where = f" (node: {', '.join(c.faulty)})" if c.faulty else (f" (node: {c.node})" if c.node else "")
+            lines.append(f"{n}. **[{c.status}] `{c.id}`**{where}: {_cell(c.title)} → "
+                         f"{_cell(c.remediation) if c.remediation else 'see its evidence below'}")
+        if drain and "No node to leave out" not in drain:
+            lines.append(f"{len(act) + 1}. **Drain list**: {drain}")
+    else:
+        info = sum(c.status == "INFO" for c in checks)
+        lines.append(f"Nothing: all {len(checks)} checks passed" + (f" ({info} for information)" if info else "")
+                     + ". The allocation is ready for a job.")
+    lines += ["", "## Checks", "", "| status | check | what |", "|---|---|---|"]
+    lines += [f"| {c.status} | `{c.id}` | {_cell(c.title)} |" for c in ranked]
+    lines += ["", "## Evidence", "", "<details><summary>The run</summary>", ""]
     lines += [f"- {k}: `{_cell(v)}`" for k, v in meta.items()]
-    lines += ["", "| status | check | what | remediation |", "|---|---|---|---|"]
-    lines += [f"| {c.status} | `{c.id}` | {_cell(c.title)} | {_cell(c.remediation) or '—'} |" for c in checks]
-    if sections_md:
-        lines += ["", sections_md.rstrip()]
-    for c in checks:
-        lines += ["", f"## [{c.status}] {c.id}", "", c.title, ""]
+    lines += ["", "</details>"]
+    if rest:
+        lines += ["", "<details><summary>Across the nodes: node pairs and each node</summary>", "",
+                  rest.replace("\n## ", "\n### ").replace("## ", "### ", 1) if rest.startswith("## ") else rest,
+                  "", "</details>"]
+    for c in ranked:
+        opened = " open" if c.status in ("FAIL", "WARN") else ""
+        lines += ["", f"<details{opened}><summary>[{c.status}] <code>{c.id}</code>: {_html_cell(c.title)}</summary>", ""]
         if c.remediation:
             lines += [f"**Remediation:** {c.remediation}", ""]
         if c.source:
             lines += [f"Source: {c.source}", ""]
         lines += [f"- {k}: `{_cell(v)}`" for k, v in c.values.items()]
+        lines += ["", "</details>"]
     for image in images:
         lines += ["", f"![{Path(image).stem}]({image})"]
     return "\n".join(lines) + "\n"
+
+
+def _html_cell(value: Any) -> str:
+    """:func:`_cell` escaped for an HTML ``<summary>``."""
+    import html
+
+    return html.escape(_cell(value))
 
 
 def write_report(out_dir: str | os.PathLike[str], checks: Sequence[Check], meta: dict[str, Any], *,

@@ -6,7 +6,11 @@
 script) and the list of known traps, FAILs first, each linked to the chapter section that
 reproduces it (:data:`TRAP_SECTIONS`).  The form is grouped (job shape, rendezvous, script,
 environment, SLURM) and shows only the fields the chosen launcher uses (:func:`visible_fields`);
-the command and its traps sit beside it, with a copy button.  A value out of range is shown as an
+the traps and the command sit beside it, traps first (a 45-line ``sbatch`` script scrolls in its own
+box instead of pushing them below a 1280x800 screen), with a copy button; the command wraps only
+between shell words (each word is one unbreakable span: ``--cpus-per-task`` never splits at a hyphen).
+Each trap's sources are links, and its chapter link opens the section in the same JupyterLab
+(``make lab`` exposes ``window.jupyterapp``; elsewhere it is a plain link).  A value out of range is shown as an
 error under its field, never clamped; a bad environment line is named and skipped, the rest of the
 command is still built.  The "paste to check" box reads an existing command or sbatch script
 (:func:`helpers.launch_parse.parse`) and lists its traps; "edit in the form" loads it.
@@ -126,8 +130,9 @@ _CSS = """<style>
 .rb-builder .rb-group {border: 1px solid #ccc; border-radius: 4px; padding: 2px 6px 4px 6px; margin: 0 0 4px 0}
 .rb-builder .rb-group-title {font-weight: bold; font-size: 12px; margin: 0}
 .rb-builder .rb-field-error {color: #b00020; font-size: 12px; margin: -2px 0 2px 126px; line-height: 1.2}
-.rb-out pre {white-space: pre-wrap; word-break: normal; overflow-wrap: anywhere; background: #f5f5f5; padding: 6px;
-  margin: 2px 0; font-size: 12px}
+.rb-out pre {white-space: pre-wrap; word-break: normal; overflow-wrap: normal; background: #f5f5f5; padding: 6px;
+  margin: 2px 0; font-size: 12px; max-height: 330px; overflow: auto}
+.rb-out pre .rb-w {white-space: pre}
 .rb-out ul {margin: 2px 0; padding-left: 18px} .rb-out li {margin-bottom: 4px; font-size: 12px; line-height: 1.35}
 .rb-out a {color: #1565c0; text-decoration: underline}
 .rb-out .rb-copy {font-size: 12px; margin-left: 8px}
@@ -171,7 +176,7 @@ class CommandBuilder:
         self.pasted_traps: list[Trap] = []
         self._hold = False
         style = {"description_width": "120px"}
-        wide = w.Layout(width="460px")
+        wide = w.Layout(width="430px")
         self.controls: dict[str, Any] = {}
         for name in LaunchSpec.__dataclass_fields__:
             label = _LABELS[name]
@@ -183,7 +188,7 @@ class CommandBuilder:
                 c = w.Checkbox(description=label, indent=True, style=style)
             elif name == "env":
                 c = w.Textarea(description=label, placeholder=_PLACEHOLDERS["env"], continuous_update=True, style=style,
-                               layout=w.Layout(width="460px", height="64px"))
+                               layout=w.Layout(width="430px", height="64px"))
             else:
                 c = w.Text(description=label, placeholder=_PLACEHOLDERS.get(name, ""), continuous_update=True,
                            style=style, layout=wide)
@@ -202,7 +207,7 @@ class CommandBuilder:
             box = w.VBox([head, *(self._rows[n] for n in names), *extra])
             box.add_class("rb-group")
             self._group_boxes[title] = box
-        form = w.VBox([w.HTML(_CSS), *self._group_boxes.values()], layout=w.Layout(width="490px", flex="0 0 490px"))
+        form = w.VBox([w.HTML(_CSS), *self._group_boxes.values()], layout=w.Layout(width="455px", flex="0 0 455px"))
         self.output = w.HTML()
         self.output.add_class("rb-output")
         self.paste = w.Textarea(placeholder="paste to check: a torchrun / accelerate launch / deepspeed / srun command, "
@@ -393,10 +398,10 @@ class CommandBuilder:
                 "Promise.reject()).then(() => {this.textContent='copied'}, () => {const r=document.createRange(); "
                 "r.selectNodeContents(this.closest('.rb-out').querySelector('pre')); const s=getSelection(); "
                 "s.removeAllRanges(); s.addRange(r); this.textContent='selected: Ctrl+C'})\">copy</button>")
-        command = (f"<div><b>command</b>{copy}</div><pre>{html.escape(self.command)}</pre>" if self.command
+        command = (f"<div><b>command</b>{copy}</div><pre>{command_html(self.command)}</pre>" if self.command
                    else "<div><b>command</b>: fix the field marked in red</div>")
         traps = "".join(trap_html(t) for t in self.traps) or ("" if self.error else "<li>no known trap</li>")
-        return f"<div class='rb-out'>{error}{command}<b>traps</b><ul class='rb-traps'>{traps}</ul></div>"
+        return f"<div class='rb-out'>{error}<b>traps</b><ul class='rb-traps'>{traps}</ul>{command}</div>"
 
     def _check_paste(self, *_: object) -> None:
         from helpers import launch_parse
@@ -436,15 +441,61 @@ def _as_text(key: str, value: Any) -> Any:
     return "" if value is None else str(value)
 
 
+def command_html(command: str) -> str:
+    """The command as HTML for a ``pre-wrap`` box: each shell word in an unbreakable ``<span class='rb-w'>``.
+
+    Lines then wrap only at the spaces between words, never inside ``--cpus-per-task`` at a hyphen
+    (where browsers otherwise may break); the text content is exactly ``command`` (what the copy
+    button copies).
+    """
+    return "".join(f"<span class='rb-w'>{html.escape(part)}</span>" if part and not part.isspace() else part
+                   for part in re.split(r"(\s+)", command))
+
+
+_URL = re.compile(r"https?://[^\s,;()<>'\"]+")
+# The chapter link: in make lab's JupyterLab (window.jupyterapp) the notebook next to this one opens in the same
+# window (docmanager:open) and scrolls to the heading with the notebook's own setFragment("#heading=ID"), what a
+# Markdown link "other.ipynb#heading" does.  A notebook that was not open yet lays out its cells (windowed) after it
+# is revealed and may scroll back to its top, so the call is repeated every 0.5 s until the heading sits at the top
+# of the panel (10 s at most).  Elsewhere (no window.jupyterapp) the href opens the chapter in a new tab.
+_OPEN_IN_LAB = ("const app=window.jupyterapp; if(!app) return true; const w0=app.shell.currentWidget; "
+                "const cur=(w0&&w0.context)?w0.context.path:''; const dir=cur.includes('/')?cur.slice(0,cur.lastIndexOf('/')+1):''; "
+                "const id=this.dataset.heading; app.commands.execute('docmanager:open',{path:dir+this.dataset.path})"
+                ".then(w=>{if(!w||!w.setFragment) return; let n=0; const sel='[data-jupyter-id=\\''+CSS.escape(id)+'\\'],"
+                "[id=\\''+CSS.escape(id)+'\\']'; const tick=()=>Promise.resolve(w.setFragment('#heading='+id)).then(()=>{"
+                "const h=w.node.querySelector(sel); const top=w.content.node.getBoundingClientRect().top; "
+                "const y=h?h.getBoundingClientRect().top-top:-1; if((y<0||y>200)&&++n<20) setTimeout(tick,500);}); "
+                "w.context.ready.then(tick);}); return false;")
+
+
+def sources_html(source: str) -> str:
+    """A trap's ``source`` text (``Gilbreth 8.12 (https://..., https://...); MN2 (https://...)``) with each URL a link.
+
+    The link text is the URL's host (``docs.nvidia.com``); the ids stay text (``docs/sources.md`` explains them).
+    """
+    out, last = [], 0
+    for m in _URL.finditer(source):
+        url = m.group(0)
+        host = url.split("/")[2]
+        out += [html.escape(source[last:m.start()]),
+                f"<a href='{html.escape(url)}' target='_blank' rel='noopener' title='{html.escape(url)}'>{html.escape(host)}</a>"]
+        last = m.end()
+    out.append(html.escape(source[last:]))
+    return "".join(out)
+
+
 def trap_html(t: Trap) -> str:
-    """One ``<li>`` for a trap: severity, id, field, message, fix, source and the chapter link."""
+    """One ``<li>`` for a trap: severity, id, field, message, fix, its sources as links and the chapter link."""
     link = trap_link(t.id)
-    where = (f" <a href='{html.escape(link)}' target='_blank' title='the section that reproduces it'>"
-             f"chapter {TRAP_SECTIONS[t.id][0][:2]}: {html.escape(TRAP_SECTIONS[t.id][1].split(' — ')[0])}</a>"
-             if link else "")
+    where = ""
+    if link:
+        notebook, heading = TRAP_SECTIONS[t.id]
+        where = (f" <a class='rb-chapter' href='{html.escape(link)}' target='_blank' data-path='{html.escape(notebook)}' "
+                 f"data-heading='{html.escape(link.split('#', 1)[1])}' onclick=\"{_OPEN_IN_LAB}\" "
+                 f"title='the section that reproduces it'>chapter {notebook[:2]}: {html.escape(heading.split(' — ')[0])}</a>")
     return (f"<li class='rb-trap' data-trap='{html.escape(t.id)}'><b style='color:{_COLOURS[t.severity]}'>{t.severity}</b> "
             f"<code>{html.escape(t.id)}</code> ({html.escape(t.field)}): {html.escape(t.message)} &rarr; "
-            f"<i>{html.escape(t.fix)}</i> <small>[{html.escape(t.source)}]</small>{where}</li>")
+            f"<i>{html.escape(t.fix)}</i> <small class='rb-sources'>[{sources_html(t.source)}]</small>{where}</li>")
 
 
 def command_builder(**initial: Any) -> CommandBuilder:

@@ -6,7 +6,10 @@ workspaces under ``build/browser/``; a fresh notebook that shows the builder.  T
 fields as a person would (typing, no Enter), reads the command and the traps from the page
 (``textContent``: an off-screen cell has an empty ``innerText``), checks that an out-of-range port
 is shown as an error, that a pasted command is read and that the copy button copies, and saves a
-screenshot at 1280x720 to ``build/browser/command_builder.png``.  The server's whole process tree
+screenshot at 1280x800 to ``build/browser/command_builder.png``.  Issue 28, at 1280x800: with ``sbatch``
+chosen the traps are on screen, above the command; the command wraps only between words; sources are
+links; a trap's chapter link opens the section in the same JupyterLab; no news pop-up (``make lab``'s
+own settings, not the test's); opening a chapter leaves it unmodified (its kernelspec is the lab's).  The server's whole process tree
 (kernel included) is stopped at the end and checked gone.
 
 Skipped, with the reason printed, when ``/usr/bin/chromium`` is missing (``make setup`` installs it
@@ -15,7 +18,6 @@ as root: SYSTEM_TOOLS).  No browser is downloaded: Playwright is pointed at Debi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,7 +33,7 @@ import nbformat
 import psutil
 import pytest
 
-from helpers import hostinfo, labserver, procs
+from helpers import hostinfo, labserver, nbclean, procs
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -42,7 +44,7 @@ BUILDER_CELL = ('from helpers import widgets\n'
                 'builder = widgets.command_builder(nnodes=2, nproc_per_node=8, rdzv="static", master_addr="node0", '
                 'gpus_per_node=8,\n    script="train.py", script_args="--config \'my run.yaml\'", env="NCCL_DEBUG=INFO")\n'
                 'builder.widget')
-SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False}}
+CHAPTERS = ("01_launchers.ipynb", "06_multinode_network.ipynb")  # the targets of the traps' chapter links
 
 
 def _chromium_or_skip() -> None:
@@ -59,12 +61,10 @@ def lab() -> Iterator[dict]:
     base = ROOT / "build" / "browser" / uuid.uuid4().hex[:8]
     notebooks = base / "notebooks"
     notebooks.mkdir(parents=True)
-    for name, value in SETTINGS.items():
-        path = base / "settings" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
+    for chapter in CHAPTERS:
+        shutil.copy(ROOT / "notebooks" / chapter, notebooks / chapter)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(BUILDER_CELL)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["kernelspec"] = nbclean.lab_kernelspec()
     nbformat.write(nb, notebooks / "builder.ipynb")
     port = hostinfo.free_port()
     argv = [sys.executable, "-m", "helpers.labserver", "--port", str(port), "--notebook-dir", str(notebooks),
@@ -123,7 +123,8 @@ def _run_first_cell(page) -> None:
             return
         except PlaywrightTimeout:
             print(f"the builder did not appear after Shift+Enter #{attempt + 1}: pressing it again", file=sys.stderr)
-    raise AssertionError("the builder never appeared after 4 x Shift+Enter")
+    page.screenshot(path=str(SHOT.parent / "builder_never_appeared.png"))
+    raise AssertionError(f"the builder never appeared after 4 x Shift+Enter (screenshot in {SHOT.parent})")
 
 
 def _text(page, selector: str) -> str:
@@ -148,7 +149,7 @@ def test_builder_in_jupyterlab(lab):
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(lab["dir"] / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 720}, permissions=["clipboard-read", "clipboard-write"])
+            viewport={"width": 1280, "height": 800}, permissions=["clipboard-read", "clipboard-write"])
         try:
             page = context.new_page()
             page.goto(f"{lab['base_url']}/lab/tree/builder.ipynb?reset&token={lab['token']}")
@@ -182,6 +183,21 @@ def test_builder_in_jupyterlab(lab):
             page.locator(".rb-field-script input").fill("/tmp/train.py")
             _wait_text(page, ".rb-output .rb-traps", "script-in-tmp")
 
+            page.locator(".rb-field-kind select").select_option("sbatch")          # issue 28: the 45-line script
+            _wait_text(page, out, "#SBATCH --nodes=3")
+            page.locator(".rb-builder").scroll_into_view_if_needed()
+            trap = page.locator(".rb-output .rb-trap[data-trap='script-in-tmp']").bounding_box()
+            cmd = page.locator(".rb-output pre").bounding_box()
+            assert trap and cmd and trap["y"] < cmd["y"] and 0 <= trap["y"] and trap["y"] + trap["height"] <= 800, (trap, cmd)
+            words = page.evaluate("[...document.querySelectorAll('.rb-output pre .rb-w')]"
+                                  ".filter(s => s.getClientRects().length > 1).map(s => s.textContent)")
+            assert words == [], f"words broken across lines: {words}"            # never --cpus- / per-task
+            assert "--cpus-per-task" in _text(page, out)
+            sources = page.locator(".rb-trap[data-trap='script-in-tmp'] .rb-sources a")
+            assert sources.count() >= 1 and sources.first.get_attribute("href").startswith("https://")
+            page.locator(".rb-field-kind select").select_option("srun+torchrun")
+            _wait_text(page, out, "srun --nodes=3 --ntasks-per-node=1")
+
             page.locator(".rb-copy").click()                                     # copy button -> clipboard
             copied = page.evaluate("navigator.clipboard.readText()")
             assert copied == _text(page, out) and copied.startswith("export MASTER_ADDR=")
@@ -203,8 +219,27 @@ def test_builder_in_jupyterlab(lab):
             form_box = page.locator(".rb-field-env").bounding_box()
             for name, box in (("command", cmd_box), ("first trap", trap_box), ("environment field", form_box)):
                 assert box and 0 <= box["y"] and box["y"] + min(box["height"], 40) <= 720, (name, box)
+            assert page.locator(".jp-toast-container", has_text="news").count() == 0  # make lab turns the news off
             SHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOT))
+
+            link = page.locator(".rb-trap[data-trap='ifname-node-specific'] a.rb-chapter")  # same JupyterLab, the section
+            assert link.get_attribute("href") == "06_multinode_network.ipynb#MN2-—-The-wrong-NIC"
+            pages = len(context.pages)
+            link.click()
+            tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="06_multinode_network.ipynb")
+            tab.wait_for(timeout=30_000)
+            heading = page.locator("h2[data-jupyter-id='MN2-—-The-wrong-NIC'], h2[id='MN2-—-The-wrong-NIC']")
+            heading.wait_for(timeout=30_000)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not (0 <= (heading.bounding_box() or {"y": -1})["y"] < 400):
+                time.sleep(0.2)
+            assert 0 <= heading.bounding_box()["y"] < 400, heading.bounding_box()
+            assert len(context.pages) == pages                                   # no second JupyterLab
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], [data-status='idle']",
+                                   timeout=60_000, state="attached")
+            time.sleep(1)  # the kernel is up: a foreign kernelspec would have been rewritten by now
+            assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "opening the chapter modified it"
         finally:
             context.close()
     print(f"browser part: {time.monotonic() - t0:.1f} s; screenshot {SHOT}")

@@ -251,32 +251,15 @@ def test_parse_count_refuses_absurd_values_with_a_message(text, why):
     assert why in str(exc.value)
 
 
-def test_ddp_gradient_buckets_match_torchs_own_buckets(tmp_path):
-    """DDP's buckets are one more copy of the gradients unless gradient_as_bucket_view=True (issue 29 point 9).
-
-    Read from a real ``DistributedDataParallel`` (world size 1, gloo): its logging data lists the bucket sizes
-    it allocated; their sum is the model's gradient bytes, which is what the estimate adds.
-    """
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.GELU(), torch.nn.Linear(200, 10))
-    psi = memory.params_of(model)
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        ddp = DistributedDataParallel(model)
-        logged = ddp._get_ddp_logging_data()  # "bucket_sizes": the bytes of each bucket, "440" or "1048576, 2000"
-        bucket_bytes = sum(int(size) for size in str(logged["bucket_sizes"]).split(","))
-        assert logged["gradient_as_bucket_view"] == 0
-    finally:
-        dist.destroy_process_group()
-    est = memory.estimate(psi, 1, "ddp", precision="fp32")
-    assert bucket_bytes == 4 * psi == est.grad_buckets == est.grads
-    assert est.total == 20 * psi and est.formulas["total"].startswith("20Ψ")
-    mixed = memory.estimate(psi, 1, "ddp")
-    assert mixed.total == 18 * psi and mixed.grad_buckets == 2 * psi  # chapter 01's "18 bytes per parameter"
-    assert memory.estimate(psi, 1, "ddp", bucket_view=True).total == 16 * psi
+def test_ddp_gradient_buckets_in_the_estimate():
+    """DDP adds a second copy of the gradients (its buckets) unless bucket_view; checked against a real DDP in
+    tests/jobs/test_ddp_buckets.py (constructing one imports torch._dynamo: seconds, too slow for this layer)."""
+    psi = 1_000_000
+    mixed = memory.estimate(psi, 8, "ddp")
+    assert mixed.total == 18 * psi and mixed.grad_buckets == mixed.grads == 2 * psi  # chapter 01's "18 bytes per parameter"
+    assert mixed.formulas["total"] == "18Ψ (16Ψ + 2Ψ DDP buckets)"
+    assert memory.estimate(psi, 8, "ddp", bucket_view=True).total == 16 * psi
+    assert memory.estimate(psi, 8, "ddp", precision="fp32").total == 20 * psi  # torch.autocast: fp32 weights and grads
     with pytest.raises(ValueError, match="^bucket_view=True"):
         memory.estimate(psi, 2, "zero2", bucket_view=True)
 

@@ -55,3 +55,31 @@ def test_bad_records_are_refused(tmp_path):
         report.write_report(tmp_path, [Check("x", "t", "OK")] * 2, {})
     with pytest.raises(ValueError, match="checks"):
         report.write_report(tmp_path, [], {})
+
+
+def test_report_md_leads_with_what_to_do_and_folds_the_evidence():
+    """Issue 28: an all-OK 2-node report was ~580 lines of raw values; the action comes first now."""
+    checks = [report.Check("env.diff", "identical on 4 ranks", "OK", {"ranks": list(range(4))}),
+              report.Check("pairs.bandwidth", "node1 slow with every partner", "WARN", {"matrix": {"a": 1}},
+                            "drain node1", "MN3", faulty=["node1"]),
+              report.Check("smoke.03", "ZeRO-1 reload failed", "FAIL", {"err": "x" * 500}, "see the log", "D16")]
+    sections = "## Drain list\n\nLeave out: `--exclude=node1` (FAIL: none; WARN: node1)\n\n## Node node0\n\n- versions: x\n"
+    text = report.to_markdown(checks, {"host": "h"}, sections_md=sections)
+    head = text[:text.index("## Checks")]
+    assert head.index("[FAIL] `smoke.03`") < head.index("[WARN] `pairs.bandwidth`") < head.index("**Drain list**")
+    assert "(node: node1)" in head and "→ drain node1" in head and "`--exclude=node1`" in head
+    evidence = text[text.index("## Evidence"):]
+    assert "<details open><summary>[FAIL] <code>smoke.03</code>" in evidence
+    assert "<details><summary>[OK] <code>env.diff</code>" in evidence and "### Node node0" in evidence
+    assert "x" * 118 not in text  # long values stay truncated
+    ok = report.to_markdown([checks[0]], {"host": "h"}, sections_md="## Drain list\n\nNo node to leave out.\n")
+    assert ok.split("## What to do")[1].split("##")[0].strip() == "Nothing: all 1 checks passed. The allocation is ready for a job."
+
+
+def test_two_nodes_get_no_heat_map(tmp_path):
+    """Two nodes are one pair: one number drawn as a 2x2 heat-map told nothing (issue 28)."""
+    from helpers import plots
+
+    with pytest.raises(ValueError, match="2 node\\(s\\); a heat-map needs 3 or more"):
+        plots.plot_pair_matrix({"a": {"b": 1.0}, "b": {"a": 1.0}}, tmp_path / "pairs.png")
+    assert not (tmp_path / "pairs.png").exists()
