@@ -42,7 +42,7 @@ class Check:
         title: one line for people: what was found, in the words of the error the user sees.
         status: one of :data:`STATUSES`.
         values: what was measured (JSON-serialisable; units in the key names, e.g. ``busbw_gbps``).
-        remediation: what to do when not OK (empty when OK); :attr:`fix` is an alias.
+        remediation: what to do when not OK (empty when OK).
         source: where the rule or threshold comes from: a seed id registered in
             :mod:`helpers.sources` (``D21``, ``MN4``, ``Gilbreth 8.12``) or a public URL.
         evidence: the lines (log lines, stack frames, file:line) that show it; a few, not all.
@@ -79,22 +79,6 @@ class Check:
             raise ValueError("id: a check needs a non-empty id")
         if self.status in NOT_OK and not self.faulty and self.node:
             self.faulty = [self.node]
-
-    # Aliases: the command builder and the log interpreter used to say severity / message / fix.
-    @property
-    def severity(self) -> str:
-        """Alias of :attr:`status`."""
-        return self.status
-
-    @property
-    def message(self) -> str:
-        """Alias of :attr:`title`."""
-        return self.title
-
-    @property
-    def fix(self) -> str:
-        """Alias of :attr:`remediation`."""
-        return self.remediation
 
     @property
     def ok(self) -> bool:

@@ -1288,8 +1288,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-Verdict = HangVerdict
-"""Old name of :class:`HangVerdict` (kept so existing callers keep working)."""
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import shlex
 from typing import Any
 
 from helpers import sources
-from helpers.launch_traps import SEVERITIES, LaunchSpec, Trap, find_traps
+from helpers.checks import Check
+from helpers.launch_traps import SEVERITIES, LaunchSpec, find_traps, trap
 
 
 class NoLaunch(ValueError):
@@ -619,7 +620,7 @@ def _single_quoted_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def text_traps(text: str) -> list[Trap]:
+def text_traps(text: str) -> list[Check]:
     """The traps only a batch script's text shows (what its :class:`LaunchSpec` cannot hold), each with ``line_no``.
 
     ``master-addr-not-exported``: ``MASTER_ADDR=...`` / ``MASTER_PORT=...`` assigned without ``export`` before
@@ -627,7 +628,7 @@ def text_traps(text: str) -> list[Trap]:
     a plain shell variable does not reach a child process (Gilbreth 4.3; POSIX ``export``).
     ``nnodes-mismatch``: torchrun's ``--nnodes`` differs from the nodes ``srun`` starts it on (:func:`_nnodes_traps`).
     """
-    out: list[Trap] = []
+    out: list[Check] = []
     quoted: list[tuple[int, int]] | None = None
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         assign = re.search(rf"^[ \t]*{var}=", text, re.MULTILINE)
@@ -641,21 +642,21 @@ def text_traps(text: str) -> list[Trap]:
                 if m.start() > assign.end() and text[m.start() - 1] != "\\"]  # \$VAR: expanded later, per task
         if uses and any(not any(a0 <= u < b0 for a0, b0 in quoted) for u in uses):
             continue  # expanded by the batch shell before srun: no export needed
-        trap = Trap("master-addr-not-exported", "FAIL", f"env.{var}",
+        hit = trap("master-addr-not-exported", "FAIL", f"env.{var}",
                     f"{var} is assigned but not exported, and the srun tasks read it later (env:// rendezvous, or "
                     f"${var} deferred to the task by single quotes or \\$): they see it empty ('The hostname of the "
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
-        trap.line_no = text.count("\n", 0, assign.start()) + 1
-        out.append(trap)
+        hit.line_no = text.count("\n", 0, assign.start()) + 1
+        out.append(hit)
     return out + _nnodes_traps(text)
 
 
-def _nnodes_traps(text: str) -> list[Trap]:
+def _nnodes_traps(text: str) -> list[Check]:
     """``nnodes-mismatch``: torchrun's ``--nnodes`` against the nodes ``srun`` starts it on (``srun -N`` or the
     allocation's ``#SBATCH --nodes``), and ``srun -N`` beyond the allocation (torchrun docs; srun(1))."""
     alloc = sbatch_header(text).get("--nodes", "")
     allocated = int(alloc) if re.fullmatch(r"\d{1,6}", alloc) else None
-    out: list[Trap] = []
+    out: list[Check] = []
     for number, line in _join_continuations(text):
         srun = re.search(r"(?:^|[;&|]\s*)srun\b", line)
         run = re.search(r"\btorchrun\b|torch\.distributed\.run\b", line)
@@ -665,25 +666,25 @@ def _nnodes_traps(text: str) -> list[Trap]:
         m = re.search(r"(?:-N\s*|--nodes[= ])(\d{1,6})\b", head)
         started = int(m.group(1)) if m else allocated
         if m and allocated is not None and started is not None and started > allocated:
-            trap = Trap("nnodes-mismatch", "FAIL", "nnodes",
+            hit = trap("nnodes-mismatch", "FAIL", "nnodes",
                         f"srun -N {started} inside an allocation of {allocated} node(s): 'srun: error: Only allocated "
                         f"{allocated} nodes asked for {started}'", f"srun -N {allocated} (or #SBATCH --nodes={started})",
                         "https://slurm.schedmd.com/srun.html")
-            trap.line_no = number
-            out.append(trap)
+            hit.line_no = number
+            out.append(hit)
         n = re.search(r"--nnodes[= ]+['\"]?(\d{1,6})['\"]?(?=\s|$)", line[run.end():])
         if n and started is not None and int(n.group(1)) != started:
-            trap = Trap("nnodes-mismatch", "FAIL", "nnodes",
+            hit = trap("nnodes-mismatch", "FAIL", "nnodes",
                         f"torchrun --nnodes={n.group(1)} but srun starts it on {started} node(s): the rendezvous "
                         + ("waits for nodes that never come" if int(n.group(1)) > started else
                            "has more agents than nodes (node ranks out of range, or extra nodes rejected)"),
                         f"--nnodes={started} (or $SLURM_NNODES)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
-            trap.line_no = number
-            out.append(trap)
+            hit.line_no = number
+            out.append(hit)
     return out
 
 
-def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Trap]:
+def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Check]:
     """``node-rank-fixed`` for a launch *file* of a multi-node static job that writes its node rank as a number:
     the same file run on every node makes every node that rank (torchrun docs: each node passes its own)."""
     if spec.nnodes < 2 or spec.kind not in ("torchrun", "accelerate") or spec.rdzv == "c10d" or spec.node_rank is None:
@@ -691,16 +692,16 @@ def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Trap]:
     m = re.search(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text)
     if not m:
         return []
-    trap = Trap("node-rank-fixed", "WARN", "node_rank",
+    hit = trap("node-rank-fixed", "WARN", "node_rank",
                 f"this file writes --node-rank={m.group(1)} for a {spec.nnodes}-node job: run unchanged on every node, "
                 f"every node claims node rank {m.group(1)} and the rendezvous never completes",
                 "take it per node: --node-rank=$NODE_RANK (or $SLURM_NODEID inside srun), or use the c10d "
                 "rendezvous (no node rank)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
-    trap.line_no = text.count("\n", 0, m.start()) + 1
-    return [trap]
+    hit.line_no = text.count("\n", 0, m.start()) + 1
+    return [hit]
 
 
-def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec, list[Trap]]:
+def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec, list[Check]]:
     """The one way a launch text is checked: :func:`helpers.parse` then :func:`find_traps` and
     :func:`text_traps` (``runbook build --check`` / ``--check-file``, the widget's paste box and ``runbook lint``).
 
@@ -719,4 +720,4 @@ def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tu
     traps = find_traps(spec, check_port=check_port) + text_traps(text)
     if file and not any(t.id == "node-rank-fixed" for t in traps):
         traps += _literal_node_rank(spec, text)
-    return spec, sorted(traps, key=lambda trap: SEVERITIES.index(trap.severity), reverse=True)
+    return spec, sorted(traps, key=lambda trap: SEVERITIES.index(trap.status), reverse=True)

@@ -3,7 +3,7 @@
 :func:`render` turns a spec into what the user runs: a ``torchrun`` / ``accelerate launch`` /
 ``deepspeed`` command (:func:`helpers.launchers.build_command`), the ``srun`` + ``torchrun`` lines,
 or a whole ``sbatch`` script (:mod:`helpers.slurm`).  :func:`find_traps` lists what in the spec
-will break, each :class:`Trap` with the field to change, the fix and the seed entry it comes from.
+will break, each :class:`~helpers.checks.Check` (:func:`trap`) with the field to change, the fix and the seed entry it comes from.
 The command-builder widget (:mod:`helpers.widgets`) calls both on every keystroke; both are pure
 (``find_traps(check_port=True)`` also asks this machine whether the port is free).
 
@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from helpers import envvars, hostinfo, ifnames, launchers, slurm, sources
-from helpers.checks import Check
+from helpers.checks import NOT_OK, Check
 from helpers.validate import positive_int, tcp_port
 
 KINDS = ("torchrun", "accelerate", "deepspeed", "srun+torchrun", "sbatch")
-SEVERITIES = ("WARN", "FAIL")
+SEVERITIES = NOT_OK  # a trap asks for an action: WARN or FAIL of the one status scale
 _LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1|0\.0\.0\.0)$")
 
 
@@ -67,27 +67,20 @@ class LaunchSpec:
     srun_export: str = "ALL"
 
 
-class Trap(Check):
-    """A known way the spec fails: a :class:`helpers.checks.Check` built from the command builder's words.
+def trap(id: str, severity: str, field: str, message: str, fix: str, source: str) -> Check:  # noqa: A002
+    """A known way the spec fails, as a plain :class:`helpers.checks.Check` built from the command builder's words.
 
-    ``Trap(id, severity, field, message, fix, source)`` sets ``status`` = ``severity`` (``FAIL``: it
-    will not run correctly; ``WARN``: it may, until something changes), ``title`` = ``message``
-    (what will happen, in the words of the error the user would see), ``remediation`` = ``fix``,
-    and ``field`` (the :class:`LaunchSpec` attribute, or ``env.NAME``, to change); ``source`` is the
-    seed entry or document it comes from.  ``.severity``, ``.message`` and ``.fix`` read them back.
+    ``status`` = ``severity`` (``FAIL``: it will not run correctly; ``WARN``: it may, until something changes),
+    ``title`` = ``message`` (what will happen, in the words of the error the user would see), ``remediation`` =
+    ``fix``, and ``field`` (the :class:`LaunchSpec` attribute, or ``env.NAME``, to change); ``source`` is the seed
+    entry or document it comes from.
 
     Raises:
         ValueError: ``severity`` not one of :data:`SEVERITIES`, or an empty ``id``.
     """
-
-    def __init__(self, id: str, severity: str, field: str, message: str, fix: str, source: str) -> None:  # noqa: A002
-        if severity not in SEVERITIES:
-            raise ValueError(f"severity={severity!r} in trap {id!r}: accepted values are {', '.join(SEVERITIES)}")
-        super().__init__(id=id, title=message, status=severity, remediation=fix, source=source, field=field)
-
-    def line(self) -> str:
-        """``[FAIL] id (field): message -> fix``."""
-        return f"[{self.severity}] {self.id} ({self.field}): {self.message} -> {self.fix}"
+    if severity not in SEVERITIES:
+        raise ValueError(f"severity={severity!r} in trap {id!r}: accepted values are {', '.join(SEVERITIES)}")
+    return Check(id=id, title=message, status=severity, remediation=fix, source=source, field=field)
 
 
 
@@ -158,7 +151,7 @@ def render(spec: LaunchSpec) -> str:
     return "\n".join([*exports, line]) + "\n"
 
 
-def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
+def _ifname_traps(spec: LaunchSpec) -> list[Check]:
     traps = []
     multi = spec.nnodes > 1
     for var, flavor in ifnames.IFNAME_VARS.items():
@@ -168,18 +161,18 @@ def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
         parsed = ifnames.parse(value, flavor)
         names = parsed["names"]
         if not parsed["supported"]:
-            traps.append(Trap("gloo-nccl-syntax", "FAIL", f"env.{var}", parsed["note"],
+            traps.append(trap("gloo-nccl-syntax", "FAIL", f"env.{var}", parsed["note"],
                               "gloo takes exact names: unset it (the hostname's address is used) or export the exact "
                               "name per node", sources.cite("PF-wrong-nic", "MN2")))
             continue
         local = [ifnames.node_local_reason(n) for n in names]
         if multi and ifnames.LOOPBACK in local and not parsed["exclude"]:
-            traps.append(Trap("ifname-loopback", "FAIL", f"env.{var}",
+            traps.append(trap("ifname-loopback", "FAIL", f"env.{var}",
                               f"{var}={value} binds to 127.0.0.1: every node connects to itself and the job never forms "
                               "(a single-node setting carried into a multi-node job)",
                               f"unset {var} for multi-node jobs", sources.cite("Gilbreth 4.1", "Gilbreth 4.2", "MN2")))
         elif any(r not in (None, ifnames.LOOPBACK) for r in local) and not parsed["exclude"]:
-            traps.append(Trap("ifname-bridge", "FAIL", f"env.{var}",
+            traps.append(trap("ifname-bridge", "FAIL", f"env.{var}",
                               f"{var}={value} selects a host-local bridge (172.17.0.1 on every node): "
                               "'Connection refused' on one side, 'Connect timeout' on the other",
                               f"unset {var} or name the data-plane interface", "MN2; chapter 06"))
@@ -187,19 +180,19 @@ def _ifname_traps(spec: LaunchSpec) -> list[Trap]:
             fix = ("unset it, or use a prefix every node has (ib, eth, en)" if flavor == "nccl"
                    else "unset it (each node's hostname must resolve to its data-plane address), or export the name "
                         "per node inside the srun task")
-            traps.append(Trap("ifname-node-specific", "WARN", f"env.{var}",
+            traps.append(trap("ifname-node-specific", "WARN", f"env.{var}",
                               f"{var}={value} names one node's interface; names differ per node (ibp65s0 vs ibp161s0): "
                               + ("'Bootstrap : no socket interface found'" if flavor == "nccl"
                                  else f"'Unable to find address for: {names[0]}'") + " where it is missing",
                               fix, sources.cite("PF-wrong-nic", "Gilbreth 8.12", "MN2")))
         if flavor == "nccl" and parsed["exclude"] and "lo" not in names:
-            traps.append(Trap("nccl-exclude-keeps-lo", "WARN", f"env.{var}",
+            traps.append(trap("nccl-exclude-keeps-lo", "WARN", f"env.{var}",
                               f"{var}={value} still allows lo, which NCCL lists first: it may bootstrap on 127.0.0.1",
                               f"{var}=^{','.join([*names, 'lo'])}", "chapter 06 MN2; NCCL env docs"))
     return traps
 
 
-def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
+def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Check]:
     """The known traps in ``spec``, FAILs first.
 
     Args:
@@ -208,18 +201,18 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
             this machine is node 0); a taken port is ``port-in-use`` (D4).
 
     Returns:
-        A list of :class:`Trap` (empty: nothing known is wrong).
+        A list of :class:`~helpers.checks.Check` from :func:`trap` (empty: nothing known is wrong).
 
     Raises:
         ValueError: as :func:`validate`.
     """
     validate(spec)
-    t: list[Trap] = []
+    t: list[Check] = []
     multi = spec.nnodes > 1
     slurm_kind = spec.kind in ("srun+torchrun", "sbatch")
     env = spec.env
     if multi and spec.kind in ("torchrun", "srun+torchrun", "sbatch") and spec.rdzv == "standalone":
-        t.append(Trap("standalone-multinode", "FAIL", "rdzv",
+        t.append(trap("standalone-multinode", "FAIL", "rdzv",
                       "--standalone makes a private rendezvous on each node: two groups of one node each, never one job",
                       "use the static form (--node-rank, --master-addr) or c10d (same --rdzv-id/--rdzv-endpoint "
                       "everywhere)", "D2"))
@@ -227,16 +220,16 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
         if not spec.master_addr and spec.kind == "deepspeed" and spec.node_rank is None:
             pass  # deepspeed's ssh launcher asks the hostfile's first host for its address (launcher/runner.py)
         elif not spec.master_addr:
-            t.append(Trap("master-addr-missing", "FAIL", "master_addr",
+            t.append(trap("master-addr-missing", "FAIL", "master_addr",
                           "several nodes need node 0's address: without it the rendezvous cannot start",
                           "set master_addr to node 0's hostname or data-plane IP", "D1"))
         elif _LOOPBACK.match(spec.master_addr):
-            t.append(Trap("master-addr-loopback", "FAIL", "master_addr",
+            t.append(trap("master-addr-loopback", "FAIL", "master_addr",
                           f"master_addr={spec.master_addr} is this node itself on every node: the other nodes wait for a "
                           "store that is not there ('1/N clients joined', RendezvousTimeoutError)",
                           "node 0's hostname or data-plane IP (SLURM: scontrol show hostnames | head -n 1)", "D1; MN1"))
     if not multi and spec.kind in ("accelerate", "deepspeed") and spec.master_port in (None, launchers.DEFAULT_MASTER_PORT):
-        t.append(Trap("default-port-shared", "WARN", "master_port",
+        t.append(trap("default-port-shared", "WARN", "master_port",
                       f"{spec.kind} uses port 29500 unless told otherwise: a second job on this node fails with "
                       "EADDRINUSE (or, with a c10d endpoint, silently joins the first job)",
                       "a distinct port per job (torchrun: --standalone picks a free one)", "D4"))
@@ -245,84 +238,84 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Trap]:
         port = spec.master_port or launchers.DEFAULT_MASTER_PORT
         if not hostinfo.port_free(port):
             holders = ", ".join(f"{h['name']} (pid {h['pid']})" for h in hostinfo.port_holders(port)) or "another process"
-            t.append(Trap("port-in-use", "FAIL", "master_port", f"port {port} is taken on this machine by {holders}: "
+            t.append(trap("port-in-use", "FAIL", "master_port", f"port {port} is taken on this machine by {holders}: "
                           "DistNetworkError ... EADDRINUSE", f"another port (free now: {hostinfo.free_port()})", "D4"))
     visible = env.get("CUDA_VISIBLE_DEVICES") or ""
     if re.fullmatch(r"\d+(,\d+)*", visible) and spec.nproc_per_node > len(visible.split(",")):
-        t.append(Trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
+        t.append(trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
                       f"{spec.nproc_per_node} ranks per node but CUDA_VISIBLE_DEVICES={visible} shows "
                       f"{len(visible.split(','))} GPU(s): local ranks {len(visible.split(','))}.. call set_device on "
                       "an ordinal that does not exist ('invalid device ordinal') or share a GPU",
                       f"nproc_per_node <= {len(visible.split(','))}, or list more GPUs in CUDA_VISIBLE_DEVICES", "D3"))
     elif spec.gpus_per_node is not None and spec.gpus_per_node > 0 and spec.nproc_per_node > spec.gpus_per_node:
-        t.append(Trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
+        t.append(trap("nproc-exceeds-gpus", "FAIL", "nproc_per_node",
                       f"{spec.nproc_per_node} ranks per node on {spec.gpus_per_node} GPU(s): two ranks share a GPU "
                       "(NCCL: 'Duplicate GPU detected') or cuda:LOCAL_RANK does not exist ('invalid device ordinal')",
                       f"nproc_per_node <= {spec.gpus_per_node}", "D3"))
     if spec.kind == "accelerate" and spec.accelerate_cpu and spec.nproc_per_node * spec.nnodes > 1:
-        t.append(Trap("accelerate-cpu-one-process", "FAIL", "accelerate_cpu",
+        t.append(trap("accelerate-cpu-one-process", "FAIL", "accelerate_cpu",
                       "accelerate launch --cpu --num_processes N starts ONE process",
                       "drop --cpu and export ACCELERATE_USE_CPU=1 with --multi_gpu (or Accelerator(cpu=True)): "
                       "N processes on gloo", sources.cite("D5", "PF-accelerate-cpu")))
     if spec.kind == "deepspeed" and multi and spec.node_rank is None:
-        t.append(Trap("deepspeed-ssh", "WARN", "node_rank",
+        t.append(trap("deepspeed-ssh", "WARN", "node_rank",
                       "deepspeed --hostfile starts the other nodes over ssh/pdsh: where compute nodes refuse ssh it dies "
                       "with 'ssh exited with exit code 2'",
                       "start it on every node with --no_ssh --node_rank=i, or use srun + torchrun",
                       sources.cite("D6", "Gilbreth 4.3", "Gilbreth 8.12")))
     if (multi or slurm_kind) and spec.script.startswith("/tmp/"):
-        t.append(Trap("script-in-tmp", "FAIL", "script",
+        t.append(trap("script-in-tmp", "FAIL", "script",
                       f"{spec.script} is node-local: the other nodes fail with \"can't open file '{spec.script}'\"",
                       "put the script on a shared filesystem ($HOME, /scratch)",
                       sources.cite("PF-slurm-node-tmp", "Gilbreth 8.12")))
     if slurm_kind and spec.srun_ntasks_per_node != 1:
-        t.append(Trap("srun-tasks-per-node", "FAIL", "srun_ntasks_per_node",
+        t.append(trap("srun-tasks-per-node", "FAIL", "srun_ntasks_per_node",
                       f"{spec.srun_ntasks_per_node} srun tasks per node each start a torchrun: "
                       f"{spec.srun_ntasks_per_node}x the agents, clashing node ranks and ports",
                       "--ntasks-per-node=1: torchrun spawns the node's ranks", sources.cite("Gilbreth 8.2")))
     if slurm_kind and multi and spec.node_rank is not None:
-        t.append(Trap("node-rank-fixed", "FAIL", "node_rank",
+        t.append(trap("node-rank-fixed", "FAIL", "node_rank",
                       f"every node gets --node-rank={spec.node_rank}: $SLURM_NODEID was expanded once by the batch "
                       "shell (double quotes or an assignment before srun), so torchrun waits for nodes that never come",
                       "single-quote the srun task (bash -c '... --node-rank=$SLURM_NODEID ...') or use the c10d "
                       "rendezvous (no node rank)", sources.cite("Gilbreth 4.3")))
     if slurm_kind and spec.srun_export.split(",")[0].upper() == "NONE":
-        t.append(Trap("srun-export-none", "FAIL", "srun_export",
+        t.append(trap("srun-export-none", "FAIL", "srun_export",
                       "--export=NONE starts the tasks without the batch shell's environment: MASTER_ADDR/MASTER_PORT, "
                       "the NCCL variables and PATH (the venv's torchrun) are missing",
                       "--export=ALL (and re-export the NCCL variables inside the task)",
                       sources.cite("Gilbreth 8.12")))
     tmp_args = [a for a in spec.script_args if a.split("=", 1)[-1].startswith("/tmp/")]
     if (multi or slurm_kind) and tmp_args:
-        t.append(Trap("args-in-tmp", "FAIL", "script_args",
+        t.append(trap("args-in-tmp", "FAIL", "script_args",
                       f"{tmp_args[0]} is node-local: the other nodes cannot read it",
                       "put configs and data on a shared filesystem ($HOME, /scratch)",
                       sources.cite("PF-slurm-node-tmp", "Gilbreth 8.12")))
     t += _ifname_traps(spec)
     if spec.nnodes == 1 and (env.get("NCCL_P2P_DISABLE") == "1" or env.get("NCCL_SHM_DISABLE") == "1"):
-        t.append(Trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",
+        t.append(trap("single-node-net-transport", "WARN", "env.NCCL_P2P_DISABLE",
                       "with P2P/SHM disabled the GPUs of one node talk over the network transport: Init COMPLETE, then "
                       "the first collective times out where NET does not loop back",
                       "unset NCCL_P2P_DISABLE and NCCL_SHM_DISABLE (configs/nccl_single_node.env); where P2P itself "
                       "hangs (PCIe ACS/IOMMU) NCCL_P2P_LEVEL=NVL moves the pair to SHM",
                       sources.cite("Gilbreth 6.3")))
     if "NCCL_NET_DISABLE" in env:
-        t.append(Trap("nccl-net-disable-ignored", "WARN", "env.NCCL_NET_DISABLE",
+        t.append(trap("nccl-net-disable-ignored", "WARN", "env.NCCL_NET_DISABLE",
                       "NCCL_NET_DISABLE is not an NCCL variable: NCCL ignores it, so it disables nothing (its only "
                       "such parameter is NCCL_NET_DISABLE_INTRA)",
                       "remove it; on one node keep NCCL_IB_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 "
                       "(configs/nccl_single_node.env)", sources.cite("Gilbreth 4.1")))
     if multi and env.get("NCCL_IB_DISABLE") == "1":
-        t.append(Trap("multinode-ib-disabled", "WARN", "env.NCCL_IB_DISABLE",
+        t.append(trap("multinode-ib-disabled", "WARN", "env.NCCL_IB_DISABLE",
                       "NCCL_IB_DISABLE=1 on a multi-node job: NCCL falls back to TCP sockets between the nodes without an "
                       "error (only NCCL_DEBUG=INFO's `Using network Socket` shows it), at a fraction of InfiniBand's speed",
                       "NCCL_IB_DISABLE=0 (configs/nccl_multi_node.env) where the nodes have InfiniBand; keep 1 only on "
                       "TCP-only clusters", sources.cite("Gilbreth 4.2", "Gilbreth 8.3")))
     if env.get("NCCL_ASYNC_ERROR_HANDLING") is not None:
-        t.append(Trap("deprecated-async-error-handling", "WARN", "env.NCCL_ASYNC_ERROR_HANDLING",
+        t.append(trap("deprecated-async-error-handling", "WARN", "env.NCCL_ASYNC_ERROR_HANDLING",
                       "NCCL_ASYNC_ERROR_HANDLING is the old name", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MN3"))
     if env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0":
-        t.append(Trap("async-error-handling-off", "WARN", "env.TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        t.append(trap("async-error-handling-off", "WARN", "env.TORCH_NCCL_ASYNC_ERROR_HANDLING",
                       "a timed-out NCCL collective no longer tears the job down: a dead rank leaves the rest hanging",
                       "unset it (or 1)", "MN3"))
-    return sorted(t, key=lambda trap: SEVERITIES.index(trap.severity), reverse=True)
+    return sorted(t, key=lambda trap: SEVERITIES.index(trap.status), reverse=True)

@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from helpers import envvars, launch_traps, launchers
-from helpers.launch_traps import LaunchSpec, Trap
+from helpers.checks import Check
+from helpers.launch_traps import LaunchSpec
 from helpers.validate import positive_int, tcp_port
 
 _COLOURS = {"FAIL": "#b00020", "WARN": "#8a6d00"}
@@ -153,7 +154,7 @@ class CommandBuilder:
             box on the right).
         controls: field name -> its ipywidgets control (what :meth:`set` types into).
         command: the rendered command or script ("" while a field is invalid).
-        traps: the :class:`Trap` list for the current input.
+        traps: the :class:`~helpers.checks.Check` list for the current input.
         errors: field name (``env`` for an environment line) -> the ``ValueError`` message shown under it.
         error: every message of ``errors`` in one string ("" when the input is valid).
         pasted: the :class:`LaunchSpec` read from the paste box (None when empty or unreadable).
@@ -173,7 +174,7 @@ class CommandBuilder:
         self.check_port = check_port
         self.command, self.traps, self.errors, self.error = "", [], {}, ""
         self.pasted: LaunchSpec | None = None
-        self.pasted_traps: list[Trap] = []
+        self.pasted_traps: list[Check] = []
         self._hold = False
         style = {"description_width": "120px"}
         wide = w.Layout(width="430px")
@@ -484,7 +485,7 @@ def sources_html(source: str) -> str:
     return "".join(out)
 
 
-def trap_html(t: Trap) -> str:
+def trap_html(t: Check) -> str:
     """One ``<li>`` for a trap: severity, id, field, message, fix, its sources as links and the chapter link."""
     link = trap_link(t.id)
     where = ""
@@ -493,9 +494,9 @@ def trap_html(t: Trap) -> str:
         where = (f" <a class='rb-chapter' href='{html.escape(link)}' target='_blank' data-path='{html.escape(notebook)}' "
                  f"data-heading='{html.escape(link.split('#', 1)[1])}' onclick=\"{_OPEN_IN_LAB}\" "
                  f"title='the section that reproduces it'>chapter {notebook[:2]}: {html.escape(heading.split(' — ')[0])}</a>")
-    return (f"<li class='rb-trap' data-trap='{html.escape(t.id)}'><b style='color:{_COLOURS[t.severity]}'>{t.severity}</b> "
-            f"<code>{html.escape(t.id)}</code> ({html.escape(t.field)}): {html.escape(t.message)} &rarr; "
-            f"<i>{html.escape(t.fix)}</i> <small class='rb-sources'>[{sources_html(t.source)}]</small>{where}</li>")
+    return (f"<li class='rb-trap' data-trap='{html.escape(t.id)}'><b style='color:{_COLOURS[t.status]}'>{t.status}</b> "
+            f"<code>{html.escape(t.id)}</code> ({html.escape(t.field)}): {html.escape(t.title)} &rarr; "
+            f"<i>{html.escape(t.remediation)}</i> <small class='rb-sources'>[{sources_html(t.source)}]</small>{where}</li>")
 
 
 def command_builder(**initial: Any) -> CommandBuilder:

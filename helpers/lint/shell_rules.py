@@ -9,17 +9,17 @@ entry points share one parser and one rule set.  This module only turns the trap
 
 from __future__ import annotations
 
+import dataclasses
+
 from helpers import launch_parse
 from helpers.checks import Check
-from helpers.launch_traps import LaunchSpec, Trap
-from helpers.lint.findings import finding
-
-_SEVERITY = {"FAIL": "error", "WARN": "warning", "INFO": "info"}
+from helpers.launch_traps import LaunchSpec
 
 
-def traps_as_findings(traps: list[Trap], path: str, line: int) -> list[Check]:
-    """``traps`` as lint findings in ``path``: at the trap's own ``line_no`` (text traps), else at ``line``."""
-    return [finding(t.id, _SEVERITY.get(t.severity, "warning"), path, t.line_no or line, t.message, t.fix, t.source)
+def traps_as_findings(traps: list[Check], path: str, line: int) -> list[Check]:
+    """``traps`` as lint findings in ``path``: the same records, placed at the trap's own ``line_no`` (text traps),
+    else at ``line``."""
+    return [dataclasses.replace(t, file=path, line_no=t.line_no or line, evidence=[f"{path}:{t.line_no or line}"])
             for t in traps]
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from helpers import ifnames
+from helpers.checks import STATUSES
 
-SEVERITIES = ("FAIL", "WARN", "INFO", "OK")
+SEVERITIES = tuple(reversed(STATUSES))
 TOPOLOGIES = ("single-node", "multi-node", "unknown")
 
 # Stages of communicator setup a rank's log can reach, in order (used to find the rank

@@ -26,9 +26,9 @@ def test_faulty_defaults_to_the_node_only_when_not_ok():
     assert Check("a", "t", "FAIL").faulty == []
 
 
-def test_aliases_and_line():
+def test_no_second_vocabulary_and_line():
     c = Check("net.mtu", "black hole", "WARN", remediation="fix the MTU", node="n1", field="env.X")
-    assert (c.severity, c.message, c.fix, c.ok) == ("WARN", "black hole", "fix the MTU", False)
+    assert c.ok is False and not any(hasattr(c, old) for old in ("severity", "message", "fix"))
     assert c.line() == "[WARN] net.mtu @n1 (env.X): black hole\n       -> fix the MTU"
     assert Check("a", "fine", "OK", remediation="ignored").line() == "[OK]   a: fine"
 
@@ -51,15 +51,14 @@ def test_dict_round_trip_and_unknown_keys():
         Check.from_dict({**data, "severity": "FAIL"})
 
 
-def test_trap_is_a_thin_check():
-    t = launch_traps.Trap("script-in-tmp", "FAIL", "script", "node-local", "use $HOME", "gilbreth 8.12")
-    assert isinstance(t, Check)
+def test_a_trap_is_a_plain_check():
+    t = launch_traps.trap("script-in-tmp", "FAIL", "script", "node-local", "use $HOME", "gilbreth 8.12")
+    assert type(t) is Check
     assert (t.id, t.status, t.title, t.remediation, t.field, t.source) == \
         ("script-in-tmp", "FAIL", "node-local", "use $HOME", "script", "gilbreth 8.12")
-    assert (t.severity, t.message, t.fix) == ("FAIL", "node-local", "use $HOME")
-    assert t.line() == "[FAIL] script-in-tmp (script): node-local -> use $HOME"
+    assert t.line() == "[FAIL] script-in-tmp (script): node-local\n       -> use $HOME"
     with pytest.raises(ValueError, match="severity='OK'"):
-        launch_traps.Trap("x", "OK", "f", "m", "fix", "s")
+        launch_traps.trap("x", "OK", "f", "m", "fix", "s")
 
 
 def test_find_traps_returns_checks():

@@ -60,7 +60,7 @@ def test_the_fixes_are_clean(spec):
 def test_fails_come_first():
     spec = LaunchSpec(nnodes=2, master_addr="n0", env={"NCCL_SOCKET_IFNAME": "ibp65s0", "GLOO_SOCKET_IFNAME": "lo"},
                       script="/tmp/x.py")
-    severities = [t.severity for t in launch_traps.find_traps(spec)]
+    severities = [t.status for t in launch_traps.find_traps(spec)]
     assert severities == sorted(severities, key=lambda s: s != "FAIL") and "WARN" in severities
 
 
@@ -70,7 +70,7 @@ def test_port_in_use_is_found_on_this_machine():
         s.listen()
         port = s.getsockname()[1]
         trap = launch_traps.find_traps(LaunchSpec(rdzv="static", master_port=port), check_port=True)
-        assert [t.id for t in trap] == ["port-in-use"] and str(port) in trap[0].message
+        assert [t.id for t in trap] == ["port-in-use"] and str(port) in trap[0].title
     assert hostinfo.port_free(port)
     assert ids(LaunchSpec(rdzv="static", master_port=port), check_port=True) == []
 
@@ -171,7 +171,7 @@ def test_every_trap_links_to_a_section_that_exists():
     import re
     from pathlib import Path
 
-    ids = set(re.findall(r'Trap\("([a-z0-9-]+)"', Path(launch_traps.__file__).read_text()))
+    ids = set(re.findall(r'trap\("([a-z0-9-]+)"', Path(launch_traps.__file__).read_text()))
     assert ids <= set(widgets.TRAP_SECTIONS), ids - set(widgets.TRAP_SECTIONS)
     for notebook, heading in widgets.TRAP_SECTIONS.values():
         cells = json.loads((Path(__file__).parents[2] / "notebooks" / notebook).read_text())["cells"]

@@ -23,7 +23,7 @@ COLUMN = "caught before launch by"
 NONE = "—"
 RULE_MODULES = [ROOT / "helpers" / "lint" / f for f in ("__init__.py", "python_rules.py", "deepspeed_rules.py",
                                                        "accelerate_rules.py", "shell_rules.py", "contract_rules.py",
-                                                       "cross_rules.py")] + [ROOT / "helpers" / "launch_traps.py"]
+                                                       "cross_rules.py")] + [ROOT / "helpers" / "launch_traps.py", ROOT / "helpers" / "launch_parse.py"]
 
 
 def _cells(line: str) -> list[str]:
@@ -54,14 +54,14 @@ def _row(notebook: str, symptom: str) -> list[str]:
 
 
 def _emitted_ids() -> set[str]:
-    """Rule ids written as the first argument of ``add(...)``, ``finding(...)``, ``Trap(...)`` in the rule modules."""
+    """Rule ids written as the first argument of ``add(...)``, ``finding(...)``, ``trap(...)`` in the rule modules."""
     ids: set[str] = set()
     for path in RULE_MODULES:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name not in ("add", "finding", "Trap", "trap"):
+            if name not in ("add", "finding", "trap"):
                 continue
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):

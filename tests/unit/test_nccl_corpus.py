@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import cli
 from helpers import nccl_log as nl
 from helpers.checks import Check
 
@@ -147,18 +148,18 @@ def test_each_bad_input_is_one_line_exit_2_and_other_files_still_read(tmp_path: 
     bad = _bad_inputs(tmp_path)
     good = REAL / "shm_full_ci_pods.log"
     for kind, path in bad.items():
-        assert nl.main([str(path), str(good)]) == 2, kind
+        assert cli.main(["nccl-log", str(path), str(good)]) == 2, kind
         out, err = capsys.readouterr()
         lines = err.strip().splitlines()
         assert len(lines) == 1 and str(path) in lines[0], (kind, err)
         assert "[FAIL] shm-full" in out, kind                # the good file was still interpreted
-    assert nl.main([str(p) for p in bad.values()]) == 2
+    assert cli.main(["nccl-log", *(str(p) for p in bad.values())]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == len(bad)
 
 
 def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO((REAL / "dup_gpu_horovod.log").read_text()))
-    assert nl.main(["-", "--json"]) == 1
+    assert cli.main(["nccl-log", "-", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["log"]["sources"] == ["<stdin>"] and data["log"]["catalog"] == {"duplicate-gpu": 3}
     assert {v["id"] for v in data["checks"]} >= {"duplicate-gpu"}

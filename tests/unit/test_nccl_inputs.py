@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import cli
 from helpers import nccl_log as nl
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nccl"
@@ -37,14 +38,14 @@ def test_a_pipe_is_read_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     writer = threading.Thread(target=lambda: (os.write(w, data), os.close(w)))
     writer.start()
     try:
-        status = nl.main([f"/dev/fd/{r}", "--json"])
+        status = cli.main(["nccl-log", f"/dev/fd/{r}", "--json"])
     finally:
         writer.join()
         os.close(r)
     from_pipe = json.loads(capsys.readouterr().out)
     same = tmp_path / "same.log"
     same.write_bytes(data)
-    assert nl.main([str(same), "--json"]) == status == 1
+    assert cli.main(["nccl-log", str(same), "--json"]) == status == 1
     from_file = json.loads(capsys.readouterr().out)
     assert [c["id"] for c in from_pipe["checks"]] == [c["id"] for c in from_file["checks"]]
     assert from_pipe["log"]["lines_seen"] == from_file["log"]["lines_seen"]
@@ -66,7 +67,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path, capsys: pytest.Captu
     fifo = tmp_path / "pipe.log"
     os.mkfifo(fifo)
     start = time.monotonic()
-    assert nl.main([str(fifo), str(BIG)]) == 2
+    assert cli.main(["nccl-log", str(fifo), str(BIG)]) == 2
     assert time.monotonic() - start < 5
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and "FIFO" in err and str(fifo) in err
@@ -80,7 +81,7 @@ def test_a_nul_tail_ends_the_read(tmp_path: Path, capsys: pytest.CaptureFixture[
         fh.write(BIG.read_bytes())
         fh.write(b"\x00" * (8 * 2**20))
     start = time.monotonic()
-    assert nl.main([str(path)]) == 2
+    assert cli.main(["nccl-log", str(path)]) == 2
     assert time.monotonic() - start < 10
     out, err = capsys.readouterr()
     assert "[FAIL] shm-full" in out and "NUL bytes from line" in err
@@ -94,7 +95,7 @@ def test_an_unreadable_folder_keeps_the_other_files(tmp_path: Path, capsys: pyte
     try:
         if os.access(locked / "rank1.log", os.R_OK):
             pytest.skip("running as a user that reads through permissions (root)")
-        assert nl.main([str(locked / "rank1.log"), str(BIG)]) == 2
+        assert cli.main(["nccl-log", str(locked / "rank1.log"), str(BIG)]) == 2
         out, err = capsys.readouterr()
         assert "[FAIL] shm-full" in out and err.count("\n") == 1 and "permission denied" in err
         assert nl.checks_for_job(tmp_path) == []          # a folder it cannot list is skipped, not raised
@@ -105,7 +106,7 @@ def test_an_unreadable_folder_keeps_the_other_files(tmp_path: Path, capsys: pyte
 def test_a_directory_and_dev_zero_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     link = tmp_path / "zero.log"
     link.symlink_to("/dev/zero")
-    assert nl.main([str(tmp_path), str(link), str(BIG)]) == 2
+    assert cli.main(["nccl-log", str(tmp_path), str(link), str(BIG)]) == 2
     out, err = capsys.readouterr()
     assert err.count("\n") == 2 and "directory" in err and "device" in err and "[FAIL] shm-full" in out
 

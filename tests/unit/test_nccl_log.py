@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli
 from helpers import nccl_log as nl
 from helpers.checks import Check
 
@@ -67,7 +68,7 @@ def test_sample_verdict_and_exit_status(name: str, capsys: pytest.CaptureFixture
     else:
         assert found[vid].status == severity
         assert found[vid].evidence and found[vid].remediation
-    assert nl.main([str(DATA / name)]) == status
+    assert cli.main(["nccl-log", str(DATA / name)]) == status
     out = capsys.readouterr().out
     if vid is not None:
         assert re.search(rf"\[{severity}\]\s+{re.escape(vid)}(?: @\S+)?: ", out)
@@ -324,7 +325,7 @@ def test_no_nccl_lines_names_the_source(tmp_path: Path, capsys: pytest.CaptureFi
     empty.write_text("epoch 1 loss 0.3\n")
     with pytest.raises(ValueError, match="train.out: no NCCL lines"):
         nl.parse_files([empty])
-    assert nl.main([str(empty)]) == 2
+    assert cli.main(["nccl-log", str(empty)]) == 2
     assert "train.out: no NCCL lines" in capsys.readouterr().err
 
 
@@ -332,7 +333,7 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     missing = tmp_path / "nope.log"
     with pytest.raises(ValueError, match="nope.log: cannot read"):
         nl.parse_files([missing])
-    assert nl.main([str(missing)]) == 2
+    assert cli.main(["nccl-log", str(missing)]) == 2
     assert "nope.log: cannot read the log" in capsys.readouterr().err
 
 
@@ -350,7 +351,7 @@ def test_bad_arguments() -> None:
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert nl.main([str(DATA / "mn1_stuck_host.log"), "--json"]) == 1
+    assert cli.main(["nccl-log", str(DATA / "mn1_stuck_host.log"), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["log"]["topology"] == "multi-node" and set(data["log"]["ranks"]) == {
         "node-a:1201[0]", "node-a:1202[1]", "node-b:3377[0]", "node-b:3378[1]"}
@@ -375,11 +376,6 @@ def test_render_rows_and_verdict_lines() -> None:
     v = vs[0]
     assert v.line() in text and f"[{v.status}] {v.id} @node5: {v.title}" in lines
     assert nl.render(load("healthy_multinode_ib.log"), []).rstrip().endswith("[OK] no finding")
-
-
-def test_module_main_runs_the_runbook_command(capsys: pytest.CaptureFixture[str]) -> None:
-    assert nl.main([str(DATA / "single_node_net_ib.log")]) == 1
-    assert "[FAIL] single-node-net-transport @gpu-node-07:" in capsys.readouterr().out
 
 
 def test_long_lines_stay_fast() -> None:

@@ -59,10 +59,10 @@ def test_bad_records_are_refused(tmp_path):
 
 def test_report_md_leads_with_what_to_do_and_folds_the_evidence():
     """Issue 28: an all-OK 2-node report was ~580 lines of raw values; the action comes first now."""
-    checks = [report.Check("env.diff", "identical on 4 ranks", "OK", {"ranks": list(range(4))}),
-              report.Check("pairs.bandwidth", "node1 slow with every partner", "WARN", {"matrix": {"a": 1}},
+    checks = [Check("env.diff", "identical on 4 ranks", "OK", {"ranks": list(range(4))}),
+              Check("pairs.bandwidth", "node1 slow with every partner", "WARN", {"matrix": {"a": 1}},
                             "drain node1", "MN3", faulty=["node1"]),
-              report.Check("smoke.03", "ZeRO-1 reload failed", "FAIL", {"err": "x" * 500}, "see the log", "D16")]
+              Check("smoke.03", "ZeRO-1 reload failed", "FAIL", {"err": "x" * 500}, "see the log", "D16")]
     sections = "## Drain list\n\nLeave out: `--exclude=node1` (FAIL: none; WARN: node1)\n\n## Node node0\n\n- versions: x\n"
     text = report.to_markdown(checks, {"host": "h"}, sections_md=sections)
     head = text[:text.index("## Checks")]
