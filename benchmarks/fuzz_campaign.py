@@ -14,7 +14,7 @@ machine.  Failures are told apart by :func:`tests.fuzzing.signature` (exception 
 frame); each new one is written, with its input, to ``--out`` (default ``build/fuzz/``).
 
 Prints a table per target (inputs tried, inputs/s, distinct failures) and the totals, and writes
-``<out>/summary.json``.  Exit status 0 when no failure was found, 1 otherwise.
+``<out>/summary.json``; SIGINT or SIGTERM stops it early with the same summary.  Exit status 0 when no failure was found, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz campaign: {len(names)} target(s), {args.workers} worker(s), {args.minutes:g} min, seed {seed}", flush=True)
     for i in range(args.workers):
         workers.append(start(i, 0))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # kill PID: stop, summarise
     try:
         while time.time() < deadline:
             time.sleep(0.5)
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                     record(name.decode(), f"{name.decode()}: worker {why}", f"exit code {proc.exitcode}",
                            fuzzing.encode_input(data))
                     workers[i] = start(i, n + 1)
+    except KeyboardInterrupt:
+        print("stopped early (SIGINT/SIGTERM): the figures below cover the time run", flush=True)
     finally:
         for proc, _, _ in workers:
             proc.kill()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from helpers import doctor, inputs
 
-SMALL = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+SMALL = settings(max_examples=12, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 LIMIT_S = 10.0
 
@@ -81,7 +81,7 @@ def test_preflight_inventory(tmp_path_factory, data):
     fuzz_target("preflight-inventory", data, tmp_path_factory)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
 @given(st.binary(max_size=300), st.sampled_from(["strict", "replace"]))
 def test_inputs_read_text_of_any_bytes_is_text_or_one_input_error(data, errors):
     try:
@@ -92,7 +92,7 @@ def test_inputs_read_text_of_any_bytes_is_text_or_one_input_error(data, errors):
     assert not text.startswith("\ufeff") and "\x00" not in text
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
 @given(mutations([b'{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}',
                   b"compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 8\n",
                   b"a: &a [1, 2]\nb: [*a, *a]\n"]))
@@ -109,7 +109,7 @@ _OLD_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+?):(?P<line>\d+)\)\
 """The frame regex parse_frame replaced (it backtracked on long lines): the reference on short ones."""
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
 @given(st.text(st.sampled_from(" \t()::ab1.py/x"), max_size=40))
 @example("    run (/w/train.py:12)")
 @example("    f(x) (a b.py:3)  ")
