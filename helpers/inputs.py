@@ -77,9 +77,9 @@ _STREAM = re.compile(r"-|/dev/stdin|/dev/fd/\d+|/proc/self/fd/\d+")
 _KINDS = ((stat.S_ISDIR, "a directory, not a file"), (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
           (stat.S_ISSOCK, "a socket, not a regular file"), (stat.S_ISCHR, "a character device, not a regular file"),
           (stat.S_ISBLK, "a block device, not a regular file"))
-_ERRNO = {errno.ENOENT: "no such file", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+_ERRNO = {errno.ENOENT: "no such file or directory", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
           errno.ELOOP: "a symbolic link loop (too many levels of symbolic links)", errno.EISDIR: "a directory, not a file",
-          errno.ENOTDIR: "a part of the path is not a directory", errno.ENAMETOOLONG: "the name is too long",
+          errno.ENOTDIR: "not a directory (or a part of the path is not)", errno.ENAMETOOLONG: "the name is too long",
           errno.ENXIO: "no such device (a socket or a closed descriptor cannot be opened by name)"}
 _CHUNK = 1 << 16
 
@@ -105,7 +105,7 @@ def is_stream(path: str | os.PathLike[str]) -> bool:
 
 
 def os_reason(exc: OSError) -> str:
-    """A short lower-case reason for an ``OSError`` (``no such file``, ``permission denied``, ``a symbolic link loop ...``)."""
+    """A short lower-case reason for an ``OSError`` (``no such file or directory``, ``permission denied``, ...)."""
     return _ERRNO.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
 
 
