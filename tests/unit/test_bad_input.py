@@ -267,3 +267,10 @@ def test_preflight_timeout_must_be_a_finite_positive_number(value):
     out = run_cli(["preflight", "--nodes", "n0", "--runner", "local", "--timeout-s", value])
     check_outcome(out)
     assert out.rc == 2 and "--timeout-s" in out.err and "finite number > 0" in out.err
+
+
+def test_launch_line_never_raises_on_a_number_parse_refuses():
+    text = "export A=1\ntorchrun --master-port " + "9" * 30 + " train.py\n"
+    with pytest.raises(ValueError, match="--master-port=999999999999...: a number of 30 digits"):
+        launch_parse.parse(text)
+    assert launch_parse.launch_line(text) == 2
