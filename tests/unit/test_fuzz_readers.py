@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from helpers import doctor, inputs
 
-SMALL = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+SMALL = settings(max_examples=10, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 LIMIT_S = 10.0
 
@@ -109,7 +109,7 @@ _OLD_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+?):(?P<line>\d+)\)\
 """The frame regex parse_frame replaced (it backtracked on long lines): the reference on short ones."""
 
 
-@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@settings(max_examples=50, deadline=None, derandomize=True, database=None)
 @given(st.text(st.sampled_from(" \t()::ab1.py/x"), max_size=40))
 @example("    run (/w/train.py:12)")
 @example("    f(x) (a b.py:3)  ")

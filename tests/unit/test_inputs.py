@@ -161,7 +161,7 @@ def test_yaml_ordinary_documents_and_shared_anchors():
     assert inputs.load_yaml("\ufeffbase: &b {lr: 1}\nrun: *b\n", "x") == {"base": {"lr": 1}, "run": {"lr": 1}}
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.sampled_from(["a", "b", "\n", "\r", "\r\n", "xyzxyz", "\u2028", "\x0c"]), max_size=40).map("".join),
        st.integers(1, 12), st.integers(1, 30))
 def test_open_lines_reads_what_a_text_file_reads_with_long_lines_cut(text, limit, chunk):
