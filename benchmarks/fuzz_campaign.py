@@ -14,7 +14,7 @@ machine.  Failures are told apart by :func:`tests.fuzzing.signature` (exception 
 frame); each new one is written, with its input, to ``--out`` (default ``build/fuzz/``).
 
 Prints a table per target (inputs tried, inputs/s, distinct failures) and the totals, and writes
-``<out>/summary.json``.  Exit status 0 when no failure was found, 1 otherwise.
+``<out>/summary.json``; SIGINT or SIGTERM stops it early with the same summary.  Exit status 0 when no failure was found, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +50,9 @@ def _worker(index: int, names: list[str], seed: int, limit_s: float, memory_gb: 
     current = Path(out) / f"current-{index}"
     scratch_root = Path(tempfile.mkdtemp(prefix=f"fuzz-{index}-"))
     seen: set[str] = set()
+    for t in targets:  # warm up: first imports (DeepSpeed's alone takes > 20 s on a loaded machine) are no hang
+        (scratch_root / "warm").mkdir(exist_ok=True)
+        fuzzing.try_one(t, seeds[t.name][0], scratch_root / "warm", 600.0)
     try:
         while True:
             for t in targets:
@@ -71,6 +75,76 @@ def _worker(index: int, names: list[str], seed: int, limit_s: float, memory_gb: 
         shutil.rmtree(scratch_root, ignore_errors=True)
 
 
+INSTRUMENTED = ("helpers.inputs", "helpers.flight_recorder", "helpers.doctor", "helpers.collective_trace",
+                "helpers.launch_parse", "helpers.launch_traps", "helpers.hostinfo", "helpers.preflight", "helpers.cli",
+                "helpers.nccl_log", "helpers.lint", "helpers.memory")
+"""Modules atheris instruments for coverage (the readers and what they call)."""
+
+
+def _atheris_child(name: str, seconds: float, limit_s: float, memory_gb: float, out: Path) -> int:
+    """One target under atheris (libFuzzer, coverage-guided) for ``seconds``; libFuzzer exits the process."""
+    import atheris
+
+    from tests import fuzzing
+
+    with atheris.instrument_imports(include=list(INSTRUMENTED)):
+        for module in INSTRUMENTED:
+            __import__(module)
+    target = fuzzing.TARGETS[name]
+    corpus = out / "corpus" / name
+    corpus.mkdir(parents=True, exist_ok=True)
+    for i, seed in enumerate(target.seeds()):
+        (corpus / f"seed-{i}").write_bytes(seed)
+    scratch = Path(tempfile.mkdtemp(prefix=f"atheris-{name}-"))
+    fuzzing.try_one(target, target.seeds()[0], scratch, 600.0)  # warm up: first imports are no hang
+
+    def one(data: bytes) -> None:
+        for child in scratch.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        exc = fuzzing.try_one(target, data, scratch, limit_s)
+        if exc is not None:
+            raise exc  # libFuzzer writes the input to <out>/crash-<sha1> and stops
+
+    (out / "artifacts").mkdir(exist_ok=True)
+    atheris.Setup([sys.argv[0], f"-max_total_time={int(seconds)}", f"-timeout={int(limit_s * 3)}",
+                   f"-rss_limit_mb={int(memory_gb * 1024) or 0}", f"-artifact_prefix={out / 'artifacts'}/",
+                   "-print_final_stats=1", str(corpus)], one)
+    atheris.Fuzz()
+    return 0
+
+
+def _atheris(names: list[str], minutes: float, args: argparse.Namespace, out: Path) -> int:
+    """Run each target under atheris in a child process for its share of ``minutes``; print runs and crashes."""
+    import re
+    import subprocess
+
+    share = max(10.0, minutes * 60 / len(names))
+    rows, failures = [], 0
+    for name in names:
+        log = out / f"atheris-{name}.log"
+        t0 = time.time()
+        with open(log, "w") as fh:
+            rc = subprocess.run([sys.executable, __file__, "--atheris-child", name, "--limit-s", str(args.limit_s),
+                                 "--memory-gb", str(args.memory_gb), "--out", str(out), "--minutes", str(share / 60)],
+                                stdout=fh, stderr=subprocess.STDOUT, timeout=share + 120).returncode
+        text = log.read_text(errors="replace")
+        runs = re.findall(r"stat::number_of_executed_units: (\d+)", text) or re.findall(r"Done (\d+) runs", text)
+        cov = re.findall(r"cov: (\d+)", text)
+        crashed = rc != 0
+        failures += crashed
+        rows.append((name, int(runs[-1]) if runs else 0, time.time() - t0, cov[-1] if cov else "?", crashed))
+        if crashed:
+            print(f"  CRASH {name} (exit {rc}): see {log}", flush=True)
+    print(f"\n{'target (atheris)':<22}{'runs':>10}{'per s':>9}{'cov':>7}  crash")
+    for name, runs, wall, cov, crashed in rows:
+        print(f"{name:<22}{runs:>10,}{runs / wall:>9.1f}{cov:>7}  {'YES' if crashed else 'no'}")
+    total = sum(r[1] for r in rows)
+    print(f"{'total':<22}{total:>10,}; {failures} target(s) crashed; logs and artifacts in {out}")
+    (out / "summary-atheris.json").write_text(json.dumps({"runs": {r[0]: r[1] for r in rows}, "crashed": [r[0] for r in rows if r[4]],
+                                                          "wall_s": round(sum(r[2] for r in rows), 1)}, indent=1))
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the campaign; print the table; return 0 when nothing failed, else 1."""
     from tests import fuzzing
@@ -84,7 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-gb", type=float, default=3.0, help="address-space limit per worker, GiB (0: none)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
     p.add_argument("--out", default=str(ROOT / "build" / "fuzz"), help="where failures and summary.json go")
+    p.add_argument("--engine", choices=("random", "atheris"), default="random",
+                   help="random: the mutations of tests/fuzzing.py in workers (default); atheris: libFuzzer's "
+                   "coverage-guided search, one target at a time (needs atheris importable, e.g. "
+                   "pip install --target build/atheris atheris, then PYTHONPATH=.:build/atheris)")
+    p.add_argument("--atheris-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.atheris_child:
+        return _atheris_child(args.atheris_child, args.minutes * 60, args.limit_s, args.memory_gb, Path(args.out))
     names = [n for n in (args.targets.split(",") if args.targets else fuzzing.TARGETS) if n]
     if args.owner:
         names = [n for n in names if fuzzing.TARGETS[n].owner == args.owner]
@@ -95,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
     out = Path(args.out)
     (out / "failures").mkdir(parents=True, exist_ok=True)
+    if args.engine == "atheris":
+        return _atheris(names, args.minutes, args, out)
     ctx = mp.get_context("fork")
     manager = ctx.Manager()
     counts = manager.dict()
@@ -124,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz campaign: {len(names)} target(s), {args.workers} worker(s), {args.minutes:g} min, seed {seed}", flush=True)
     for i in range(args.workers):
         workers.append(start(i, 0))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # kill PID: stop, summarise
     try:
         while time.time() < deadline:
             time.sleep(0.5)
@@ -140,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                     record(name.decode(), f"{name.decode()}: worker {why}", f"exit code {proc.exitcode}",
                            fuzzing.encode_input(data))
                     workers[i] = start(i, n + 1)
+    except KeyboardInterrupt:
+        print("stopped early (SIGINT/SIGTERM): the figures below cover the time run", flush=True)
     finally:
         for proc, _, _ in workers:
             proc.kill()

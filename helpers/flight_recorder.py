@@ -171,8 +171,8 @@ def check_dump(data: Mapping[str, Any], name: str) -> None:
         if not _is_int(seq):
             raise bad(at + ".collective_seq_id", seq, f"must be an integer in 0..{MAX_SEQ - 1}")
         for key in ("profiling_name", "state"):
-            if key in e and not isinstance(e[key], str):
-                raise bad(f"{at}.{key}", e[key], "must be a string")
+            if e.get(key) is not None and not isinstance(e[key], str):
+                raise bad(f"{at}.{key}", e[key], "must be a string (or null)")
         if not isinstance(e.get("is_p2p", False), bool):
             raise bad(at + ".is_p2p", e.get("is_p2p"), "must be true or false")
         pg = e.get("process_group")

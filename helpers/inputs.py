@@ -77,11 +77,12 @@ _STREAM = re.compile(r"-|/dev/stdin|/dev/fd/\d+|/proc/self/fd/\d+")
 _KINDS = ((stat.S_ISDIR, "a directory, not a file"), (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
           (stat.S_ISSOCK, "a socket, not a regular file"), (stat.S_ISCHR, "a character device, not a regular file"),
           (stat.S_ISBLK, "a block device, not a regular file"))
-_ERRNO = {errno.ENOENT: "no such file", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+_ERRNO = {errno.ENOENT: "no such file or directory", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
           errno.ELOOP: "a symbolic link loop (too many levels of symbolic links)", errno.EISDIR: "a directory, not a file",
-          errno.ENOTDIR: "a part of the path is not a directory", errno.ENAMETOOLONG: "the name is too long",
+          errno.ENOTDIR: "not a directory (or a part of the path is not)", errno.ENAMETOOLONG: "the name is too long",
           errno.ENXIO: "no such device (a socket or a closed descriptor cannot be opened by name)"}
 _CHUNK = 1 << 16
+_TEXT_CHUNK = 1 << 18
 
 T = TypeVar("T")
 
@@ -105,7 +106,7 @@ def is_stream(path: str | os.PathLike[str]) -> bool:
 
 
 def os_reason(exc: OSError) -> str:
-    """A short lower-case reason for an ``OSError`` (``no such file``, ``permission denied``, ``a symbolic link loop ...``)."""
+    """A short lower-case reason for an ``OSError`` (``no such file or directory``, ``permission denied``, ...)."""
     return _ERRNO.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
 
 
@@ -283,28 +284,53 @@ class Lines:
     def __init__(self, path: str, text: io.TextIOWrapper, head: bytes, max_line_chars: int,
                  long_lines: Literal["error", "cut"]) -> None:
         self.path, self.head, self.cut = path, head, 0
-        self._text, self._max, self._long = text, max_line_chars, long_lines
+        self._text, self._max, self._long_lines = text, max_line_chars, long_lines
 
     def __iter__(self) -> Iterator[str]:
-        limit, readline = self._max + 1, self._text.readline
+        """The lines, each ending in ``"\\n"`` but the last one when the input does not end with a newline.
+
+        Read in chunks of decoded text no longer than the limit; the whole lines inside a chunk are split by
+        :class:`io.StringIO` (C speed, as fast as iterating a file), so only the line that spans two chunks is
+        checked in Python; a line longer than the limit is never held whole.
+        """
+        limit, read, long = self._max, self._text.read, self._long
+        size = max(1, min(_TEXT_CHUNK, limit))  # a line inside one chunk is then never over the limit
+        carry, skipping = "", False  # skipping: the rest of a line already cut
         try:
-            while True:
-                line = readline(limit)
-                if not line:
-                    return
-                if len(line) == limit and line[-1] != "\n":
-                    if self._long == "error":
-                        raise InputError(self.path, f"a line longer than the limit of {self._max:,} characters")
-                    self.cut += 1
-                    rest = line
-                    while rest and rest[-1] != "\n":  # skip the rest of the line, a bounded piece at a time
-                        rest = readline(limit)
-                    line = line[:self._max] + "\n"
-                yield line
+            while chunk := read(size):
+                first = chunk.find("\n")
+                if first < 0:  # no line ends in this chunk
+                    if not skipping:
+                        carry += chunk
+                        if len(carry) > limit:
+                            yield long(carry)
+                            carry, skipping = "", True
+                    continue
+                if skipping:  # the cut line ends at this chunk's first newline
+                    skipping = False
+                else:
+                    line = carry + chunk[:first]
+                    yield line + "\n" if len(line) <= limit else long(line)
+                last = chunk.rfind("\n")
+                if last > first:  # the whole lines between, split in C
+                    yield from io.StringIO(chunk[first + 1:last + 1])
+                carry = chunk[last + 1:]
+                if len(carry) > limit:
+                    yield long(carry)
+                    carry, skipping = "", True
         except UnicodeDecodeError as exc:
             raise InputError(self.path, f"not UTF-8 text ({exc.reason})") from None
         except OSError as exc:
             raise InputError(self.path, f"cannot read it: {os_reason(exc)}") from None
+        if carry and not skipping:
+            yield carry
+
+    def _long(self, line: str) -> str:
+        """A line over the limit: :class:`InputError` (``long_lines="error"``), or its first characters, counted."""
+        if self._long_lines == "error":
+            raise InputError(self.path, f"a line longer than the limit of {self._max:,} characters")
+        self.cut += 1
+        return line[:self._max] + "\n"
 
 
 @contextmanager

@@ -371,8 +371,11 @@ def _finish(fields: dict[str, Any], env: dict[str, str | None], early: dict[str,
 
 
 def launch_line(text: str) -> int:
-    """The 1-based line number of the launch command in ``text`` (0 when there is none)."""
-    return int(_parse_lines(text, {}, {}).get("_line", 0))
+    """The 1-based line number of the launch command in ``text`` (0 when there is none); never raises."""
+    try:
+        return int(_parse_lines(text, {}, {}).get("_line", 0))
+    except ValueError:  # a number no launcher accepts (parse() names it): the first line that starts a launcher
+        return next((n for n, line in _join_continuations(text) if _launcher_argv(_split(line.strip()))), 0)
 
 
 _MPI = ("mpirun", "mpiexec", "orterun", "prterun")

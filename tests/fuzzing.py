@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import json
 import os
@@ -82,12 +83,23 @@ class Outcome:
     err: str
 
 
+@functools.cache
+def _parser() -> Any:
+    """``runbook``'s parser, built once: building it (argparse, gettext look-ups) cost 70 % of a fuzzed doctor run."""
+    from helpers.cli import build_parser
+
+    return build_parser()
+
+
 def run_cli(argv: Sequence[str], stdin: bytes = b"") -> Outcome:
     """Run ``runbook ARGV`` in this process with ``stdin`` as its standard input; capture its output.
 
+    What :func:`helpers.cli.main` does (parse, then the command's handler), with the parser built once.
     ``SystemExit`` (argparse on a bad flag) gives its code; any other exception propagates: that is the bug.
     """
-    from helpers.cli import main
+    def main(args: list[str]) -> int:
+        ns = _parser().parse_args(args)
+        return int(ns.func(ns))
 
     out, err = io.StringIO(), io.StringIO()
     fake_in = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")

@@ -9,6 +9,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import inputs
 
@@ -157,3 +159,19 @@ def test_yaml_bounds(text, reason):
 def test_yaml_ordinary_documents_and_shared_anchors():
     assert inputs.load_yaml("", "x") is None
     assert inputs.load_yaml("\ufeffbase: &b {lr: 1}\nrun: *b\n", "x") == {"base": {"lr": 1}, "run": {"lr": 1}}
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.sampled_from(["a", "b", "\n", "\r", "\r\n", "xyzxyz", "\u2028", "\x0c"]), max_size=40).map("".join),
+       st.integers(1, 12), st.integers(1, 30))
+def test_open_lines_reads_what_a_text_file_reads_with_long_lines_cut(text, limit, chunk):
+    """Lines as ``open()``'s text mode gives them (universal newlines, only ``\\n`` ends a line), whatever the chunking."""
+    want, cut = [], 0
+    for line in io.StringIO(text, newline=None):
+        body = line.removesuffix("\n")
+        want.append(body[:limit] + "\n" if len(body) > limit else line)
+        cut += len(body) > limit
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inputs, "_TEXT_CHUNK", chunk)
+        with inputs.open_lines("-", stdin=io.BytesIO(text.encode()), max_line_chars=limit, long_lines="cut") as lines:
+            assert list(lines) == want and lines.cut == cut
