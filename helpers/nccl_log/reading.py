@@ -96,6 +96,17 @@ def _keep(bucket: list[str], line: str) -> None:
 
 
 
+def _count(hit: CatalogHit, line: str, info: RankInfo) -> None:
+    """One more line for ``hit``: its count, a few evidence lines, and the ranks and hosts that printed it (bounded)."""
+    hit.count += 1
+    if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
+        hit.evidence.append(_cut(line))
+    if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
+        hit.keys.append(info.key)
+    if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
+        hit.hosts.append(info.host)
+
+
 class _Parser:
     """Accumulates lines of one or more inputs into an :class:`NcclLog`."""
 
@@ -238,27 +249,15 @@ class _Parser:
         if hit is None:
             entry = load_sites()["entries"][index] if index >= 0 else {"index": -1}
             hit = self.log.sites[index] = CatalogHit(entry)
-        hit.count += 1
-        if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
-            hit.evidence.append(_cut(line))
-        if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
-            hit.keys.append(info.key)
-        if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
-            hit.hosts.append(info.host)
+        _count(hit, line, info)
 
     def _catalog_hit(self, index: int, line: str, info: RankInfo) -> None:
         entry = load_catalog()[index]
         hit = self.log.catalog.get(entry["id"])
         if hit is None:
             hit = self.log.catalog[entry["id"]] = CatalogHit(entry)
-        hit.count += 1
         info.catalog[entry["id"]] = info.catalog.get(entry["id"], 0) + 1
-        if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
-            hit.evidence.append(_cut(line))
-        if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
-            hit.keys.append(info.key)
-        if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
-            hit.hosts.append(info.host)
+        _count(hit, line, info)
 
     @staticmethod
     def _split(line: str) -> tuple[str, str, bool] | None:
