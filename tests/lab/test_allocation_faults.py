@@ -72,7 +72,8 @@ def test_healthy_full_check_via_runbook_diagnose(tmp_path, no_leftovers):
     assert matrix["node0"]["node1"] > 0 and data["allocation"]["drain"]["exclude"] == ""
     assert not (report_dir / "pairs.png").exists()  # two nodes are one pair: its busbw is in the table, no heat-map
     md = (report_dir / "report.md").read_text()
-    assert "## Node node0" in md and "## Node node1" in md and "## Node pairs" in md and "## Drain list" in md
+    assert md.index("## What to do") < md.index("## Checks") < md.index("## Evidence")  # the action first (issue 28)
+    assert "### Node node0" in md and "### Node node1" in md and "### Node pairs" in md and "--exclude" not in md
     assert not left, left
 
 
