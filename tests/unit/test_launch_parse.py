@@ -43,7 +43,7 @@ def specs(draw: st.DrawFn) -> LaunchSpec:
         srun_ntasks_per_node=draw(st.integers(1, 4)), srun_export=draw(st.sampled_from(["ALL", "NONE", "ALL,NCCL_DEBUG"])))
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(specs())
 def test_spec_render_parse_round_trip(spec: LaunchSpec) -> None:
     try:
@@ -68,7 +68,7 @@ BAD = {"kind": st.text(max_size=8).filter(lambda k: k not in KINDS), "rdzv": st.
        "srun_export": st.sampled_from(["", "ALL NONE", "a;b"])}
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs(), st.sampled_from(sorted(BAD)), st.data())
 def test_every_bad_field_is_named(spec: LaunchSpec, name: str, data: st.DataObject) -> None:
     bad = dataclasses.replace(spec, **{name: data.draw(BAD[name])})

@@ -4,6 +4,7 @@ that does not exist, and the names removed by the one-home refactor do not come 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from support import ROOT
@@ -70,8 +71,14 @@ FILES = [p for p in [*HELPERS.rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb
                      *(ROOT / "benchmarks").glob("*.py")] if p.name != "test_layout.py"]
 
 
+@pytest.fixture(scope="module")
+def texts() -> dict[Path, str]:
+    """Every file the retired names are searched in, read once for all the patterns."""
+    return {p: p.read_text(errors="replace") for p in FILES}
+
+
 @pytest.mark.parametrize("pattern", RETIRED, ids=list(RETIRED.values()))
-def test_retired_names_stay_retired(pattern):
-    hits = [f"{p.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}" for p in FILES
-            for text in [p.read_text(errors="replace")] for m in re.finditer(pattern, text)]
+def test_retired_names_stay_retired(pattern, texts):
+    hits = [f"{p.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}" for p, text in texts.items()
+            for m in re.finditer(pattern, text)]
     assert hits == [], f"{pattern!r} is retired (use {RETIRED[pattern]}): {hits[:8]}"
