@@ -173,11 +173,6 @@ def _job_shell(client: SlurmClient, tag: str, nodes: Sequence[str], nproc: int, 
             f"--cpus-per-task={nproc}", "--immediate=30", "bash", "-c", text]
 
 
-def _joined(out_dir: Path, what: str = "joined") -> set[tuple[str, int]]:
-    """``(node, local_rank)`` of every ``<what>`` marker of :meth:`helpers.jobdir.JobDir.node_markers` (started or joined)."""
-    return JobDir(out_dir).node_markers(what)
-
-
 def culprits(nodes: Sequence[str], nproc: int, tasks: set[str], started: set[tuple[str, int]],
              joined: set[tuple[str, int]]) -> list[str]:
     """The nodes to blame when not every rank joined, first level that tells nodes apart:
@@ -211,7 +206,8 @@ def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
         "joined", "wall_s", "returncode", "log", "slurm_errors", "stopped" (why it was stopped, or "")}``.
     """
     out_dir = Path(out_dir).resolve()
-    (out_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    jd = JobDir(out_dir)
+    jd.ranks_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "launch.log"
     argv = [*([] if script_args else ["--out-dir", str(out_dir)]), "--backend", backend,
             "--timeout-s", str(collective_timeout_s), *script_args]
@@ -222,7 +218,6 @@ def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
     env = {"TORCH_EXTENSIONS_DIR": str(jobs.extensions_dir()), **(env or {})}
     # Each task leaves a marker before torchrun, whose rendezvous holds every rank until all nodes are in:
     # the node without one is the node whose task never started.
-    jd = JobDir(out_dir)
     cmd = _job_shell(client, tag, nodes, nproc, jobs.scenario(script), argv, env, master_port,
                      pre_launch=[jd.task_marker_shell()])
     t0 = time.monotonic()
@@ -231,7 +226,7 @@ def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
     stopped = ""
     while proc.poll() is None:
         elapsed = time.monotonic() - t0
-        if markers and elapsed > join_timeout_s and not expected <= _joined(out_dir):
+        if markers and elapsed > join_timeout_s and not expected <= jd.node_markers("joined"):
             stopped = f"not every node joined within {join_timeout_s:g} s"
         elif elapsed > timeout_s:
             stopped = f"no result within {timeout_s:g} s"
@@ -240,14 +235,13 @@ def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
             break
         time.sleep(0.5)
     proc.wait()
-    joined = _joined(out_dir)
+    joined = jd.node_markers("joined")
     text = log.read_text(errors="replace") if log.exists() else ""
     data_path = out_dir / result
     data = json.loads(data_path.read_text()) if data_path.exists() else None
-    started = _joined(out_dir, "started")
+    started = jd.node_markers("started")
     tasks = jd.task_markers()
-    all_in = {(n, r) for n in nodes for r in range(nproc)} <= joined
-    missing = culprits(nodes, nproc, tasks, started, joined) if markers and not all_in else []
+    missing = culprits(nodes, nproc, tasks, started, joined) if markers and not expected <= joined else []
     return {"ok": proc.returncode == 0 and data is not None and not stopped, "data": data, "missing": missing,
             "joined": sorted(f"{n}/{r}" for n, r in joined), "started": sorted(f"{n}/{r}" for n, r in started), "wall_s": round(time.monotonic() - t0, 1),
             "returncode": proc.returncode, "log": str(log), "slurm_errors": slurm_errors(text), "stopped": stopped,
