@@ -2,7 +2,7 @@
 
 Builds ``build/nccl_big.log`` (default 200 MB) by repeating the lines of tests/data/nccl/real/*.log
 and tests/data/nccl/healthy_multinode_ib.log with fresh host names every block (a job of many
-nodes), then runs ``python -m helpers.nccl_log FILE --json`` in a child process and reports its wall
+nodes), then runs ``python -m helpers.cli nccl-log FILE --json`` (what ``runbook nccl-log`` runs) in a child process and reports its wall
 time, its peak RSS (``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss``, the figure ``/usr/bin/time -v``
 prints as "Maximum resident set size") and the size of the JSON output.  Targets (issue 15):
 <= 10 s, <= 200 MB peak, bounded JSON.
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     size = build(path, args.mb)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "helpers.nccl_log", str(path), "--json"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "helpers.cli", "nccl-log", str(path), "--json"], capture_output=True,
                           text=True, env=env, check=False)
     wall = time.monotonic() - t0
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
