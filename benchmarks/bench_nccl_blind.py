@@ -9,9 +9,16 @@ right.  Verdicts of kind ``context`` and ``other-warnings`` never name a cause.
 What "names the cause" means per cause category is the table :data:`NAMES` below, written from the manifest's
 ``cause`` / ``fix`` text before the first score (a regex over each verdict's ``id`` and title).
 
-Usage: ``python benchmarks/bench_nccl_blind.py [--record first|after]``: prints one row per case and the total;
-``--record`` appends the rows and the total to tests/data/nccl/blind/scores.md under a heading (``first`` refuses
-to run when a first score is already recorded: the first score is taken once, before any tuning).
+A second set, ``tests/data/nccl/blind2/`` (collected by two more sessions for issue 24, after the first set had been
+used for tuning), carries its own ``accept`` regexes per case (any of them names the cause; written by the collector
+from the confirmed cause) and ``reject`` regexes (the classic wrong diagnosis of that case), plus
+``decidable_from_log``: a case the log alone cannot decide is right when no verdict states a wrong cause.  For that
+set a wrong cause is a FAIL/WARN ``cause`` verdict that matches a ``reject`` regex or no ``accept`` regex.
+
+Usage: ``python benchmarks/bench_nccl_blind.py [--set blind|blind2] [--record first|after]``: prints one row per
+case and the total; ``--record`` appends the rows and the total to the set's ``scores.md`` under a heading
+(``first`` refuses to run when a first score is already recorded: the first score is taken once, before any
+tuning).
 """
 
 from __future__ import annotations
@@ -27,8 +34,8 @@ import yaml
 
 from helpers import nccl_log as nl
 
-BLIND = Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl" / "blind"
-SCORES = BLIND / "scores.md"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl"
+BLIND = DATA / "blind"
 
 NAMES: dict[str, str] = {
     "no-ip-interface-container": r"no-interface|socket-ifname-no-match|socket-no-interface|no usable socket interface",
@@ -74,7 +81,7 @@ NAMES: dict[str, str] = {
 """Cause category -> regex over ``"<id> <title>"`` of a verdict that names that cause (written before scoring)."""
 
 
-def score(entry: dict) -> tuple[str, list[str], list[str]]:
+def score(entry: dict, where: Path = BLIND) -> tuple[str, list[str], list[str]]:
     """``(result, naming verdicts, wrong-cause verdicts)``; result: ``right``, ``harmful``, ``wrong`` or ``silent``.
 
     ``harmful``: a FAIL/WARN verdict of kind ``cause`` names another cause (whether or not the right one is there);
@@ -82,18 +89,23 @@ def score(entry: dict) -> tuple[str, list[str], list[str]]:
     """
     problems: list[str] = []
     try:
-        log = nl.parse_files([BLIND / entry["file"]], problems=problems)
+        log = nl.parse_files([where / entry["file"]], problems=problems)
         verdicts = nl.interpret(log)
     except ValueError:
         verdicts = []
-    rx = re.compile(NAMES[entry["cause_category"]])
+    accept = entry.get("accept")
+    rx = re.compile("|".join(f"(?:{a})" for a in accept) if accept else NAMES[entry["cause_category"]], re.IGNORECASE
+                    if accept else 0)
+    reject = re.compile("|".join(f"(?:{r})" for r in entry.get("reject") or []) or r"(?!)", re.IGNORECASE)
     naming, wrong = [], []
     for v in verdicts:
         kind = v.values.get("kind", "cause")
         if kind == "context" or v.id == "other-warnings":
             continue
         text = f"{v.id} {v.title}"
-        if rx.search(text):
+        if v.status in ("FAIL", "WARN") and kind == "cause" and reject.search(text):
+            wrong.append(v.id)
+        elif rx.search(text):
             naming.append(v.id)
         elif v.status in ("FAIL", "WARN") and kind == "cause":
             wrong.append(v.id)
@@ -102,35 +114,50 @@ def score(entry: dict) -> tuple[str, list[str], list[str]]:
         return "harmful", naming, wrong
     if naming:
         return "right", naming, wrong
+    if entry.get("decidable_from_log") is False:
+        return "undecided", naming, [v.id for v in acting]
     return ("wrong" if acting else "silent"), naming, [v.id for v in acting]
 
 
-def run() -> tuple[list[str], str]:
-    """The rows (one per case) and the total line."""
-    manifest = yaml.safe_load((BLIND / "manifest.yaml").read_text())
-    rows, counts = [], {"right": 0, "harmful": 0, "wrong": 0, "silent": 0}
+def run(where: Path = BLIND) -> tuple[list[str], str]:
+    """The rows (one per case) and the total line of the set in ``where``.
+
+    ``undecided`` (a case marked ``decidable_from_log: false`` with no wrong-cause verdict) counts as right: saying
+    nothing beats a wrong cause there; the total also gives the decidable cases apart.
+    """
+    manifest = yaml.safe_load((where / "manifest.yaml").read_text())
+    rows, counts = [], {"right": 0, "undecided": 0, "harmful": 0, "wrong": 0, "silent": 0}
+    dec_n = dec_right = 0
     for entry in manifest:
-        result, naming, other = score(entry)
+        result, naming, other = score(entry, where)
         counts[result] += 1
+        if entry.get("decidable_from_log", True):
+            dec_n += 1
+            dec_right += result == "right"
         rows.append(f"| {entry['file']} | {entry['cause_category']} | {result} | {', '.join(naming) or '-'} | "
                     f"{', '.join(other) or '-'} |")
     n = len(manifest)
-    total = (f"{n} cases: right {counts['right']} ({counts['right'] / n:.0%}), harmful {counts['harmful']}, "
-             f"wrong {counts['wrong']}, silent {counts['silent']}")
+    ok = counts["right"] + counts["undecided"]
+    total = (f"{n} cases: right {ok} ({ok / n:.0%}; {counts['undecided']} of them undecidable cases left without a "
+             f"wrong cause), harmful {counts['harmful']}, wrong {counts['wrong']}, silent {counts['silent']}; "
+             f"decidable from the log: {dec_right}/{dec_n} right")
     return rows, total
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print (and with ``--record``, append to scores.md) the per-case table and the total."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--set", default="blind", choices=("blind", "blind2"), help="which blind set (default blind)")
     p.add_argument("--record", choices=("first", "after"))
     args = p.parse_args(argv)
-    rows, total = run()
+    where = DATA / args.set
+    scores = where / "scores.md"
+    rows, total = run(where)
     table = ["| case | cause category | result | verdicts naming it | wrong-cause / other acting verdicts |",
              "|---|---|---|---|---|"] + rows
     print("\n".join(table) + "\n\n" + total)
     if args.record:
-        text = SCORES.read_text() if SCORES.exists() else "# Blind set scores (benchmarks/bench_nccl_blind.py)\n"
+        text = scores.read_text() if scores.exists() else "# Blind set scores (benchmarks/bench_nccl_blind.py)\n"
         if args.record == "first" and "## First score" in text:
             print("a first score is already recorded; it is taken once", file=sys.stderr)
             return 2
@@ -138,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         title = "First score (before any tuning)" if args.record == "first" else "Score after tuning"
         text += f"\n## {title}: commit {head}, {when}\n\n**{total}**\n\n" + "\n".join(table) + "\n"
-        SCORES.write_text(text)
+        scores.write_text(text)
     return 0
 
 
