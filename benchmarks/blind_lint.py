@@ -106,6 +106,8 @@ def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
     """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`)."""
     table = CAUSE_RULES2 if root.name == "blind2" else CAUSE_RULES
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
+    if isinstance(entries, dict):   # blind2: {description, counts, cases}
+        entries = entries["cases"]
     lines: list[str] = []
     tot = {"decidable": 0, "found": 0, "undecidable": 0, "found_undecidable": 0, "clean": 0, "false_alarms": 0,
            "clean_files_alarmed": 0}
