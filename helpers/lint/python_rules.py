@@ -546,6 +546,12 @@ class PythonLinter:
             gate = self._rank_gate(call)
             if gate is None or self._balanced(gate, coll):
                 continue
+            if coll.endswith(("save_state", "load_state")) and \
+                    re.search(r"DEEPSPEED|FSDP|is_fsdp|is_deepspeed", _src(getattr(gate, "test", gate))):
+                # Accelerator.save_state is a collective under DeepSpeed and FSDP (engine.save_checkpoint, sharded
+                # state dicts; accelerate/accelerator.py save_state): a gate that lets every rank in for those types
+                # (`is_main_process or distributed_type == DistributedType.DEEPSPEED`) is the documented fix
+                continue
             seed = "Gilbreth 7.5" if "->" not in coll and coll.endswith(("save_checkpoint", "load_checkpoint")) else "D21"
             fix = "call the collective on every rank; gate only the side effect (print, file write) on rank 0"
             if "rank_zero_only=True" in coll:

@@ -5,7 +5,9 @@ Two documented behaviours of the wrapper make this worth a data flow:
 * its forward is a collective: with ``broadcast_buffers=True`` (the default) it "enables syncing (broadcasting)
   buffers of the module at beginning of the forward function"
   (https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), so calling the
-  wrapped model on rank 0 only (a rank-0 evaluation) leaves rank 0 in a broadcast the others never join;
+  wrapped model on rank 0 only (a rank-0 evaluation) leaves rank 0 in a broadcast the others never join
+  (reproduced for real by ``helpers/scenarios/issue_hangs.py --case ddp_eval_rank0``, tests/jobs/test_fr_doctor.py;
+  huggingface/accelerate#157, mlfoundations/open_clip#1121);
 * it is a new ``nn.Module`` holding the model as ``.module``: ``nn.Module.__getattr__`` looks only in the wrapper's
   own parameters, buffers and submodules (https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html), so a
   plain attribute set on the model before wrapping (``model.names = ...``) is not found through the wrapper

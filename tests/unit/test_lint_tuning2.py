@@ -384,3 +384,10 @@ def test_a_fixed_set_device_under_a_launcher_of_several_ranks():
                           "if local_rank == -1:\n    torch.cuda.set_device(0)\nelse:\n    torch.cuda.set_device(local_rank)\n"
                           "dist.init_process_group('nccl', timeout=t)\n")
     assert "same-device-every-rank" not in found(branch, command="torchrun --nproc-per-node=4 train.py")
+
+
+def test_save_state_gated_so_that_deepspeed_and_fsdp_ranks_all_enter():
+    src = "from accelerate import Accelerator\naccelerator = Accelerator()\nif {gate}:\n    accelerator.save_state(p)\n"
+    assert "rank-gated-collective" in found(("t.py", src.format(gate="accelerator.is_main_process")))
+    ok = "accelerator.is_main_process or accelerator.distributed_type == DistributedType.DEEPSPEED"
+    assert "rank-gated-collective" not in found(("t.py", src.format(gate=ok)))
