@@ -994,9 +994,13 @@ class PythonLinter:
         f.saves_model = bool(re.search(r"\.save_model\(|\.get_state_dict\(", self.text)) and \
             (f.uses_hf_trainer or "Accelerator(" in self.text)
         f.saves_16bit = bool(re.search(r"\.save_(16bit|fp16)_model\(", self.text))
-        if "DummyScheduler" not in self.text:
-            f.own_scheduler_line = next((c.lineno for c in self._calls() if _call_name(c)[1] == "get_scheduler" or
-                                         _call_name(c)[0].endswith("lr_scheduler")), 0)
+        if "DummyScheduler" not in self.text:  # a scheduler built in code and handed to accelerator.prepare
+            prepared = {a.id for c in self._calls() if _call_name(c)[1] == "prepare" and "accelerator" in
+                        _call_name(c)[0].lower() for a in c.args if isinstance(a, ast.Name)}
+            f.own_scheduler_line = next((n.lineno for n in self.nodes if isinstance(n, ast.Assign) and
+                                         isinstance(n.value, ast.Call) and (_call_name(n.value)[1] == "get_scheduler"
+                                                                            or _call_name(n.value)[0].endswith("lr_scheduler"))
+                                         and any(isinstance(t, ast.Name) and t.id in prepared for t in n.targets)), 0)
         for call in self._calls():
             recv, name = _call_name(call)
             # deepspeed.initialize, imported bare, or reached through another name (self.ds.initialize): its

@@ -34,6 +34,12 @@ DDP_CTOR = re.compile(r"^(\w*DistributedDataParallel|\w*DDP)$")
 UNWRAP_CALLS = frozenset({"de_parallel", "unwrap_model", "unwrap", "get_unwrapped_model", "_unwrap_model",
                           "unwrap_module", "get_model"})
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+WRAPPER_OWN = frozenset({"training", "device", "device_ids", "device_type", "output_device", "module", "dim",
+                         "process_group", "broadcast_buffers", "find_unused_parameters", "static_graph",
+                         "require_backward_grad_sync", "require_forward_param_sync", "gradient_as_bucket_view",
+                         "mixed_precision", "logger", "reducer"})
+"""Attributes a DistributedDataParallel instance has itself (torch/nn/parallel/distributed.py ``__init__``, and
+nn.Module's ``training``): set on the model or not, reading them through the wrapper does not fail."""
 
 
 def _name(call: ast.Call) -> str:
@@ -137,7 +143,7 @@ class WrapperFlow:
     def wrapper_attribute(self, node: ast.Attribute) -> int:
         """The line where ``node``'s attribute was stored on the model before it was wrapped, when ``node`` reads it
         through the wrapper (0 otherwise)."""
-        if not (isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load)):
+        if not (isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load)) or node.attr in WRAPPER_OWN:
             return 0
         wrapped, _ = self.state(node.value, node)
         if not wrapped:
@@ -210,4 +216,4 @@ class WrapperFlow:
                         self.w.stored.setdefault(self.scope(n), []).append((n.lineno, t.value.id, t.attr))
 
 
-__all__ = ["DDP_CTOR", "UNWRAP_CALLS", "Wrapped", "WrapperFlow"]
+__all__ = ["DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow"]
