@@ -42,9 +42,11 @@ def _join_continuations(text: str) -> list[tuple[int, str]]:
     for number, line in enumerate(text.splitlines(), 1):
         if not buf:
             start = number
-        for ch in line:  # track open quotes so a multi-line 'bash -c' body stays one logical line
+        for i, ch in enumerate(line):  # track open quotes so a multi-line 'bash -c' body stays one logical line
             if quote:
                 quote = "" if ch == quote else quote
+            elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+                break  # a comment: its apostrophes ("doesn't") open no quote (bash(1), COMMENTS)
             elif ch in "'\"":
                 quote = ch
         if line.endswith("\\") and not quote:
@@ -651,7 +653,139 @@ def text_traps(text: str) -> list[Check]:
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
         hit.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(hit)
-    return out + _nnodes_traps(text)
+    return out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text)
+
+
+def _shell_values(text: str) -> list[tuple[int, str, str]]:
+    """``(line, NAME, value)`` of each ``NAME=value`` / ``export NAME=value`` line, quotes dropped, in order."""
+    out = []
+    for number, line in _join_continuations(text):
+        m = _ASSIGN.match(line.strip())
+        if m and not line.lstrip().startswith("#"):
+            value = m.group(2).strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            out.append((number, m.group(1), " ".join(value.replace("\\\n", " ").split())))
+    return out
+
+
+def _submit_host_traps(text: str) -> list[Check]:
+    """``master-addr-login-node``: the rendezvous address taken from ``$SLURM_SUBMIT_HOST`` (directly or through
+    variables): "The hostname of the computer from which sbatch was invoked" (sbatch(1), OUTPUT ENVIRONMENT
+    VARIABLES), a login node that runs no rank, while the address must be node 0 of the job (torchrun docs:
+    --master-addr is the address of the rank-0 node)."""
+    if "SLURM_SUBMIT_HOST" not in text:
+        return []
+    tainted = {"SLURM_SUBMIT_HOST"}
+    values = _shell_values(text)
+    for _ in range(3):
+        tainted |= {name for _n, name, value in values
+                    if any(re.search(r"\$\{?" + v + r"\b", value) for v in tainted)}
+    where = next((n for n, name, _v in values if name == "MASTER_ADDR" and name in tainted), 0)
+    if not where:
+        opt = re.compile(r"--(?:master[-_]addr|rdzv[-_]endpoint|main[-_]process[-_]ip)[= ]+['\"]?\$\{?("
+                         + "|".join(sorted(tainted)) + r")\b")
+        where = next((n for n, line in _join_continuations(text) if opt.search(line)
+                      and not line.lstrip().startswith("#")), 0)
+    if not where:
+        return []
+    first = next(((n, name) for n, name, value in values if re.search(r"\$\{?SLURM_SUBMIT_HOST\b", value)), None)
+    via = f" ({first[1]}=$SLURM_SUBMIT_HOST, line {first[0]})" if first else ""
+    hit = trap("master-addr-login-node", "FAIL", "master_addr",
+               f"the rendezvous address comes from $SLURM_SUBMIT_HOST{via}, the host sbatch was run on (a login node), "
+               "which runs no rank: the nodes of the job wait for a master that never listens ('The client socket "
+               "has timed out after 900s while trying to connect to (<submit host>, port)')",
+               "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) (node 0 of the job)",
+               "https://slurm.schedmd.com/sbatch.html#OPT_SLURM_SUBMIT_HOST, "
+               "https://docs.pytorch.org/docs/stable/elastic/run.html")
+    hit.line_no = where
+    return [hit]
+
+
+_SRUN_VALUE_OPTS = {"-N", "--nodes", "-n", "--ntasks", "--ntasks-per-node", "-c", "--cpus-per-task", "--gres",
+                    "--gpus-per-node", "--gpus", "-G", "--export", "-w", "--nodelist", "-p", "--partition", "-t",
+                    "--time", "-o", "--output", "-e", "--error", "--jobid", "--container-image", "--container-mounts",
+                    "--mpi", "-A", "--account", "-J", "--job-name", "--mem", "--cpu-bind", "--gpu-bind", "-W", "--wait",
+                    "-m", "--distribution", "--gpus-per-task", "--mem-per-cpu", "--mem-per-gpu", "-x", "--exclude"}
+_LAUNCH_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+                   "deepspeed.launcher.runner", "torchrun")
+
+
+def _direct_script(words: list[str]) -> str | None:
+    """The script a task's words start with ``python [flags] script.py`` (or ``-m module``), None when the task is a
+    launcher (torchrun, ``python -m torch.distributed.run``, accelerate, deepspeed) or not python at all."""
+    i = 0
+    while i < len(words) and _ASSIGN.match(words[i]) and not words[i].startswith("-"):
+        i += 1
+    words = words[i:]
+    if not words or not re.fullmatch(r"python[0-9.]*", words[0].rsplit("/", 1)[-1]):
+        return None
+    j = 1
+    while j < len(words) and words[j].startswith("-") and words[j] != "-m":
+        j += 2 if words[j] in ("-X", "-W") else 1
+    if j < len(words) and words[j] == "-m":
+        module = words[j + 1] if j + 1 < len(words) else ""
+        return None if not module or module.startswith(_LAUNCH_MODULES) else module
+    return words[j] if j < len(words) else None
+
+
+def _direct_task_traps(text: str) -> list[Check]:
+    """``srun-tasks-per-node`` for ``srun python script.py`` (no per-node launcher): every srun task is one rank, so
+    the tasks per node are the ranks per node, and fewer of them than the GPUs the allocation gives each node leaves
+    GPUs idle; Lightning on SLURM requires ``--ntasks-per-node`` to equal ``Trainer(devices=)``
+    (https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html; srun(1): -n/--ntasks-per-node).  The
+    field names the script (``direct:NAME``) so ``runbook lint`` can drop it when that script starts its own
+    processes (mp.spawn)."""
+    header = sbatch_header(text)
+    if not header or "--gpus-per-task" in header:
+        return []
+    gpus = header.get("--gpus-per-node", "").split(":")[-1]
+    gres = re.search(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)", header.get("--gres", ""))
+    per_node = int(gpus) if gpus.isdigit() else (int(gres.group(1)) if gres else 0)
+    if per_node < 2:
+        return []
+    values: dict[str, str] = {}
+    assigned = {n: (name, value) for n, name, value in _shell_values(text)}
+    out: list[Check] = []
+    for number, line in _join_continuations(text):
+        if number in assigned:
+            values[assigned[number][0]] = assigned[number][1]
+            continue
+        if not re.match(r"\s*srun\b", line):
+            continue
+        expanded = line
+        for _ in range(3):
+            expanded = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: values.get(m.group(1), m.group(0)), expanded)
+        words = _split(expanded.strip())[1:]
+        opts: dict[str, str] = {}
+        while words and words[0].startswith("-"):
+            key, eq, val = words[0].partition("=")
+            if not eq and key in _SRUN_VALUE_OPTS and len(words) > 1:
+                val, words = words[1], words[1:]
+            opts[key] = val
+            words = words[1:]
+        if len(words) >= 3 and words[0].rsplit("/", 1)[-1] in ("bash", "sh") and words[1] == "-c":
+            words = _split(words[2])
+        script = _direct_script(words)
+        if script is None or "--gpus-per-task" in opts:
+            continue
+        tasks = opts.get("--ntasks-per-node") or header.get("--ntasks-per-node", "")
+        nodes, ntasks = header.get("--nodes", "1"), opts.get("--ntasks", opts.get("-n", header.get("--ntasks", "")))
+        if not tasks and ntasks.isdigit() and nodes.isdigit():
+            tasks = str(max(1, int(ntasks) // int(nodes)))
+        t = int(tasks) if tasks.isdigit() else 1  # sbatch's default: one task per node
+        if t >= per_node:
+            continue
+        hit = trap("srun-tasks-per-node", "WARN", f"direct:{script.rsplit('/', 1)[-1]}",
+                   f"srun starts `{' '.join(words[:3])}` itself (no torchrun): each task is one rank, and {t} task(s) "
+                   f"per node on nodes with {per_node} GPUs leaves {per_node - t} GPU(s) idle per node (Lightning: "
+                   f"'the number of tasks per node configured in SLURM --ntasks-per-node={t} does not match' "
+                   "Trainer(devices))", f"#SBATCH --ntasks-per-node={per_node} (one task per GPU), or start torchrun "
+                   "once per node", "https://slurm.schedmd.com/srun.html, "
+                   "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
 
 
 def _nnodes_traps(text: str) -> list[Check]:
@@ -675,6 +809,15 @@ def _nnodes_traps(text: str) -> list[Check]:
                         "https://slurm.schedmd.com/srun.html")
             hit.line_no = number
             out.append(hit)
+        if started is not None and started > 1 and not re.search(r"--nnodes\b", line[run.end():]) and \
+                not re.search(r"--standalone\b", line[run.end():]) and not re.search(r"\bPET_NNODES=", text):
+            hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                       f"srun starts torchrun on {started} nodes and the line has no --nnodes: torchrun's default is "
+                       "1:1, so each node's agent forms (or waits for) a 1-node job of its own instead of one "
+                       f"{started}-node job", f"--nnodes={started} (or $SLURM_NNODES)",
+                       "https://docs.pytorch.org/docs/stable/elastic/run.html")
+            hit.line_no = number
+            out.append(hit)
         n = re.search(r"--nnodes[= ]+['\"]?(\d{1,6})['\"]?(?=\s|$)", line[run.end():])
         if n and started is not None and int(n.group(1)) != started:
             hit = trap("nnodes-mismatch", "FAIL", "nnodes",
@@ -695,6 +838,8 @@ def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Check]:
     m = re.search(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text)
     if not m:
         return []
+    if len(set(re.findall(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text))) > 1:
+        return []  # the file lists each node's own line (node 0's, node 1's), not one line run everywhere
     hit = trap("node-rank-fixed", "WARN", "node_rank",
                 f"this file writes --node-rank={m.group(1)} for a {spec.nnodes}-node job: run unchanged on every node, "
                 f"every node claims node rank {m.group(1)} and the rendezvous never completes",

@@ -57,6 +57,12 @@ RULES: dict[str, str] = {
     "nccl-cpu-tensor": "https://docs.pytorch.org/docs/stable/distributed.html",
     "grad-accum-from-device-count": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "undefined-attribute": "https://docs.python.org/3/reference/datamodel.html",
+    "local-rank-as-global-rank": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
+    "same-device-every-rank": "https://docs.pytorch.org/docs/stable/distributed.html#backends",
+    "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
+    "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
+    # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
+    "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     # helpers.lint.cross_rules (launch line <-> script)
     "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
     "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
@@ -73,6 +79,8 @@ RULES: dict[str, str] = {
     "ds-offload-needs-stage": "https://www.deepspeed.ai/docs/config-json/",
     "ds-invalid-value": "https://www.deepspeed.ai/docs/config-json/",
     "ds-args-mismatch": "https://huggingface.co/docs/transformers/en/deepspeed",
+    "ds-scheduler-overrides": "https://huggingface.co/docs/transformers/en/deepspeed#scheduler",
+    "ds-zero3-save-without-gather": "https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training",
     "ds-auto-raw-initialize": "D18",
     "ds-fp16-and-bf16": "D17",
     # helpers.lint.accelerate_rules
@@ -88,6 +96,7 @@ RULES: dict[str, str] = {
     "standalone-multinode": "D2",
     "master-addr-missing": "D1",
     "master-addr-loopback": "D1, MN1",
+    "master-addr-login-node": "https://slurm.schedmd.com/sbatch.html#OPT_SLURM_SUBMIT_HOST",
     "default-port-shared": "D4",
     "port-in-use": "D4",
     "nproc-exceeds-gpus": "D3",
@@ -160,6 +169,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
 
     findings: list[Check] = []
     facts: list[python_rules.PyFacts] = []
+    scripts: dict[str, tuple[str, list[Check], python_rules.PyFacts]] = {}
     ds_files: list[tuple[str, str, dict]] = []
     acc_files: list[tuple[str, str, dict]] = []
     specs = []
@@ -169,8 +179,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             kind = _kind(path, text)
             if kind == "python":
                 got, fact = python_rules.lint_python(path, text, (contract_rules.run,))
-                findings += got
-                facts.append(fact)
+                scripts[path] = (text, got, fact)
             elif kind in ("json", "yaml"):
                 rules = deepspeed_rules if kind == "json" else accelerate_rules
                 try:
@@ -202,6 +211,9 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     specs.append(spec)
         except (ValueError, RecursionError, MemoryError) as exc:  # InputError is a ValueError
             findings.append(_unreadable(path, exc))
+    for got, fact in _across_scripts(scripts):
+        findings += got
+        facts.append(fact)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)
@@ -213,6 +225,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         except ValueError as exc:
             findings.append(finding("command-unparsable", "error", "<command>", 1, str(exc),
                                          "paste the whole launch line", "D7"))
+    findings = cross_rules.settle(findings, facts, launches)  # type: ignore[arg-type]
     findings += cross_rules.lint_cross(facts, launches)  # type: ignore[arg-type]
     world = next((s.nnodes * s.nproc_per_node for s in specs), None)
     if world is None:
@@ -222,10 +235,13 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                                                else (False if facts else None))
     client_opt = any(f.ds_client_optimizer for f in raw)
     where = f"{raw[0].path}:{raw[0].ds_init_line}" if raw else ""
+    saved_by = next((f"{f.path} (HF Trainer / Accelerate)" for f in facts if f.saves_model), "") or \
+        next((f"{f.path} (engine.save_16bit_model)" for f in facts if f.saves_16bit), "")
     for path, text, data in ds_files:
         try:
             findings += deepspeed_rules.lint_deepspeed(path, text, data, world_size=world, raw_init=raw_init,
-                                                       client_optimizer=client_opt, init_where=where)
+                                                       client_optimizer=client_opt, init_where=where,
+                                                       saved_by=saved_by)
         except (ValueError, RecursionError, MemoryError) as exc:
             findings.append(_unreadable(path, exc))
             continue
@@ -240,6 +256,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     "create inputs with dtype=torch.bfloat16 (or cast the batch: x.to(model_engine.dtype))",
                     "Gilbreth 7.5"))
     findings += cross_rules.ds_args_mismatch(launches, ds_files, acc_files)  # type: ignore[arg-type]
+    findings += cross_rules.ds_scheduler_overrides(launches, ds_files, facts)  # type: ignore[arg-type]
     accel = next(((f.path, f.accelerator_grad_accum[0], str(f.accelerator_grad_accum[1])) for f in facts
                   if f.accelerator_grad_accum), None)
     ds_gas = next(((p, d.get("gradient_accumulation_steps")) for p, _, d in ds_files), None)
@@ -249,6 +266,31 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         except (ValueError, RecursionError, MemoryError) as exc:
             findings.append(_unreadable(path, exc))
     return sorted((_advice(f) for f in findings), key=lambda f: (f.file, f.line_no, f.id))
+
+
+def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list[tuple[list[Check], object]]:
+    """Each script's ``(findings, facts)``, after the facts one script gives another: a file that another linted
+    file calls with a DistributedDataParallel-wrapped model (``evaluate(model)``, ``evaluate`` defined here) is linted
+    again knowing which parameter holds the wrapper (helpers.lint.wrappers); a finding that holds only in a
+    distributed program (:attr:`helpers.lint.python_rules.PyFacts.deferred`) is kept when some linted file sets up
+    data parallelism."""
+    from helpers.lint import contract_rules, python_rules
+
+    passed: dict[str, set[int]] = {}
+    for _text, _got, fact in scripts.values():
+        for name, positions in fact.ddp_passed.items():  # type: ignore[attr-defined]
+            passed.setdefault(name, set()).update(positions)
+    wraps = any(fact.wraps_ddp for _t, _g, fact in scripts.values())  # type: ignore[attr-defined]
+    out = []
+    for path, (text, got, fact) in scripts.items():
+        mine = {name: pos for name, pos in passed.items() if name in fact.defines}  # type: ignore[attr-defined]
+        if mine:
+            try:
+                got, fact = python_rules.lint_python(path, text, (contract_rules.run,), ddp_params=mine)
+            except (ValueError, RecursionError, MemoryError) as exc:
+                got = [_unreadable(path, exc)]
+        out.append((got + (fact.deferred if wraps else []), fact))  # type: ignore[attr-defined]
+    return out
 
 
 def _advice(check: Check) -> Check:

@@ -117,6 +117,19 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
         add("acc-accumulation-twice", "warning", "deepspeed_config", "gradient accumulation is set in "
             f"{len(places)} places ({'; '.join(places)}): one silently overrides the other, or they multiply",
             'set it in one place: "auto" in the JSON and the value in Accelerator(...) or the YAML', "D18")
+    if dist_type == "DEEPSPEED" and isinstance(ds, dict) and not ds.get("deepspeed_config_file") and \
+            str(ds.get("zero_stage")) == "3" and ds.get("zero3_save_16bit_model") is not True:
+        # DeepSpeedPlugin.zero3_save_16bit_model defaults to false (ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL) and
+        # becomes stage3_gather_16bit_weights_on_model_save; Accelerator.get_state_dict then raises 'Cannot get
+        # 16bit model weights because ...' and Trainer.save_model writes only the sharded DeepSpeed checkpoint
+        add("ds-zero3-save-without-gather", "warning",
+            "zero3_save_16bit_model" if "zero3_save_16bit_model" in ds else "zero_stage",
+            f"ZeRO stage 3 with zero3_save_16bit_model {ds.get('zero3_save_16bit_model', 'unset (false)')}: the "
+            "weights stay partitioned at save time, so accelerator.get_state_dict / save_model raise 'Cannot get "
+            "16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed config is False' "
+            "and Trainer.save_model writes only the DeepSpeed shards (no loadable model without zero_to_fp32.py)",
+            "zero3_save_16bit_model: true (and zero3_init_flag: true for large models)",
+            "https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed#saving-and-loading")
     procs, machines = data.get("num_processes"), data.get("num_machines", 1)
     if isinstance(procs, int) and isinstance(machines, int) and machines > 0 and procs > 0 and procs % machines:
         add("acc-processes-not-divisible", "error", "num_processes",

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT
+from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _TORCHRUN
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -71,8 +71,16 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     calls = lt._calls()
     names = [(_call_name(c), c) for c in calls]
     plain_argparse = "ArgumentParser(" in text and not re.search(
-        r"HfArgumentParser|parse_known_args|add_subparsers|parents\s*=|fromfile_prefix_chars|jsonargparse|"
+        r"HfArgumentParser|add_subparsers|parents\s*=|fromfile_prefix_chars|jsonargparse|"
         r"LightningCLI|hydra|fire\.Fire|typer|click|tyro|simple_parsing|OmegaConf\.from_cli|absl", text)
+    # parse_known_args() keeps unknown arguments, so the script accepts anything, unless its leftovers go on to a
+    # strict parse_args(rest) (timm's config-file pre-parser: `cfg, rest = config_parser.parse_known_args()` then
+    # `parser.parse_args(rest)`), which rejects what neither parser defines
+    # (https://docs.python.org/3/library/argparse.html#partial-parsing)
+    leftovers = {t.elts[1].id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                 and _call_name(n.value)[1] == "parse_known_args" for t in n.targets
+                 if isinstance(t, ast.Tuple) and len(t.elts) == 2 and isinstance(t.elts[1], ast.Name)}
+    known_only = "parse_known_args" in text
     options: set[str] = set()
     defaults: dict[str, str] = {}
     dynamic = False
@@ -88,7 +96,9 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
                 defaults[longs[0][2:].replace("-", "_")] = default
         elif name == "add_config_arguments":
             options.update(DEEPSPEED_ARGS)
-        elif name in ("parse_args",) and not c.args and not sc.options_line:
+        elif name in ("parse_args",) and not sc.options_line and (
+                (not c.args and not known_only) or
+                (len(c.args) == 1 and isinstance(c.args[0], ast.Name) and c.args[0].id in leftovers)):
             sc.options_line = c.lineno
         elif name in ("add_argument_group", "add_mutually_exclusive_group", "set_defaults"):
             pass
@@ -106,6 +116,12 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
                 sc.extra["backend_attr"] = backend.attr
         elif name in ("spawn", "start_processes", "Process", "launch", "elastic_launch", "notebook_launcher"):
             sc.spawns = True
+        elif name == "set_device" and "cuda" in recv and c.args:
+            # the same GPU on every rank of a node, unless the call sits in a branch on the rank (-1: not launched)
+            fixed = isinstance(_const(c.args[0]), int) and not _under_rank_test(lt, c)
+            sc.extra.setdefault("const_device", (c.lineno, ast.unparse(c)) if fixed else None)
+            if not fixed:
+                sc.extra["const_device"] = None
         elif name == "Trainer" and "lightning" in text:
             dev, nodes = _const(_kw(c, "devices")), _const(_kw(c, "num_nodes"))
             sc.trainer = (c.lineno, dev if isinstance(dev, int) else None, nodes if isinstance(nodes, int) else None)
@@ -116,6 +132,7 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
         sc.env_init = False  # the script supplies RANK / WORLD_SIZE itself
     if not sc.backend and sc.extra.get("backend_attr") in defaults:
         sc.backend = defaults[str(sc.extra["backend_attr"])].lower()  # backend=args.dist_backend, default 'nccl'
+    sc.extra["sets_visible_devices"] = "CUDA_VISIBLE_DEVICES" in text
     sc.local_rank_arg = bool({"--local_rank", "--local-rank"} & options)
     if plain_argparse and sc.options_line and not dynamic:
         sc.options = options
@@ -123,6 +140,16 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
                                              r"['\"]", text))
     sc.uses_args_local_rank = bool(re.search(r"\b(args|opt|opts|cfg|config|hparams|params)\.local_rank\b", text))
     return sc
+
+
+def _under_rank_test(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node`` sits in a branch whose test reads a rank (``if local_rank == -1:`` included)."""
+    p = lt.parents.get(node)
+    while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(p, (ast.If, ast.IfExp)) and lt.taint.is_rank(p.test):
+            return True
+        p = lt.parents.get(p)
+    return False
 
 
 def rule_dataloader_sampler_and_shuffle(lt: PythonLinter) -> None:
@@ -282,7 +309,9 @@ def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
     """SyncBatchNorm under single-process DataParallel (SyncBatchNorm docs: DDP with one GPU per process only)."""
     text = lt.text
     m = re.search(r"convert_sync_batchnorm|SyncBatchNorm\(", text)
-    if m and re.search(r"\bDataParallel\(", text) and not re.search(r"DistributedDataParallel|\bDDP\(", text):
+    # a DDP wrap anywhere (DDP(...), or a wrapper named for it: yolov5's smart_DDP) means the SyncBatchNorm branch is
+    # the distributed one and DataParallel the single-process one
+    if m and re.search(r"\bDataParallel\(", text) and not re.search(r"DistributedDataParallel|DDP\(", text):
         lt.add("syncbn-without-ddp", "error", text.count("\n", 0, m.start()) + 1,
                "SyncBatchNorm with nn.DataParallel: SyncBatchNorm works only inside DistributedDataParallel with one "
                "GPU per process ('SyncBatchNorm expected input tensor to be on GPU' / 'Default process group has not "
@@ -290,21 +319,338 @@ def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
                "BatchNorm under DataParallel", "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html")
 
 
-def rule_load_without_map_location(lt: PythonLinter) -> None:
-    """``torch.load(path)`` with no ``map_location`` in a multi-GPU script: every rank loads onto the saving GPU."""
-    from helpers.lint.python_rules import _call_name
+def _placed(c: ast.Call) -> bool:
+    return _kw(c, "map_location") is not None or len(c.args) > 1
 
-    if not re.search(r"DistributedDataParallel|\bDDP\(|init_process_group|FullyShardedDataParallel", lt.text):
-        return
-    loads = [c for c in lt._calls() if _call_name(c) == ("torch", "load")]
-    if any(_kw(c, "map_location") is not None or len(c.args) > 1 for c in loads):
-        return  # the script places its loads itself
-    for c in loads:
+
+def rule_load_without_map_location(lt: PythonLinter) -> None:
+    """``torch.load(path)`` with no ``map_location`` in a multi-GPU program: every rank loads onto the saving GPU.
+
+    Each such call is a finding, unless the other branch of its ``if`` (or the ``try``/``except`` around it) loads with
+    a ``map_location``: the script chose the placement per case (pytorch/examples imagenet: no map_location only when
+    no GPU index is given).  A file that does not itself set up DDP/FSDP (a checkpoint helper module) gets the finding
+    when a file linted with it does (:attr:`PyFacts.deferred`).
+    """
+    from helpers.lint.python_rules import WRAPS_DDP, _call_name
+
+    here = bool(re.search(WRAPS_DDP, lt.text))
+    for c in lt._calls():
+        if _call_name(c) != ("torch", "load") or _placed(c):
+            continue
+        p, child, chosen = lt.parents.get(c), c, False
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not chosen:
+            if isinstance(p, ast.If):
+                other = p.orelse if child in p.body else p.body
+                chosen = any(_call_name(n) == ("torch", "load") and _placed(n) for s in other for n in ast.walk(s)
+                             if isinstance(n, ast.Call))
+            elif isinstance(p, ast.Try):
+                chosen = any(_call_name(n) == ("torch", "load") and _placed(n) for n in ast.walk(p)
+                             if isinstance(n, ast.Call))
+            child, p = p, lt.parents.get(p)
+        if chosen:
+            continue
         lt.add("load-without-map-location", "warning", c,
                f"{ast.unparse(c)[:60]} without map_location: torch.load puts each tensor back on the device it was "
                "saved from (cuda:0), so every rank fills GPU 0 (out of memory, or all ranks on one GPU)",
                "torch.load(path, map_location=f'cuda:{local_rank}') (or 'cpu')",
-               "https://docs.pytorch.org/docs/stable/generated/torch.load.html")
+               "https://docs.pytorch.org/docs/stable/generated/torch.load.html", deferred=not here)
+
+
+_LOCAL_ENV = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"}
+_LOCAL_ATTRS = {"local_rank", "local_process_index"}
+_WORLD = re.compile(r"^(world_size|num_replicas|nranks|num_processes|world)$")
+
+
+class _Local:
+    """Names holding the node-local rank (``LOCAL_RANK``, ``args.local_rank``, ``get_local_rank()``), through
+    assignments and calls of the file's functions; a name also assigned a global rank is not one."""
+
+    def __init__(self, lt: PythonLinter) -> None:
+        from helpers.lint.python_rules import _call_name, _env_key
+
+        self._call_name, self._env_key, self.lt = _call_name, _env_key, lt
+        self.names: set[str] = set()
+        global_names: set[str] = set()
+        assigns = [n for n in lt.nodes if isinstance(n, ast.Assign)]
+        calls = [(c, lt.functions[_call_name(c)[1]]) for c in lt._calls() if _call_name(c)[1] in lt.functions
+                 and _call_name(c)[0] in ("", "self", "cls") and (c.args or c.keywords)]
+        for _ in range(3):
+            before = len(self.names)
+            for n in assigns:
+                targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
+                if self.is_local(n.value):
+                    self.names.update(targets)
+                elif lt.taint.is_global_rank(n.value):
+                    global_names.update(targets)
+            for call, fn in calls:
+                params = [a.arg for a in fn.args.args]
+                if params and params[0] in ("self", "cls") and _call_name(call)[0]:
+                    params = params[1:]
+                for i, arg in enumerate(call.args):
+                    if i < len(params) and self.is_local(arg):
+                        self.names.add(params[i])
+                for kw in call.keywords:
+                    if kw.arg in params and self.is_local(kw.value):
+                        self.names.add(kw.arg)
+            if len(self.names) == before:
+                break
+        self.names -= global_names
+
+    def is_local(self, node: ast.AST | None) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in self.names or node.id in ("local_rank", "localrank", "local_rank_id")
+        if isinstance(node, ast.Attribute):
+            return node.attr in _LOCAL_ATTRS
+        if isinstance(node, (ast.Subscript, ast.Call)):
+            key = self._env_key(node)
+            if key is not None:
+                return key in _LOCAL_ENV
+        if isinstance(node, ast.Call):
+            name = self._call_name(node)[1]
+            if name in ("get_local_rank", "get_node_local_rank"):
+                return True
+            return name == "int" and bool(node.args) and self.is_local(node.args[0])
+        return False
+
+
+def _world_size(node: ast.AST) -> bool:
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and _WORLD.match(n.id) or isinstance(n, ast.Attribute) and _WORLD.match(n.attr):
+            return True
+        if isinstance(n, ast.Call) and (_call_name(n)[1] == "get_world_size" or _env_key(n) == "WORLD_SIZE"):
+            return True
+        if isinstance(n, ast.Subscript) and _env_key(n) == "WORLD_SIZE":
+            return True
+    return False
+
+
+def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
+    """The node-local rank where the global rank is meant: ``DistributedSampler(rank=local_rank)`` (its ``rank`` is
+    the "Rank of the current process within num_replicas", ``_SAMPLER``), ``init_process_group(rank=local_rank)``,
+    ``ds.shard(num_shards=world, index=local_rank)``, or ``items[local_rank]`` where ``len(items)`` is compared with the
+    world size.  On one node they coincide; on two, LOCAL_RANK repeats 0..N-1 on each node (torchrun: "LOCAL_RANK -
+    The local rank", "RANK - The global rank", ``_TORCHRUN``), so two processes take the same shard.  A warning
+    here; an error when a linted launch starts this script on several nodes (cross_rules.settle)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|local_process_index|get_local_rank", lt.text):
+        return
+    local = _Local(lt)
+    hits: list[tuple[ast.AST, str]] = []
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        kws = {k.arg: k.value for k in c.keywords if k.arg}
+        rank = kws.get("rank")
+        if name == "DistributedSampler" and rank is None and len(c.args) > 2:
+            rank = c.args[2]
+        if rank is not None and local.is_local(rank) and (name in ("DistributedSampler", "init_process_group") or
+                                                          {"num_replicas", "world_size"} & set(kws)):
+            hits.append((c, f"{name}(..., rank={ast.unparse(rank)})"))
+        if name == "shard" and "index" in kws and local.is_local(kws["index"]):
+            hits.append((c, f"{recv}.shard(..., index={ast.unparse(kws['index'])})"))
+    indexed = [n for n in lt.nodes if isinstance(n, ast.Subscript) and local.is_local(n.slice)]
+    sized = {ast.unparse(n.args[0]) for n in lt.nodes if indexed and isinstance(n, ast.Compare) and _world_size(n)
+             for n in ast.walk(n) if isinstance(n, ast.Call) and _call_name(n)[1] == "len" and n.args}
+    for n in indexed:
+        if ast.unparse(n.value) in sized:
+            hits.append((n, f"{ast.unparse(n)} (len({ast.unparse(n.value)}) is checked against the world size)"))
+    for node, what in hits:
+        lt.add("local-rank-as-global-rank", "warning", node,
+               f"{what} uses the node-local rank where the global rank is meant: on one node they are equal, on "
+               "several every node repeats local ranks 0..N-1, so processes of different nodes take the same "
+               "shard (duplicated data, a wrongly assembled model) and the rest is never used",
+               "use the global rank: int(os.environ['RANK']) / dist.get_rank(); keep LOCAL_RANK for the device only",
+               _TORCHRUN + "#environment-variables")
+
+
+def rule_same_seed_every_rank(lt: PythonLinter) -> None:
+    """A DataLoader over a ``DistributedSampler`` given ``generator=g`` with ``g.manual_seed(<no rank>)``: the workers'
+    seeds come from that generator ("base_seed is a long generated by main process using its RNG ... or a specified
+    generator", https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading), so every rank's
+    workers draw the same random stream and apply the same augmentations to their different samples (Lightning seeds
+    workers from the global rank for this reason: ``pl_worker_init_function``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text or "manual_seed" not in lt.text:
+        return
+    for c in lt._calls():
+        kws = {k.arg: k.value for k in c.keywords if k.arg}
+        gen, sampler = kws.get("generator"), kws.get("sampler")
+        if not isinstance(gen, ast.Name) or sampler is None:
+            continue
+        scope = lt._enclosing_function(c) or lt.tree
+        if not _distributed_sampler(lt, sampler, scope):
+            continue
+        for n in ast.walk(scope):
+            if not (isinstance(n, ast.Call) and _call_name(n)[1] == "manual_seed" and n.args):
+                continue
+            target = n.func.value if isinstance(n.func, ast.Attribute) else None
+            assigned = isinstance(lt.parents.get(n), ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == gen.id for t in lt.parents[n].targets)  # type: ignore[attr-defined]
+            if (isinstance(target, ast.Name) and target.id == gen.id or assigned) and not lt.taint.is_rank(n.args[0]):
+                lt.add("same-seed-every-rank", "warning", n,
+                       f"{ast.unparse(n)[:50]} seeds the DataLoader generator (line {c.lineno}) the same on every rank: "
+                       "the workers' seeds derive from it, so all ranks apply the same random augmentations to their "
+                       "shards (less diversity than one GPU: the DDP accuracy drop of ultralytics/yolov5#9545)",
+                       f"{ast.unparse(n.func)}(seed + rank) with the global rank",
+                       "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading")
+                break
+
+
+_STEP_KWARGS = ("num_training_steps", "total_steps", "T_max", "total_iters")
+
+
+def _per_process(node: ast.AST) -> bool:
+    """``node`` divides by the process count (``len(dl) / accelerator.num_processes``: the sharded length)."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)) and
+               "num_processes" in ast.unparse(n.right) for n in ast.walk(node))
+
+
+def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
+    """A scheduler length ``steps * accelerator.num_processes`` whose ``steps`` come from ``len(dataloader)`` before
+    ``accelerator.prepare`` shards that dataloader.
+
+    Two documented behaviours meet here: ``prepare`` shards a dataloader, so each process iterates about
+    ``len / num_processes`` batches (https://huggingface.co/docs/accelerate/en/basic_tutorials/migration), and the
+    prepared scheduler steps ``num_processes`` times per optimizer step (accelerate/scheduler.py
+    ``AcceleratedScheduler.step``: "the training dataloader batch size was multiplied by num_processes, so we need to
+    do num_processes steps per training step").  A length counted on the unsharded loader already holds every
+    process's batches; multiplying it by ``num_processes`` counts them twice: the schedule is ``num_processes`` times
+    too long and the learning rate never decays as set (huggingface/diffusers#8312).
+    """
+    from helpers.lint.python_rules import _call_name
+
+    if "num_processes" not in lt.text or ".prepare(" not in lt.text:
+        return
+    for prep in lt._calls():
+        recv, name = _call_name(prep)
+        if name != "prepare" or "accelerator" not in recv.lower():
+            continue
+        loaders = {a.id for a in prep.args if isinstance(a, ast.Name)}
+        scope = lt._enclosing_function(prep) or lt.tree
+        assigns: dict[str, list[ast.Assign | ast.AugAssign]] = {}
+        for n in ast.walk(scope):
+            if isinstance(n, (ast.Assign, ast.AugAssign)) and n.lineno < prep.lineno:
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    assigns.setdefault(ast.unparse(t), []).append(n)
+
+        def above(node: ast.AST, at: ast.AST) -> bool:  # node's block encloses at (it runs on every path to at)
+            p = lt.parents.get(node)
+            q: ast.AST | None = at
+            while q is not None and q is not p:
+                q = lt.parents.get(q)
+            return q is not None
+
+        def reaching(src: str, at: ast.AST) -> list[ast.AST]:
+            """The assignments of ``src`` that can reach ``at``: above it, not in a branch that excludes it, and not
+            overwritten on every path between (a later assignment whose block encloses ``at``)."""
+            before = [a for a in assigns.get(src, ()) if a.lineno < at.lineno and not _exclusive(lt, a, at)]  # type: ignore[attr-defined]
+            return [a for a in before if not any(a.lineno < b.lineno and above(b, at) for b in before)]  # type: ignore[attr-defined]
+
+        def kind(expr: ast.AST, at: ast.AST, depth: int = 0) -> str:
+            """"sharded" (divided by the process count), "whole" (counted on the unsharded loader), or ""."""
+            if _per_process(expr):
+                return "sharded"
+            out = ""
+            todo = [expr]
+            while todo:
+                n = todo.pop()
+                if isinstance(n, ast.Call) and _call_name(n)[1] == "len" and n.args and \
+                        isinstance(n.args[0], ast.Name) and n.args[0].id in loaders:
+                    out = "whole"
+                elif isinstance(n, (ast.Name, ast.Attribute)) and depth < 6:
+                    for a in reaching(ast.unparse(n), at):
+                        k = kind(a.value, a, depth + 1)  # type: ignore[attr-defined]
+                        out = "whole" if k == "whole" else out
+                else:
+                    todo.extend(ast.iter_child_nodes(n))
+            return out
+
+        for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call) and n.lineno < prep.lineno):
+            for kw in c.keywords:
+                if kw.arg not in _STEP_KWARGS:
+                    continue
+                values: list[tuple[ast.AST, ast.AST]] = [(kw.value, c)]
+                if isinstance(kw.value, (ast.Name, ast.Attribute)):
+                    values = [(a.value, a) for a in reaching(ast.unparse(kw.value), c)]  # type: ignore[attr-defined]
+                if not any(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mult) and
+                           any("num_processes" in ast.unparse(x) for x in (v.left, v.right)) and
+                           any(kind(x, at) == "whole" for x in (v.left, v.right) if "num_processes" not in ast.unparse(x))
+                           for v, at in values):
+                    continue
+                lt.add("lr-steps-from-dataset-length", "warning", c,
+                       f"{kw.arg}={ast.unparse(kw.value)[:60]} counts steps on the dataloader before "
+                       f"accelerator.prepare (line {prep.lineno}) shards it, then multiplies by num_processes: the "
+                       "prepared scheduler already steps num_processes times per step, so the schedule is "
+                       "num_processes times too long (the learning rate never decays as set)",
+                       "count steps on the sharded length: ceil(len(loader) / accelerator.num_processes), then "
+                       "multiply by num_processes (huggingface/diffusers#8312)",
+                       "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py")
+
+
+def _exclusive(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` sit in different branches of one ``if`` (never both run)."""
+    chain: dict[ast.AST, ast.AST] = {}
+    child, p = a, lt.parents.get(a)
+    while p is not None:
+        chain[p] = child
+        child, p = p, lt.parents.get(p)
+    child, p = b, lt.parents.get(b)
+    while p is not None:
+        if p in chain:
+            if isinstance(p, ast.If):
+                ca = chain[p]
+                return (ca in p.body and child in p.orelse) or (ca in p.orelse and child in p.body)
+            return False
+        child, p = p, lt.parents.get(p)
+    return False
+
+
+def _distributed_sampler(lt: PythonLinter, sampler: ast.AST, scope: ast.AST) -> bool:
+    """``sampler`` is (or names a value built from) a DistributedSampler."""
+    from helpers.lint.python_rules import _call_name
+
+    def has(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and _call_name(n)[1] == "DistributedSampler" for n in ast.walk(node))
+
+    if has(sampler):
+        return True
+    if isinstance(sampler, ast.Name):
+        return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == sampler.id for t in n.targets)
+                   and has(n.value) for n in ast.walk(scope))
+    return False
+
+
+def rule_same_device_every_rank(lt: PythonLinter) -> None:
+    """``os.environ["CUDA_VISIBLE_DEVICES"] = "6"`` (one fixed device, no rank in it) in a distributed script: every
+    process of a node sees the same single GPU, so its ranks share it (NCCL needs one GPU per rank: 'Duplicate GPU
+    detected'), ``_DIST`` backends.  The value the last assignment of its block leaves is the one that counts."""
+    from helpers.lint.python_rules import _env_key
+
+    if not re.search(r"init_process_group|DistributedDataParallel|deepspeed|Accelerator\(", lt.text):
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and
+                _env_key(node.targets[0]) == "CUDA_VISIBLE_DEVICES"):
+            continue
+        v = node.value
+        text = v.value if isinstance(v, ast.Constant) and isinstance(v.value, (str, int)) else \
+            "".join(str(x.value) for x in v.values) if isinstance(v, ast.JoinedStr) and \
+            all(isinstance(x, ast.Constant) for x in v.values) else None
+        if text is None or not re.fullmatch(r"\s*\d+\s*,?\s*", str(text)) or lt._rank_gate(node) is not None:
+            continue
+        block = next((getattr(lt.parents.get(node), f) for f in ("body", "orelse", "finalbody")
+                      if node in (getattr(lt.parents.get(node), f, None) or [])), [node])
+        later = block[block.index(node) + 1:]
+        if any(isinstance(x, ast.Assign) and any(_env_key(t) == "CUDA_VISIBLE_DEVICES" for t in x.targets) for x in later):
+            continue
+        lt.add("same-device-every-rank", "warning", node,
+               f"CUDA_VISIBLE_DEVICES is set to {str(text).strip()!r} with no rank in it: every process of a node "
+               "sees only that one GPU, so all its ranks run on it ('Duplicate GPU detected' with nccl, or out of "
+               "memory)", "derive it from the local rank (str(local_rank)), or leave CUDA_VISIBLE_DEVICES to the "
+               "launcher and call torch.cuda.set_device(local_rank)", _DIST + "#backends")
 
 
 _TENSOR_CTORS = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "tensor", "zeros", "ones", "empty",
@@ -400,6 +746,10 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_wrapper_raw_backward(lt)
     rule_syncbn_without_ddp(lt)
     rule_load_without_map_location(lt)
+    rule_local_rank_as_global_rank(lt)
+    rule_same_device_every_rank(lt)
+    rule_same_seed_every_rank(lt)
+    rule_lr_steps_from_dataset_length(lt)
     rule_nccl_cpu_tensor(lt, sc)
     rule_grad_accum_from_device_count(lt)
     rule_undefined_attribute(lt)

@@ -94,8 +94,9 @@ CONTRACTS: tuple[Contract, ...] = (
        ("hardcoded-master-port", "default-port-shared"), note="whether another job holds the port on that node is "
        "known only there (runbook build --check-port checks this machine); a fixed port is flagged as a risk"),
     _c("init_process_group", "A collective that does not complete within timeout is an error (10 min NCCL, 30 min "
-       "gloo by default): a dead peer is seen only then", _INIT, "init-without-timeout",
-       note="whether a peer dies is a run-time event; the rule only says the default timeout applies"),
+       "gloo by default): ranks waiting while one rank works first (main_process_first, a barrier pair) die after it",
+       _INIT, "init-without-timeout", note="how long the first rank works is a run-time value; the rule (info) names "
+       "where ranks wait for one rank without a timeout of their own"),
     _c("collectives", "Every rank of the group calls the same collectives in the same order (a collective reached "
        "on some ranks only hangs the others)", _COLL, ("rank-gated-collective", "rank-early-exit-collective")),
     _c("collectives", "Ranks iterate the same number of steps when each step holds a collective (uneven per-rank "
@@ -108,11 +109,20 @@ CONTRACTS: tuple[Contract, ...] = (
        ("nccl-no-device-binding", "device-from-global-rank")),
     _c("collectives", "With nccl, the tensors passed to a collective are CUDA tensors ('Tensors must be CUDA and "
        "dense')", _DIST + "#backends", "nccl-cpu-tensor"),
+    _c("collectives", "With nccl each rank of a node has its own GPU: CUDA_VISIBLE_DEVICES set in the script to one "
+       "fixed device, or set_device(0) under a launcher of several ranks per node, puts them all on one GPU",
+       _DIST + "#backends", "same-device-every-rank"),
     _c("collectives", "A data-dependent early exit (one rank's NaN, one rank's exception) is agreed by all ranks",
        _COLL, note="which rank sees the NaN is decided by data at run time (the Flight Recorder shows it)"),
     # ---------------------------------------------------------------- DDP
     _c("DistributedDataParallel", "device_ids is the local GPU of this process ([local_rank]) and the module is on "
        "it: the global rank is not a device index on the second node", _DDP, "device-from-global-rank"),
+    _c("DistributedDataParallel", "The forward broadcasts the module's buffers from rank 0 (broadcast_buffers=True, "
+       "the default): calling the wrapped model on some ranks only (a rank-0 evaluation) is a collective they alone "
+       "join; evaluate model.module", _DDP, ("rank-gated-collective", "rank-early-exit-collective")),
+    _c("DistributedDataParallel", "The wrapper holds the model as .module: an attribute set on the model is not read "
+       "through the wrapper (nn.Module.__getattr__ looks in parameters, buffers and submodules only)",
+       "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html", "ddp-wrapper-attribute"),
     _c("DistributedDataParallel", "Every parameter that requires grad receives one in each iteration, or "
        "find_unused_parameters=True", _DDP, "find-unused-parameters",
        note="which parameters get a gradient is decided by the forward pass at run time; the rule reports the cost "
@@ -133,14 +143,20 @@ CONTRACTS: tuple[Contract, ...] = (
        "same way", _SAMPLER, "sampler-no-set-epoch"),
     _c("DataLoader", "sampler and shuffle=True are mutually exclusive ('sampler option is mutually exclusive with "
        "shuffle')", _DATA + "#torch.utils.data.DataLoader", "dataloader-sampler-and-shuffle"),
+    _c("DataLoader", "The workers' seeds derive from the generator= given to it: seeded alike on every rank, all ranks "
+       "draw the same augmentations for their shards", _DATA + "#randomness-in-multi-process-data-loading",
+       "same-seed-every-rank"),
     # ---------------------------------------------------------------- torchrun / legacy launch
     _c("torchrun", "--standalone is a single-node rendezvous: two nodes with it form two jobs", _TORCHRUN,
        "standalone-multinode"),
     _c("torchrun", "Multi-node static rendezvous: --master-addr names node 0, reachable from the others (not "
        "localhost)", _TORCHRUN, ("master-addr-missing", "master-addr-loopback")),
     _c("torchrun", "Each node passes its own --node-rank (0..nnodes-1)", _TORCHRUN, "node-rank-fixed"),
-    _c("torchrun", "--nnodes equals the number of nodes that start it (the allocation's node count)", _TORCHRUN,
-       "nnodes-mismatch"),
+    _c("torchrun", "--nnodes equals the number of nodes that start it (the allocation's node count); it defaults to "
+       "1:1, so a multi-node srun line needs it", _TORCHRUN, "nnodes-mismatch"),
+    _c("torchrun", "LOCAL_RANK is the rank within the node, RANK the global one: a sampler's rank, "
+       "init_process_group(rank=), a per-rank shard or checkpoint index take RANK", _TORCHRUN + "#environment-variables",
+       "local-rank-as-global-rank"),
     _c("torchrun", "--nproc-per-node is at most the GPUs on the node (one GPU per rank with nccl)", _TORCHRUN,
        "nproc-exceeds-gpus"),
     _c("torchrun", "torchrun passes the local rank in LOCAL_RANK, not as --local-rank: a script reading "
@@ -179,6 +195,10 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("srun", "A variable reaches the tasks only when exported (a plain assignment stays in the batch shell)",
        _SRUN, "master-addr-not-exported"),
     _c("srun", "srun -N is at most the allocation's --nodes", _SRUN, "nnodes-mismatch"),
+    _c("srun", "srun python script.py (no per-node launcher) starts one rank per task: --ntasks-per-node equals the "
+       "GPUs each node uses (Lightning: equals Trainer(devices))", _SRUN, "srun-tasks-per-node"),
+    _c("sbatch", "The rendezvous address is a node of the job (node 0), not $SLURM_SUBMIT_HOST, the host sbatch ran on",
+       _SBATCH + "#OPT_SLURM_SUBMIT_HOST", "master-addr-login-node"),
     _c("sbatch", "Files the tasks read (script, configs) are on a filesystem every node sees (not /tmp)", _SBATCH,
        ("script-in-tmp", "args-in-tmp")),
     _c("sbatch", "The allocation requests the GPUs the launch uses (--gpus-per-node / --gres=gpu:N >= ranks per "
@@ -203,8 +223,10 @@ CONTRACTS: tuple[Contract, ...] = (
        "optimizer.step()", _DS_TRAIN, "deepspeed-raw-backward"),
     _c("DeepSpeed engine", "save_checkpoint and load_checkpoint are called on every rank, not only rank 0",
        _DS_CKPT, "rank-gated-collective"),
-    _c("DeepSpeed engine", "With ZeRO, an optimizer comes from the config or deepspeed.initialize(optimizer=)",
-       _DS_CFG + "#optimizer-parameters", "ds-zero-without-optimizer"),
+    _c("DeepSpeed engine", "A raw deepspeed.initialize with ZeRO stage 1 or 2 gets an optimizer from the config or "
+       "optimizer= ('zero stage N requires an optimizer'); stage 3 without one builds the inference-only ZeRO-Offload, "
+       "and the HF Trainer / Accelerate pass their own when the config has none", _DS_CFG + "#optimizer-parameters",
+       "ds-zero-without-optimizer"),
     _c("DeepSpeed engine", "'auto' values are filled only by the HF Trainer / Accelerate integration; a raw "
        "deepspeed.initialize reads them as strings", _HF_DS, "ds-auto-raw-initialize"),
     _c("DeepSpeed engine", "Inputs match the engine's dtype when fp16/bf16 is enabled", _DS_CFG +
@@ -221,6 +243,12 @@ CONTRACTS: tuple[Contract, ...] = (
        "default", _HF_DS + "#deepspeed-and-trainer-parameter-summary", "ds-args-mismatch"),
     _c("DeepSpeed config", "fp16 and bf16 are not both enabled", _DS_CFG + "#bfloat16-training-options",
        "ds-fp16-and-bf16"),
+    _c("DeepSpeed config with the HF Trainer", "A \"scheduler\" section replaces the Trainer's --lr_scheduler_type "
+       "(the Trainer builds none); with Accelerate a scheduler built in code next to it raises ValueError",
+       _HF_DS + "#scheduler", "ds-scheduler-overrides"),
+    _c("DeepSpeed config", "With ZeRO-3 a whole model is saved (save_16bit_model, Trainer.save_model, "
+       "accelerator.get_state_dict) only with stage3_gather_16bit_weights_on_model_save (Accelerate: "
+       "zero3_save_16bit_model) true", _ACC_DS + "#saving-and-loading", "ds-zero3-save-without-gather"),
     _c("DeepSpeed config", "zero_optimization holds valid keys and values (stage 0-3, sizes, offload sections)",
        _DS_CFG + "#zero-optimizations-for-fp16-training", "ds-invalid-section"),
     _c("DeepSpeed config", "Keys sit in their section: DeepSpeed ignores unknown and misplaced top-level keys "
@@ -234,13 +262,19 @@ CONTRACTS: tuple[Contract, ...] = (
        _ACC + "#accelerate.Accelerator.wait_for_everyone", "rank-gated-collective"),
     _c("Accelerator", "Gradient accumulation is set in one place (Accelerator, YAML or DeepSpeed JSON)", _ACC_DS,
        "acc-accumulation-twice"),
+    _c("Accelerator", "prepare() shards a dataloader (len / num_processes batches per process) and a prepared "
+       "scheduler steps num_processes times per step: a schedule counted on the unsharded loader is not multiplied "
+       "again", "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
+       "lr-steps-from-dataset-length"),
     _c("Accelerator", "With deepspeed_config_file, the accumulation/clipping/ZeRO/precision keys of the YAML are "
        "not set", _ACC_DS, "acc-ds-file-overrides"),
     _c("Accelerator", "Code under is_main_process that calls a collective hangs the other processes", _ACC_EX,
        "rank-gated-collective"),
     # ---------------------------------------------------------------- FSDP / FSDP2 / DCP
     _c("FullyShardedDataParallel", "An auto_wrap_policy (or nested wrapping) splits the model into units; one "
-       "unit gathers every parameter at once", _FSDP, "fsdp-no-wrap-policy"),
+       "unit gathers every parameter at once", _FSDP, "fsdp-no-wrap-policy",
+       note="whether one unit fits is decided by the model's size and the GPU's memory; the rule reports the cost "
+       "(info)"),
     _c("FullyShardedDataParallel", "The optimizer is created after wrapping (FSDP replaces the parameters)",
        _FSDP, "fsdp-optimizer-before-wrap"),
     _c("FullyShardedDataParallel", "A FULL_STATE_DICT state_dict() is a collective on every rank; with "
@@ -248,8 +282,12 @@ CONTRACTS: tuple[Contract, ...] = (
        ("rank-gated-collective", "fsdp-full-state-dict-all-ranks")),
     _c("FullyShardedDataParallel", "MixedPrecision sets param, reduce and buffer dtypes (an unset one stays "
        "fp32)", _FSDP + "#torch.distributed.fsdp.MixedPrecision", "fsdp-partial-mixed-precision"),
-    _c("fully_shard (FSDP2)", "Submodules are sharded before the root, and the optimizer is built after "
-       "fully_shard (parameters become DTensors)", _FSDP2, ("fsdp-no-wrap-policy", "fsdp-optimizer-before-wrap")),
+    _c("fully_shard (FSDP2)", "The optimizer is built after fully_shard (parameters become DTensors)", _FSDP2,
+       "fsdp-optimizer-before-wrap"),
+    _c("fully_shard (FSDP2)", "'User should apply fully_shard in a bottom-up manner' (each block, then the root); "
+       "a tensor-parallel model wrapped whole over the data-parallel mesh is the 2-D recipe", _FSDP2,
+       "fsdp-no-wrap-policy", note="a performance recommendation: whether one unit fits is decided by the model's "
+       "size and the GPU's memory; the rule reports the cost (info)"),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collectives: every rank calls them", _DCP,
        "rank-gated-collective"),
     _c("Python classes", "An attribute read through self is assigned before (AttributeError otherwise): the "
@@ -263,6 +301,12 @@ CONTRACTS: tuple[Contract, ...] = (
        "wrapper-raw-backward"),
     _c("Lightning Trainer", "Collectives (self.log(sync_dist=True), strategy.barrier, all_gather) run on every "
        "rank, not under rank_zero_only / global_rank == 0", _PL_DIST, "rank-gated-collective"),
+    _c("LightningModule.log", "self.log is called from every process unless rank_zero_only=True ('Improper use can "
+       "lead to deadlocks')", "https://lightning.ai/docs/pytorch/stable/visualize/logging_advanced.html#rank-zero-only",
+       "rank-gated-collective"),
+    # ---------------------------------------------------------------- experiment trackers
+    _c("wandb.init", "One run per job: wandb.init on rank 0 only (group= for a run per process on purpose)",
+       "https://docs.wandb.ai/guides/track/log/distributed-training/", "write-on-every-rank"),
 )
 """Every precondition in the course's scope; docs/lint.md shows them as a table."""
 

@@ -98,6 +98,15 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "local_rank = int(os.environ['LOCAL_RANK'])", _TORCHRUN))
         if sc.options is not None:
             out += _unknown_args(path, line, spec, sc, script)
+        fixed = sc.extra.get("const_device")
+        if fixed and spec.nproc_per_node > 1 and "CUDA_VISIBLE_DEVICES" not in text and \
+                not sc.extra.get("sets_visible_devices"):
+            out.append(finding(
+                "same-device-every-rank", "error", script, fixed[0],  # type: ignore[index]
+                f"{fixed[1]} on every rank, and {path} starts {spec.nproc_per_node} ranks per node that all see the "  # type: ignore[index]
+                "node's GPUs (the launcher sets LOCAL_RANK, not CUDA_VISIBLE_DEVICES): they all run on that one GPU "
+                "('Duplicate GPU detected' with nccl)", "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
+                "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"))
         if spec.kind == "sbatch" and spec.gpus_per_node == 0 and sc.backend == "nccl":
             out.append(finding(
                 "nccl-without-gpus", "error", script, sc.init_line,
@@ -105,6 +114,37 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "'ProcessGroupNCCL is only supported with GPUs, no GPUs found!'",
                 "request GPUs (#SBATCH --gpus-per-node=N) or use backend='gloo' on CPU nodes", _INIT))
     out += _lightning(facts, launches)
+    return out
+
+
+def _nodes(spec: LaunchSpec | None, text: str) -> int:
+    """The nodes a launch file starts its script on (the spec's, else the batch header's ``--nodes``)."""
+    nodes = spec.nnodes if spec is not None else 1
+    header = launch_parse.sbatch_header(text).get("--nodes", "")
+    return max(nodes, int(header) if header.isdigit() else 1)
+
+
+def settle(findings: list[Check], facts: Sequence[object],
+           launches: Sequence[tuple[str, str, LaunchSpec | None]]) -> list[Check]:
+    """Findings one file raises that another file decides.
+
+    * ``srun-tasks-per-node`` for ``srun python X.py`` (field ``direct:X.py``) is dropped when the linted ``X.py``
+      starts its own processes (``mp.spawn``: one task per node is then right);
+    * ``local-rank-as-global-rank`` becomes an error when a linted launch starts that script on several nodes (the
+      local rank repeats on every node: torchrun docs, ``_TORCHRUN``).
+    """
+    spawning = {os.path.basename(f.path) for f in facts  # type: ignore[attr-defined]
+                if getattr(getattr(f, "contract", None), "spawns", False)}
+    multinode = {os.path.basename(spec.script) for _p, text, spec in launches if spec is not None and
+                 _nodes(spec, text) > 1}
+    out = []
+    for f in findings:
+        if f.id == "srun-tasks-per-node" and f.field.startswith("direct:") and f.field[7:] in spawning:
+            continue
+        if f.id == "local-rank-as-global-rank" and f.status == "WARN" and os.path.basename(f.file) in multinode:
+            f.status = "FAIL"
+            f.title += " (the launch here starts it on several nodes)"
+        out.append(f)
     return out
 
 
@@ -230,6 +270,51 @@ def ds_args_mismatch(launches: Sequence[tuple[str, str, LaunchSpec | None]],
                     f"correct the following DeepSpeed config values that mismatch TrainingArguments values: - ds "
                     f"{ds_key}={ds_val} vs hf {hf_key}={hf_val}'", f'"{key}": "auto" (the Trainer fills it in), or '
                     f"pass --{hf_key} {ds_val}", _HF_DOCS))
+    return out
+
+
+def ds_scheduler_overrides(launches: Sequence[tuple[str, str, LaunchSpec | None]],
+                           ds_files: Sequence[tuple[str, str, dict]], facts: Sequence[object]) -> list[Check]:
+    """``ds-scheduler-overrides``: a ``"scheduler"`` section in the DeepSpeed JSON next to a scheduler chosen in code.
+
+    * HF Trainer: with a scheduler in the config the Trainer builds none (transformers ``deepspeed_optim_sched``:
+      ``if "scheduler" in config: lr_scheduler = DummyScheduler(optimizer)``), so the launch line's
+      ``--lr_scheduler_type`` is ignored (https://huggingface.co/docs/transformers/en/deepspeed#scheduler);
+    * Accelerate: a real scheduler passed to ``prepare`` next to a config scheduler raises 'You cannot specify a
+      scheduler in the config file and in the code at the same time' (accelerate/accelerator.py
+      ``_prepare_deepspeed``; https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed).
+    """
+    out: list[Check] = []
+    with_scheduler = [(p, t, d) for p, t, d in ds_files if isinstance(d.get("scheduler"), dict)]
+    if not with_scheduler:
+        return out
+    for _path, _text, spec in launches:
+        if spec is None:
+            continue
+        cli = _cli(spec.script_args)
+        if "output_dir" not in cli or "lr_scheduler_type" not in cli:
+            continue
+        ds_name = os.path.basename(cli.get("deepspeed", ""))
+        for path, text, data in with_scheduler:
+            if ds_name and os.path.basename(path) == ds_name:
+                out.append(finding(
+                    "ds-scheduler-overrides", "warning", path, _line_of(text, r'"scheduler"\s*:'),
+                    f"the DeepSpeed config defines a {data['scheduler'].get('type', '')} scheduler, so the HF Trainer "
+                    f"builds none and the launch line's --lr_scheduler_type {cli['lr_scheduler_type']} is ignored "
+                    "(WarmupLR, for one, stays at the peak rate after warm-up)",
+                    'remove "scheduler" from the JSON (the Trainer then builds --lr_scheduler_type), or choose the '
+                    "schedule in the JSON and drop --lr_scheduler_type", "https://huggingface.co/docs/transformers/en/"
+                    "deepspeed#scheduler"))
+    for f in facts:
+        line = getattr(f, "own_scheduler_line", 0)
+        if line and getattr(f, "uses_accelerate", False):
+            path, text, data = with_scheduler[0]
+            out.append(finding(
+                "ds-scheduler-overrides", "error", f.path, line,  # type: ignore[attr-defined]
+                f"this scheduler goes to accelerator.prepare while {path} defines a {data['scheduler'].get('type', '')} "
+                "scheduler: 'ValueError: You cannot specify a scheduler in the config file and in the code at the same "
+                "time'", "accelerate.utils.DummyScheduler(optimizer, ...) in the code, or remove the JSON's scheduler",
+                "https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed"))
     return out
 
 

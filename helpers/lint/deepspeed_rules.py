@@ -111,7 +111,7 @@ def enabled(section: Any) -> bool:
 
 
 def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: int | None, raw_init: bool | None,
-                   client_optimizer: bool, init_where: str = "") -> list[Check]:
+                   client_optimizer: bool, init_where: str = "", saved_by: str = "") -> list[Check]:
     """Lint one DeepSpeed config.
 
     Args:
@@ -121,6 +121,8 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
             scripts use HF Trainer/Accelerate, None when no script was given.
         client_optimizer: a script passes its own optimizer to ``deepspeed.initialize``.
         init_where: ``file:line`` of that call, for messages.
+        saved_by: what saves the whole model in a linted script (``"the HF Trainer / Accelerate"``,
+            ``"engine.save_16bit_model"``), "" when nothing does: with ZeRO-3 it needs the 16-bit gather.
     """
     out: list[Check] = []
 
@@ -168,15 +170,40 @@ def lint_deepspeed(path: str, text: str, data: dict[str, Any], *, world_size: in
                     f"zero_optimization.{key} (device {device}) with ZeRO stage {stage}: DeepSpeed documents it as "
                     f"valid only with stage {need}, and nothing is offloaded", f"set \"stage\": {need[-1]} or remove "
                     f"{key}", "https://www.deepspeed.ai/docs/config-json/#parameter-offloading")
-    if isinstance(stage, int) and stage >= 1 and "optimizer" not in data and not client_optimizer and raw_init is not False:
-        sev = "error" if raw_init else "warning"
-        add("ds-zero-without-optimizer", sev, "zero_optimization",
-            f"ZeRO stage {stage} with no \"optimizer\" section" + (f" and no optimizer passed to deepspeed.initialize "
-                                                                   f"({init_where})" if raw_init else
-                                                                   " (unless the script passes one)")
-            + ": 'AssertionError: zero stage {stage} requires an optimizer'".replace("{stage}", str(stage)),
-            'add "optimizer": {"type": "AdamW", "params": {...}} or pass optimizer= to deepspeed.initialize',
-            "Gilbreth 7.5")
+    if isinstance(stage, int) and stage in (1, 2) and "optimizer" not in data and not client_optimizer and \
+            raw_init is not False:
+        # DeepSpeed's own assertion (runtime/engine.py _configure_zero_optimizer, stages 1-2 only): 'zero stage {}
+        # requires an optimizer'.  Stage 3 without one builds the inference-only DeepSpeedZeRoOffload; the HF Trainer
+        # and Accelerate pass their own optimizer when the section is absent
+        # (https://huggingface.co/docs/transformers/en/deepspeed#optimizer).  So the script decides: an error next to
+        # a raw deepspeed.initialize without optimizer=, nothing next to HF Trainer / Accelerate scripts, and an info
+        # for the config alone (an engine built without an optimizer, such as a DPO reference model prepared with
+        # the training config, still asserts: hiyouga/LlamaFactory#1243).
+        if raw_init:
+            add("ds-zero-without-optimizer", "error", "zero_optimization",
+                f"ZeRO stage {stage} with no \"optimizer\" section and no optimizer passed to deepspeed.initialize "
+                f"({init_where}): 'AssertionError: zero stage {stage} requires an optimizer'",
+                'add "optimizer": {"type": "AdamW", "params": {...}} or pass optimizer= to deepspeed.initialize',
+                "Gilbreth 7.5")
+        else:
+            add("ds-zero-without-optimizer", "info", "zero_optimization",
+                f"ZeRO stage {stage} with no \"optimizer\" section: right for the HF Trainer and Accelerate (they pass "
+                "their own optimizer); an engine initialized without one (a raw deepspeed.initialize, a reference "
+                f"model prepared with this config) stops with 'AssertionError: zero stage {stage} requires an optimizer'",
+                'lint it with its training script; for an engine without an optimizer add "optimizer": {...} or use '
+                "stage 0 for that engine", "Gilbreth 7.5")
+    gather = zero.get("stage3_gather_16bit_weights_on_model_save") if isinstance(zero, dict) else None
+    if stage == 3 and saved_by and gather is not True and gather != "auto":
+        # engine.save_16bit_model: 'Did not save the model ... because stage3_gather_16bit_weights_on_model_save is
+        # False'; Accelerate's get_state_dict raises; the HF Trainer saves only the shards
+        add("ds-zero3-save-without-gather", "warning",
+            "stage3_gather_16bit_weights_on_model_save" if gather is not None else "zero_optimization",
+            f"ZeRO stage 3 with stage3_gather_16bit_weights_on_model_save {gather if gather is not None else 'unset (false)'}"
+            f" and the model saved by {saved_by}: the partitioned weights are not gathered, so no loadable model is "
+            "written ('Did not save the model ... because stage3_gather_16bit_weights_on_model_save is False'; "
+            "Accelerate: 'Cannot get 16bit model weights'; the HF Trainer writes only the DeepSpeed shards)",
+            '"stage3_gather_16bit_weights_on_model_save": true (or convert the shards with zero_to_fp32.py)',
+            "https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training")
     if enabled(data.get("fp16")) and enabled(data.get("bf16") or data.get("bfloat16")):
         add("ds-fp16-and-bf16", "error", "bf16", "fp16 and bf16 are both enabled: DeepSpeed refuses to start "
             "('bf16 and fp16 modes cannot be simultaneously enabled')", "enable one of them (bf16 on A100/H100)", "D17")

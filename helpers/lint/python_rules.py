@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
+from helpers.lint.wrappers import WrapperFlow
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -56,7 +57,14 @@ WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*acceler
                             r"dist_cp|torch\.distributed\.checkpoint|FSDP|FullyShardedDataParallel|trainer|"
                             r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.IGNORECASE)
 WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes"}
+TRACKER_RUNS = {("wandb", "init"), ("mlflow", "start_run"), ("neptune", "init_run"), ("Task", "init"),
+                ("comet_ml", "Experiment")}
+"""Calls that start an experiment-tracker run: one per process unless gated (W&B's distributed guide, method 1: "only
+rank 0 calls wandb.init"; ``group=`` is its documented one-run-per-process method 2,
+https://docs.wandb.ai/guides/track/log/distributed-training/)."""
 FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
+WRAPS_DDP = r"DistributedDataParallel|\bDDP\(|init_process_group|FullyShardedDataParallel"
+"""A file that sets up data parallelism itself (a library file next to it runs on every rank too)."""
 
 
 @dataclass
@@ -73,6 +81,20 @@ class PyFacts:
     float_inputs: list[int] = field(default_factory=list)      # torch.randn/rand without dtype
     distributed: bool = False
     contract: object = None                 # helpers.lint.contract_rules.ScriptContract (launch-facing facts)
+    wraps_ddp: bool = False                 # the file builds DDP/FSDP or calls init_process_group itself
+    defines: set[str] = field(default_factory=set)              # module-level functions of the file
+    ddp_passed: dict[str, set[int]] = field(default_factory=dict)  # imported function -> args given a DDP module
+    deferred: list[Check] = field(default_factory=list)        # findings that hold when another linted file wraps DDP
+    saves_model: bool = False               # trainer.save_model / accelerator.get_state_dict / save_model
+    saves_16bit: bool = False               # a DeepSpeed engine's save_16bit_model / save_fp16_model
+    own_scheduler_line: int = 0             # a real LR scheduler built in code (not accelerate's DummyScheduler)
+
+
+def _gate_text(gate: ast.AST) -> str:
+    """The condition of a rank gate as the user wrote it (60 characters)."""
+    if isinstance(gate, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return f"@rank_zero_only def {gate.name}"
+    return _src(getattr(gate, "test", None) or getattr(gate, "iter", gate))[:60]
 
 
 def _src(node: ast.AST) -> str:
@@ -249,7 +271,9 @@ class _Taint:
 class PythonLinter:
     """Lint one Python file: :meth:`run` returns the findings; :attr:`facts` the cross-file facts."""
 
-    def __init__(self, path: str, text: str):
+    def __init__(self, path: str, text: str, ddp_params: dict[str, set[int]] | None = None):
+        """``ddp_params``: functions of this file that another linted file calls with a DDP-wrapped module, and at
+        which argument positions (:attr:`PyFacts.ddp_passed` of that file)."""
         self.path, self.text = path, text
         _forget_names()
         self.tree = ast.parse(text, filename=path)
@@ -283,6 +307,8 @@ class PythonLinter:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
         self._learn_across_functions()
+        self.wrappers = WrapperFlow(self.tree, text, self.parents, self.functions, ddp_params)
+        self.lightning = bool(re.search(r"LightningModule", text))
         self.collective_funcs: dict[str, str] = {}
         self._find_collective_functions()
         self.suppressed = self._suppressions()
@@ -351,19 +377,29 @@ class PythonLinter:
             pass
         return out
 
-    def add(self, rule: str, severity: str, node: ast.AST | int, message: str, fix: str, seed: str) -> None:
+    def add(self, rule: str, severity: str, node: ast.AST | int, message: str, fix: str, seed: str,
+            deferred: bool = False) -> None:
+        """Record a finding at ``node``'s line unless suppressed there; ``deferred``: it holds only if the program is
+        distributed, which another linted file may show (:attr:`PyFacts.deferred`, settled by ``lint_texts``)."""
         line = node if isinstance(node, int) else getattr(node, "lineno", 0)
         if rule in self.suppressed.get(line, set()) or "all" in self.suppressed.get(line, set()):
             return
-        if any(f.id == rule and f.line_no == line for f in self.findings):
+        if any(f.id == rule and f.line_no == line for f in [*self.findings, *self.facts.deferred]):
             return
-        self.findings.append(finding(rule, severity, self.path, line, message, fix, seed))
+        (self.facts.deferred if deferred else self.findings).append(finding(rule, severity, self.path, line, message,
+                                                                            fix, seed))
 
     def collective_name(self, call: ast.Call, depth: int = 0) -> str | None:
         """The collective this call is or implies (``dist.barrier``, ``helper() -> barrier``), else None."""
         recv, name = _call_name(call)
         if name in ("send", "recv", "isend", "irecv"):
             return None
+        if self.wrappers.forward(call):
+            return f"{_src(call.func)}(...) (the DistributedDataParallel forward broadcasts the module's buffers)"
+        if self.lightning and recv == "self" and name in ("log", "log_dict") and name not in self.functions and \
+                not any(k.arg == "rank_zero_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                        for k in call.keywords):
+            return f"self.{name} (Lightning: called from every process unless rank_zero_only=True)"
         if (not recv or recv in ("self", "cls")) and name in self.functions:
             if name in self.collective_funcs and depth < 3:
                 return f"{name}() -> {self.collective_funcs[name]}"
@@ -430,7 +466,8 @@ class PythonLinter:
         return False
 
     def _rank_gate(self, node: ast.AST) -> ast.If | ast.While | ast.IfExp | None:
-        """The innermost rank-dependent branch containing ``node`` (inside its own function)."""
+        """The innermost rank-dependent branch containing ``node`` (inside its own function), or that function when it
+        is decorated ``@rank_zero_only`` (Lightning: the body runs on global rank 0 only)."""
         p, child = self.parents.get(node), node
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             if isinstance(p, (ast.If, ast.While, ast.IfExp)) and child is not p.test and self.taint.rank_test(p.test):
@@ -442,6 +479,9 @@ class PythonLinter:
                     self.taint.rank_test(p.values[0]):
                 return p  # type: ignore[return-value]
             child, p = p, self.parents.get(p)
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and child not in p.decorator_list and \
+                any(_src(d).endswith("rank_zero_only") for d in p.decorator_list):
+            return p  # type: ignore[return-value]  # Lightning's @rank_zero_only: the body runs on global rank 0 only
         return None
 
     def rank_branch_at(self, line: int) -> int | None:
@@ -469,6 +509,7 @@ class PythonLinter:
         self.rule_ddp_fsdp_options()
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
+        self.rule_ddp_wrapper_attribute()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -505,11 +546,23 @@ class PythonLinter:
             gate = self._rank_gate(call)
             if gate is None or self._balanced(gate, coll):
                 continue
+            if coll.endswith(("save_state", "load_state")) and \
+                    re.search(r"DEEPSPEED|FSDP|is_fsdp|is_deepspeed", _src(getattr(gate, "test", gate))):
+                # Accelerator.save_state is a collective under DeepSpeed and FSDP (engine.save_checkpoint, sharded
+                # state dicts; accelerate/accelerator.py save_state): a gate that lets every rank in for those types
+                # (`is_main_process or distributed_type == DistributedType.DEEPSPEED`) is the documented fix
+                continue
             seed = "Gilbreth 7.5" if "->" not in coll and coll.endswith(("save_checkpoint", "load_checkpoint")) else "D21"
+            fix = "call the collective on every rank; gate only the side effect (print, file write) on rank 0"
+            if "rank_zero_only=True" in coll:
+                seed = "https://lightning.ai/docs/pytorch/stable/visualize/logging_advanced.html#rank-zero-only"
+                fix = "self.log(..., rank_zero_only=True) for a value logged from rank 0 only (or log on every rank)"
+            elif "DistributedDataParallel forward" in coll:
+                seed = "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
+                fix = "run a rank-0-only evaluation on the unwrapped model (model.module), or evaluate on every rank"
             self.add("rank-gated-collective", "error", call,
-                     f"{coll} is reached only when `{_src(getattr(gate, 'test', None) or getattr(gate, 'iter', gate))[:60]}` holds: the ranks that skip it "
-                     f"never join, the others wait in it forever (hang)",
-                     "call the collective on every rank; gate only the side effect (print, file write) on rank 0", seed)
+                     f"{coll} is reached only when `{_gate_text(gate)}` holds: the ranks that skip it "
+                     f"never join, the others wait in it forever (hang)", fix, seed)
 
     def rule_rank_early_exit(self) -> None:
         """D21/D20: ``if rank ...: return/break/continue`` before a collective in the same block."""
@@ -727,16 +780,23 @@ class PythonLinter:
                 self.add("fsdp-full-state-dict-all-ranks", "warning", c,
                          "FULL_STATE_DICT with the default config gathers the whole model on every rank's GPU",
                          "pass FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
-        if len(fsdp_calls) == 1 and not self._in_loop(fsdp_calls[0]) and \
+        # D12 is a cost, not an error: one unit gathers the whole model at once, which fits or not depending on the
+        # model's size and the GPU's memory (fully_shard docs: "User should apply fully_shard in a bottom-up manner",
+        # https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).  A model already split by tensor
+        # parallelism (parallelize_module) wrapped whole over the data-parallel mesh is the documented 2-D recipe
+        # (https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html): no finding.
+        tensor_parallel = bool(re.search(r"\bparallelize_module\(", self.text))
+        if len(fsdp_calls) == 1 and not self._in_loop(fsdp_calls[0]) and not tensor_parallel and \
                 not re.search(r"auto_wrap_policy|enable_wrap|\bwrap\(", self.text):
-            self.add("fsdp-no-wrap-policy", "warning", fsdp_calls[0],
+            self.add("fsdp-no-wrap-policy", "info", fsdp_calls[0],
                      "FSDP without auto_wrap_policy makes the whole model one unit: it all-gathers every parameter "
-                     "at once (little memory saved)",
+                     "at once (little memory saved; fine while the whole model fits on one GPU)",
                      "auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})",
                      "D12")
-        if len(fully_shard) == 1 and not self._in_loop(fully_shard[0]):
-            self.add("fsdp-no-wrap-policy", "warning", fully_shard[0],
-                     "fully_shard is applied to the root only: one unit, all parameters gathered at once",
+        if len(fully_shard) == 1 and not self._in_loop(fully_shard[0]) and not tensor_parallel:
+            self.add("fsdp-no-wrap-policy", "info", fully_shard[0],
+                     "fully_shard is applied to the root only: one unit, all parameters gathered at once (fine while "
+                     "the whole model fits on one GPU)",
                      "call fully_shard(block) for each transformer block first, then on the root", "D12")
         if re.search(r"BatchNorm[123]d\(", self.text) and re.search(r"DistributedDataParallel|\bDDP\(", self.text) and \
                 "SyncBatchNorm" not in self.text:
@@ -746,10 +806,36 @@ class PythonLinter:
                      "model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP, if the per-GPU batch is small",
                      "D10")
 
-    def _function_only_called_gated(self, fn: ast.AST) -> bool:
+    def _function_only_called_gated(self, fn: ast.AST, depth: int = 0) -> bool:
+        """Every call of ``fn`` in this file is rank-gated: under a rank branch, after a rank-dependent early exit,
+        or inside a function that is itself only called gated (followed three levels: ``upload_to_s3`` called by
+        ``_save_snapshot``, called under ``if local_rank == 0``)."""
         name = getattr(fn, "name", None)
         sites = [c for c in self._calls() if _call_name(c)[1] == name and _call_name(c)[0] in ("", "self", "cls")]
-        return bool(sites) and all(self._rank_gate(c) is not None or self._after_rank_exit(c) for c in sites)
+        if not sites:
+            return False
+        for c in sites:
+            if self._rank_gate(c) is not None or self._after_rank_exit(c):
+                continue
+            caller = self._enclosing_function(c)
+            if depth < 3 and caller is not None and caller is not fn and \
+                    self._function_only_called_gated(caller, depth + 1):
+                continue
+            return False
+        return True
+
+    def _in_memory(self, node: ast.AST, call: ast.Call) -> bool:
+        """``node`` names an in-memory buffer (``io.BytesIO()`` / ``io.StringIO()``) assigned in the function of
+        ``call``: each process writes its own memory, no shared file (torch.save accepts any file-like object,
+        https://docs.pytorch.org/docs/stable/generated/torch.save.html)."""
+        if isinstance(node, ast.Call):
+            return _call_name(node)[1] in ("BytesIO", "StringIO")
+        if not isinstance(node, ast.Name):
+            return False
+        scope = self._enclosing_function(call) or self.tree
+        return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
+                   and isinstance(n.value, ast.Call) and _call_name(n.value)[1] in ("BytesIO", "StringIO")
+                   for n in ast.walk(scope))
 
     def _after_rank_exit(self, node: ast.AST) -> bool:
         """True when a rank-dependent early return/continue/break precedes ``node`` in an enclosing block."""
@@ -774,10 +860,11 @@ class PythonLinter:
             return
         for call in self._calls():
             recv, name = _call_name(call)
+            tracker = (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords)
             write = (recv == "torch" and name == "save") or name in WRITE_CALLS or \
                     (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
                      and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")) or \
-                    (recv == "json" and name == "dump")
+                    (recv == "json" and name == "dump") or tracker
             if not write:
                 continue
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
@@ -785,6 +872,8 @@ class PythonLinter:
             path_args = call.args[1:] if name in ("save", "dump") else call.args[:1]
             if any(self.taint.is_rank(a) for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
                 continue  # a per-rank file name
+            if path_args and self._in_memory(path_args[0], call):
+                continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
             fn = self._enclosing_function(call)
@@ -795,10 +884,35 @@ class PythonLinter:
                 continue
             if fn is not None and getattr(fn, "name", "").startswith(("_save_on_master", "save_on_master")):
                 continue
+            if tracker:
+                self.add("write-on-every-rank", "warning", call,
+                         f"{_src(call)[:60]} runs on every rank: each process starts its own tracker run (N runs "
+                         "for one job, each logging its own rank's values)",
+                         f"call {recv}.{name} on rank 0 only, after init_process_group (or pass group= to log one run "
+                         "per process on purpose: https://docs.wandb.ai/guides/track/log/distributed-training/)", "D23")
+                continue
             self.add("write-on-every-rank", "warning", call,
                      f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
                      "truncated checkpoint, garbled log)",
                      "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
+
+    def rule_ddp_wrapper_attribute(self) -> None:
+        """An attribute stored on the model before ``DistributedDataParallel`` wrapped it, read through the wrapper:
+        ``nn.Module.__getattr__`` finds only the wrapper's own parameters, buffers and submodules, so
+        ``AttributeError: 'DistributedDataParallel' object has no attribute 'names'`` (helpers.lint.wrappers)."""
+        if not self.wrappers.w.stored:
+            return
+        for node in self.nodes:
+            if not isinstance(node, ast.Attribute):
+                continue
+            stored = self.wrappers.wrapper_attribute(node)
+            if stored:
+                self.add("ddp-wrapper-attribute", "error", node,
+                         f"{_src(node)} reads '{node.attr}' through the DistributedDataParallel wrapper, but it was set "
+                         f"on the model itself (line {stored}) before wrapping: 'AttributeError: "
+                         f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
+                         f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
+                         "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
 
     def rule_master_port_and_timeout(self) -> None:
         """D4 (hard-coded MASTER_PORT) and MN3 (init_process_group without timeout)."""
@@ -810,6 +924,7 @@ class PythonLinter:
                          "EADDRINUSE (or joins the first job's store)",
                          "let the launcher choose (torchrun --standalone / --rdzv-endpoint=localhost:0) or take a free "
                          "port per job", "D4")
+        waits = None
         for call in self._calls():
             _recv, name = _call_name(call)
             if name == "init_process_group":
@@ -820,21 +935,78 @@ class PythonLinter:
                                  f"init_method={kw.value.value} fixes the rendezvous port: a second job on the node "
                                  "fails with EADDRINUSE", "init_method='env://' under torchrun", "D4")
                 if not any(k.arg == "timeout" or k.arg is None for k in call.keywords):
-                    self.add("init-without-timeout", "info", call,
-                             "init_process_group without timeout: a dead rank shows up only after the default "
-                             "(10 or 30 min) collective timeout",
-                             "init_process_group(..., timeout=datetime.timedelta(minutes=N)) sized to your longest step",
-                             "MN3")
+                    waits = self._rank_first_section() if waits is None else waits
+                    if waits:
+                        self.add("init-without-timeout", "info", call,
+                                 f"{waits}: init_process_group has no timeout, so that wait is bounded by the default "
+                                 "(10 min for nccl, 30 min for the other backends); a longer first-rank step ends the "
+                                 "job ('Watchdog caught collective operation timeout')",
+                                 "init_process_group(..., timeout=datetime.timedelta(minutes=N)) sized to the longest "
+                                 "first-rank step (or prepare the data before the distributed run)",
+                                 "MN3; https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group")
+
+    _FIRST_CONTEXTS = re.compile(r"(^|_)(zero|main_process|local_main_process|rank_zero|master|local_zero)_first$")
+
+    def _rank_first_section(self) -> str:
+        """Where some ranks wait in a collective while one rank works first, else "" (what the default collective
+        timeout bounds: MN3).  ``with main_process_first():`` (Accelerator / TrainingArguments), yolov5's
+        ``torch_distributed_zero_first``, a barrier pair around a rank-0 block, or a rank-gated block followed by a
+        barrier in the same block.  Every init_process_group has the default timeout; only where ranks wait for one
+        rank's work is it worth a line (an info on every script was noise)."""
+        for node in self.nodes:
+            if isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    ctx = item.context_expr
+                    name = _call_name(ctx)[1] if isinstance(ctx, ast.Call) else ""
+                    if self._FIRST_CONTEXTS.search(name):
+                        return f"line {node.lineno} runs `with {name}(...)`: the other ranks wait in a barrier while " \
+                               "the first one works"
+            for fld in ("body", "orelse"):
+                block = getattr(node, fld, None)
+                if not isinstance(block, list):
+                    continue
+                for i, stmt in enumerate(block):
+                    if not (isinstance(stmt, ast.If) and self.taint.rank_test(stmt.test)) or \
+                            any(isinstance(s, FINISHING) for s in stmt.body):
+                        continue
+                    gated = next((c for c in self._calls(stmt) if _call_name(c)[1] in ("barrier", "wait_for_everyone")),
+                                 None)
+                    if gated is not None and self._balanced(stmt, "barrier"):
+                        return f"lines {stmt.lineno}-: a barrier pair lets one rank work while the others wait in " \
+                               f"{_src(gated.func)} (line {gated.lineno})"
+                    for later in block[i + 1:]:
+                        hit = next((c for c in self._calls(later) if _call_name(c)[1] in
+                                    ("barrier", "wait_for_everyone", "monitored_barrier")), None)
+                        if hit is not None and self._rank_gate(hit) is None:
+                            return f"line {stmt.lineno} runs a rank-dependent block while the other ranks wait in " \
+                                   f"{_src(hit.func)} (line {hit.lineno})"
+        return ""
 
     def collect_facts(self) -> None:
         """Fill :attr:`facts` for the cross-file rules."""
         f = self.facts
         f.distributed = bool(re.search(r"init_process_group|deepspeed|Accelerator|DistributedDataParallel", self.text))
+        f.wraps_ddp = bool(re.search(WRAPS_DDP, self.text))
+        f.defines = {n.name for n in getattr(self.tree, "body", []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        f.ddp_passed = self.wrappers.w.passed_out
         f.uses_accelerate = "Accelerator(" in self.text
         f.uses_hf_trainer = bool(re.search(r"\bTrainer\(|SFTTrainer|Seq2SeqTrainer|TrainingArguments", self.text))
+        f.saves_model = bool(re.search(r"\.save_model\(|\.get_state_dict\(", self.text)) and \
+            (f.uses_hf_trainer or "Accelerator(" in self.text)
+        f.saves_16bit = bool(re.search(r"\.save_(16bit|fp16)_model\(", self.text))
+        if "DummyScheduler" not in self.text:  # a scheduler built in code and handed to accelerator.prepare
+            prepared = {a.id for c in self._calls() if _call_name(c)[1] == "prepare" and "accelerator" in
+                        _call_name(c)[0].lower() for a in c.args if isinstance(a, ast.Name)}
+            f.own_scheduler_line = next((n.lineno for n in self.nodes if isinstance(n, ast.Assign) and
+                                         isinstance(n.value, ast.Call) and (_call_name(n.value)[1] == "get_scheduler"
+                                                                            or _call_name(n.value)[0].endswith("lr_scheduler"))
+                                         and any(isinstance(t, ast.Name) and t.id in prepared for t in n.targets)), 0)
         for call in self._calls():
             recv, name = _call_name(call)
-            if name == "initialize" and recv in ("deepspeed",) or (not recv and name == "initialize" and "deepspeed" in self.text):
+            # deepspeed.initialize, imported bare, or reached through another name (self.ds.initialize): its
+            # model_parameters= keyword is DeepSpeed's own (deepspeed/__init__.py initialize)
+            if name == "initialize" and (recv == "deepspeed" or (not recv and "deepspeed" in self.text) or
+                                         any(k.arg == "model_parameters" for k in call.keywords)):
                 f.raw_ds_init = True
                 f.ds_init_line = f.ds_init_line or call.lineno
                 if any(k.arg == "optimizer" for k in call.keywords) or len(call.args) >= 4:
@@ -930,9 +1102,10 @@ def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
     raise SyntaxError(f"more than {_MAX_REPAIRS} lines do not parse")
 
 
-def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLinter], None]] = ()
-                ) -> tuple[list[Check], PyFacts]:
-    """Lint one Python file (``extra_rules``: see :meth:`PythonLinter.run`).
+def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLinter], None]] = (),
+                ddp_params: dict[str, set[int]] | None = None) -> tuple[list[Check], PyFacts]:
+    """Lint one Python file (``extra_rules``: see :meth:`PythonLinter.run`; ``ddp_params``: see
+    :class:`PythonLinter`).
 
     Returns:
         ``(findings, facts)``; a file that does not parse gives one ``python-syntax`` error finding.
@@ -943,13 +1116,13 @@ def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLint
     """
     try:
         try:
-            linter = PythonLinter(path, text)
+            linter = PythonLinter(path, text, ddp_params)
             return linter.run(extra_rules), linter.facts
         except SyntaxError as exc:
             if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
                 raise
             fixed, changed = repair(text)
-            linter = PythonLinter(path, fixed)
+            linter = PythonLinter(path, fixed, ddp_params)
             linter.text = text  # the regex-based checks read the user's text
             note = finding("python-syntax", "error", path, exc.lineno or 0,
                            f"cannot parse: {exc.msg}; {len(changed)} line(s) re-indented or skipped to analyse the "

@@ -1,0 +1,219 @@
+"""Which names hold a ``DistributedDataParallel``-wrapped module, at which line, in one Python file.
+
+Two documented behaviours of the wrapper make this worth a data flow:
+
+* its forward is a collective: with ``broadcast_buffers=True`` (the default) it "enables syncing (broadcasting)
+  buffers of the module at beginning of the forward function"
+  (https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), so calling the
+  wrapped model on rank 0 only (a rank-0 evaluation) leaves rank 0 in a broadcast the others never join
+  (reproduced for real by ``helpers/scenarios/issue_hangs.py --case ddp_eval_rank0``, tests/jobs/test_fr_doctor.py;
+  huggingface/accelerate#157, mlfoundations/open_clip#1121);
+* it is a new ``nn.Module`` holding the model as ``.module``: ``nn.Module.__getattr__`` looks only in the wrapper's
+  own parameters, buffers and submodules (https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html), so a
+  plain attribute set on the model before wrapping (``model.names = ...``) is not found through the wrapper
+  (``AttributeError: 'DistributedDataParallel' object has no attribute 'names'``).
+
+A name is wrapped from an assignment ``x = DistributedDataParallel(...)`` (also ``DDP``, mmcv's
+``MMDistributedDataParallel``, a wrapper named for it such as yolov5's ``smart_DDP``, or a function of the file that
+returns one), through aliases, ``torch.compile(x)`` and ``x.to(...)``, until an assignment from ``x.module``,
+``de_parallel(x)`` or ``unwrap_model(x)``.  Assignments are read in line order within each function (the last one
+above a use decides; branches are not told apart); a parameter is wrapped when a call in the file (or, through
+:attr:`Wrapped.passed_out`, in another linted file) passes a wrapped value in its place.  ``self.X`` attributes are
+wrapped when some method assigns a wrapped value to them and none unwraps them.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DDP_CTOR = re.compile(r"^(\w*DistributedDataParallel|\w*DDP)$")
+"""Constructor names that return a DDP wrapper (``DDP`` is the usual import alias)."""
+UNWRAP_CALLS = frozenset({"de_parallel", "unwrap_model", "unwrap", "get_unwrapped_model", "_unwrap_model",
+                          "unwrap_module", "get_model"})
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+WRAPPER_OWN = frozenset({"training", "device", "device_ids", "device_type", "output_device", "module", "dim",
+                         "process_group", "broadcast_buffers", "find_unused_parameters", "static_graph",
+                         "require_backward_grad_sync", "require_forward_param_sync", "gradient_as_bucket_view",
+                         "mixed_precision", "logger", "reducer"})
+"""Attributes a DistributedDataParallel instance has itself (torch/nn/parallel/distributed.py ``__init__``, and
+nn.Module's ``training``): set on the model or not, reading them through the wrapper does not fail."""
+
+
+def _name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+@dataclass
+class Wrapped:
+    """The wrapped names of one file.
+
+    Attributes:
+        assigns: per ``(scope, name)`` (scope: the function node, or the module), ``[(line, wrapped, broadcasts)]``
+            in line order.
+        params: per function, the parameter names that receive a wrapped module.
+        attrs: ``self.X`` attributes holding a wrapped module -> whether it broadcasts buffers.
+        stored: per scope, ``[(line, name, attr)]`` plain attributes stored on a name (``model.names = ...``).
+        passed_out: calls of functions this file does not define (imported) that pass a wrapped module:
+            function name -> argument positions.
+    """
+
+    assigns: dict[tuple[ast.AST, str], list[tuple[int, bool, bool]]] = field(default_factory=dict)
+    params: dict[ast.AST, dict[str, bool]] = field(default_factory=dict)
+    attrs: dict[str, bool] = field(default_factory=dict)
+    stored: dict[ast.AST, list[tuple[int, str, str]]] = field(default_factory=dict)
+    passed_out: dict[str, set[int]] = field(default_factory=dict)
+
+
+class WrapperFlow:
+    """The analysis over one parsed file (``tree``, each node's ``parents``, the file's ``functions`` by name)."""
+
+    def __init__(self, tree: ast.AST, text: str, parents: Mapping[ast.AST, ast.AST], functions: Mapping[str, ast.AST],
+                 external: Mapping[str, set[int]] | None = None):
+        self.tree, self.parents, self.functions = tree, parents, functions
+        self.w = Wrapped()
+        self.returns_ddp: set[str] = set()
+        if not re.search(r"DistributedDataParallel|DDP\(", text) and not external:
+            return
+        for name, fn in functions.items():
+            values = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+            if any(isinstance(v, ast.Call) and DDP_CTOR.match(_name(v)) for v in values):
+                self.returns_ddp.add(name)
+        for name, positions in (external or {}).items():
+            fn = functions.get(name)
+            if fn is not None and not isinstance(fn, ast.Lambda):
+                args = [a.arg for a in fn.args.args]  # type: ignore[union-attr]
+                for i in positions:
+                    if i < len(args):
+                        self.w.params.setdefault(fn, {})[args[i]] = True
+        for _ in range(2):  # parameters fed by wrapped values, then the assignments that use them
+            self._assignments()
+            self._parameters()
+        self._stores()
+
+    # -------------------------------------------------------------- queries
+    def scope(self, node: ast.AST) -> ast.AST:
+        """The function (or module) ``node`` belongs to."""
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, _SCOPES):
+            p = self.parents.get(p)
+        return p if p is not None else self.tree
+
+    def state(self, expr: ast.AST, at: ast.AST) -> tuple[bool, bool]:
+        """``(wrapped, broadcasts buffers)`` of the value ``expr`` at node ``at``."""
+        if isinstance(expr, ast.Name):
+            scope = self.scope(at)
+            line = getattr(at, "lineno", 0)
+            last = None
+            for ln, wrapped, bcast in self.w.assigns.get((scope, expr.id), ()):
+                if ln >= line:
+                    break
+                last = (wrapped, bcast)
+            if last is not None:
+                return last
+            params = self.w.params.get(scope, {})
+            return (expr.id in params, params.get(expr.id, False))
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+            return (expr.attr in self.w.attrs, self.w.attrs.get(expr.attr, False))
+        if isinstance(expr, ast.Call):
+            name = _name(expr)
+            if DDP_CTOR.match(name) or name in self.returns_ddp:
+                quiet = any(k.arg == "broadcast_buffers" and isinstance(k.value, ast.Constant) and k.value.value is False
+                            for k in expr.keywords)
+                return True, not quiet
+            if name in ("compile", "to", "cuda") and isinstance(expr.func, ast.Attribute):
+                inner = expr.args[0] if name == "compile" and expr.args else expr.func.value
+                return self.state(inner, at)
+        if isinstance(expr, ast.IfExp):
+            return self.state(expr.body, at)
+        return False, False
+
+    def forward(self, call: ast.Call) -> bool:
+        """``call`` is the forward of a wrapped module that broadcasts its buffers (a collective)."""
+        f = call.func
+        if isinstance(f, ast.Name) or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                                       and f.value.id == "self"):
+            wrapped, bcast = self.state(f, call)
+            return wrapped and bcast
+        return False
+
+    def wrapper_attribute(self, node: ast.Attribute) -> int:
+        """The line where ``node``'s attribute was stored on the model before it was wrapped, when ``node`` reads it
+        through the wrapper (0 otherwise)."""
+        if not (isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load)) or node.attr in WRAPPER_OWN:
+            return 0
+        wrapped, _ = self.state(node.value, node)
+        if not wrapped:
+            return 0
+        scope, line = self.scope(node), node.lineno
+        wrap_line = max((ln for ln, w, _b in self.w.assigns.get((scope, node.value.id), ()) if w and ln < line),
+                        default=0)
+        return next((ln for ln, name, attr in self.w.stored.get(scope, ()) if name == node.value.id
+                     and attr == node.attr and ln < wrap_line), 0)
+
+    # -------------------------------------------------------------- passes
+    def _assignments(self) -> None:
+        assigns: dict[tuple[ast.AST, str], list[tuple[int, bool, bool]]] = {}
+        attrs: dict[str, bool] = {}
+        unwrapped_attrs: set[str] = set()
+        nodes = sorted((n for n in ast.walk(self.tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value),
+                       key=lambda n: n.lineno)
+        self.w.assigns = assigns
+        for n in nodes:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            scope = self.scope(n)
+            wrapped, bcast = self.state(n.value, n)  # type: ignore[arg-type]
+            unwrap = self._unwraps(n.value)  # type: ignore[arg-type]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    assigns.setdefault((scope, t.id), []).append((n.lineno, wrapped and not unwrap, bcast))
+                elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    if wrapped and not unwrap:
+                        attrs[t.attr] = attrs.get(t.attr, False) or bcast
+                    elif unwrap:
+                        unwrapped_attrs.add(t.attr)
+        self.w.attrs = {a: b for a, b in attrs.items() if a not in unwrapped_attrs}
+
+    @staticmethod
+    def _unwraps(value: ast.AST) -> bool:
+        if isinstance(value, ast.Attribute) and value.attr == "module":
+            return True
+        if isinstance(value, ast.Call) and (_name(value) in UNWRAP_CALLS or
+                                            (_name(value) == "getattr" and len(value.args) > 1 and
+                                             isinstance(value.args[1], ast.Constant) and value.args[1].value == "module")):
+            return True
+        return isinstance(value, ast.IfExp) and (WrapperFlow._unwraps(value.body) or WrapperFlow._unwraps(value.orelse))
+
+    def _parameters(self) -> None:
+        for call in (n for n in ast.walk(self.tree) if isinstance(n, ast.Call)):
+            f = call.func
+            name = _name(call)
+            local = isinstance(f, ast.Name) or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                                                and f.value.id in ("self", "cls"))
+            fn = self.functions.get(name) if local else None
+            for i, arg in enumerate(call.args):
+                wrapped, bcast = self.state(arg, call)
+                if not wrapped:
+                    continue
+                if fn is None or isinstance(fn, ast.Lambda):
+                    if isinstance(f, ast.Name) and name not in self.functions:
+                        self.w.passed_out.setdefault(name, set()).add(i)
+                    continue
+                params = [a.arg for a in fn.args.args]  # type: ignore[union-attr]
+                if params and params[0] in ("self", "cls") and isinstance(f, ast.Attribute):
+                    params = params[1:]
+                if i < len(params):
+                    self.w.params.setdefault(fn, {})[params[i]] = bcast
+
+    def _stores(self) -> None:
+        for n in ast.walk(self.tree):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id != "self":
+                        self.w.stored.setdefault(self.scope(n), []).append((n.lineno, t.value.id, t.attr))
+
+
+__all__ = ["DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow"]
