@@ -273,16 +273,26 @@ def build(out: Path = OUT, executed_dir: Path = EXECUTED, allow_stale: bool = Fa
         FileNotFoundError, ValueError: from :func:`stage`.
         RuntimeError: Sphinx failed (a warning, a broken cross-reference, a timeout); carries Sphinx's output.
     """
-    from helpers import procs
-
     out = Path(out)
     stage(out / "src", executed_dir, allow_stale)
+    sphinx_build(out / "src", out / "html", out / "doctrees", jobs)
+    return out / "html" / "index.html"
+
+
+def sphinx_build(src: Path, html: Path, doctrees: Path, jobs: int = 2) -> None:
+    """Sphinx with ``book/conf.py`` on ``src`` into ``html``: ``-W -n``, so any warning (an unresolved
+    cross-reference or ``#anchor`` included) fails it; bounded by :data:`BUILD_TIMEOUT_S`.
+
+    Raises:
+        RuntimeError: Sphinx failed or timed out; carries its output (the warnings name file and line).
+    """
+    from helpers import procs
+
     argv = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-n", "-q", "-j", str(jobs),
-            "-c", str(CONF_DIR), "-d", str(out / "doctrees"), str(out / "src"), str(out / "html")]
+            "-c", str(CONF_DIR), "-d", str(doctrees), str(src), str(html)]
     proc = procs.run_bounded(argv, BUILD_TIMEOUT_S, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"sphinx-build failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}{proc.stdout[-2000:]}")
-    return out / "html" / "index.html"
 
 
 def broken_links(html_dir: Path = OUT / "html") -> list[str]:

@@ -136,6 +136,18 @@ def test_every_chapter_page_shows_its_run_in_chromium(server, tmp_path):
     print(f"browser part: {len(chapters) + 2} pages in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
 
+def test_a_broken_cross_reference_or_anchor_fails_the_build(tmp_path):
+    """The book's own Sphinx settings on a two-page site: a link to a missing page section fails the build, naming it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "index.md").write_text("# T\n\n[real](other.md#real)\n\n```{toctree}\n:hidden:\nother\n```\n")
+    (src / "other.md").write_text("# Other\n\n## Real\n")
+    book.sphinx_build(src, tmp_path / "html", tmp_path / "doctrees", jobs=1)  # the real anchor resolves
+    (src / "index.md").write_text((src / "index.md").read_text() + "\n[gone](other.md#gone) [missing](#nowhere)\n")
+    with pytest.raises(RuntimeError, match=r"(?s)local id not found in doc 'other': 'gone'.*target not found: 'nowhere'"):
+        book.sphinx_build(src, tmp_path / "html", tmp_path / "doctrees", jobs=1)
+
+
 def test_the_search_term_is_chapter_06s():
     """The term the browser test searches for is in chapter 06's committed text (a changed chapter says so here)."""
     nb = nbformat.read(str(book.ROOT / "notebooks" / "06_multinode_network.ipynb"), as_version=4)
