@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import re
 import shutil
 import sys
 import time
@@ -46,7 +45,6 @@ FOLD_LINES = 30
 BUILD_TIMEOUT_S = 600.0
 LINKCHECK_TIMEOUT_S = 300.0
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-_SKIP = re.compile(r"\[SKIP ([\w-]+)\] ([^\n]*)")
 
 
 def chapters() -> list[Path]:
@@ -86,7 +84,8 @@ def stale_cells(source: Any, executed: Any) -> list[str]:
     return sorted(cid for cid in have.keys() | ran.keys() if have.get(cid) != ran.get(cid))
 
 
-def _output_lines(cell: Any) -> int:
+def output_lines(cell: Any) -> int:
+    """Lines of output of a code cell (streams, markdown or plain-text displays): more than :data:`FOLD_LINES` are folded."""
     lines = 0
     for o in cell.get("outputs", []):
         text = o.get("text") or o.get("data", {}).get("text/markdown") or o.get("data", {}).get("text/plain") or ""
@@ -95,9 +94,12 @@ def _output_lines(cell: Any) -> int:
 
 
 def _skips(cell: Any) -> list[tuple[str, str]]:
+    """The ``(kind, reason)`` of each distinct ``[SKIP ...]`` line the cell printed."""
+    from helpers import tiers
+
     text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
     found: list[tuple[str, str]] = []
-    for hit in _SKIP.findall(text):
+    for hit in tiers.SKIP_LINE.findall(text):
         if hit not in found:
             found.append(hit)
     return found
@@ -172,7 +174,7 @@ def prepare(nb: Any) -> Any:
                 not_run += 1
                 cells.append(nbformat.v4.new_markdown_cell(_not_run_note(skips)))
                 tags.append("not-run-here")
-            if _output_lines(cell) > FOLD_LINES:
+            if output_lines(cell) > FOLD_LINES:
                 tags.append("hide-output")
             widget = any(WIDGET_MIME in o.get("data", {}) for o in cell.get("outputs", []))
             cell.outputs = [o for o in cell.get("outputs", []) if WIDGET_MIME not in o.get("data", {})]

@@ -28,7 +28,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-_SKIP = re.compile(r"\[SKIP ([\w-]+)\] ([^\n]*)")
 
 
 def lab_sbatch(text: str) -> str:
@@ -93,6 +92,8 @@ def read_result(chapter: str, executed: str | Path, seconds: float = 0.0, error:
     """Count tiers run/skipped and collect the ``[SKIP ...]`` reasons of an executed notebook."""
     import nbformat
 
+    from helpers.tiers import SKIP_LINE
+
     nb = nbformat.read(str(executed), as_version=4)
     tiers: dict[str, dict[str, int]] = {}
     skips: list[list[str]] = []
@@ -103,7 +104,7 @@ def read_result(chapter: str, executed: str | Path, seconds: float = 0.0, error:
         tags = [t[5:] for t in cell.metadata.get("tags", []) if t.startswith("tier-")] or ["cpu"]
         text = "".join(o.get("text", "") for o in cell.get("outputs", []))
         failed |= any(o.get("output_type") == "error" for o in cell.get("outputs", []))
-        found = _SKIP.findall(text)
+        found = SKIP_LINE.findall(text)
         for tier in tags:
             counts = tiers.setdefault(tier, {"ran": 0, "skipped": 0})
             counts["skipped" if any(k == f"tier-{tier}" for k, _ in found) else "ran"] += 1

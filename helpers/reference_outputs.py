@@ -61,7 +61,6 @@ SKIP_COMPARE = ("metadata", "traceback", "prompt_number", "output_type", "name",
                 "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
 """Output keys nbval does not compare (``IPyNbFile.__init__``'s ``skip_compare``, images included as without
 ``--nbdime``, nbval 0.11 ``plugin.py``): figures are compared by their ``text/plain`` line only."""
-_SKIP_LINE = re.compile(r"\[SKIP [\w-]+\][^\n]*")
 
 
 def is_strict(cell: Any) -> bool:
@@ -267,6 +266,8 @@ def compare(executed: str | Path, reference_dir: Path = REFERENCE_DIR, patterns:
     """
     import nbformat
 
+    from helpers import tiers
+
     executed = Path(executed)
     result = Comparison(executed.name)
     ref_file = reference_path(executed, reference_dir)
@@ -299,7 +300,7 @@ def compare(executed: str | Path, reference_dir: Path = REFERENCE_DIR, patterns:
             result.not_compared.append([cid, "did not run (the chapter stopped before it)"])
             continue
         fresh = _outputs(cell)
-        skip = _SKIP_LINE.search("".join(o.get("text", "") for o in fresh))
+        skip = tiers.SKIP_LINE.search("".join(o.get("text", "") for o in fresh))
         if skip:
             result.not_compared.append([cid, skip.group(0)])
             continue

@@ -64,7 +64,7 @@ def _expected(nb: nbformat.NotebookNode) -> dict[str, int]:
     return {"outputs": len(shown),
             "figures": sum("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", [])),
             "not_run": sum(bool(re.search(r"\[SKIP [\w-]+\]", t)) for t in texts),
-            "folded": sum(book._output_lines(c) > book.FOLD_LINES for c in shown)}
+            "folded": sum(book.output_lines(c) > book.FOLD_LINES for c in shown)}
 
 
 def test_the_site_has_no_broken_internal_link(site):
