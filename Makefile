@@ -103,4 +103,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 
 clean:
-	rm -rf build/jobs build/reports build/executed build/tmp
+	rm -rf build/jobs build/reports build/executed build/tmp build/book
