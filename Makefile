@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools ds-ops lint-code test test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench course course-sbatch clean
+.PHONY: setup system-tools ds-ops lint-code test book test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench course course-sbatch clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -63,6 +63,14 @@ test: lint-code
 	@mkdir -p build/tmp
 	$(BIN)/python -m pytest -q tests --junitxml=build/test-results.xml
 
+# The course as a book (helpers/book.py, docs/book.md): a static site in build/book/html of the README, the
+# chapters with the outputs `make test` executed (build/executed/: nothing is executed here), docs/; Sphinx with
+# -W -n (a broken cross-reference fails it), then LinkChecker.  `make test` builds it too, in its last test
+# (tests/browser/test_book.py).  Open build/book/html/index.html, or serve it: python -m http.server -d build/book/html
+book: $(STAMP)
+	@mkdir -p build/tmp
+	$(BIN)/python -m helpers.book
+
 # One layer each (tests/README.md: what each checks, how long it takes).  test-lab needs root or user namespaces.
 LAYER_TARGETS := test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser
 $(LAYER_TARGETS): test-%: $(STAMP)
@@ -95,4 +103,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 
 clean:
-	rm -rf build/jobs build/reports build/executed build/tmp
+	rm -rf build/jobs build/reports build/executed build/tmp build/book

@@ -188,6 +188,7 @@ def diagnose(args: argparse.Namespace) -> int:
     """Run the allocation check notebook under papermill; print its report; return the exit status."""
     import papermill
 
+    from helpers import provenance
     from helpers.allocation.local import allocation_nodes, default_nproc, new_report_dir
     from helpers.allocation.params import notebook_defaults, validate
     from helpers.checks import Check
@@ -226,6 +227,9 @@ def diagnose(args: argparse.Namespace) -> int:
         print(f"[FAIL] the notebook stopped in cell {exc.exec_count}: {exc.ename}: {exc.evalue}", file=sys.stderr)
         print(f"       executed copy: {executed}", file=sys.stderr)
         return 2
+    finally:
+        if executed.exists():
+            provenance.stamp(executed, "runbook diagnose")  # where and when it ran (the book prints it)
     data = json.loads((report_dir / "report.json").read_text())
     for check in data["checks"]:
         print(Check.from_dict(check).line())

@@ -5,6 +5,9 @@ the GPU cells run where the allocation has GPUs (``helpers.tiers``), the multi-n
 has >= 2 nodes, and every skipped tier is listed with the reason the notebook printed
 (``[SKIP tier-gpu] ...``, ``[SKIP lab] ...``: never silently).
 Executed copies go to ``<out>/executed/``; the summary to ``<out>/summary.json`` and ``<out>/summary.md``.
+Each executed copy is stamped with where and when it ran (``helpers.provenance``), and its deterministic
+cells are compared with the committed references, as ``make test`` does (``helpers.reference_outputs``:
+nbval's comparison; a chapter run with other parameters is not compared, and says so).
 
 Command line::
 
@@ -25,7 +28,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-_SKIP = re.compile(r"\[SKIP ([\w-]+)\] ([^\n]*)")
 
 
 def lab_sbatch(text: str) -> str:
@@ -49,6 +51,8 @@ class ChapterResult:
         skips: ``[tier or "lab", reason]`` for every ``[SKIP ...]`` line the notebook printed (deduplicated).
         error: the failing cell's error name and message ('' when passed).
         executed: path of the executed copy.
+        outputs: the reference comparison in one line (``helpers.reference_outputs.Comparison.render``'s first).
+        outputs_differ: ``[cell id, nbval's report]`` of each strict cell whose output did not reproduce.
     """
 
     chapter: str
@@ -58,6 +62,8 @@ class ChapterResult:
     skips: list[list[str]] = field(default_factory=list)
     error: str = ""
     executed: str = ""
+    outputs: str = ""
+    outputs_differ: list[list[str]] = field(default_factory=list)
 
 
 def chapters(selected: str | Sequence[str] | None = None) -> list[Path]:
@@ -86,6 +92,8 @@ def read_result(chapter: str, executed: str | Path, seconds: float = 0.0, error:
     """Count tiers run/skipped and collect the ``[SKIP ...]`` reasons of an executed notebook."""
     import nbformat
 
+    from helpers.tiers import SKIP_LINE
+
     nb = nbformat.read(str(executed), as_version=4)
     tiers: dict[str, dict[str, int]] = {}
     skips: list[list[str]] = []
@@ -96,7 +104,7 @@ def read_result(chapter: str, executed: str | Path, seconds: float = 0.0, error:
         tags = [t[5:] for t in cell.metadata.get("tags", []) if t.startswith("tier-")] or ["cpu"]
         text = "".join(o.get("text", "") for o in cell.get("outputs", []))
         failed |= any(o.get("output_type") == "error" for o in cell.get("outputs", []))
-        found = _SKIP.findall(text)
+        found = SKIP_LINE.findall(text)
         for tier in tags:
             counts = tiers.setdefault(tier, {"ran": 0, "skipped": 0})
             counts["skipped" if any(k == f"tier-{tier}" for k, _ in found) else "ran"] += 1
@@ -106,8 +114,13 @@ def read_result(chapter: str, executed: str | Path, seconds: float = 0.0, error:
 
 def run_chapter(path: Path, out_dir: Path, parameters: Mapping[str, Any] | None = None,
                 timeout_s: float = 1800) -> ChapterResult:
-    """Execute one notebook with papermill into ``out_dir/executed/`` (cwd ``notebooks/``) and read its result."""
+    """Execute one notebook with papermill into ``out_dir/executed/`` (cwd ``notebooks/``) and read its result.
+
+    A chapter that passed is then compared with its reference outputs (``ChapterResult.outputs``).
+    """
     import papermill
+
+    from helpers import provenance, reference_outputs
 
     executed = out_dir / "executed" / path.name
     executed.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +134,13 @@ def run_chapter(path: Path, out_dir: Path, parameters: Mapping[str, Any] | None 
     seconds = time.monotonic() - t0
     if not executed.exists():
         return ChapterResult(path.name, "failed", seconds, error=error or "no executed notebook written")
-    return read_result(path.name, executed, seconds, error)
+    provenance.stamp(executed, "python -m helpers.course")
+    result = read_result(path.name, executed, seconds, error)
+    if result.status == "passed":
+        comparison = reference_outputs.compare(executed)
+        result.outputs = comparison.render().splitlines()[0]
+        result.outputs_differ = comparison.differ
+    return result
 
 
 def render(results: Sequence[ChapterResult]) -> str:
@@ -132,7 +151,13 @@ def render(results: Sequence[ChapterResult]) -> str:
         why = r.error or "; ".join(sorted({f"{k}: {reason}" for k, reason in r.skips})) or "-"
         lines.append(f"| {r.chapter} | {r.status} | {r.seconds:.0f} s | {tiers or '-'} | {why} |")
     passed = sum(r.status == "passed" for r in results)
-    return "\n".join(lines) + f"\n\n{passed}/{len(results)} chapters passed\n"
+    text = "\n".join(lines) + f"\n\n{passed}/{len(results)} chapters passed\n"
+    compared = [r for r in results if r.outputs]
+    if compared:
+        text += "\nDeterministic outputs against the references (tests/notebooks/reference/):\n\n"
+        text += "".join(f"- {r.outputs}\n" for r in compared)
+        text += "".join(f"\n{r.chapter} cell {cid}:\n```\n{report}\n```\n" for r in compared for cid, report in r.outputs_differ)
+    return text
 
 
 def run_course(out_dir: str | Path, selected: str | Sequence[str] | None = None,
@@ -168,7 +193,7 @@ def _parameter(text: str) -> tuple[str, str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: run the course, print the summary; exit 1 when a chapter failed."""
+    """Command line: run the course, print the summary; exit 1 when a chapter failed or a deterministic output differs."""
     p = argparse.ArgumentParser(prog="python -m helpers.course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "build" / "course"), help="output folder (default build/course)")
@@ -182,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         params.setdefault(chapter, {})[key] = value
     results = run_course(args.out, args.chapters, params, args.cell_timeout_s)
     print(render(results))
-    return 0 if all(r.status == "passed" for r in results) else 1
+    return 0 if all(r.status == "passed" and not r.outputs_differ for r in results) else 1
 
 
 if __name__ == "__main__":

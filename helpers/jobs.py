@@ -606,8 +606,8 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
     cmds = [list(map(str, c)) for c in commands]
     layout.job_json.write_text(json.dumps({"commands": cmds, "env": changes}, indent=1))
     if verbose:
-        print(f"[{name}] launching {len(cmds)} command(s), timeout {timeout_s:g} s"
-              + (f", stall {stall_s:g} s" if stall_s else "") + f": {' '.join(_short(c) for c in cmds[0])}")
+        _say(f"[{name}] launching {len(cmds)} command(s), timeout {timeout_s:g} s"
+             + (f", stall {stall_s:g} s" if stall_s else "") + f": {' '.join(_short(c) for c in cmds[0])}")
     out = open(layout.launcher_stdout, "ab")
     err = open(layout.launcher_stderr, "ab")
     popens: list[subprocess.Popen[bytes]] = []
@@ -672,8 +672,15 @@ def run_commands(commands: Sequence[Sequence[str]], *, timeout_s: float = 120.0,
                        ranks=_collect_ranks(layout, stacks), stacks=stacks, stop_reason=stop_reason, stopped_at=stopped_at)
     layout.result_json.write_text(json.dumps(result.to_dict(), indent=1))
     if verbose:
-        print(result.summary().splitlines()[0])
+        _say(result.summary().splitlines()[0])
     return result
+
+
+def _say(line: str) -> None:
+    """Print one progress line in a single write: jobs started together (:func:`run_together`) print from
+    threads, and ``print``'s separate write of the newline let two lines run into one."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _ended_well(layout: JobDir, popens: Sequence[subprocess.Popen[bytes]], grace_s: float = 5.0) -> bool:

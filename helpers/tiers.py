@@ -7,7 +7,13 @@ the body is skipped, never silently.
 
 from __future__ import annotations
 
+import re
+
 TIERS = ("cpu", "gpu", "multigpu", "multinode")
+SKIP_LINE = re.compile(r"\[SKIP ([\w-]+)\] ([^\n]*)")
+"""The line a skipped cell prints (``[SKIP tier-gpu] reason``, ``[SKIP lab] reason``): groups kind and reason.
+:func:`have` and :func:`backend_is` print it; the course summary, the book and the reference comparison find
+skipped cells with it."""
 
 
 def gpu_count() -> int:

@@ -25,7 +25,11 @@ LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its layer, taken from the folder it lives in (``tests/<layer>/test_*.py``)."""
+    """Mark each test with its layer, taken from the folder it lives in (``tests/<layer>/test_*.py``); run ``last`` tests last.
+
+    A test marked ``last`` (the book's, ``tests/browser/test_book.py``) reads what the notebook layer wrote in
+    the same session, so it moves after every other test, keeping its own order.
+    """
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         try:
@@ -34,6 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if folder in LAYERS:
             item.add_marker(LAYERS[folder])
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("last") is not None)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

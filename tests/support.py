@@ -38,17 +38,46 @@ def lab_leftovers(name: str) -> list[str]:
 def execute_notebook(name: str, parameters: dict | None = None, timeout_s: float = 600) -> Path:
     """Execute ``notebooks/<name>`` with papermill into ``build/executed/`` and return the executed copy.
 
-    Raises papermill's ``PapermillExecutionError`` when a cell fails (the test then fails with
+    The copy is stamped with where and when it ran (``helpers.provenance``: the book prints it), also when a
+    cell failed.  Raises papermill's ``PapermillExecutionError`` when a cell fails (the test then fails with
     the cell's error).  The source notebook is never written to.
     """
     import papermill
 
     out = ROOT / "build" / "executed" / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(ROOT / "notebooks" / name), str(out), parameters=parameters or {},
-                               cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
-                               execution_timeout=timeout_s)
+    try:
+        papermill.execute_notebook(str(ROOT / "notebooks" / name), str(out), parameters=parameters or {},
+                                   cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
+                                   execution_timeout=timeout_s)
+    finally:
+        if out.exists():
+            stamp_run(out)
     return out
+
+
+def stamp_run(executed: Path) -> None:
+    """Stamp an executed chapter with this machine and the test that ran it (``PYTEST_CURRENT_TEST``'s file)."""
+    import os
+
+    from helpers import provenance
+
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+    provenance.stamp(executed, f"pytest {test}" if test else "pytest")
+
+
+def assert_outputs_reproduce(executed: Path) -> None:
+    """The chapter's deterministic cells printed what their committed reference holds (nbval's comparison).
+
+    ``helpers.reference_outputs`` compares the strict cells of this fresh run with
+    ``tests/notebooks/reference/<chapter>.json``; no second execution.  Fails with nbval's report of each
+    differing cell (and how to update the reference when the change is intended).
+    """
+    from helpers import reference_outputs
+
+    result = reference_outputs.compare(executed)
+    print(result.render().splitlines()[0])
+    assert result.ok and not result.skipped, result.render()
 
 
 def notebook_outputs(path: Path) -> tuple[list[str], str]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from support import ROOT, notebook_outputs
+from support import ROOT, assert_outputs_reproduce, notebook_outputs
 
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
 EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "host.port",
@@ -25,6 +26,11 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path
 
 def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
     proc, report_dir = _run(tmp_path)
+    # the book's chapter 00 (and the reference comparison below): this run's executed copy, beside the other chapters'
+    executed = ROOT / "build" / "executed" / "00_allocation_check.ipynb"
+    if (report_dir / "00_allocation_check.ipynb").is_file():
+        executed.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(report_dir / "00_allocation_check.ipynb", executed)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((report_dir / "report.json").read_text())
     by_id = {c["id"]: c for c in data["checks"]}
@@ -45,6 +51,7 @@ def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
     for name in ("report.md", "busbw.png", "00_allocation_check.ipynb"):
         assert (report_dir / name).is_file(), name
     assert notebook_outputs(report_dir / "00_allocation_check.ipynb")[0] == []
+    assert_outputs_reproduce(executed)
     assert not (report_dir / "checkpoints" / "03").exists()
     # papermill never writes back into notebooks/
     assert notebook_outputs(ROOT / "notebooks" / "00_allocation_check.ipynb")[0] == []

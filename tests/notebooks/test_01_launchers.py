@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 from helpers import tiers
 
@@ -14,6 +14,7 @@ def test_chapter_01_launchers(no_leftovers):
     out = execute_notebook("01_launchers.ipynb")
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     for needle in ("environment variable RANK expected, but not set", "1/2 clients joined", "EADDRINUSE",
                    "RendezvousConnectionError", "was not reachable via ssh", "MULTI_CPU"):
         assert needle in text, needle

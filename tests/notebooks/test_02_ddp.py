@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 
 def test_chapter_02_ddp(no_leftovers):
@@ -12,6 +12,7 @@ def test_chapter_02_ddp(no_leftovers):
     out = execute_notebook("02_ddp.ipynb")
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     assert "Expected to have finished reduction in the prior iteration" in text
     assert "Timed out waiting 5000ms for recv operation to complete" in text
     assert "SyncBatchNorm layers only work with GPU modules" in text

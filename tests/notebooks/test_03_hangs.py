@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 
 def test_chapter_03_hangs(no_leftovers):
@@ -12,6 +12,7 @@ def test_chapter_03_hangs(no_leftovers):
     out = execute_notebook("03_hangs.ipynb")
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     assert "rank(s) [0] diverged" in text and "rank(s) [2] diverged" in text
     assert "[SKIP tier-multigpu]" in text
     print(f"chapter 03: {time.monotonic() - t0:.0f} s")

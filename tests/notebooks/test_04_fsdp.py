@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 
 def test_chapter_04_fsdp(no_leftovers):
@@ -12,6 +12,7 @@ def test_chapter_04_fsdp(no_leftovers):
     out = execute_notebook("04_fsdp.ipynb")
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     assert "FSDP needs a non-CPU accelerator device" in text
     assert "size mismatch for 0.fc1.weight" in text
     assert "max abs diff 0.0," in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 
 def test_chapter_05_deepspeed(no_leftovers):
@@ -13,6 +13,7 @@ def test_chapter_05_deepspeed(no_leftovers):
     wall = time.monotonic() - t0
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     assert "zero stage 1 requires an optimizer" in text and "largest gap: stage" in text
     assert text.count("[SKIP tier-multigpu]") == 3  # the GPU cells said why they did not run
     print(f"chapter 05: {wall:.0f} s")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 from helpers import netlab, tiers
 
@@ -38,6 +38,7 @@ def test_chapter_06_multinode_network(no_leftovers):
     assert not left, f"lab {LAB_NAME} left behind: {left}"
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     if not lab_ok:
         assert f"[SKIP lab] {why}" in text
     else:

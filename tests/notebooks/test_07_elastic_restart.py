@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 
 def test_chapter_07_elastic_restart(no_leftovers):
@@ -12,6 +12,7 @@ def test_chapter_07_elastic_restart(no_leftovers):
     out = execute_notebook("07_elastic_restart.ipynb")
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     assert "RuntimeError: injected crash at step 19 on rank 1" in text
     assert "Worker group FAILED. 1/1 attempts left; will restart worker group" in text
     assert "TORCHELASTIC_RESTART_COUNT=1: steps 0..23 (24 steps)" in text  # the bug: restarted from step 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from support import execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 from helpers import netlab
 from helpers.netlab import slurmlab
@@ -31,6 +31,7 @@ def test_chapter_08_slurm(no_leftovers):
     assert not left, f"lab {LAB_NAME} left behind: {left}"
     errors, text = notebook_outputs(out)
     assert not errors, errors
+    assert_outputs_reproduce(out)
     if not (lab_ok and slurm_ok):
         assert f"[SKIP lab] {why if not lab_ok else slurm_why}" in text
         return
