@@ -286,6 +286,33 @@ def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_
 
 
 
+def gpu_checks(out_dir: Path | None = None, *, dcgm_level: int = 0,
+               environ: Mapping[str, str] | None = None) -> list[Check]:
+    """The GPU health of this node (issue 22): NVML, the kernel log's XIDs, ``dcgmi diag -r dcgm_level`` where installed.
+
+    Reads with :func:`helpers.allocation.gpu_health.node_health`, grades with
+    :func:`helpers.allocation.gpu_grades.grade_gpu_health`; on a node without GPU one ``gpu.health`` INFO ("no GPU on
+    this node").  DCGM's own table goes to ``out_dir/dcgm_diag.txt`` (its path in the ``gpu.dcgm*`` records).
+
+    Args:
+        out_dir: the report folder (None: DCGM's text is not kept).
+        dcgm_level: 0 (no DCGM), 1 (quick, seconds) or 2 (about two minutes).
+        environ: the job's environment (what it asked for: ``SLURM_GPUS_ON_NODE``...); default this process's.
+    """
+    from helpers.allocation import gpu_grades, gpu_health
+
+    health = gpu_health.node_health(dcgm_level=dcgm_level, environ=environ)
+    checks = gpu_grades.grade_gpu_health(health)
+    dcgm = health.get("dcgm") or {}
+    if out_dir is not None and dcgm.get("output"):
+        path = Path(out_dir) / "dcgm_diag.txt"
+        path.write_text(dcgm["output"])
+        for c in checks:
+            if c.id.startswith("gpu.dcgm"):
+                c.values["output_file"] = str(path)
+    return checks
+
+
 def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> list[str]:
     """The nodes of this allocation: ``nodes`` (comma-separated) or, when empty, SLURM's node list.
 
