@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import jobs, sources
-from helpers.allocation import local
+from helpers.allocation import local, straggler
 from helpers.allocation.grades import grade_envelope, grade_job, grade_nodes, grade_pairs, grade_smoke, inter_envelope, pair_matrix
 from helpers.checks import Check, faulty_nodes, render
 from helpers.jobdir import JobDir
@@ -95,7 +95,7 @@ def node_report(master_port: int = DEFAULT_MASTER_PORT, dcgm_level: int = 0) -> 
                                                            "nccl": nccl, "driver": driver, "deepspeed": version("deepspeed")},
             "gpus": gpus, "nvswitch": nvswitch, "fabric_manager": fabric,
             "host_checks": [c.to_dict() for c in checks], "iface": iface, "nic_mbps": speed, "nic_source": source,
-            "memcpy_GBps": round(hostinfo.memcpy_gbps(), 2),
+            "memcpy_GBps": round(hostinfo.memcpy_gbps(), 2), "rdma_ports": hostinfo.infiniband_ports(),
             "socket_ifname": {k: os.environ.get(k) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")},
             "slurm_gpus": os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE"),
             "gpu_health": gpu_health.node_health(dcgm_level=dcgm_level)}
@@ -432,6 +432,7 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
                 cpu = not (data["records"][0].get("gpu") or {}).get("name")
                 envelope, floor_frac, _ = inter_envelope(ev["reports"], cpu)
                 checks.append(grade_pairs(ev["matrix"], envelope, floor_frac))
+                checks += straggler.checks_for_job(data, ev["matrix"])  # every rank's speed, every node's pairs
                 if ev["reports"]:
                     checks += grade_envelope(data, ev["reports"])
                 ev["inter"], ev["intra"] = data["inter"], data["intra"]

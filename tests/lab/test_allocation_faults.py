@@ -92,6 +92,21 @@ def test_slow_node_named_by_the_pair_matrix(tmp_path, no_leftovers):
     assert not left, left
 
 
+def test_cpu_throttled_node_named_by_the_straggler_score(tmp_path, no_leftovers):
+    """Issue 22: a node whose processes get a tenth of one CPU (cgroup cpu.max / cfs quota) is the straggler."""
+    with netlab.Lab(2, name=NAME, slurm=True) as lab:
+        lab.throttle_cpu("node1", 0.1)
+        checks, ev = check(lab, tmp_path, ["job"], nproc=1)
+        left = queue(lab)
+        cgroups = netlab.faults.cpu_cgroups(NAME)
+    assert not netlab.faults.cpu_cgroups(NAME) and cgroups, "the lab's down() removes the throttling cgroup"
+    ranks = next(c for c in checks if c.id == "straggler.ranks")
+    assert ranks.status == "FAIL" and ranks.faulty == ["node1"], (ranks.title, ranks.values["ranks"])
+    assert "rank 1 on node1" in ranks.title and ranks.values["seconds"] <= 10
+    assert "node1" in ev["drain"]["nodes"]
+    assert not left, left
+
+
 def test_mtu_black_hole_at_one_node(tmp_path, no_leftovers):
     with netlab.Lab(2, name=NAME, slurm=True) as lab:
         lab.set_mtu("all", 9000)

@@ -10,7 +10,7 @@ from pathlib import Path
 from support import ROOT, notebook_outputs
 
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
-EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "host.port",
+EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "straggler.ranks", "host.port",
             "host.shm", "host.interfaces", "host.socket_ifname", "host.jit_lock", "gpu.health", "smoke.01_single", "smoke.02_ddp",
             "smoke.03_deepspeed_zero1"]
 
