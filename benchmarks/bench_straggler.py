@@ -2,11 +2,11 @@
 N of N, and the seconds the measurement adds.  Prints, asserts nothing.
 
 Each run builds a fresh 2-node lab (``al``) and runs the job across nodes only
-(``helpers.allocation.across.run_allocation(steps=["job"])``, ``--ranks-per-node`` 2).  Throttled runs cap node1's
-processes at a tenth of one CPU (:meth:`helpers.netlab.Lab.throttle_cpu`: cgroup ``cpu.max``, or the v1 CFS quota
-on this machine's hybrid cgroups) as soon as node1's ranks have joined the process group (capped from the start,
-torch's import alone outlasts the join timeout at a tenth of a CPU: the node is then named "never joined",
-which is another check's verdict).  Also recorded for the bandwidth grade (issue 22, step 4): each healthy run's
+(``helpers.allocation.across.run_allocation(steps=["nodes", "job"])``, 2 ranks per node).  Throttled runs cap node1's
+processes at a twentieth of one CPU (:meth:`helpers.netlab.Lab.throttle_cpu`: cgroup ``cpu.max``, or the v1 CFS quota
+on this machine's hybrid cgroups) as soon as node1's ranks have joined the process group
+(:func:`helpers.netlab.inject_when_joined`; capped from the start, torch's import alone outlasts the join timeout: the
+node is then named "never joined", which is another check's verdict).  SIGTERM stops it cleanly (the lab comes down).  Also recorded for the bandwidth grade (issue 22, step 4): each healthy run's
 inter-node and intra-node plateau busbw as a fraction of its envelope (min(NIC line rate, memory copy)).
 
 Run (root, slurm-wlm + munge): ``flock /work/lab.lock .venv/bin/python benchmarks/bench_straggler.py --repeats 10``;
@@ -18,48 +18,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers import jobs, netlab  # noqa: E402
 from helpers.allocation import across  # noqa: E402
-from helpers.jobdir import JobDir  # noqa: E402
 
 NAME = "al"
-
-
-def throttle_when_joined(lab: netlab.Lab, out: Path, node: str, nproc: int, fraction: float,
-                         stop: threading.Event) -> threading.Thread:
-    """A thread that caps ``node``'s CPU once all its ranks wrote their ``joined`` marker (or ``stop`` is set)."""
-    def watch() -> None:
-        jd = JobDir(out / "job")
-        while not stop.is_set():
-            if jd.ranks_dir.exists() and {(node, r) for r in range(nproc)} <= jd.node_markers("joined"):
-                lab.throttle_cpu(node, fraction)
-                return
-            time.sleep(0.2)
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
 
 
 def one_run(throttled: bool, out: Path, nproc: int, fraction: float) -> dict:
     """One lab run: the straggler record, the seconds its measurement took, the envelope fractions, the drain list."""
     with netlab.Lab(2, name=NAME, slurm=True) as lab:
-        stop = threading.Event()
-        watcher = throttle_when_joined(lab, out, "node1", nproc, fraction, stop) if throttled else None
+        stop = (netlab.inject_when_joined(out / "job", "node1", nproc, lambda: lab.throttle_cpu("node1", fraction))
+                if throttled else None)
         t0 = time.monotonic()
         checks, ev = across.run_allocation(lab.hostnames, out, runner="lab", lab=NAME, steps=["nodes", "job"],
                                            nproc=nproc, log=lambda _: None)
         wall = time.monotonic() - t0
-        stop.set()
-        if watcher:
-            watcher.join(timeout=5)
+        if stop is not None:
+            stop.set()
         left = lab.slurm(["squeue", "-h", "-t", "PD,CF,R,S"], timeout_s=20).stdout.strip()
     by_id = {c.id: c for c in checks}
     ranks = by_id.get("straggler.ranks")
@@ -78,9 +61,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=10, help="runs of each case (default 10)")
     p.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
-    p.add_argument("--fraction", type=float, default=0.1, help="node1's CPU cap, share of one CPU (default 0.1)")
+    p.add_argument("--fraction", type=float, default=0.05, help="node1's CPU cap, share of one CPU (default 0.05)")
     p.add_argument("--only", choices=("healthy", "throttled"), default=None)
     args = p.parse_args()
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt  # through the Lab's context manager: nothing left behind
+
+    signal.signal(signal.SIGTERM, stop)
     tmp = Path(tempfile.mkdtemp(prefix="bench-straggler-", dir=jobs.build_dir()))
     results: dict[str, list[dict]] = {"healthy": [], "throttled": []}
     load = os.getloadavg()[0]

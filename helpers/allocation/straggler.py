@@ -15,6 +15,7 @@ Anchors:
   (https://github.com/huggingface/gpu-fryer, README "Usage"): :data:`WARN_BELOW` = 0.9.
 
 A rank's score is the lower of its two ratios (matrix multiply, memory copy); a node's score is its slowest rank's.
+On CPU (gloo) the thresholds are :data:`CPU_WARN_BELOW` / :data:`CPU_FAIL_BELOW`, measured on the lab.
 """
 
 from __future__ import annotations
@@ -29,14 +30,30 @@ WARN_BELOW = 0.9
 """A rank below 0.9 of the best rank: WARN (gpu-fryer's default 10 % tolerance)."""
 FAIL_BELOW = 0.7
 """A rank below 0.7 of the best rank: FAIL (nvidia-resiliency-ext's straggler threshold)."""
+CPU_WARN_BELOW = 0.5
+"""On CPU (gloo, no GPU on any rank): WARN below 0.5 of the best rank.  The GPU anchors assume each rank owns its
+device; on CPU the ranks share cores with whatever else runs, and on the SLURM lab every node shares one 2-core
+machine.  Measured there at load 8-14 (benchmarks/bench_straggler.py, 2 nodes x 2 ranks): healthy ranks scored
+0.596-1.0 (lowest 0.596), the ranks of a node capped at a tenth of one CPU 0.109-0.482; the CPU thresholds sit in
+that gap with about 0.1 of margin on each side, and the lab's throttle is a twentieth of a CPU (scores below ~0.25)."""
+CPU_FAIL_BELOW = 0.35
+"""On CPU (gloo): FAIL below 0.35 of the best rank (see :data:`CPU_WARN_BELOW`)."""
 SRC = ("https://nvidia.github.io/nvidia-resiliency-ext/straggler_det/usage_guide.html (relative score, 0.7); "
        "https://github.com/huggingface/gpu-fryer (10 % tolerance to the best GPU)")
+SRC_CPU = "CPU thresholds measured on the SLURM lab: benchmarks/bench_straggler.py (straggler.CPU_WARN_BELOW)"
 METRICS = ("matmul_gflops", "memcpy_gbps")
 
 
-def status_of(score: float) -> str:
-    """OK at or above :data:`WARN_BELOW`, WARN from :data:`FAIL_BELOW`, FAIL below."""
-    return "OK" if score >= WARN_BELOW else "WARN" if score >= FAIL_BELOW else "FAIL"
+def status_of(score: float, warn_below: float = WARN_BELOW, fail_below: float = FAIL_BELOW) -> str:
+    """OK at or above ``warn_below`` (default :data:`WARN_BELOW`), WARN from ``fail_below``, FAIL below."""
+    return "OK" if score >= warn_below else "WARN" if score >= fail_below else "FAIL"
+
+
+def thresholds(speed: Sequence[Mapping[str, Any]]) -> tuple[float, float, str]:
+    """``(warn_below, fail_below, source)``: the GPU anchors when a rank has a GPU, else the CPU figures."""
+    if any(r.get("gpu") for r in speed):
+        return WARN_BELOW, FAIL_BELOW, SRC
+    return CPU_WARN_BELOW, CPU_FAIL_BELOW, SRC_CPU
 
 
 def score_ranks(speed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -53,6 +70,7 @@ def score_ranks(speed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     Raises:
         ValueError: a row lacks a metric, or a metric is not > 0 on every rank (names the rank).
     """
+    warn, fail, _ = thresholds(speed)
     best = {}
     for m in METRICS:
         for r in speed:
@@ -64,7 +82,7 @@ def score_ranks(speed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         ratios = {m.split("_")[0] + "_ratio": round(r[m] / best[m], 3) for m in METRICS}
         score = min(ratios.values())
         rows.append({"rank": r.get("rank"), "host": r.get("host"), "local_rank": r.get("local_rank"), "gpu": r.get("gpu"),
-                     **{m: r[m] for m in METRICS}, **ratios, "score": score, "status": status_of(score)})
+                     **{m: r[m] for m in METRICS}, **ratios, "score": score, "status": status_of(score, warn, fail)})
     return sorted(rows, key=lambda x: (x["score"], x["rank"] if x["rank"] is not None else 0))
 
 
@@ -81,24 +99,25 @@ def grade_ranks(speed: Sequence[Mapping[str, Any]], check_id: str = "straggler.r
         return Check(check_id, f"{len(speed)} rank measured: no peer to compare with", "INFO", {"ranks": list(speed)},
                      "", SRC)
     rows = score_ranks(speed)
+    warn, fail, source = thresholds(speed)
     worst = rows[0]
     status = worst["status"]
-    values = {"ranks": rows, "warn_below": WARN_BELOW, "fail_below": FAIL_BELOW,
+    values = {"ranks": rows, "warn_below": warn, "fail_below": fail,
               "best": {m: max(r[m] for r in rows) for m in METRICS}, "mode": speed[0].get("mode"),
               "seconds": max((r.get("seconds") or 0) for r in speed)}
     if status == "OK":
-        return Check(check_id, f"{len(rows)} ranks within {1 - WARN_BELOW:.0%} of the best (slowest: {_where(worst)}, "
-                     f"score {worst['score']:.2f})", "OK", values, "", SRC)
+        return Check(check_id, f"{len(rows)} ranks at {warn:g} of the best or more (slowest: {_where(worst)}, "
+                     f"score {worst['score']:.2f})", "OK", values, "", source)
     slow = [r for r in rows if r["status"] != "OK"]
     nodes = list(dict.fromkeys(r["host"] for r in slow))
     metric = "matmul" if worst["matmul_ratio"] <= worst["memcpy_ratio"] else "memory copy"
     title = (f"straggler: {_where(worst)} at {worst['score']:.2f} of the best rank ({metric}: "
              f"{worst['matmul_gflops']:.1f} GFLOP/s, {worst['memcpy_gbps']:.2f} GB/s); {len(slow)} rank(s) below "
-             f"{WARN_BELOW}")
+             f"{warn:g}")
     fix = (f"drain {', '.join(nodes)} (--exclude={','.join(nodes)}) or find why it is slow: GPU clocks held down "
            "(gpu.throttle, nvidia-smi -q -d PERFORMANCE), a power cap (gpu.power), another job on its GPU or CPUs "
            "(nvidia-smi, top), a CPU share capped by its cgroup (cat /sys/fs/cgroup/.../cpu.max)")
-    return Check(check_id, title, status, values, fix, SRC, faulty=nodes)
+    return Check(check_id, title, status, values, fix, source, faulty=nodes)
 
 
 def node_pair_scores(matrix: Mapping[str, Mapping[str, float]]) -> dict[str, float]:

@@ -6,7 +6,8 @@
 ``lab.throttle_cpu``): MN2-MN4, PF-netns-nodes; a node whose CPU share is capped (issue 22: the straggler score).
 
 :func:`inject_when` fires a fault while a job runs, at the moment one of its ranks prints a
-line matching a pattern (e.g. chapter 06 pulls a cable once the ranks are at ``step 3``).
+line matching a pattern (e.g. chapter 06 pulls a cable once the ranks are at ``step 3``); :func:`inject_when_joined`
+once a node's ranks of a job across nodes have joined.
 Nothing runs at import.
 """
 
@@ -428,6 +429,33 @@ class FaultWatch:
         self._thread.join()
         if exc_type is None and self.error is not None:
             raise self.error
+
+
+def inject_when_joined(job_dir: str | os.PathLike[str], node: str, nproc: int, fault: Callable[[], Any],
+                       timeout_s: float = 300.0) -> threading.Event:
+    """Fire ``fault()`` once every rank of ``node`` wrote its ``joined`` marker in ``job_dir`` (the job across nodes of
+    :func:`helpers.allocation.across.run_job_across`: ``ranks/joined-<node>-<local_rank>``, :class:`helpers.jobdir.JobDir`).
+
+    A CPU cap from the start would make the node miss the join deadline (torch's import alone outlasts it at a tenth
+    of a CPU); capped once it joined, the node runs the job slowly: the straggler score's case (issue 22).
+
+    Returns:
+        An event: set it to stop watching (the watcher also stops after ``timeout_s`` or once it fired).
+    """
+    stop = threading.Event()
+    jd = JobDir(job_dir)
+    want = {(node, r) for r in range(nproc)}
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set() and time.monotonic() < deadline:
+            if jd.ranks_dir.exists() and want <= jd.node_markers("joined"):
+                fault()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name=f"inject-when-joined-{node}", daemon=True).start()
+    return stop
 
 
 def inject_when(job_or_dir: str | os.PathLike[str], pattern: str, fault: Callable[[], Any],

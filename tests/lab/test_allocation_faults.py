@@ -93,10 +93,12 @@ def test_slow_node_named_by_the_pair_matrix(tmp_path, no_leftovers):
 
 
 def test_cpu_throttled_node_named_by_the_straggler_score(tmp_path, no_leftovers):
-    """Issue 22: a node whose processes get a tenth of one CPU (cgroup cpu.max / cfs quota) is the straggler."""
+    """Issue 22: a node whose processes get a twentieth of one CPU (cgroup cpu.max / cfs quota), once its ranks joined,
+    is the straggler (capped from the start it would miss the join deadline: another check's verdict)."""
     with netlab.Lab(2, name=NAME, slurm=True) as lab:
-        lab.throttle_cpu("node1", 0.1)
+        stop = netlab.inject_when_joined(tmp_path / "alloc" / "job", "node1", 1, lambda: lab.throttle_cpu("node1", 0.05))
         checks, ev = check(lab, tmp_path, ["job"], nproc=1)
+        stop.set()
         left = queue(lab)
         cgroups = netlab.faults.cpu_cgroups(NAME)
     assert not netlab.faults.cpu_cgroups(NAME) and cgroups, "the lab's down() removes the throttling cgroup"
