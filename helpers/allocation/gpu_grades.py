@@ -56,7 +56,8 @@ XID_ACTIONS: dict[int, tuple[str, str, str]] = {
     46: ("FAIL", "drain", "GPU stopped processing (health validation: CRITICAL, drain, reset GPU, service)"),
     48: ("FAIL", "drain", "double-bit (uncorrectable) ECC error (health validation: CRITICAL, drain, reset GPU, service)"),
     63: ("WARN", "reset", "a row remapping / page retirement is pending: it takes effect at the next GPU reset"),
-    64: ("FAIL", "replace", "a row remapping / page retirement failed (RMA thresholds: " + SRC_MEM + ")"),
+    64: ("FAIL", "reset", "recording a row remapping / page retirement failed: reset the GPU; if it repeats, drain "
+                          "and RMA (row-remapping failure, " + SRC_RECOVERY + ")"),
     74: ("FAIL", "reset", "NVLink error: reset the GPU; if it repeats, reseat/replace the board or the NVLink bridge"),
     79: ("FAIL", "drain", "GPU has fallen off the bus: no reset from software; reseat the board, check power/PCIe"),
     92: ("WARN", "none", "high single-bit ECC error rate: watch, plan replacement if it persists"),

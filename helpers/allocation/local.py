@@ -133,8 +133,8 @@ def intra_expectation(backend: str) -> dict[str, Any]:
     """What a healthy node of this kind reaches inside the node (``grades.grade_bandwidth``'s ``expected``).
 
     NCCL: the NVLink figure of the GPU model NVML names (:func:`helpers.allocation.grades.nvlink_expectation`);
-    gloo: :data:`~helpers.allocation.grades.CPU_MARGIN` x the healthy ``intra`` fraction x this host's memory copy
-    (:func:`helpers.hostinfo.memcpy_gbps`).  ``{"GBps": None, ...}`` when there is no figure.
+    gloo: the healthy lab's ``intra`` fraction (:data:`~helpers.allocation.grades.CPU_HEALTHY_FRACTION`) x this host's
+    memory copy (:func:`helpers.hostinfo.memcpy_gbps`).  ``{"GBps": None, ...}`` when there is no figure.
     """
     from helpers.allocation import gpu_health, grades
 
@@ -143,9 +143,9 @@ def intra_expectation(backend: str) -> dict[str, Any]:
         gbps, source = grades.nvlink_expectation(names[0]) if names else (None, "NVML names no GPU")
         return {"GBps": gbps, "source": source, "detail": names[0] if names else ""}
     mem = hostinfo.memcpy_gbps()
-    frac = grades.CPU_MARGIN * grades.CPU_HEALTHY_FRACTION["intra"]
+    frac = grades.CPU_HEALTHY_FRACTION["intra"]
     return {"GBps": frac * mem if frac else None, "memcpy_GBps": round(mem, 3),
-            "source": "healthy SLURM-lab runs, benchmarks/bench_straggler.py (CPU_HEALTHY_FRACTION, CPU_MARGIN)",
+            "source": grades.SRC_CPU_BW,
             "detail": f"{frac:.3f} x memory copy {mem:.2f} GB/s"}
 
 

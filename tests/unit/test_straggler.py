@@ -59,7 +59,7 @@ def test_one_node_bandwidth_graded_against_the_expected_figure_and_drawn(tmp_pat
     assert png.stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("share, status", [(0.6, "OK"), (0.45, "WARN"), (0.3, "FAIL")])
+@pytest.mark.parametrize("share, status", [(0.5, "OK"), (0.3, "WARN"), (0.2, "FAIL")])
 def test_cpu_ranks_use_the_thresholds_measured_on_the_lab(share, status):
     c = straggler.grade_ranks([_row(0, "node0", 14.0, 1.5), _row(1, "node1", 14.0 * share, 1.5)])
     assert c.status == status and c.values["warn_below"] == straggler.CPU_WARN_BELOW
