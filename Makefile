@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TMPDIR := $(CURDIR)/build/tmp
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/build/torch_extensions
 
-.PHONY: setup system-tools ds-ops lint-code test book test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench course course-sbatch clean
+.PHONY: setup system-tools ds-ops gpu-check lint-code test book test-unit test-jobs test-lab test-notebooks test-scenarios test-configs test-browser diagnose lab bench course course-sbatch clean
 
 $(STAMP): pyproject.toml
 	@mkdir -p build/tmp
@@ -95,6 +95,16 @@ lab: $(STAMP)
 course: $(STAMP)
 	@mkdir -p build/tmp
 	$(BIN)/python -m helpers.course $(ARGS)
+
+# Everything that needs a GPU, in one command (issue 22; helpers/gpu_check.py): the GPU health check on real NVML,
+# runbook diagnose with NCCL, the FusedAdam build, every chapter with tier-gpu cells (tier-multigpu with >= 2 GPUs);
+# summary in build/gpu-check/summary.md.  It runs on the interpreter it finds (this clone's .venv, else python3 with
+# its own torch: no venv is made, nothing installed), so it works on a GPU node's image as it is.  Without a GPU it
+# says so and skips every step (exit 0).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	@mkdir -p build/tmp
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m helpers.gpu_check --out build/gpu-check $(ARGS)
 
 course-sbatch:
 	mkdir -p build/course && sbatch configs/slurm/course.sbatch

@@ -190,6 +190,27 @@ def nic_speed_mbps(iface: str) -> tuple[float | None, str]:
     return None, "unknown (no sysfs speed, ethtool or ibstat)"
 
 
+def infiniband_ports(root: str | os.PathLike[str] = "/sys/class/infiniband") -> list[dict[str, Any]]:
+    """The active InfiniBand / RoCE ports of this host, from sysfs: ``[{"device", "port", "rate_gbps", "link_layer"}]``.
+
+    Reads ``<root>/<dev>/ports/<n>/state`` (``4: ACTIVE``), ``rate`` (``400 Gb/sec (4X NDR)``) and ``link_layer``
+    (``InfiniBand`` / ``Ethernet`` for RoCE), as ``ibstat`` prints them (Linux ``Documentation/ABI/stable/sysfs-class-infiniband``).
+    ``[]`` when the folder does not exist (no RDMA NIC, or a CPU box).
+    """
+    ports = []
+    for state in sorted(Path(root).glob("*/ports/*/state")):
+        try:
+            if "ACTIVE" not in state.read_text():
+                continue
+            rate = re.search(r"(\d+(?:\.\d+)?)\s*Gb/sec", (state.parent / "rate").read_text())
+            layer = (state.parent / "link_layer").read_text().strip() if (state.parent / "link_layer").exists() else ""
+        except OSError:
+            continue
+        ports.append({"device": state.parents[2].name, "port": state.parent.name,
+                      "rate_gbps": float(rate.group(1)) if rate else None, "link_layer": layer})
+    return ports
+
+
 def memcpy_gbps(nbytes: int = 64 << 20, repeats: int = 5) -> float:
     """This host's memory-copy bandwidth, GB/s (best of ``repeats`` copies of ``nbytes``, read + write counted once)."""
     import torch

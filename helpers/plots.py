@@ -19,7 +19,7 @@ def _save(fig: Any, path: str | Path) -> Path:
     return out
 
 def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[str, Mapping] | None = None,
-               title: str = "busbw vs message size") -> Path:
+               title: str = "busbw vs message size", expected: Mapping[str, Any] | None = None) -> Path:
     """Plot busbw (GB/s, nccl-tests definition) against message size (bytes, log2 axis), one line per op.
 
     Args:
@@ -28,6 +28,9 @@ def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[s
         plateaus: optional ``{op: {"plateau_GBps", "from_bytes"}}`` drawn as dashed lines over
             the sizes they were taken from.
         title: figure title.
+        expected: optional ``{"expected_GBps", "good_ratio", "warn_ratio", "scope"}`` (a
+            :func:`helpers.allocation.grades.grade_expected` record's values): the expected figure as a solid black line,
+            the WARN and FAIL thresholds as dotted lines, and the scope (intra-/inter-node) in the title.
 
     Returns:
         The PNG path.
@@ -49,6 +52,15 @@ def plot_busbw(rows: Sequence[Mapping], path: str | Path, *, plateaus: Mapping[s
         if plateaus and op in plateaus:
             p = plateaus[op]
             ax.hlines(p["plateau_GBps"], p["from_bytes"], pts[-1][0], colors=line.get_color(), linestyles="dashed")
+    if expected and expected.get("expected_GBps"):
+        exp = expected["expected_GBps"]
+        ax.axhline(exp, color="black", lw=1.2, label=f"expected {exp:.3g} GB/s")
+        ax.axhline(exp * expected.get("good_ratio", 0.9), color="tab:orange", ls=":", lw=1,
+                   label=f"WARN below {expected.get('good_ratio', 0.9):.0%}")
+        ax.axhline(exp * expected.get("warn_ratio", 0.75), color="tab:red", ls=":", lw=1,
+                   label=f"FAIL below {expected.get('warn_ratio', 0.75):.0%}")
+    if expected and expected.get("scope"):
+        title = f"{title} ({expected['scope']})"
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import jobs, sources
-from helpers.allocation import local
+from helpers.allocation import local, straggler
 from helpers.allocation.grades import grade_envelope, grade_job, grade_nodes, grade_pairs, grade_smoke, inter_envelope, pair_matrix
 from helpers.checks import Check, faulty_nodes, render
 from helpers.jobdir import JobDir
@@ -51,19 +51,22 @@ SAMPLED_ROUNDS = 8
 # --------------------------------------------------------------------------- per node
 
 
-def node_report(master_port: int = DEFAULT_MASTER_PORT) -> dict[str, Any]:
+def node_report(master_port: int = DEFAULT_MASTER_PORT, dcgm_level: int = 0) -> dict[str, Any]:
     """What :func:`run_node_steps` measures on one node (run there): versions, GPUs, host checks, NIC, memcpy.
+
+    ``dcgm_level`` (0, 1, 2): also run ``dcgmi diag -r`` where DCGM is installed (``gpu_health``).
 
     Returns:
         ``{"hostname", "versions": {torch, cuda, nccl, driver, deepspeed}, "gpus", "nvswitch",
         "fabric_manager", "host_checks": [Check dicts], "iface", "nic_mbps", "nic_source", "memcpy_GBps",
-        "socket_ifname": {VAR: value}, "slurm_gpus"}``.
+        "socket_ifname": {VAR: value}, "slurm_gpus", "gpu_health": gpu_health.node_health()}``.
     """
     import importlib.metadata
 
     import torch
 
     from helpers import hostinfo
+    from helpers.allocation import gpu_health
 
     def version(name: str) -> str | None:
         try:
@@ -92,21 +95,25 @@ def node_report(master_port: int = DEFAULT_MASTER_PORT) -> dict[str, Any]:
                                                            "nccl": nccl, "driver": driver, "deepspeed": version("deepspeed")},
             "gpus": gpus, "nvswitch": nvswitch, "fabric_manager": fabric,
             "host_checks": [c.to_dict() for c in checks], "iface": iface, "nic_mbps": speed, "nic_source": source,
-            "memcpy_GBps": round(hostinfo.memcpy_gbps(), 2),
+            "memcpy_GBps": round(hostinfo.memcpy_gbps(), 2), "rdma_ports": hostinfo.infiniband_ports(),
             "socket_ifname": {k: os.environ.get(k) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")},
-            "slurm_gpus": os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE")}
+            "slurm_gpus": os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE"),
+            "gpu_health": gpu_health.node_health(dcgm_level=dcgm_level)}
 
 
 def run_node_steps(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir: Path, *, timeout_s: float = 45.0,
-                   env: Mapping[str, str] | None = None) -> tuple[dict[str, dict], list[Check]]:
+                   env: Mapping[str, str] | None = None, dcgm_level: int = 0) -> tuple[dict[str, dict], list[Check]]:
     """One step per node named ``tag``, in parallel: :func:`node_report` there (``scenarios/node_report.py``).
+
+    ``dcgm_level`` > 0 adds ``dcgmi diag -r dcgm_level`` on the nodes that have DCGM (and 300 s to ``timeout_s``).
 
     Returns:
         ``({node: report}, [a FAIL per node whose step failed, in SLURM's words])``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    py = [sys.executable, str(jobs.scenario("node_report.py"))]
+    py = [sys.executable, str(jobs.scenario("node_report.py")), "--dcgm-level", str(dcgm_level)]
+    timeout_s += 300.0 if dcgm_level else 0.0
 
     def one(node: str) -> tuple[str, subprocess.CompletedProcess[str]]:
         return node, client.step([node], py, tag, timeout_s, env=env)
@@ -121,6 +128,25 @@ def run_node_steps(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
             else:
                 failures.append(step_failure(f"node.step.{node}", node, proc, timeout_s))
     return reports, failures
+
+
+def gpu_node_checks(reports: Mapping[str, Mapping[str, Any]]) -> list[Check]:
+    """The GPU health of every node (issue 22): ``node.gpu.*.<node>`` per node, then ``node.gpu_versions``.
+
+    Each node's ``gpu_health`` (:func:`helpers.allocation.gpu_health.node_health`, read there) is graded by
+    :func:`helpers.allocation.gpu_grades.grade_gpu_health`; a node without GPU gives one INFO record.
+    """
+    from helpers.allocation import gpu_grades
+
+    checks: list[Check] = []
+    healths = {n: r["gpu_health"] for n, r in reports.items() if r.get("gpu_health")}
+    for node, health in healths.items():
+        for c in gpu_grades.grade_gpu_health(health, node=node):
+            c.id = f"node.{c.id}.{node}"
+            checks.append(c)
+    if healths:
+        checks.append(gpu_grades.grade_gpu_versions(healths))
+    return checks
 
 
 def step_failure(cid: str, node: str, proc: subprocess.CompletedProcess[str], timeout_s: float) -> Check:
@@ -352,7 +378,7 @@ def render_markdown(ev: Mapping[str, Any], checks: Sequence[Check] = ()) -> str:
 def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun", lab: str = "", nproc: int = 1,
                    backend: str = "gloo", steps: Sequence[str] = MULTI_STEPS, join_timeout_s: float = 60.0,
                    timeout_s: float = 240.0, gpus_per_node: int = 0, smoke_steps: int = 20,
-                   log: Callable[[str], None] = print) -> tuple[list[Check], dict[str, Any]]:
+                   log: Callable[[str], None] = print, dcgm_level: int = 0) -> tuple[list[Check], dict[str, Any]]:
     """Every multi-node check of ``steps`` (subset of :data:`MULTI_STEPS`) on ``nodes``; cleans up what it started.
 
     Returns:
@@ -383,9 +409,10 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
     ev: dict[str, Any] = {"reports": {}, "matrix": {}, "job": None, "tag": tag}
     try:
         if "nodes" in steps:
-            reports, failed = run_node_steps(client, tag, nodes, out_dir / "nodes", timeout_s=min(45.0, timeout_s))
+            reports, failed = run_node_steps(client, tag, nodes, out_dir / "nodes", timeout_s=min(45.0, timeout_s),
+                                             dcgm_level=dcgm_level)
             ev["reports"] = reports
-            checks += failed + grade_nodes(reports, gpus_per_node=gpus_per_node)
+            checks += failed + grade_nodes(reports, gpus_per_node=gpus_per_node) + gpu_node_checks(reports)
             log(f"per-node steps: {len(reports)}/{len(nodes)} nodes answered")
         dead = faulty_nodes([c for c in checks if c.id.startswith("node.step.")])
         if "job" in steps and dead:
@@ -405,6 +432,7 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
                 cpu = not (data["records"][0].get("gpu") or {}).get("name")
                 envelope, floor_frac, _ = inter_envelope(ev["reports"], cpu)
                 checks.append(grade_pairs(ev["matrix"], envelope, floor_frac))
+                checks += straggler.checks_for_job(data, ev["matrix"])  # every rank's speed, every node's pairs
                 if ev["reports"]:
                     checks += grade_envelope(data, ev["reports"])
                 ev["inter"], ev["intra"] = data["inter"], data["intra"]

@@ -74,6 +74,98 @@ def gpu_link(name: str) -> tuple[str, float, str] | None:
     return GPU_LINKS.get(name.strip())
 
 
+# --------------------------------------------------------------------------- expected busbw (issue 22)
+
+GOOD_RATIO = 0.9
+"""A plateau at 0.9 of the expected figure or more is OK (issue 22)."""
+WARN_RATIO = 0.75
+"""From 0.75 of the expected figure: WARN; below: FAIL."""
+NIC_BUSBW_GBPS: dict[int, tuple[float, str]] = {
+    100: (12.0, "https://github.com/NVIDIA/nccl-tests/issues/29 (sjeaugey: '12.2 GB/s (for a 100Gbps card) is as good "
+                "as you can get. DGX-1 can get 48 GB/s because we have 4 IB adapters')"),
+    200: (24.0, "https://github.com/NVIDIA/nccl-tests/issues/119 (sjeaugey: 'We usually consider 24GB/s is the peak "
+                "performance per 200G NIC (12 GB/s for 100G NICs)')"),
+    400: (48.0, "https://github.com/NVIDIA/nccl-tests/issues/267 (AddyLaddy: 'CX-7 NICs at NDR rate (400Gbps) should "
+                "achieve up to 48-49GB/s per NIC')"),
+}
+"""All-reduce busbw a healthy NIC reaches across nodes, GB/s, by line rate in Gb/s (the NCCL maintainers' answers)."""
+GBPS_PER_GBIT = 0.12
+"""The same figures per Gb/s of line rate (12/100 = 24/200 = 48/400), for a rate not in :data:`NIC_BUSBW_GBPS`."""
+NVLINK_EFFICIENCY = 370.0 / 450.0
+"""NVLink busbw NCCL reaches over the line rate: 'With the protocol overhead (~20%) NCCL can get an effective NVLink
+bandwidth of 370GB/s' of the H100's 450 GB/s (sjeaugey, https://github.com/NVIDIA/nccl-tests/issues/212); with NVLink
+SHARP an 8-GPU all_reduce reaches ~480 GB/s busbw, above this figure, so it never WARNs there."""
+SRC_NVLINK = "https://github.com/NVIDIA/nccl-tests/issues/212"
+CPU_HEALTHY_FRACTION = {"inter": 0.056, "intra": 0.117}
+"""gloo on CPU: the plateau busbw a healthy lab reaches, as a fraction of its envelope (inter: min(NIC line rate,
+memory copy); intra: the host's memory copy): the median of 10 healthy runs of benchmarks/bench_straggler.py (2-node
+SLURM lab, 2 ranks per node, 2-core machine, load 2.8-8.3): inter 0.0386-0.1083 (median 0.056), intra 0.0366-0.4183
+(20 node plateaus, median 0.117).  The expected figure is that fraction x the run's own envelope."""
+CPU_GOOD_RATIO = 0.25
+"""gloo on CPU: OK from this ratio to the expected figure (GPU: :data:`GOOD_RATIO`).  Healthy lab runs on the shared
+2-core machine spread widely around their median: the lowest healthy run was 0.69 of the median inter-node and 0.31
+intra-node (the node's memory copy, measured beside other jobs, moves the most), so OK starts at 0.8 of the lowest
+healthy ratio (0.25) and WARN reaches down to 0.15; a node whose CPU is capped at a twentieth drove the inter-node
+ratio to 0.09-0.17 and its own intra-node ratio to 0.04-0.25 in the same benchmark."""
+CPU_WARN_RATIO = 0.15
+"""gloo on CPU: WARN from this ratio, FAIL below (see :data:`CPU_GOOD_RATIO`)."""
+SRC_CPU_BW = "healthy SLURM-lab runs, benchmarks/bench_straggler.py (grades.CPU_HEALTHY_FRACTION, CPU_GOOD_RATIO)"
+
+
+def nic_expectation(report: Mapping[str, Any]) -> tuple[float | None, str]:
+    """``(GB/s, how)``: the all_reduce busbw a healthy node of this kind reaches across nodes.
+
+    Sum over its active RDMA ports (``report["rdma_ports"]``, :func:`helpers.hostinfo.infiniband_ports`) of
+    :data:`NIC_BUSBW_GBPS` (or :data:`GBPS_PER_GBIT` x rate); without RDMA ports, the data interface's line rate x
+    :data:`GBPS_PER_GBIT`.  ``(None, why)`` when no rate is known.
+    """
+    ports = [p for p in report.get("rdma_ports") or [] if p.get("rate_gbps")]
+    if ports:
+        total, parts = 0.0, []
+        for p in ports:
+            rate = int(round(p["rate_gbps"]))
+            fig = NIC_BUSBW_GBPS.get(rate, (GBPS_PER_GBIT * rate, ""))[0]
+            total += fig
+            parts.append(f"{p['device']} {rate} Gb/s -> {fig:g} GB/s")
+        return total, f"{len(ports)} RDMA NIC(s): " + ", ".join(parts)
+    if report.get("nic_mbps"):
+        rate = report["nic_mbps"] / 1000
+        return GBPS_PER_GBIT * rate, f"{report.get('iface')} {rate:g} Gb/s x {GBPS_PER_GBIT} (no RDMA NIC)"
+    return None, "no NIC rate known"
+
+
+def nvlink_expectation(gpu_name: str) -> tuple[float | None, str]:
+    """``(GB/s, source)``: intra-node busbw a healthy node of this GPU model reaches; None for models without a
+    maintainer figure (PCIe/NVL cards and models not in :data:`GPU_LINKS`)."""
+    link = gpu_link(gpu_name)
+    if link is None or link[0] != "SXM":
+        return None, f"no NCCL maintainer figure for '{gpu_name}'"
+    return round(link[1] * NVLINK_EFFICIENCY, 1), f"{link[2]}; x {NVLINK_EFFICIENCY:.3f} ({SRC_NVLINK})"
+
+
+def grade_expected(check_id: str, measured: float, expected: float | None, source: str, scope: str, *,
+                   node: str = "", detail: str = "", cpu: bool = False) -> Check:
+    """A plateau ``measured`` (GB/s) against the ``expected`` figure: OK at :data:`GOOD_RATIO` or more, WARN from
+    :data:`WARN_RATIO`, FAIL below (``cpu``: :data:`CPU_GOOD_RATIO` / :data:`CPU_WARN_RATIO`); no figure: INFO.
+    ``values``: measured, expected, ratio, source, scope (``intra-node`` / ``inter-node``) and the thresholds."""
+    good, warn = (CPU_GOOD_RATIO, CPU_WARN_RATIO) if cpu else (GOOD_RATIO, WARN_RATIO)
+    values = {"measured_GBps": round(measured, 4), "expected_GBps": round(expected, 4) if expected else None,
+              "ratio": round(measured / expected, 3) if expected else None, "source": source, "scope": scope,
+              "good_ratio": good, "warn_ratio": warn, "detail": detail}
+    where = f"{node}: " if node else ""
+    if not expected:
+        return Check(check_id, f"{where}{scope} plateau busbw {measured:.3f} GB/s; no expected figure ({source})", "INFO",
+                     values, "", source, node=node)
+    ratio = measured / expected
+    status = "OK" if ratio >= good else "WARN" if ratio >= warn else "FAIL"
+    title = (f"{where}{scope} plateau busbw {measured:.3f} GB/s = {ratio:.0%} of the expected {expected:.3f} GB/s"
+             + (f" ({detail})" if detail else ""))
+    fix = ("" if status == "OK" else "far below what a healthy system of this kind reaches: check the transport NCCL "
+           "picked (NCCL_DEBUG=INFO: NET/IB vs NET/Socket across nodes, P2P/NVLink vs SHM inside), NCCL_IB_HCA and the "
+           "NICs' rates (ibstat), nvidia-smi topo -m, and a slow node (pairs.bandwidth, straggler.*)")
+    return Check(check_id, title, status, values, fix, source, node=node)
+
+
 # --------------------------------------------------------------------------- one node
 
 # Values that differ across ranks by design (one per rank, or one per node): not a WARN.
@@ -240,13 +332,17 @@ def grade_correctness(data: dict) -> Check:
                  values, "", "https://github.com/NVIDIA/nccl-tests (-c check)")
 
 
-def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0) -> tuple[Check, list[dict]]:
-    """Annotate the sweep with algbw/busbw and each op's plateau; WARN below ``min_busbw_gbps``.
+def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0,
+                    expected: Mapping[str, Any] | None = None) -> tuple[Check, list[dict]]:
+    """Annotate the sweep with algbw/busbw and each op's plateau; grade the all_reduce plateau.
 
     Args:
         data: the collectives job's JSON (``world_size``, ``sweep`` rows).
-        min_busbw_gbps: the plateau busbw (GB/s) every op must reach; 0 disables the threshold
-            (there is no universal number: take it from a known-good node of the same kind).
+        min_busbw_gbps: a plateau busbw (GB/s) every op must reach, set by hand (WARN below); 0: use ``expected``.
+        expected: ``{"GBps", "source", "detail"}``, what a healthy node of this kind reaches inside a node
+            (:func:`nvlink_expectation` on GPU; :data:`CPU_HEALTHY_FRACTION` x memory copy on CPU), graded by
+            :func:`grade_expected` (GPU: OK >= 0.9, WARN from 0.75, FAIL below; CPU: :data:`CPU_GOOD_RATIO`,
+            :data:`CPU_WARN_RATIO`; no figure: OK with the plateaus, as before).
 
     Returns:
         ``(check, annotated rows)``.
@@ -270,6 +366,13 @@ def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0) -> tuple[Check, 
         return Check("collectives.bandwidth", f"plateau busbw below {min_busbw_gbps} GB/s: {slow}", "WARN", values,
                      "check the transport NCCL picked (NCCL_DEBUG=INFO: P2P/SHM inside a node, NET/IB across), "
                      "NCCL_P2P_LEVEL / NCCL_IB_DISABLE settings, and GPU topology (nvidia-smi topo -m)", source), rows
+    if expected and expected.get("GBps") and "all_reduce" in values["plateau_busbw_GBps"]:
+        graded = grade_expected("collectives.bandwidth", values["plateau_busbw_GBps"]["all_reduce"], expected["GBps"],
+                                expected.get("source", ""), "intra-node", detail=expected.get("detail", ""),
+                                cpu=data.get("backend") != "nccl")
+        graded.values.update(values)
+        graded.title = f"all_reduce {graded.title}; plateaus (GB/s): {summary}"
+        return graded, rows
     return Check("collectives.bandwidth", f"plateau busbw (GB/s): {summary}", "OK", values, "", source), rows
 
 
@@ -498,51 +601,72 @@ def grade_pairs(matrix: Mapping[str, Mapping[str, float]], line_rate_gbps: float
 
 
 def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]]) -> list[Check]:
-    """"Is my number normal": inter-node plateau vs the NIC line rate, intra-node vs memory copy (CPU) or NVLink/PCIe (GPU).
+    """"Is my number normal": each busbw plateau against what a healthy system of that kind reaches (issue 22).
 
-    The envelope is printed in each record.  Floors: inter-node :data:`INTER_FLOOR` of the slowest node's line rate;
-    CPU intra-node :data:`CPU_FLOOR` of the node's measured memory-copy bandwidth; GPU intra-node half of the
-    published per-GPU figure of the model's exact entry in :data:`GPU_LINKS` (:func:`gpu_link`); a model not listed
-    gets an INFO record without a floor, never a WARN (so never a drain proposal).
+    Inter-node (``envelope.inter``): GPU, the slowest node's NICs (:func:`nic_expectation`: the NCCL maintainers'
+    per-NIC figures x the node's RDMA NICs); CPU (gloo), :data:`CPU_HEALTHY_FRACTION` ``inter`` x
+    the envelope (:func:`inter_envelope`: min of the NIC line rate and the memory copy).  Intra-node
+    (``envelope.intra.<node>``): GPU SXM models, :func:`nvlink_expectation` of the exact model; PCIe/NVL cards (no
+    maintainer figure found), WARN below half the slot's published rate as before; an unlisted model: INFO, never a
+    drain proposal; CPU, the ``intra`` fraction x the node's memory copy, graded with :data:`CPU_GOOD_RATIO` /
+    :data:`CPU_WARN_RATIO`.
+    Graded by :func:`grade_expected`; every record carries measured, expected, ratio, source and scope.
     """
     checks = []
     rates = {n: r["nic_mbps"] / 8000 for n, r in reports.items() if r.get("nic_mbps")}
     gpu_name = (data["records"][0].get("gpu") or {}).get("name") or ""
-    line, floor_frac, what = inter_envelope(reports, cpu=not gpu_name)
+    line, _, what = inter_envelope(reports, cpu=not gpu_name)
     inter = _plateau(data["inter"])
     env = {"envelope_GBps": line, "envelope": what, "per_node_line_rate_GBps": rates,
            "per_node_memcpy_GBps": {n: r.get("memcpy_GBps") for n, r in reports.items()},
            "sources": {n: r.get("nic_source") for n, r in reports.items()}}
-    if line is None:
-        checks.append(Check("envelope.inter", f"inter-node plateau busbw {inter:.3f} GB/s; line rate unknown", "INFO",
-                            {"plateau_GBps": inter, **env}, "", SRC_ENVELOPE))
+    if gpu_name:
+        per_node = {n: nic_expectation(r) for n, r in reports.items()}
+        known = {n: v for n, v in per_node.items() if v[0]}
+        slow = min(known, key=lambda n: known[n][0]) if known else None
+        expected, detail = (known[slow][0], f"{slow}: {known[slow][1]}") if slow else (None, "no NIC rate known")
+        source = "; ".join(src for _, src in NIC_BUSBW_GBPS.values())
     else:
-        frac = inter / line
-        status = "OK" if frac >= floor_frac else "WARN"
-        checks.append(Check("envelope.inter", f"inter-node plateau busbw {inter:.3f} GB/s = {frac:.1%} of the "
-                            f"{line:.3f} GB/s envelope ({what}; floor {floor_frac:.0%})", status,
-                            {"plateau_GBps": inter, "fraction": round(frac, 3), **env},
-                            "far below the NIC: a fallback path (TCP instead of IB, 10 GbE), a slow node (see "
-                            "pairs.bandwidth) or NCCL_SOCKET_IFNAME on the wrong NIC", SRC_ENVELOPE))
+        frac = CPU_HEALTHY_FRACTION["inter"]
+        expected = frac * line if line and frac else None
+        detail = f"{frac:.3f} x {line:.3f} GB/s envelope ({what})" if expected else "no healthy fraction measured"
+        source = SRC_CPU_BW
+    rec = grade_expected("envelope.inter", inter, expected, source, "inter-node", detail=detail, cpu=not gpu_name)
+    rec.values.update({"plateau_GBps": inter, "fraction": round(inter / line, 4) if line else None, **env})
+    checks.append(rec)
     for node, rows in data.get("intra", {}).items():
         plat = _plateau(rows)
         rep = reports.get(node, {})
-        if gpu_name and gpu_link(gpu_name) is None:
-            checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s; no "
-                                f"published link figure for '{gpu_name}' (not in GPU_LINKS): not graded", "INFO",
-                                {"plateau_GBps": plat, "gpu": gpu_name}, "", SRC_ENVELOPE, node=node))
+        if gpu_name and nvlink_expectation(gpu_name)[0] is None:
+            link = gpu_link(gpu_name)
+            if link is None:
+                checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s; no "
+                                    f"published link figure for '{gpu_name}' (not in GPU_LINKS): not graded", "INFO",
+                                    {"plateau_GBps": plat, "gpu": gpu_name, "scope": "intra-node"}, "", SRC_ENVELOPE,
+                                    node=node))
+                continue
+            # PCIe / NVL cards: no NCCL maintainer figure found; half the slot's published rate is the floor (as before)
+            form, ref, src = link
+            ok = plat >= 0.5 * ref
+            checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s vs the "
+                                f"{form} link's {ref} GB/s; floor {0.5 * ref:.3f}", "OK" if ok else "WARN",
+                                {"plateau_GBps": plat, "measured_GBps": plat, "envelope_GBps": ref, "floor_GBps": 0.5 * ref,
+                                 "source": src, "scope": "intra-node", "gpu": gpu_name},
+                                "" if ok else f"{node}: check the intra-node transport (NCCL_DEBUG=INFO: P2P or SHM), "
+                                "nvidia-smi topo -m", f"{form}: {src}", node=node))
             continue
         if gpu_name:
-            form, ref, src = gpu_link(gpu_name)
-            src, floor = f"{form}: {src}", 0.5 * ref
+            expected, source = nvlink_expectation(gpu_name)
+            detail = gpu_name
         else:
-            ref, src, floor = rep.get("memcpy_GBps"), "memory copy of this host, measured", CPU_FLOOR * (rep.get("memcpy_GBps") or 0)
-        status = "OK" if not ref or plat >= floor else "WARN"
-        checks.append(Check(f"envelope.intra.{node}", f"{node}: intra-node plateau busbw {plat:.3f} GB/s vs envelope "
-                            f"{ref} GB/s ({src}); floor {floor:.3f}", status,
-                            {"plateau_GBps": plat, "envelope_GBps": ref, "floor_GBps": floor, "source": src},
-                            f"{node}: check the intra-node transport (NCCL_DEBUG=INFO: P2P/NVLink or SHM), nvidia-smi topo -m",
-                            SRC_ENVELOPE, node=node))
-    for c in checks:
-        c.remediation = "" if c.status == "OK" else c.remediation
+            frac = CPU_HEALTHY_FRACTION["intra"]
+            mem = rep.get("memcpy_GBps")
+            expected = frac * mem if mem and frac else None
+            detail = f"{frac:.3f} x memory copy {mem} GB/s" if expected else "no healthy fraction measured"
+            source = SRC_CPU_BW
+        rec = grade_expected(f"envelope.intra.{node}", plat, expected, source, "intra-node", node=node, detail=detail,
+                             cpu=not gpu_name)
+        rec.values.update({"plateau_GBps": plat, "envelope_GBps": rep.get("memcpy_GBps") if not gpu_name else expected,
+                           "gpu": gpu_name or None})
+        checks.append(rec)
     return checks

@@ -129,13 +129,36 @@ def run_env_contract(out_dir: Path, *, nproc: int, backend: str, timeout_s: floa
 # --------------------------------------------------------------------------- 3 + 4: collectives
 
 
+def intra_expectation(backend: str) -> dict[str, Any]:
+    """What a healthy node of this kind reaches inside the node (``grades.grade_bandwidth``'s ``expected``).
+
+    NCCL: the NVLink figure of the GPU model NVML names (:func:`helpers.allocation.grades.nvlink_expectation`);
+    gloo: the healthy lab's ``intra`` fraction (:data:`~helpers.allocation.grades.CPU_HEALTHY_FRACTION`) x this host's
+    memory copy (:func:`helpers.hostinfo.memcpy_gbps`).  ``{"GBps": None, ...}`` when there is no figure.
+    """
+    from helpers.allocation import gpu_health, grades
+
+    if backend == "nccl":
+        names = [g.get("name") for g in gpu_health.read_nvml()["gpus"] if g.get("name")]
+        gbps, source = grades.nvlink_expectation(names[0]) if names else (None, "NVML names no GPU")
+        return {"GBps": gbps, "source": source, "detail": names[0] if names else ""}
+    mem = hostinfo.memcpy_gbps()
+    frac = grades.CPU_HEALTHY_FRACTION["intra"]
+    return {"GBps": frac * mem if frac else None, "memcpy_GBps": round(mem, 3),
+            "source": grades.SRC_CPU_BW,
+            "detail": f"{frac:.3f} x memory copy {mem:.2f} GB/s"}
+
+
 def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float, min_bytes: int, max_bytes: int,
                     check_elements: int = 1 << 20, corrupt_rank: int = -1,
                     min_busbw_gbps: float = 0.0) -> tuple[list[Check], list[dict], jobs.JobResult]:
-    """Checks 3 and 4 in one job: exact collective results, then the busbw sweep.
+    """Checks 3 and 4 in one job: exact collective results, then the busbw sweep; and the straggler score.
+
+    Every rank also measures its matmul and memory-copy speed in the same job (``_speed.py``), graded as
+    ``straggler.ranks`` (:mod:`helpers.allocation.straggler`: WARN below 0.9, FAIL below 0.7 of the best rank).
 
     Returns:
-        ``([collectives.correctness, collectives.bandwidth], annotated sweep rows, job)``.
+        ``([collectives.correctness, collectives.bandwidth, straggler.ranks], annotated sweep rows, job)``.
     """
     out = Path(out_dir) / "collectives.json"
     args = ["--out", str(out), "--backend", backend, "--timeout-s", str(timeout_s), "--min-bytes", str(min_bytes),
@@ -146,8 +169,10 @@ def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float
         return [job_failure("collectives.correctness", "collectives job did not finish", job,
                             sources.cite("Gilbreth 6.3"))], [], job
     data = json.loads(out.read_text())
-    bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps)
-    return [grade_correctness(data), bandwidth], rows, job
+    bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps, expected=intra_expectation(backend))
+    from helpers.allocation import straggler
+
+    return [grade_correctness(data), bandwidth, *straggler.checks_for_job(data)], rows, job
 
 
 # --------------------------------------------------------------------------- 6: smoke tests
@@ -284,6 +309,33 @@ def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_
     return [grade_toolchain(torch.version.cuda, cuda_home, release, attempt)]
 
 
+
+
+def gpu_checks(out_dir: Path | None = None, *, dcgm_level: int = 0,
+               environ: Mapping[str, str] | None = None) -> list[Check]:
+    """The GPU health of this node (issue 22): NVML, the kernel log's XIDs, ``dcgmi diag -r dcgm_level`` where installed.
+
+    Reads with :func:`helpers.allocation.gpu_health.node_health`, grades with
+    :func:`helpers.allocation.gpu_grades.grade_gpu_health`; on a node without GPU one ``gpu.health`` INFO ("no GPU on
+    this node").  DCGM's own table goes to ``out_dir/dcgm_diag.txt`` (its path in the ``gpu.dcgm*`` records).
+
+    Args:
+        out_dir: the report folder (None: DCGM's text is not kept).
+        dcgm_level: 0 (no DCGM), 1 (quick, seconds) or 2 (about two minutes).
+        environ: the job's environment (what it asked for: ``SLURM_GPUS_ON_NODE``...); default this process's.
+    """
+    from helpers.allocation import gpu_grades, gpu_health
+
+    health = gpu_health.node_health(dcgm_level=dcgm_level, environ=environ)
+    checks = gpu_grades.grade_gpu_health(health)
+    dcgm = health.get("dcgm") or {}
+    if out_dir is not None and dcgm.get("output"):
+        path = Path(out_dir) / "dcgm_diag.txt"
+        path.write_text(dcgm["output"])
+        for c in checks:
+            if c.id.startswith("gpu.dcgm"):
+                c.values["output_file"] = str(path)
+    return checks
 
 
 def allocation_nodes(nodes: str = "", environ: dict[str, str] | None = None) -> list[str]:

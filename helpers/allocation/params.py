@@ -69,6 +69,8 @@ def validate(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = Non
     for name in ("TIMEOUT_S", "JOIN_TIMEOUT_S"):
         if name in p:
             positive_float(p[name], name)
+    if "DCGM_LEVEL" in p and (isinstance(p["DCGM_LEVEL"], bool) or p["DCGM_LEVEL"] not in (0, 1, 2)):
+        raise ValueError(f"DCGM_LEVEL={p['DCGM_LEVEL']!r}: accepted values are 0 (off), 1 (dcgmi diag -r 1), 2 (-r 2)")
     if "MIN_BUSBW_GBPS" in p and (isinstance(p["MIN_BUSBW_GBPS"], bool) or not isinstance(p["MIN_BUSBW_GBPS"], (int, float))
                                   or p["MIN_BUSBW_GBPS"] < 0):
         raise ValueError(f"MIN_BUSBW_GBPS={p['MIN_BUSBW_GBPS']!r}: must be a number >= 0 (GB/s; 0 disables)")

@@ -52,12 +52,12 @@ from __future__ import annotations
 import shutil  # noqa: F401  (tests patch netlab.shutil.which)
 
 from helpers.netlab._host import HOLDER_PREFIX, LAB_ROOT, NETNS_DIR, Host, RootlessHost, lab_available, lab_names
-from helpers.netlab.faults import DATA_IFACE, DECOY_NET, SIDES, FaultsMixin, FaultWatch, inject_when
+from helpers.netlab.faults import DATA_IFACE, DECOY_NET, SIDES, FaultsMixin, FaultWatch, inject_when, inject_when_joined
 from helpers.netlab.lab import BRIDGE, DEFAULT_NAME, DEFAULT_SUBNET, FIRST_HOST, MAX_NODES, Lab, down, format_status, status, up
 from helpers.netlab.multinode import FORMS, MultiNodeMixin, node_output, rendezvous_flags
 from helpers.netlab.slurmlab import HEAD, slurm_available
 
 __all__ = ["BRIDGE", "DATA_IFACE", "DECOY_NET", "DEFAULT_NAME", "DEFAULT_SUBNET", "FIRST_HOST", "FORMS", "HOLDER_PREFIX",
            "LAB_ROOT", "MAX_NODES", "NETNS_DIR", "SIDES", "HEAD", "FaultWatch", "FaultsMixin", "Host", "Lab", "MultiNodeMixin",
-           "RootlessHost", "down", "format_status", "inject_when", "lab_available", "lab_names",
+           "RootlessHost", "down", "format_status", "inject_when", "inject_when_joined", "lab_available", "lab_names",
            "node_output", "rendezvous_flags", "slurm_available", "status", "up"]

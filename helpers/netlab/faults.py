@@ -2,11 +2,12 @@
 
 :class:`FaultsMixin` gives :class:`helpers.netlab.Lab` its fault methods (``lab.set_mtu``,
 ``lab.add_decoy``, ``lab.rename_data_iface``, ``lab.cut_link`` / ``lab.restore_link``,
-``lab.kill_node``, ``lab.rate_limit``, ``lab.set_sysctl`` / ``lab.get_sysctl``, ``lab.set_host_entry``): MN2-MN4,
-PF-netns-nodes.
+``lab.kill_node``, ``lab.rate_limit``, ``lab.set_sysctl`` / ``lab.get_sysctl``, ``lab.set_host_entry``,
+``lab.throttle_cpu``): MN2-MN4, PF-netns-nodes; a node whose CPU share is capped (issue 22: the straggler score).
 
 :func:`inject_when` fires a fault while a job runs, at the moment one of its ranks prints a
-line matching a pattern (e.g. chapter 06 pulls a cable once the ranks are at ``step 3``).
+line matching a pattern (e.g. chapter 06 pulls a cable once the ranks are at ``step 3``); :func:`inject_when_joined`
+once a node's ranks of a job across nodes have joined.
 Nothing runs at import.
 """
 
@@ -148,6 +149,47 @@ class FaultsMixin:
                 self._nsexec(self.switch_ns, ["tc", "qdisc", "add", "dev", port, "root", "tbf", "rate",
                                               f"{rate_mbit}mbit", "burst", "64kb", "latency", "100ms"])
 
+    def throttle_cpu(self, node: int | str, fraction: float | None) -> str:
+        """Cap the CPU time of ``node``'s processes at ``fraction`` of one CPU (CFS bandwidth control); ``None`` lifts it.
+
+        The node's processes (its ``slurmd`` among them: job steps fork from it and stay in its cgroup, the lab's SLURM
+        uses ``proctrack/linuxproc``) move into a cgroup of their own with ``cpu.max = "<fraction x 100000> 100000"``
+        (cgroup v2), or ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` where the cpu controller is still on cgroup v1
+        (this machine's hybrid layout): the same kernel mechanism, https://docs.kernel.org/scheduler/sched-bwc.html.
+        :meth:`down` removes the cgroup (:func:`remove_cpu_cgroups`).
+
+        Returns:
+            The cgroup's path.
+
+        Raises:
+            ValueError: a fraction that is not a number in (0, 1].
+            RuntimeError: a rootless lab, or no writable cpu controller (names the paths tried).
+        """
+        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                     or not 0 < fraction <= 1):
+            raise ValueError(f"fraction={fraction!r}: a share of one CPU in (0, 1], or None to lift the cap")
+        if getattr(self, "rootless", False):
+            raise RuntimeError("throttle_cpu needs a root lab: cgroups are the host's")
+        path = cpu_cgroup_path(self.name, self._member(node))
+        pids = self.node_pids(node)
+        if fraction is None:
+            remove_cpu_cgroups(self.name, only=path)
+            return str(path)
+        path.mkdir(exist_ok=True)
+        period = 100_000
+        quota = max(1000, int(fraction * period))
+        if (path / "cpu.max").exists():
+            (path / "cpu.max").write_text(f"{quota} {period}\n")
+        else:
+            (path / "cpu.cfs_period_us").write_text(f"{period}\n")
+            (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        for pid in pids:
+            try:
+                (path / "cgroup.procs").write_text(f"{pid}\n")
+            except ProcessLookupError:
+                pass
+        return str(path)
+
     def kill_node(self, node: int | str, sig: int = signal.SIGKILL) -> list[int]:
         """Kill every process in ``node``'s network namespace with ``sig`` (a node crash); return their pids."""
         pids = []
@@ -220,6 +262,63 @@ class FaultsMixin:
 
 
 # --------------------------------------------------------------------------- faults at a point of a running job
+
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu"))
+"""Where a cpu controller may live: the cgroup v2 root (``cpu`` in its ``cgroup.controllers``), or v1's ``cpu``."""
+
+
+def _cpu_root() -> Path:
+    v2 = CGROUP_ROOTS[0] / "cgroup.controllers"
+    if v2.exists() and "cpu" in v2.read_text().split():
+        return CGROUP_ROOTS[0]
+    if (CGROUP_ROOTS[1] / "cpu.cfs_quota_us").exists():
+        return CGROUP_ROOTS[1]
+    raise RuntimeError(f"no cpu controller found (tried {v2} and {CGROUP_ROOTS[1]}/cpu.cfs_quota_us)")
+
+
+def cpu_cgroup_path(lab: str, node: str) -> Path:
+    """The cgroup :meth:`FaultsMixin.throttle_cpu` makes for ``node`` of lab ``lab``: ``<cpu root>/runbook-lab-<lab>-<node>``."""
+    return _cpu_root() / f"runbook-lab-{lab}-{node}"
+
+
+def cpu_cgroups(lab: str) -> list[Path]:
+    """The throttling cgroups of lab ``lab`` that exist ([] when none, or no cpu controller)."""
+    try:
+        root = _cpu_root()
+    except RuntimeError:
+        return []
+    return sorted(root.glob(f"runbook-lab-{lab}-*"))
+
+
+def remove_cpu_cgroups(lab: str, only: Path | None = None) -> list[str]:
+    """Move the processes of lab ``lab``'s throttling cgroups back to the root cgroup and remove the cgroups.
+
+    Returns:
+        The paths removed.
+    """
+    removed = []
+    for path in cpu_cgroups(lab):
+        if only is not None and path != only:
+            continue
+        root = path.parent
+        for _ in range(3):
+            try:
+                pids = [p for p in (path / "cgroup.procs").read_text().split() if p]
+            except OSError:
+                pids = []
+            for pid in pids:
+                try:
+                    (root / "cgroup.procs").write_text(f"{pid}\n")
+                except OSError:
+                    pass
+            try:
+                path.rmdir()
+                removed.append(str(path))
+                break
+            except OSError:
+                time.sleep(0.1)
+    return removed
+
 
 def _job_dirs(name: str) -> set[Path]:
     """Job directories of jobs named ``name`` (the layout of :func:`helpers.jobs.new_job_dir`; the one place to change)."""
@@ -330,6 +429,33 @@ class FaultWatch:
         self._thread.join()
         if exc_type is None and self.error is not None:
             raise self.error
+
+
+def inject_when_joined(job_dir: str | os.PathLike[str], node: str, nproc: int, fault: Callable[[], Any],
+                       timeout_s: float = 300.0) -> threading.Event:
+    """Fire ``fault()`` once every rank of ``node`` wrote its ``joined`` marker in ``job_dir`` (the job across nodes of
+    :func:`helpers.allocation.across.run_job_across`: ``ranks/joined-<node>-<local_rank>``, :class:`helpers.jobdir.JobDir`).
+
+    A CPU cap from the start would make the node miss the join deadline (torch's import alone outlasts it at a tenth
+    of a CPU); capped once it joined, the node runs the job slowly: the straggler score's case (issue 22).
+
+    Returns:
+        An event: set it to stop watching (the watcher also stops after ``timeout_s`` or once it fired).
+    """
+    stop = threading.Event()
+    jd = JobDir(job_dir)
+    want = {(node, r) for r in range(nproc)}
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set() and time.monotonic() < deadline:
+            if jd.ranks_dir.exists() and want <= jd.node_markers("joined"):
+                fault()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name=f"inject-when-joined-{node}", daemon=True).start()
+    return stop
 
 
 def inject_when(job_or_dir: str | os.PathLike[str], pattern: str, fault: Callable[[], Any],

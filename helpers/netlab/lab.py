@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import envvars, jobs, procs
-from helpers.netlab import slurmlab
+from helpers.netlab import faults, slurmlab
 from helpers.netlab._host import LAB_ROOT, NAME_RX, NETNS_DIR, host_for, lab_available, lab_names, run_cmd
 from helpers.netlab.faults import DATA_IFACE, DECOY_NET, FaultsMixin
 from helpers.netlab.multinode import MultiNodeMixin
@@ -365,6 +365,7 @@ class Lab(FaultsMixin, MultiNodeMixin, SlurmClient):
         t0 = time.monotonic()
         namespaces = self._lab_namespaces(self._netns())
         killed = procs.kill_in_namespaces(self._ns_inodes(namespaces), grace_s=1.0)
+        faults.remove_cpu_cgroups(self.name)  # a node's CPU cap (throttle_cpu), emptied by the kill above
         self.host.teardown(self.state_dir, namespaces)
         slurmlab.remove(self.name)  # config, key, socket, state, spool, logs (the daemons died with the namespaces)
         return {"killed": killed, "namespaces": namespaces, "seconds": round(time.monotonic() - t0, 3)}
@@ -375,6 +376,7 @@ class Lab(FaultsMixin, MultiNodeMixin, SlurmClient):
         left += self._mounts(self.state_dir)
         left += [str(self.state_dir)] if self._host_path(self.state_dir).exists() else []
         left += [str(slurmlab.slurm_dir(self.name))] if slurmlab.slurm_dir(self.name).exists() else []
+        left += [str(p) for p in faults.cpu_cgroups(self.name)]
         return left + self.host.leftovers()
 
     def _ns_inodes(self, namespaces: Iterable[str]) -> dict[str, set[int]]:

@@ -10,7 +10,10 @@ node whose ranks never joined.  Rank 0 then writes ``<out_dir>/allocation_job.js
 * ``inter``: all_reduce sweep over every rank (crosses the network);
 * ``intra``: ``{host: rows}``, all_reduce sweep inside each node's ranks (all nodes at once);
 * ``pairs``: one rank per node (local rank 0), disjoint node pairs at once (round-robin rounds),
-  ``[{"a", "b", "bytes", "time_s"}]``: busbw of a 2-rank all_reduce = algbw (nccl-tests factor 1).
+  ``[{"a", "b", "bytes", "time_s"}]``: busbw of a 2-rank all_reduce = algbw (nccl-tests factor 1);
+* ``speed``: every rank's matmul GFLOP/s and memory-copy GB/s (:func:`helpers.scenarios._speed.measure`), for the
+  straggler score (:mod:`helpers.allocation.straggler`), with its host, local rank and GPU; measured by all ranks at
+  once on NCCL (each GPU is its own), one rank after the other on gloo (:func:`helpers.scenarios._speed.gather`).
 
 Bandwidth rows are ``{"op": "all_reduce", "bytes", "time_s", "ranks"}``; the orchestrator applies the
 nccl-tests definitions (:mod:`helpers.busbw`).
@@ -31,7 +34,7 @@ import sys
 import time
 
 from helpers.jobdir import JobDir
-from helpers.scenarios import _common, collectives, env_report
+from helpers.scenarios import _common, _speed, collectives, env_report
 
 
 def round_robin(n: int, max_rounds: int = 0) -> list[list[tuple[int, int]]]:
@@ -88,6 +91,8 @@ def main() -> int:
     parser.add_argument("--pair-bytes", type=int, default=8 << 20, help="all_reduce size of each node pair")
     parser.add_argument("--iters", type=int, default=3, help="timed calls per size (median)")
     parser.add_argument("--max-rounds", type=int, default=0, help="pair rounds to run (0: all, round-robin)")
+    parser.add_argument("--speed", choices=_speed.MODES, default="auto",
+                        help="per-rank matmul / memory-copy measurement for the straggler score (default auto)")
     args = parser.parse_args()
 
     import torch.distributed as dist
@@ -102,6 +107,7 @@ def main() -> int:
     record = env_report.collect(backend, device)
     records: list = [None] * world
     dist.all_gather_object(records, record)
+    speed = _speed.gather(args.speed, backend, device)
     correctness = collectives.check_correctness(args.check_elements, -1, device)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     inter = [{"op": "all_reduce", "bytes": s, "ranks": world,
@@ -134,7 +140,7 @@ def main() -> int:
         result = {"world_size": world, "backend": backend, "hosts": hosts, "records": records,
                   "correctness": correctness, "inter": inter,
                   "intra": {h: rows for h, rows in intra_all if rows},
-                  "pairs": [p for ps in pairs_all for p in ps], "rounds": len(rounds)}
+                  "pairs": [p for ps in pairs_all for p in ps], "rounds": len(rounds), "speed": speed}
         _common.write_json_atomic(os.path.join(args.out_dir, "allocation_job.json"), result)
         _common.log(f"wrote {os.path.join(args.out_dir, 'allocation_job.json')}: {json.dumps(result['pairs'])}")
     _common.finish()

@@ -26,7 +26,7 @@ import argparse
 import sys
 import time
 
-from helpers.scenarios import _common
+from helpers.scenarios import _common, _speed
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
@@ -152,6 +152,8 @@ def main() -> int:
     parser.add_argument("--max-iters", type=int, default=20, help="most timed calls per size")
     parser.add_argument("--budget-s", type=float, default=0.2, help="target seconds of timed calls per size")
     parser.add_argument("--corrupt-rank", type=int, default=-1, help="rank that contributes a wrong element")
+    parser.add_argument("--speed", choices=_speed.MODES, default="auto",
+                        help="per-rank matmul / memory-copy measurement for the straggler score (default auto)")
     args = parser.parse_args()
     ops = [o for o in args.ops.split(",") if o]
     bad = [o for o in ops if o not in OPS]
@@ -171,11 +173,13 @@ def main() -> int:
     while size <= args.max_bytes:
         sizes.append(size)
         size *= 2
+    speed = _speed.gather(args.speed, backend, device)
     correctness = check_correctness(args.check_elements, args.corrupt_rank, device)
     rows = sweep(ops, sizes, args.warmup, args.max_iters, args.budget_s, device) if ops else []
     if dist.get_rank() == 0:
         _common.write_json_atomic(args.out, {"backend": backend, "world_size": dist.get_world_size(),
-                                             "device": str(device), "correctness": correctness, "sweep": rows})
+                                             "device": str(device), "correctness": correctness, "sweep": rows,
+                                             "speed": speed})
     _common.finish()
     return 0 if all(c["exact"] for c in correctness) else 1
 

@@ -25,12 +25,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master-port", type=int, default=os.environ.get("MASTER_PORT") or "29500",
                         help="the rendezvous port whose holder the host checks look for (default $MASTER_PORT, else 29500)")
+    parser.add_argument("--dcgm-level", type=int, choices=(0, 1, 2), default=0,
+                        help="also run `dcgmi diag -r N` where DCGM is installed and a GPU is present (0: no; default 0)")
     args = parser.parse_args(argv)
     if not 1 <= args.master_port <= 65535:
         parser.error(f"--master-port={args.master_port}: a TCP port, 1..65535")
     from helpers.allocation.across import node_report  # imports torch: after --help
 
-    print(json.dumps(node_report(args.master_port)), flush=True)
+    print(json.dumps(node_report(args.master_port, args.dcgm_level)), flush=True)
     return 0
 
 

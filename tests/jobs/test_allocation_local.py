@@ -72,7 +72,8 @@ def test_contract_faults_are_named(tmp_path):
 def test_corrupt_rank_fails_the_correctness_check(tmp_path, no_leftovers):
     checks, rows, job = local.run_collectives(tmp_path, nproc=2, backend="gloo", timeout_s=30, min_bytes=1 << 15,
                                              max_bytes=1 << 16, check_elements=4096, corrupt_rank=1)
-    correctness, bandwidth = checks
+    correctness, bandwidth, ranks = checks
+    assert ranks.id == "straggler.ranks" and len(ranks.values["ranks"]) == 2
     assert correctness.status == "FAIL"
     assert correctness.values["all_reduce"]["wrong_per_rank"] == [1, 1]  # one bad input poisons every rank's sum
     assert correctness.values["broadcast(root=0)"]["wrong_per_rank"] == [0, 0]  # root 0 sent good data

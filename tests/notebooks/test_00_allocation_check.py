@@ -11,8 +11,8 @@ from pathlib import Path
 from support import ROOT, assert_outputs_reproduce, notebook_outputs
 
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
-EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "host.port",
-            "host.shm", "host.interfaces", "host.socket_ifname", "host.jit_lock", "smoke.01_single", "smoke.02_ddp",
+EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "straggler.ranks", "host.port",
+            "host.shm", "host.interfaces", "host.socket_ifname", "host.jit_lock", "gpu.health", "smoke.01_single", "smoke.02_ddp",
             "smoke.03_deepspeed_zero1"]
 
 
@@ -39,6 +39,8 @@ def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
                 "smoke.01_single", "smoke.02_ddp", "smoke.03_deepspeed_zero1"):
         assert by_id[cid]["status"] == "OK", by_id[cid]
     assert all(c["status"] in ("OK", "INFO", "WARN", "FAIL") and c["source"] for c in data["checks"])
+    # no GPU here: the GPU health check (NVML) says so as INFO, never a pretend result (issue 22)
+    assert by_id["gpu.health"]["status"] == "INFO" and "no GPU on this node" in by_id["gpu.health"]["title"]
     assert by_id["collectives.bandwidth"]["values"]["sizes_bytes"] == [32 << 10, 256 << 20]
     assert set(by_id["collectives.bandwidth"]["values"]["plateau_busbw_GBps"]) == {
         "all_reduce", "all_gather", "reduce_scatter", "broadcast"}

@@ -186,11 +186,32 @@ def _gpu_envelope(name: str, intra_gbps: float) -> list[Check]:
     return [c for c in grades.grade_envelope(data, reports) if c.id.startswith("envelope.intra")]
 
 
+def test_inter_node_expectation_is_the_maintainers_figure_per_nic():
+    """~12 / 24 / 48 GB/s all_reduce busbw per 100 / 200 / 400 Gb/s NIC (NCCL maintainers), times the node's NICs."""
+    ports = [{"device": f"mlx5_{i}", "port": "1", "rate_gbps": 400.0, "link_layer": "InfiniBand"} for i in range(8)]
+    assert grades.nic_expectation({"rdma_ports": ports})[0] == 8 * 48.0
+    assert grades.nic_expectation({"rdma_ports": ports[:1] + [dict(ports[1], rate_gbps=200.0)]})[0] == 72.0
+    assert grades.nic_expectation({"nic_mbps": 100000, "iface": "eth0"})[0] == 12.0  # no RDMA: 0.12 GB/s per Gb/s
+    assert grades.nic_expectation({})[0] is None
+    rows = [{"op": "all_reduce", "bytes": b, "time_s": b / 380e9, "ranks": 16} for b in [2 ** k for k in range(20, 28)]]
+    data = {"records": [{"gpu": {"name": "NVIDIA H100 80GB HBM3"}}], "inter": rows, "intra": {}}
+    inter = grades.grade_envelope(data, {"a": {"rdma_ports": ports}, "b": {"rdma_ports": ports}})[0]
+    assert inter.id == "envelope.inter" and inter.values["expected_GBps"] == 384.0
+    assert inter.values["scope"] == "inter-node" and inter.status == "OK" and "issues/267" in inter.source
+
+
 def test_gpu_envelope_matches_the_exact_model_and_form_factor():
     # 20 GB/s: a healthy PCIe 4.0 pair, a broken NVLink on SXM
     assert {c.status for c in _gpu_envelope("NVIDIA A100 80GB PCIe", 20.0)} == {"OK"}
     sxm = _gpu_envelope("NVIDIA A100-SXM4-80GB", 20.0)
-    assert {c.status for c in sxm} == {"WARN"} and across.drain_list(sxm)["nodes"] == ["node0", "node1"]
+    assert {c.status for c in sxm} == {"FAIL"} and across.drain_list(sxm)["nodes"] == ["node0", "node1"]
+    expected = 300.0 * 370 / 450  # NVLink 3 per direction x NCCL's effective share (sjeaugey, nccl-tests#212)
+    assert sxm[0].values["expected_GBps"] == round(expected, 1) and "nccl-tests/issues/212" in sxm[0].source
+    # graded against what a healthy node reaches: OK from 0.9 of it, WARN from 0.75, FAIL below (issue 22)
+    for frac, status in ((0.95, "OK"), (0.9, "OK"), (0.8, "WARN"), (0.7, "FAIL")):
+        got = _gpu_envelope("NVIDIA H100 80GB HBM3", frac * 450 * 370 / 450)
+        assert {c.status for c in got} == {status}, (frac, got[0].title)
+        assert got[0].values["scope"] == "intra-node" and got[0].values["ratio"] == round(frac, 3)
     assert grades.gpu_link("NVIDIA H100 NVL")[0] == "NVL" and grades.gpu_link("A100") is None
     unknown = _gpu_envelope("NVIDIA GB200", 20.0)  # not in the table: reported, not graded, never drained
     assert {c.status for c in unknown} == {"INFO"} and across.drain_list(unknown)["nodes"] == []
