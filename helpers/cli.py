@@ -181,6 +181,8 @@ def diagnose_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--lab-name", default=None, help="the SLURM lab for --runner lab")
     p.add_argument("--ranks-per-node", type=positive_int_arg("--ranks-per-node"), default=None,
                    help="ranks per node of the job across nodes (default --nproc)")
+    p.add_argument("--apply", action="store_true",
+                   help="run the report's drain.sh (scontrol update ... state=drain) for the faulty nodes; never the default")
     return p
 
 
@@ -188,7 +190,8 @@ def diagnose(args: argparse.Namespace) -> int:
     """Run the allocation check notebook under papermill; print its report; return the exit status."""
     import papermill
 
-    from helpers.allocation.local import allocation_nodes, default_nproc, new_report_dir
+    from helpers.allocation import operators
+    from helpers.allocation.local import allocation_nodes, default_nproc, new_report_dir, open_client
     from helpers.allocation.params import notebook_defaults, validate
     from helpers.checks import Check
 
@@ -208,6 +211,7 @@ def diagnose(args: argparse.Namespace) -> int:
         nodes = allocation_nodes(str(params.get("PREFLIGHT_NODES", "")))
     except ValueError as exc:
         print(f"runbook diagnose: {exc}", file=sys.stderr)
+        print(operators.user_error("user.error", str(exc)).line(), file=sys.stderr)
         return 2
     if nodes and socket.gethostname().split(".")[0] not in nodes:
         print(f"runbook diagnose: WARNING: this host ({socket.gethostname()}) is not one of the allocation's nodes "
@@ -223,18 +227,30 @@ def diagnose(args: argparse.Namespace) -> int:
                                    kernel_name=args.kernel, progress_bar=False,
                                    execution_timeout=args.cell_timeout_s)
     except papermill.PapermillExecutionError as exc:
-        print(f"[FAIL] the notebook stopped in cell {exc.exec_count}: {exc.ename}: {exc.evalue}", file=sys.stderr)
-        print(f"       executed copy: {executed}", file=sys.stderr)
+        broke = operators.tool_error("tool.notebook", f"the notebook stopped in cell {exc.exec_count}: {exc.ename}: "
+                                     f"{exc.evalue}", f"read the executed copy {executed}")
+        print(broke.line(), file=sys.stderr)
+        operators.write_outputs(report_dir, [broke], time_s=time.monotonic() - t0)  # drain.sh drains nothing
         return 2
     data = json.loads((report_dir / "report.json").read_text())
-    for check in data["checks"]:
-        print(Check.from_dict(check).line())
+    checks = [Check.from_dict(c) for c in data["checks"]]
+    for check in checks:
+        print(check.line())
     drain = (data.get("allocation") or {}).get("drain") or {}
     if drain.get("exclude"):
         print(f"drain list: {drain['exclude']}   (add it to the next sbatch/salloc)")
+    written = operators.write_outputs(report_dir, checks, time_s=time.monotonic() - t0)
+    to_drain = operators.drain_commands(checks)
+    print(f"{written['drain']}: {len(to_drain)} node(s) to drain" + ("" if args.apply or not to_drain else
+                                                                   " (run it, or rerun with --apply)"))
+    if args.apply and to_drain:
+        client = open_client(str(params.get("PREFLIGHT_RUNNER", "srun")), str(params.get("PREFLIGHT_LAB", "")))
+        for done in operators.apply(client, checks):
+            print(f"drained {done['node']}: {done['reason']}" if done["returncode"] == 0 else
+                  f"could not drain {done['node']} (exit {done['returncode']}): {done['stderr']}")
     print(f"{data['status']}: {len(data['checks'])} checks in {time.monotonic() - t0:.1f} s wall; "
           f"report: {report_dir / 'report.md'}")
-    return 1 if data["status"] == "FAIL" else 0
+    return operators.exit_status(checks)
 
 
 # ---------------------------------------------------------------- doctor
