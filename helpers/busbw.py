@@ -7,7 +7,8 @@ Source: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
   all_gather, the full input for reduce_scatter.
 * ``busbw = algbw * factor``: the rate each link must carry, comparable to the hardware's
   peak whatever the rank count ``n``: all_reduce ``2(n-1)/n``; all_gather and
-  reduce_scatter ``(n-1)/n``; broadcast and reduce ``1``.
+  reduce_scatter ``(n-1)/n``; broadcast and reduce ``1``; all_to_all ``(n-1)/n`` on the buffer of one rank
+  (nccl-tests ``src/alltoall.cu``, ``AlltoAllGetBw``).
 
 Units: bytes, seconds, GB/s = 1e9 B/s (as nccl-tests).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -32,7 +33,7 @@ def bus_factor(op: str, n: int) -> float:
         raise ValueError(f"n={n!r}: the rank count must be >= 1")
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
 

@@ -3,7 +3,11 @@
 ``runbook diagnose`` executes ``notebooks/00_allocation_check.ipynb`` with papermill into a
 fresh ``build/reports/<host>-<timestamp>/`` and prints one ``[OK]``/``[WARN]``/``[FAIL]``
 line per check.  Exit status: 0 when no check failed, 1 when one did, 2 when the notebook
-itself could not run.
+itself could not run (a tool error) or a parameter was wrong (a user error): those never drain a node.
+Beside ``report.json`` it writes ``drain.sh`` (one ``scontrol ... state=drain`` line per faulty node) and
+``junit.xml``; ``--apply`` runs the drain lines.  ``--tier prolog|quick|full`` picks the depth
+(``helpers.allocation.tiers``); ``runbook health-check --contract FILE [--drain]`` is the prolog tier alone,
+the entry of ``configs/slurm/healthcheck.sh`` (SLURM's HealthCheckProgram) and ``configs/slurm/prolog.sh``.
 
 ``runbook doctor --pid PID`` (a torchrun/launcher pid on this node) or ``--job-dir DIR`` (a
 runner job that hung) prints which rank diverged, the collective the others wait in and the
@@ -181,6 +185,12 @@ def diagnose_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--lab-name", default=None, help="the SLURM lab for --runner lab")
     p.add_argument("--ranks-per-node", type=positive_int_arg("--ranks-per-node"), default=None,
                    help="ranks per node of the job across nodes (default --nproc)")
+    p.add_argument("--apply", action="store_true",
+                   help="run the report's drain.sh (scontrol update ... state=drain) for the faulty nodes; never the default")
+    p.add_argument("--tier", choices=("prolog", "quick", "full"), default="quick",
+                   help="prolog: this node's contract in seconds (no job); quick: the check across nodes with the "
+                        "group-testing localisation (default); full: + the network pre-flight and the long runs")
+    p.add_argument("--contract", default=None, help="the node contract JSON of --tier prolog (configs/slurm/node_contract.example.json)")
     return p
 
 
@@ -189,16 +199,20 @@ def diagnose(args: argparse.Namespace) -> int:
     import papermill
 
     from helpers import provenance
-    from helpers.allocation.local import allocation_nodes, default_nproc, new_report_dir
+    from helpers.allocation import operators, tiers
+    from helpers.allocation.local import allocation_nodes, default_nproc, new_report_dir, open_client
     from helpers.allocation.params import notebook_defaults, validate
     from helpers.checks import Check
 
+    if args.tier == "prolog":
+        return health_check(argparse.Namespace(contract=args.contract, drain=args.apply, node=None, json=False))
     nproc = default_nproc() if args.nproc is None else args.nproc
-    params: dict[str, object] = {"BACKEND": args.backend, "NPROC": nproc, "TIMEOUT_S": args.timeout_s}
+    given: dict[str, object] = {"BACKEND": args.backend, "NPROC": nproc, "TIMEOUT_S": args.timeout_s}
     if args.max_bytes is not None:
-        params["MAX_BYTES"] = args.max_bytes
+        given["MAX_BYTES"] = args.max_bytes
     for name, value in args.param or []:
-        params[name] = _literal(value)
+        given[name] = _literal(value)
+    params = tiers.tier_params(args.tier, given)
     for flag, name in (("nodes", "PREFLIGHT_NODES"), ("runner", "PREFLIGHT_RUNNER"), ("lab_name", "PREFLIGHT_LAB"),
                        ("ranks_per_node", "RANKS_PER_NODE")):
         if getattr(args, flag, None) is not None:
@@ -209,6 +223,7 @@ def diagnose(args: argparse.Namespace) -> int:
         nodes = allocation_nodes(str(params.get("PREFLIGHT_NODES", "")))
     except ValueError as exc:
         print(f"runbook diagnose: {exc}", file=sys.stderr)
+        print(operators.user_error("user.error", str(exc)).line(), file=sys.stderr)
         return 2
     if nodes and socket.gethostname().split(".")[0] not in nodes:
         print(f"runbook diagnose: WARNING: this host ({socket.gethostname()}) is not one of the allocation's nodes "
@@ -224,21 +239,67 @@ def diagnose(args: argparse.Namespace) -> int:
                                    kernel_name=args.kernel, progress_bar=False,
                                    execution_timeout=args.cell_timeout_s)
     except papermill.PapermillExecutionError as exc:
-        print(f"[FAIL] the notebook stopped in cell {exc.exec_count}: {exc.ename}: {exc.evalue}", file=sys.stderr)
-        print(f"       executed copy: {executed}", file=sys.stderr)
+        broke = operators.tool_error("tool.notebook", f"the notebook stopped in cell {exc.exec_count}: {exc.ename}: "
+                                     f"{exc.evalue}", f"read the executed copy {executed}")
+        print(broke.line(), file=sys.stderr)
+        operators.write_outputs(report_dir, [broke], time_s=time.monotonic() - t0)  # drain.sh drains nothing
         return 2
     finally:
         if executed.exists():
             provenance.stamp(executed, "runbook diagnose")  # where and when it ran (the book prints it)
     data = json.loads((report_dir / "report.json").read_text())
-    for check in data["checks"]:
-        print(Check.from_dict(check).line())
+    checks = [Check.from_dict(c) for c in data["checks"]]
+    for check in checks:
+        print(check.line())
     drain = (data.get("allocation") or {}).get("drain") or {}
     if drain.get("exclude"):
         print(f"drain list: {drain['exclude']}   (add it to the next sbatch/salloc)")
+    written = operators.write_outputs(report_dir, checks, time_s=time.monotonic() - t0)
+    to_drain = operators.drain_commands(checks)
+    print(f"{written['drain']}: {len(to_drain)} node(s) to drain" + ("" if args.apply or not to_drain else
+                                                                   " (run it, or rerun with --apply)"))
+    if args.apply and to_drain:
+        client = open_client(str(params.get("PREFLIGHT_RUNNER", "srun")), str(params.get("PREFLIGHT_LAB", "")))
+        for done in operators.apply(client, checks):
+            print(f"drained {done['node']}: {done['reason']}" if done["returncode"] == 0 else
+                  f"could not drain {done['node']} (exit {done['returncode']}): {done['stderr']}")
     print(f"{data['status']}: {len(data['checks'])} checks in {time.monotonic() - t0:.1f} s wall; "
           f"report: {report_dir / 'report.md'}")
-    return 1 if data["status"] == "FAIL" else 0
+    return operators.exit_status(checks)
+
+
+# ---------------------------------------------------------------- health-check
+
+def health_check_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
+                        ) -> argparse.ArgumentParser:
+    """The ``runbook health-check`` parser (the prolog tier on this node; SLURM's HealthCheckProgram and Prolog)."""
+    p = _parser(subparsers, "health-check", "the prolog tier: this node's contract in seconds, drain it when broken")
+    p.add_argument("--contract", default=None, help="the node contract JSON (configs/slurm/node_contract.example.json)")
+    p.add_argument("--drain", action="store_true",
+                   help="drain this node (scontrol update nodename=NODE state=drain reason=...) on a node problem; "
+                        "never for a tool error")
+    p.add_argument("--node", default=None, help="this node's SLURM name (default $SLURMD_NODENAME, else the hostname)")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    return p
+
+
+def health_check(args: argparse.Namespace) -> int:
+    """Run :func:`helpers.allocation.tiers.health_check`; print one line per record and a summary; return its status."""
+    from helpers.allocation import tiers
+    from helpers.checks import to_json
+
+    t0 = time.monotonic()
+    checks, status, drained = tiers.health_check(args.contract, drain=args.drain, node=args.node)
+    if args.json:
+        print(json.dumps(to_json(checks, status=status, drained=drained), indent=2))
+    else:
+        for check in checks:
+            print(check.line())
+        for done in drained:
+            print(f"drained {done['node']}: {done['reason']}" if done["returncode"] == 0 else
+                  f"could not drain {done['node']} (exit {done['returncode']}): {done['stderr']}")
+        print(tiers.summary_line(checks, status, time.monotonic() - t0))
+    return status
 
 
 # ---------------------------------------------------------------- doctor
@@ -805,6 +866,7 @@ def build_command(args: argparse.Namespace) -> int:
 
 COMMANDS: tuple[Command, ...] = (
     Command("diagnose", diagnose_parser, diagnose),
+    Command("health-check", health_check_parser, health_check),
     Command("doctor", doctor_parser, doctor),
     Command("nccl-log", nccl_log_parser, nccl_log),
     Command("lint", lint_parser, lint),

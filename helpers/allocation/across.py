@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import jobs, sources
-from helpers.allocation import local, straggler
+from helpers.allocation import grouptest, local, straggler
 from helpers.allocation.grades import grade_envelope, grade_job, grade_nodes, grade_pairs, grade_smoke, inter_envelope, pair_matrix
 from helpers.checks import Check, faulty_nodes, render
 from helpers.jobdir import JobDir
@@ -339,7 +339,7 @@ def host_check(nodes: Sequence[str], host: str | None = None) -> Check:
                  "salloc then srun -N1 runbook diagnose) so nothing is measured on the login node", sources.cite("Gilbreth 4.3"))
 
 
-MULTI_STEPS = ("nodes", "job", "smoke", "preflight")
+MULTI_STEPS = ("nodes", "job", "smoke", "preflight", "localise")
 
 
 def render_markdown(ev: Mapping[str, Any], checks: Sequence[Check] = ()) -> str:
@@ -439,6 +439,11 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
         if "smoke" in steps and not dead:
             checks.append(run_smoke_across(client, tag, nodes, out_dir / "smoke", nproc=nproc, backend=backend,
                                            steps=smoke_steps, join_timeout_s=max(join_timeout_s, 90.0)))
+        alive = [n for n in nodes if n not in dead]
+        if "localise" in steps and len(alive) >= 2:  # group testing (issue 23): the nodes SLURM can reach
+            found, ev["localise"] = grouptest.run_localisation(client, tag, alive, out_dir / "localise", backend=backend,
+                                                               log=log)
+            checks += found
         if "preflight" in steps:
             checks += local.run_network_preflight(nodes, "lab" if runner == "lab" else "srun",
                                                         lab_name=lab or local.DEFAULT_LAB_NAME)

@@ -670,3 +670,99 @@ def grade_envelope(data: Mapping[str, Any], reports: Mapping[str, Mapping[str, A
                            "gpu": gpu_name or None})
         checks.append(rec)
     return checks
+
+
+# --------------------------------------------------------------------------- group tests (issue 23)
+
+SRC_GROUPS = ("https://github.com/NVIDIA/cluster-readiness-engine/blob/main/docs/designs/055-adaptive-fault-isolation.md; "
+              "https://github.com/NVIDIA/cluster-readiness-engine/blob/main/docs/designs/056-cross-boundary-probing.md")
+
+
+def grade_group(results: Mapping[str, Mapping[str, Any] | None], floor_gbps: float | None) -> tuple[bool, float | None, str]:
+    """One group test of the localisation from its members' results: ``(failed, busbw GB/s or None, detail)``.
+
+    Args:
+        results: ``{node: result or None}`` as ``helpers/scenarios/group_test.py`` writes them (``ok``,
+            ``all_reduce_s``, ``all_to_all_s``, ``bytes``, ``ranks``, ``error``, ``stage``); None: no result.
+        floor_gbps: below this busbw the group is slow (:func:`inter_envelope`'s envelope x its floor fraction);
+            None: only errors fail.
+
+    The value is the smaller of the all_reduce and the all_to_all busbw (nccl-tests definitions,
+    :mod:`helpers.busbw`): a slow node slows both, a slow link between two members the all_to_all.
+    """
+    missing = [n for n, r in results.items() if r is None]
+    if missing:
+        return True, None, f"no result from {', '.join(missing)} (its worker is not running)"
+    broken = [(n, r) for n, r in results.items() if r and not r.get("ok")]
+    if broken:
+        node, r = broken[0]
+        if r.get("stage") == "small_ok":
+            return True, None, f"large messages lost after small ones passed ({node}: {r.get('error', '')}; an MTU black hole?)"
+        return True, None, f"{node}: {r.get('error') or 'failed'}"
+    r = next(iter(results.values()))
+    k, size = int(r["ranks"]), float(r["bytes"])
+    ar = busbw.busbw_gbps("all_reduce", k, size, max(r["all_reduce_s"], 1e-9))
+    a2a = busbw.busbw_gbps("all_to_all", k, size, max(r["all_to_all_s"], 1e-9))
+    value = round(min(ar, a2a), 5)
+    which = "all_to_all" if a2a < ar else "all_reduce"
+    if floor_gbps is not None and value < floor_gbps:
+        return True, value, f"{which} busbw {value:.4f} GB/s < floor {floor_gbps:.4f}"
+    return False, value, f"busbw {value:.4f} GB/s (all_reduce {ar:.4f}, all_to_all {a2a:.4f})"
+
+
+def _node_kind(history: Sequence[Mapping[str, Any]], node: str) -> tuple[str, str]:
+    """``(kind, detail)`` of a named node from its failed confirmations: ``mtu``, ``coll`` (an error) or ``slow``."""
+    failed = [t for t in history if t["purpose"] == "confirm" and node in t["group"] and t["failed"]]
+    detail = failed[-1]["detail"] if failed else ""
+    if "large messages" in detail:
+        return "mtu", detail
+    if failed and failed[-1]["value"] is None:
+        return "coll", detail
+    return "slow", detail
+
+
+def grade_localisation(loc: Mapping[str, Any], floor_gbps: float | None) -> list[Check]:
+    """Records from a localisation (``Localisation.to_dict()``): one FAIL per named node, one WARN per link, a summary.
+
+    * ``localise.<slow|coll|mtu>.<node>`` FAIL, faulty ``[node]``: it failed its group tests and twice with
+      known-good partners (slow: busbw below the floor; coll: its rank's collective errors; mtu: small messages
+      pass, large ones are lost);
+    * ``localise.link.<a>-<b>`` WARN, no node to drain: only groups holding both ends fail;
+    * ``localise.summary``: OK when the first test passed; INFO when faults were named or the failure did not
+      repeat; WARN when the failure stays and no node or link explains it (fabric, configuration), naming none.
+    """
+    history = loc["history"]
+    checks = []
+    for node in loc["nodes"]:
+        kind, detail = _node_kind(history, node)
+        words = {"slow": "slow with every known-good partner", "coll": "its collective fails with every known-good partner",
+                 "mtu": "large messages to and from it are lost (small ones pass)"}[kind]
+        fix = {"slow": "check its NIC rate and errors (ethtool -S, ibstat), a throttled port, a degraded GPU",
+               "coll": "read its rank's error: a missing interface, a firewall, a driver fault",
+               "mtu": "set one MTU on the node and its switch port (MN4)"}[kind]
+        checks.append(Check(f"localise.{kind}.{node}", f"{node}: {words} ({detail})", "FAIL",
+                            {"detail": detail, "floor_GBps": floor_gbps}, f"drain {node}; {fix}", SRC_GROUPS, node=node))
+    for a, b in loc["links"]:
+        checks.append(Check(f"localise.link.{a}-{b}", f"slow link {a}-{b}: groups holding both fail, each passes with "
+                            "other nodes", "WARN", {"link": [a, b], "floor_GBps": floor_gbps},
+                            f"not a node fault: report the path between {a} and {b} (cable, switch port) to the network team",
+                            SRC_GROUPS))
+    summary = (f"{loc['tests']} group tests in {loc['rounds']} rounds over {loc['n']} nodes "
+               f"(every pair would take {loc['pairs']:,})")
+    verdict = loc["verdict"]
+    if verdict == "healthy":
+        status, title, fix = "OK", f"one group test over all {loc['n']} nodes passed", ""
+    elif verdict in ("localised", "transient"):
+        named = len(loc["nodes"]) + len(loc["links"])
+        status = "INFO"
+        title = (f"{named} fault(s) named by {summary}" if verdict == "localised"
+                 else f"the first test failed once and passed again: transient ({summary})")
+        fix = ""
+    else:
+        status = "WARN"
+        title = f"{verdict}: the allocation's group tests fail and no node or link explains it ({summary})"
+        fix = ("every group fails alike: suspect the fabric or a setting common to all nodes (NCCL_*, MTU, "
+               "the switch), not one node; nothing was drained")
+    checks.append(Check("localise.summary", title, status, {k: v for k, v in loc.items() if k != "history"}
+                        | {"floor_GBps": floor_gbps}, fix, SRC_GROUPS))
+    return checks

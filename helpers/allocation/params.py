@@ -16,7 +16,7 @@ from helpers.slurm import RUNNERS
 from helpers.validate import positive_float, positive_int, tcp_port
 
 SMOKES = ("01", "02", "03")
-MULTI_STEPS = ("nodes", "job", "smoke", "preflight")
+MULTI_STEPS = ("nodes", "job", "smoke", "preflight", "localise")
 BACKENDS = ("auto", "gloo", "nccl")
 
 

@@ -190,6 +190,32 @@ class FaultsMixin:
                 pass
         return str(path)
 
+    def rate_limit_link(self, a: int | str, b: int | str, rate_mbit: float) -> None:
+        """Cap the traffic between ``a`` and ``b`` only at ``rate_mbit`` Mb/s, both ways: a slow link, not a slow node.
+
+        On each of the two switch ports an ``htb`` root (default class unlimited, 10 Gb/s) and a class at
+        ``rate_mbit`` that a ``u32`` filter on the other node's source address selects; ``rate_limit(node, None)``
+        removes it.  Every other pair keeps its full rate (issue 23: the localisation's link fault).
+
+        Raises:
+            ValueError: bad or equal nodes, or a rate that is not a number > 0.
+        """
+        if isinstance(rate_mbit, bool) or not isinstance(rate_mbit, (int, float)) or not rate_mbit > 0:
+            raise ValueError(f"rate_mbit={rate_mbit!r}: a rate in Mb/s > 0")
+        ia, ib = self.index(a), self.index(b)
+        if ia == ib:
+            raise ValueError(f"a={a!r}, b={b!r}: a link needs two different nodes")
+        for here, peer in ((ia, ib), (ib, ia)):
+            port, cls = self.port_name(here), f"1:{100 + peer}"
+            self._nsexec(self.switch_ns, ["tc", "qdisc", "add", "dev", port, "root", "handle", "1:", "htb", "default", "1"],
+                         check=False)  # already there when the node has another slow link
+            self._nsexec(self.switch_ns, ["tc", "class", "replace", "dev", port, "parent", "1:", "classid", "1:1", "htb",
+                                          "rate", "10gbit"])
+            self._nsexec(self.switch_ns, ["tc", "class", "replace", "dev", port, "parent", "1:", "classid", cls, "htb",
+                                          "rate", f"{rate_mbit}mbit", "ceil", f"{rate_mbit}mbit", "burst", "64kb"])
+            self._nsexec(self.switch_ns, ["tc", "filter", "add", "dev", port, "parent", "1:", "protocol", "ip", "prio", "1",
+                                          "u32", "match", "ip", "src", f"{self.address(peer)}/32", "flowid", cls])
+
     def kill_node(self, node: int | str, sig: int = signal.SIGKILL) -> list[int]:
         """Kill every process in ``node``'s network namespace with ``sig`` (a node crash); return their pids."""
         pids = []
