@@ -341,7 +341,7 @@ class CatalogHit:
         entry: the catalog entry (``id``, ``severity``, ``pattern``, ``cause``, ``fix``, ``source``).
         count: matching lines; evidence: the first few of them; keys: rank keys (``?`` when none);
         hosts: their hosts; first: the input line number (1-based, counted over all inputs) of the first matching
-        line, so verdicts can tell which failure a rank printed first.
+        line, and firsts the same per rank key of ``keys``, so verdicts can tell which failure a rank printed first.
     """
 
     entry: dict[str, str]
@@ -350,6 +350,7 @@ class CatalogHit:
     keys: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     first: int = 0
+    firsts: dict[str, int] = field(default_factory=dict)
 
 
 

@@ -114,6 +114,7 @@ def _count(hit: CatalogHit, line: str, info: RankInfo, seq: int = 0) -> None:
         hit.evidence.append(_cut(line))
     if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
         hit.keys.append(info.key)
+        hit.firsts[info.key] = seq
     if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
         hit.hosts.append(info.host)
 

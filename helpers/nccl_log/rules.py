@@ -453,14 +453,15 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
             if k["status"] in NOT_OK and (k["kind"] == "context" or explained):
                 k["status"] = "INFO"
             g = groups.setdefault(k["class"], {"k": k, "lines": [], "keys": [], "hosts": [], "count": 0, "sites": [],
-                                               "releases": [], "order": order, "after": None})
+                                               "releases": [], "order": {}, "after": None})
             g["lines"] += part
             g["count"] += count
             g["keys"] += [x for x in keys if x != "?" and x not in g["keys"]]
             g["hosts"] += [x for x in hit.hosts if x not in g["hosts"]]
             g["sites"] += e["sites"][:1]
             g["releases"].append(f"{e['first']}..{e['last']}")
-            g["order"] = min(g["order"], order)
+            for key, when in order.items():
+                g["order"][key] = min(g["order"].get(key, when), when)
     _after_first_failure(groups)
     out = []
     for cid, g in groups.items():
@@ -487,13 +488,14 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
     return out
 
 
-def _site_readings(e: dict, hit: Any, lines: list[str]) -> list[tuple[dict, list[str], int, list[str], tuple[int, int]]]:
+def _site_readings(e: dict, hit: Any, lines: list[str]) -> list[tuple[dict, list[str], int, list[str], dict]]:
     """The readings of one site's unused evidence ``lines``: ``[(knowledge, lines, count, rank keys, order)]``.
 
     One reading per site, except ``Cuda failure '%s'``: one site prints every CUDA error, so its lines are read one by
     one through the error each quotes (:func:`helpers.nccl_log.catalog.cuda_reading`) and grouped by it; the lines
-    not kept as evidence count with the first group.  ``order`` is ``(input line of the site's first line, position
-    of the group's first line among the evidence)``: which failure a rank printed first.
+    not kept as evidence count with the first group.  ``order`` maps each rank key to ``(input line of the site's
+    first line from that rank, position of the group's first line among the evidence)``: which failure a rank
+    printed first.
     """
     k = dict(e["knowledge"])
     if k["class"] in _VAGUE or k["class"].startswith("other-"):
@@ -502,7 +504,7 @@ def _site_readings(e: dict, hit: Any, lines: list[str]) -> list[tuple[dict, list
         if printed["specific"] == "yes" and printed["class"] not in _VAGUE:
             k = dict(printed)
     if k["class"] != "cuda-failure":
-        return [(k, lines, hit.count, list(hit.keys), (hit.first, 0))]
+        return [(k, lines, hit.count, list(hit.keys), {key: (hit.firsts.get(key, hit.first), 0) for key in hit.keys})]
     parts: dict[str, tuple[dict, list[str], int]] = {}
     for pos, line in enumerate(lines):
         reading = cuda_reading(line)
@@ -517,7 +519,7 @@ def _site_readings(e: dict, hit: Any, lines: list[str]) -> list[tuple[dict, list
     for n, (kk, part, pos) in enumerate(parts.values()):
         count = len(part) + (hit.count - len(lines) if n == 0 else 0)
         keys = [key for key in hit.keys if any(_line_key(line) == key for line in part)] or list(hit.keys)
-        out.append((kk, part, count, keys, (hit.first, pos)))
+        out.append((kk, part, count, keys, {key: (hit.firsts.get(key, hit.first), pos) for key in keys}))
     return out
 
 
@@ -537,12 +539,16 @@ def _after_first_failure(groups: dict[str, dict[str, Any]]) -> None:
     (https://github.com/NVIDIA/nccl/issues/328: "the only thing we can tell is that a call to shm_open failed").
     A later reading is demoted only when every rank that printed it printed the earlier FAIL cause first.
     """
-    acting = sorted((g for g in groups.values() if g["k"]["status"] in NOT_OK and g["keys"]), key=lambda g: g["order"])
-    for i, first in enumerate(acting):
+    acting = sorted((g for g in groups.values() if g["k"]["status"] in NOT_OK and g["keys"]),
+                    key=lambda g: min(g["order"].values(), default=(0, 0)))
+    for first in acting:
         if first["after"] or first["k"]["status"] != "FAIL" or first["k"]["kind"] != "cause":
             continue
-        for later in acting[i + 1:]:
-            if not later["after"] and set(later["keys"]) <= set(first["keys"]):
+        for later in acting:
+            if later is first or later["after"]:
+                continue
+            if all(key in first["order"] and first["order"][key] < later["order"].get(key, (0, 0))
+                   for key in later["keys"]):
                 later["after"] = first["k"]["class"]
                 later["k"] = dict(later["k"], status="INFO", kind="context")
 

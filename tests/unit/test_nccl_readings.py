@@ -203,3 +203,11 @@ def test_two_ranks_on_one_gpu_joined_by_p2p_is_a_host_hash_suspect() -> None:
     assert "boot_id" in v.remediation
     # per-rank CUDA_VISIBLE_DEVICES: every rank prints device 0, nothing to compare
     assert "host-hash-collision" not in read(RING.format(a=0, b=1, bd=0, b0=0, c=2).replace("[2]", "[0]"))
+
+
+def test_first_failure_is_per_rank() -> None:
+    # rank b printed the device error first, rank a the usage error first: neither explains the other
+    found = read("a:1:2 [0] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should be in the 0..1 range)\n"
+                 "b:3:4 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n"
+                 "a:1:2 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n")
+    assert found["nccl.usage-error"].status == "FAIL" and found["nccl.cuda-invalid-device-ordinal"].status == "FAIL"
