@@ -33,7 +33,7 @@ VERSIONS_PATH = DATA / "nccl_versions.yaml"
 """Known NCCL bugs by affected and fixing release (package data, YAML)."""
 
 _CATALOG_FIELDS = ("id", "status", "pattern", "cause", "fix", "source")
-_CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl"}
+_CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl", "explained_by": ""}
 # Cheap substring filter: a line is matched against the catalog only if it holds one of these.
 _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
@@ -49,8 +49,9 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
     Args:
         path: a YAML file with a list of entries; None: :data:`CATALOG_PATH`.
     Returns:
-        A tuple of dicts with the keys ``id, status, kind, subsystem, pattern, cause, fix, source``
-        (``kind`` defaults to ``cause``, ``subsystem`` to ``nccl``).
+        A tuple of dicts with the keys ``id, status, kind, subsystem, explained_by, pattern, cause, fix, source``
+        (``kind`` defaults to ``cause``, ``subsystem`` to ``nccl``; ``explained_by``: comma-separated ids of the entries
+        whose lines name the failing call this entry's line only reports, default "").
     Raises:
         ValueError: the file is not a list of entries with those keys, a status is not one of
             :data:`SEVERITIES`, a kind is not cause/suspect/context, a pattern does not compile, or an id repeats
@@ -78,6 +79,10 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
             re.compile(entry["pattern"])
         except re.error as exc:
             raise ValueError(f"catalog entry {entry['id']}: pattern does not compile ({exc})") from exc
+        unknown = {x.strip() for x in str(entry.get("explained_by") or "").split(",") if x.strip()} - {
+            e.get("id") for e in data if isinstance(e, dict)}
+        if unknown:
+            raise ValueError(f"catalog entry {entry['id']}: explained_by names unknown ids {', '.join(sorted(unknown))}")
         seen.add(entry["id"])
         record = {k: str(entry[k]) for k in _CATALOG_FIELDS}
         record.update({k: str(entry.get(k, default)) for k, default in _CATALOG_OPTIONAL.items()})
@@ -457,6 +462,25 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
      "nvidia-smi on that GPU (other processes on it?); lower the model's memory, NCCL_BUFFSIZE or the number of communicators"),
     ("driver version is insufficient", "cause", "the CUDA driver is older than the CUDA runtime this NCCL/torch was built with",
      "nvidia-smi (driver's CUDA version) vs python -c 'import torch; print(torch.version.cuda)'; update the driver or use a build for the older CUDA"),
+    ("API call is not supported in the installed CUDA driver", "cause",
+     "the CUDA driver is older than the CUDA toolkit NCCL (or the program) was built with and lacks a call it makes "
+     "(cudaErrorCallRequiresNewerDriver, CUDA error 36): a driver-vs-runtime mismatch, not a usage error; NCCL 2.9.x "
+     "built with CUDA 11.3 called cudaStreamGetCaptureInfo_v2 on R460 drivers, and 2.9.9 checks the driver version first",
+     "nvidia-smi (the driver's CUDA version, top right) vs the CUDA version of the build (python -c 'import torch; "
+     "print(torch.version.cuda, torch.cuda.nccl.version())'); update the driver to one of that CUDA version, or use a "
+     "build for the driver's CUDA (for NCCL 2.9.x: 2.9.9 or later)"),
+    ("unsupported display driver / cuda driver combination", "cause",
+     "the kernel driver and the user-space CUDA driver library (libcuda) are different versions "
+     "(cudaErrorSystemDriverMismatch, CUDA error 803): a driver update without a reboot, or a container whose libcuda "
+     "comes from another driver or a cuda-compat package",
+     "nvidia-smi ('Driver/library version mismatch') and cat /proc/driver/nvidia/version vs the libcuda.so.* the "
+     "process loads (ldconfig -p | grep libcuda, LD_LIBRARY_PATH); reboot or reload the driver, or drop the mismatched "
+     "libcuda from the container"),
+    ("forward compatibility was attempted on non supported HW", "cause",
+     "a CUDA forward-compatibility libcuda (cuda-compat) is loaded on a GPU that does not support it "
+     "(cudaErrorCompatNotSupportedOnDevice, CUDA error 804): the driver is older than the build's CUDA",
+     "ldconfig -p | grep libcuda and LD_LIBRARY_PATH (a compat/ directory); remove cuda-compat from the path and update "
+     "the driver, or use a build for the driver's CUDA"),
     ("system not yet initialized", "cause", "CUDA 802: on an NVSwitch node the fabric manager is not running or its version differs from the driver",
      "systemctl status nvidia-fabricmanager; install the fabric manager matching the driver and enable it"),
     ("peer access is not supported", "cause", "CUDA P2P between these GPUs is not supported (PCIe topology, IOMMU, consumer GPUs)",
@@ -490,7 +514,10 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
     ("launch timed out", "suspect", "a kernel ran too long (display watchdog or a hang)", "nvidia-smi -q | grep -i 'Display Mode'"),
 )
 """CUDA error strings (``cudaGetErrorString``; https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html)
-and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``."""
+and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``.  The driver ones (35, 36,
+803, 804) say the driver and the CUDA the build targets do not fit together; 36's NCCL case is
+https://github.com/NVIDIA/nccl/blob/v2.9.8-1/src/enqueue.cc#L802 (``cudaStreamGetCaptureInfo_v2`` called
+unconditionally; v2.9.9-1 first compares ``comm->driverVersion`` with 11030)."""
 
 
 def cuda_reading(line: str) -> tuple[str, str, str, str] | None:
@@ -507,7 +534,8 @@ def cuda_reading(line: str) -> tuple[str, str, str, str] | None:
 
 @lru_cache(maxsize=2)
 def load_versions(path: str | None = None) -> tuple[dict, ...]:
-    """Known NCCL bugs: ``({"id", "affected": [first, last], "fixed", "pattern", "summary", "workaround", "source"}, ...)``.
+    """Known NCCL bugs: ``({"id", "affected": [first, last], "fixed", "pattern", "summary", "workaround", "source"}, ...)``,
+    optionally ``version_from_pattern`` (bool) and ``explains`` (verdict ids: the bug's symptoms).
 
     Raises:
         ValueError: an entry lacks a key or a pattern does not compile (names the entry).
@@ -530,6 +558,8 @@ def load_versions(path: str | None = None) -> tuple[dict, ...]:
                 re.compile(e["pattern"])
             except re.error as exc:
                 raise ValueError(f"versions entry {e['id']}: pattern does not compile ({exc})") from exc
+        if not isinstance(e.get("explains", []), list):
+            raise ValueError(f"versions entry {e['id']}: explains must be a list of verdict ids")
         out.append(dict(e))
     return tuple(out)
 
@@ -540,7 +570,14 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 def bugs_for(version: str, text: str = "") -> list[dict]:
-    """The known bugs whose affected range holds ``version``; those with a ``pattern`` only when ``text`` matches it."""
+    """The known bugs whose affected range holds ``version``; those with a ``pattern`` only when ``text`` matches it.
+
+    ``version`` "" (the log prints none): the bugs marked ``version_from_pattern`` (their message is printed only by
+    the affected releases) whose pattern ``text`` matches.
+    """
+    if not version:
+        return [e for e in load_versions() if e.get("version_from_pattern") and e.get("pattern")
+                and re.search(e["pattern"], text)]
     v = version_tuple(version)
     if not v:
         return []

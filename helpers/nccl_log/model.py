@@ -71,6 +71,9 @@ class Channel:
         via: the transport text after ``via`` (``P2P/CUMEM/read``, ``SHM/direct/direct``,
             ``NET/IB/0/GDRDMA``, ``NET/Socket/0``, ``P2P/direct pointer``).
         line: the log line, for evidence.
+        src_dev, dst_dev: the device the line gives in brackets for each end, as printed: the NVML (physical)
+            index in NCCL 2.4 and 2.18+, the PCI busId in hex in 2.5-2.17, the CUDA device in 2.3
+            (``src/transport/p2p.cc`` at each release tag); "" when not printed.
     Source: NCCL transport/p2p.cc, shm.cc, net.cc connection messages; Gilbreth 9.4.
     """
 
@@ -81,6 +84,8 @@ class Channel:
     direction: str | None
     via: str
     line: str = ""
+    src_dev: str = ""
+    dst_dev: str = ""
 
     @property
     def kind(self) -> str:
@@ -153,6 +158,9 @@ class RankInfo:
         catalog: catalog id -> lines of this rank that matched it (see :func:`load_catalog`).
         error_chain: the source files (``bootstrap``, ``init``, ``socket``...) of NCCL's error-return lines
             (``bootstrap.cc:701 -> 6``) this rank printed, in order: where a failure propagated.
+        gids: RoCE GIDs its queue pairs use, from ``NET/IB: ... GID %ld (%lX/%lX)`` (``net_ib.cc``; RoCE only):
+            ``(gid index, subnet prefix, interface id)``, both halves as printed (hex of the raw GID bytes read as
+            a little-endian uint64: ``80FE`` is ``fe80::``); gid_lines: those lines (a few).
     """
 
     key: str
@@ -193,6 +201,8 @@ class RankInfo:
     net_plugin: bool | None = None
     catalog: dict[str, int] = field(default_factory=dict)
     error_chain: list[str] = field(default_factory=list)
+    gids: list[tuple[int, str, str]] = field(default_factory=list)
+    gid_lines: list[str] = field(default_factory=list)
     _channel_keys: set[tuple] = field(default_factory=set, repr=False, compare=False)
 
     @property
@@ -330,7 +340,8 @@ class CatalogHit:
     Attributes:
         entry: the catalog entry (``id``, ``severity``, ``pattern``, ``cause``, ``fix``, ``source``).
         count: matching lines; evidence: the first few of them; keys: rank keys (``?`` when none);
-        hosts: their hosts.
+        hosts: their hosts; first: the input line number (1-based, counted over all inputs) of the first matching
+        line, and firsts the same per rank key of ``keys``, so verdicts can tell which failure a rank printed first.
     """
 
     entry: dict[str, str]
@@ -338,6 +349,8 @@ class CatalogHit:
     evidence: list[str] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
+    first: int = 0
+    firsts: dict[str, int] = field(default_factory=dict)
 
 
 

@@ -38,7 +38,9 @@ _MARK = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b ?")
 # NCCL <= 2.3 printed WARN lines without the NCCL marker: "include/socket.h:344 WARN Socket creation failed"
 _OLD_WARN = re.compile(r"(?:^|\s)[\w/.\-]+\.(?:cc|cu|h|c|cpp):\d+ WARN ")
 _RECONSTRUCTED = "  # reconstructed"
-_PREFIX = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?$")
+# the prefix may end in a bare "INFO " marker (no "NCCL"), as in the NCCL 2.4-era excerpt of NVIDIA/nccl#187
+_PREFIX = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?"
+                     r"(?:(?:INFO|WARN) )?$")
 _BARE_HEAD = re.compile(
     r"(?:(?<=\s)|(?<=:)|^)(?:Bootstrap ?: |NET/[\w.\-]+ ?: |(?:Channel|Ring) \d+(?:/\d+)? : \d+\[|"
     r"(?:\w+ )?comm \S+ rank \d+ n[Rr]anks \d+|NCCL version \d|socket\w+: |Call to connect |"
@@ -50,7 +52,13 @@ _LABEL_HOST = re.compile(r"(?:^|\s)([A-Za-z][\w.\-]*): *$")
 
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+[\w.]+)?)")
 _DRIVER = re.compile(r"^cudaDriverVersion (\d+)")
-_ENV = re.compile(r"^(NCCL_\w+) set by environment to (\S+?)\.?$")
+# "NCCL_X set by environment to V" (NCCL_PARAM, socket.cc...) and "NCCL_IB_HCA set to V" (net_ib.cc since 2.8)
+_ENV = re.compile(r"^(NCCL_\w+) set (?:by environment to (\S+?)|to (\S.*?))\.?$")
+# a pasted command line that sets NCCL variables: "NCCL_DEBUG=INFO NCCL_IB_HCA='^=mlx5_8' srun ...",
+# "export NCCL_SOCKET_IFNAME=eth0", "$ env NCCL_P2P_DISABLE=1 torchrun ..." (the run's own settings, as typed)
+_CMD_ENV = re.compile(r"^\s*(?:\$\s*)?(?:export\s+|env\s+)?(?:[A-Za-z_]\w*=(?:'[^']*'|\"[^\"]*\"|\S*)\s+)*NCCL_\w+=")
+_ENV_ASSIGN = re.compile(r"(?:^|\s)(?:export\s+|env\s+)?(NCCL_\w+)=('[^']*'|\"[^\"]*\"|[^\s;&|]*)")
+_GID = re.compile(r"\bGID (\d+) \(([0-9A-Fa-f]+)/([0-9A-Fa-f]+)\)")
 _BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (.+)$")
 _NET_USING = re.compile(r"^NET/(?P<net>[\w.\-]+) ?: Using(?: (?!interface )(?P<devs>.+))?$")
 _OLD_SIDEBAND = re.compile(r"^NET/IB ?: Using interface (\S+) for sideband")
@@ -96,13 +104,17 @@ def _keep(bucket: list[str], line: str) -> None:
 
 
 
-def _count(hit: CatalogHit, line: str, info: RankInfo) -> None:
-    """One more line for ``hit``: its count, a few evidence lines, and the ranks and hosts that printed it (bounded)."""
+def _count(hit: CatalogHit, line: str, info: RankInfo, seq: int = 0) -> None:
+    """One more line for ``hit`` (input line ``seq``): its count, a few evidence lines, and the ranks and hosts that
+    printed it (bounded)."""
+    if not hit.count:
+        hit.first = seq
     hit.count += 1
     if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
         hit.evidence.append(_cut(line))
     if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
         hit.keys.append(info.key)
+        hit.firsts[info.key] = seq
     if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
         hit.hosts.append(info.host)
 
@@ -144,6 +156,7 @@ class _Parser:
         per-line work is slicing and dict lookups.
         """
         self.log.sources.append(source)
+        base = self.log.lines_seen      # line numbers count over all inputs (CatalogHit.first)
         previous: str | None = None
         count = nccl = seen = 0
         last_error = False
@@ -193,7 +206,7 @@ class _Parser:
                     # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
                     entry = match_site(ckey)
                     if entry is not None:
-                        self._site_hit(entry["index"], line, log.unattributed)
+                        self._site_hit(entry["index"], line, log.unattributed, base + seen)
                         count += 1
                 last_error = line.endswith("Last error:")
                 if rel is None and using is not None and first == "[" and _WRAPPED.match(line):
@@ -208,16 +221,16 @@ class _Parser:
                                            int(pm["dev"])) if pm else log.unattributed)
                         info.lines += 1
                         info.last_line = _cut(line)
-                        self._catalog_hit(hit, line, info)
+                        self._catalog_hit(hit, line, info, base + seen)
                     continue
                 count += 1
                 nccl += 1
                 previous, info = on_line(line, (line[:k + 2] + rel[0]) if k >= 0 else rel[0], events, previous, rel[2])
                 using = (info,) if rel[1][-5:] == "Using" else None
                 if hit is not None:
-                    self._catalog_hit(hit, line, info)
+                    self._catalog_hit(hit, line, info, base + seen)
                 if site is not None:
-                    self._site_hit(site, line, info)
+                    self._site_hit(site, line, info, base + seen)
         finally:
             log.lines_seen += seen
             log.nccl_lines += nccl
@@ -243,21 +256,22 @@ class _Parser:
         memo = self._hits[ckey] = (hit, rel, events, site)
         return memo
 
-    def _site_hit(self, index: int, line: str, info: RankInfo) -> None:
-        """Count one line that a generated site printed (``index`` -1: a WARN line no site matches)."""
+    def _site_hit(self, index: int, line: str, info: RankInfo, seq: int = 0) -> None:
+        """Count one line (input line ``seq``) that a generated site printed (``index`` -1: a WARN line no site
+        matches)."""
         hit = self.log.sites.get(index)
         if hit is None:
             entry = load_sites()["entries"][index] if index >= 0 else {"index": -1}
             hit = self.log.sites[index] = CatalogHit(entry)
-        _count(hit, line, info)
+        _count(hit, line, info, seq)
 
-    def _catalog_hit(self, index: int, line: str, info: RankInfo) -> None:
+    def _catalog_hit(self, index: int, line: str, info: RankInfo, seq: int = 0) -> None:
         entry = load_catalog()[index]
         hit = self.log.catalog.get(entry["id"])
         if hit is None:
             hit = self.log.catalog[entry["id"]] = CatalogHit(entry)
         info.catalog[entry["id"]] = info.catalog.get(entry["id"], 0) + 1
-        _count(hit, line, info)
+        _count(hit, line, info, seq)
 
     @staticmethod
     def _split(line: str) -> tuple[str, str, bool] | None:
@@ -272,6 +286,8 @@ class _Parser:
         b = _BARE_HEAD.search(line[:600])
         if b:
             return line[:b.start()], line[b.start():].strip(), False
+        if "NCCL_" in line and _CMD_ENV.match(line):
+            return "", line.strip(), False
         return None
 
     def _line(self, line: str, head: str, events: list[tuple], previous: str | None,
@@ -373,7 +389,8 @@ class _Parser:
             ckey = (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)
             if ckey not in info._channel_keys and len(info._channel_keys) < _CHANNELS_MAX:
                 info._channel_keys.add(ckey)
-                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut))
+                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut,
+                                             ch.src_dev, ch.dst_dev))
             self._stage(info, "channels")
         elif kind == "version":
             info.nccl_version = event[1]
@@ -447,6 +464,11 @@ class _Parser:
         elif kind == "oob":
             info.oob = event[1]
             _keep(info.evidence_lines, cut)
+        elif kind == "gid":
+            gid = event[1:]
+            if gid not in info.gids and len(info.gids) < _KEEP_MAX:
+                info.gids.append(gid)
+                _keep(info.gid_lines, cut)
         elif kind == "old_iface":
             if not info.bootstrap:
                 info.bootstrap = event[1]
@@ -506,7 +528,7 @@ def _merge(into: RankInfo, other: RankInfo) -> None:
             setattr(into, name, getattr(other, name))
     into.ib_no_device = into.ib_no_device or other.ib_no_device
     for name in ("channels", "init_complete", "warns", "connect_errors", "iface_errors", "mismatch_lines",
-                 "ibverbs_lines", "evidence_lines"):
+                 "ibverbs_lines", "evidence_lines", "gid_lines"):
         getattr(into, name).extend(getattr(other, name))
     into.init_starts += other.init_starts
     into.warn_count += other.warn_count
@@ -517,6 +539,7 @@ def _merge(into: RankInfo, other: RankInfo) -> None:
         into.catalog[cid] = into.catalog.get(cid, 0) + n
     into.aborts += other.aborts
     into.error_chain += [c for c in other.error_chain if c not in into.error_chain]
+    into.gids += [g for g in other.gids if g not in into.gids]
     into.lines += other.lines
     into.stage = max(into.stage, other.stage)
 
@@ -530,7 +553,15 @@ def _classify(msg: str) -> list[tuple]:
     if m := _DRIVER.match(msg):
         events.append(("driver", m.group(1)))
     if m := _ENV.match(msg):
-        events.append(("env", m.group(1), m.group(2)))
+        events.append(("env", m.group(1), m.group(2) if m.group(2) is not None else m.group(3)))
+    elif "=" in msg and _CMD_ENV.match(msg):
+        for m in _ENV_ASSIGN.finditer(msg):
+            value = m.group(2)
+            if value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1:
+                value = value[1:-1]
+            events.append(("env", m.group(1), value))
+    if "GID " in msg and (m := _GID.search(msg)):
+        events.append(("gid", int(m.group(1)), m.group(2).upper(), m.group(3).upper()))
     if m := _BOOTSTRAP.match(msg):
         events.append(("bootstrap", _ifaces(m.group(1))))
     if (m := _NET_USING.match(msg)) and m["net"] != "Plugin":
@@ -566,7 +597,8 @@ def _classify(msg: str) -> list[tuple]:
             events.append(("init_start", int(m["rank"]), int(m["nranks"])))
     if m := _CHANNEL.match(msg):
         events.append(("channel", Channel(int(m["ch"]), int(m["conn"]) if m["conn"] is not None else None,
-                                          int(m["src"]), int(m["dst"]), m["dir"], m["via"].strip())))
+                                          int(m["src"]), int(m["dst"]), m["dir"], m["via"].strip(),
+                                          src_dev=m["sdev"], dst_dev=m["ddev"])))
     if _CONNECT_ANY.search(msg) and "ibv_" not in msg:   # an IB verbs call that timed out is not a socket connect
         events.append(("connect",))
     if _NO_IFACE.search(msg):

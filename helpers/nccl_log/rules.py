@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from helpers.checks import NOT_OK, STATUSES, Check
-from helpers.nccl_log.catalog import bugs_for, cuda_reading, knowledge_for, load_catalog
+from helpers.nccl_log.catalog import bugs_for, cuda_reading, knowledge_for, load_catalog, version_tuple
 from helpers.nccl_log.model import (
     _EVIDENCE_MAX,
     _VERDICT_LIST_MAX,
@@ -27,7 +27,7 @@ from helpers.nccl_log.model import (
     _version_code,
     bad_interface_reason,
 )
-from helpers.nccl_log.reading import _CONNECT_REASONS, _DIALED, _MISMATCH
+from helpers.nccl_log.reading import _CONNECT_REASONS, _DIALED, _MISMATCH, _PREFIX_ANY
 
 
 def verdict(id: str, status: str, title: str, ranks: Sequence[str] | None = None, hosts: Sequence[str] | None = None,
@@ -275,17 +275,32 @@ def _check_connect(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Check]:
     severity = "FAIL" if hard or any(i.key == "?" for i in infos) else "WARN"
     transient = "" if severity == "FAIL" else " then connected (Init COMPLETE followed): transient"
     target = f" to {', '.join(dialed[:3])}" if dialed else ""
-    message = f"{_who(infos)} could not connect{target}: {', '.join(reasons)}{transient}"
+    suspects = []
     if "Connection refused" in reasons:
-        fix = ("nothing listens at that address: the peer died, or it advertised an address that is not its own "
-               "on this network (docker0/lo, MN2); read the peer's log and Bootstrap line, and test the port with "
-               "'nc -l PORT' there and 'nc IP PORT' here (NVIDIA/nccl-tests#162)")
-    else:
-        fix = ("this host cannot reach that address: the peer advertised a NIC not routable from here or a "
-               "firewall drops the ports; pin NCCL_SOCKET_IFNAME to the shared data-plane network (MN2) and test "
-               "with 'nc -l PORT' there and 'nc IP PORT' here (NVIDIA/nccl-tests#162)")
+        suspects.append("nothing listens at that address and port (the peer died or has not started, or the address "
+                        "it announced belongs to another host)")
+    if {"No route to host", "Network is unreachable"} & set(reasons):
+        suspects.append("the address/interface pair NCCL chose (NCCL_SOCKET_IFNAME: a NIC whose network this host "
+                        "does not reach, common on multi-homed nodes)"
+                        + (", or a firewall rejecting the port (it reads the same)" if "No route to host" in reasons
+                           else ""))
+    if "Software caused connection abort" in reasons:
+        suspects.append("the connection was torn down while it was set up (the peer process or its node failed, "
+                        "or a network fault between the two)")
+    if {"Connection timed out", "connect failed"} & set(reasons) or not suspects:
+        suspects.append("packets to that address are dropped (a firewall, or an address not reachable from here: "
+                        "NCCL_SOCKET_IFNAME)")
+    message = (f"{'; or '.join(suspects)}: {_who(infos)} could not connect{target} "
+               f"({', '.join(reasons)}){transient}")
+    fix = ("confirm from the failing node: 'ip route get <address>' (no route, or a route through another NIC: pin "
+           "NCCL_SOCKET_IFNAME to the interface on the network every node shares), 'nc -zv <address> <port>' while the "
+           "peer runs (refused: nothing listens there; no answer: a firewall drops it; 'No route to host' with a route "
+           "present: a firewall rejects it), and the peer's own Bootstrap/NET line (the address it announced; MN2; "
+           "NVIDIA/nccl-tests#162)")
     return [verdict("connect-failed", severity, message, [i.key for i in infos if i.key != "?"], _hosts(infos),
-                    _evidence(lines), fix)]
+                    _evidence(lines), fix,
+                    "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname",
+                    kind="suspect")]
 
 
 def _check_no_interface(log: NcclLog) -> list[Check]:
@@ -398,7 +413,7 @@ def _message(line: str) -> str:
 
 
 _NOT_EXPLAINING = {"init-incomplete", "connect-failed", "no-init-complete", "torch-async-abort", "torch-dump-signal",
-                   "torch-desync-seq"}
+                   "torch-desync-seq", "gdr-not-used", "nccl-ib-hca-syntax", "nccl-socket-ifname-syntax"}
 """Verdicts that say where a job stopped but not why: the site readings keep their status next to them."""
 
 
@@ -424,46 +439,44 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
             unmatched.append((lines, hit.keys, hit.hosts))
             continue
         e = hit.entry
-        k = dict(e["knowledge"])
-        if k["class"] in _VAGUE or k["class"].startswith("other-"):
-            # the format hides what failed ("Call to %s failed"): read the printed message itself
-            printed = knowledge_for(_message(lines[0]), e["subsystem"], e["level"])
-            if printed["specific"] == "yes" and printed["class"] not in _VAGUE:
-                k = dict(printed)
-        if k["class"] == "cuda-failure":
-            reading = cuda_reading(" ".join(lines))
-            if reading:
-                k.update({"class": reading[0], "kind": reading[1], "meaning": reading[2], "fix": reading[3],
-                          "specific": "yes"})
-        if e["level"] == "INFO" and (k["class"] in _QUIET_INFO or k["class"].startswith("other-")):
-            continue
-        if k["class"] == "socket-peer-closed" and any("bootstrap" in r.error_chain for r in log.all_infos()):
-            k = dict(k, **{"class": "bootstrap-peer-closed", "status": "WARN", "kind": "suspect", "meaning": (
-                "a connection closed during bootstrap (the error returns through bootstrap.cc): a peer rank died "
-                "while connecting, or another program (a port scanner, a health check) opened a stray connection to "
-                "NCCL's bootstrap port; NCCL before 2.27.3 fails on such a connection (release notes 2.27.3: accept() "
-                "retries when reading the magic fails)"), "fix": (
-                "check that every rank is alive (the launcher's exit codes) and whether a scanner or health check "
-                "probes the nodes' ports; upgrade to NCCL 2.27.3 or later")})
-        if k["status"] in NOT_OK and (k["kind"] == "context" or explained):
-            k["status"] = "INFO"
-        g = groups.setdefault(k["class"], {"k": k, "lines": [], "keys": [], "hosts": [], "count": 0, "sites": [],
-                                           "releases": []})
-        g["lines"] += lines
-        g["count"] += hit.count
-        g["keys"] += [x for x in hit.keys if x != "?" and x not in g["keys"]]
-        g["hosts"] += [x for x in hit.hosts if x not in g["hosts"]]
-        g["sites"] += e["sites"][:1]
-        g["releases"].append(f"{e['first']}..{e['last']}")
+        for k, part, count, keys, order in _site_readings(e, hit, lines):
+            if e["level"] == "INFO" and (k["class"] in _QUIET_INFO or k["class"].startswith("other-")):
+                continue
+            if k["class"] == "socket-peer-closed" and any("bootstrap" in r.error_chain for r in log.all_infos()):
+                k = dict(k, **{"class": "bootstrap-peer-closed", "status": "WARN", "kind": "suspect", "meaning": (
+                    "a connection closed during bootstrap (the error returns through bootstrap.cc): a peer rank died "
+                    "while connecting, or another program (a port scanner, a health check) opened a stray connection to "
+                    "NCCL's bootstrap port; NCCL before 2.27.3 fails on such a connection (release notes 2.27.3: accept() "
+                    "retries when reading the magic fails)"), "fix": (
+                    "check that every rank is alive (the launcher's exit codes) and whether a scanner or health check "
+                    "probes the nodes' ports; upgrade to NCCL 2.27.3 or later")})
+            if k["status"] in NOT_OK and (k["kind"] == "context" or explained):
+                k["status"] = "INFO"
+            g = groups.setdefault(k["class"], {"k": k, "lines": [], "keys": [], "hosts": [], "count": 0, "sites": [],
+                                               "releases": [], "order": {}, "after": None})
+            g["lines"] += part
+            g["count"] += count
+            g["keys"] += [x for x in keys if x != "?" and x not in g["keys"]]
+            g["hosts"] += [x for x in hit.hosts if x not in g["hosts"]]
+            g["sites"] += e["sites"][:1]
+            g["releases"].append(f"{e['first']}..{e['last']}")
+            for key, when in order.items():
+                g["order"][key] = min(g["order"].get(key, when), when)
+    _after_first_failure(groups)
     out = []
     for cid, g in groups.items():
         k = g["k"]
         where = f" on {', '.join(g['hosts'][:4])}" if g["hosts"] else ""
-        title = f"{k['meaning']} ({g['count']} line(s){where})"
+        after = (f"; printed after nccl.{g['after']}, the first failure of the same rank(s): a consequence"
+                 if g["after"] else "")
+        title = f"{k['meaning']} ({g['count']} line(s){where}{after})"
+        values = {"lines": g["count"], "sites": g["sites"][:4], "releases": sorted(set(g["releases"]))[:4],
+                  "reference": k["source"]}
+        if g["after"]:
+            values["after_first_failure"] = f"nccl.{g['after']}"
         out.append(verdict(f"nccl.{cid}", k["status"], title, g["keys"], g["hosts"], _evidence(g["lines"]),
-                           k["fix"], g["sites"][0] if g["sites"] else k["source"],
-                           {"lines": g["count"], "sites": g["sites"][:4], "releases": sorted(set(g["releases"]))[:4],
-                            "reference": k["source"]}, kind=k["kind"] if k["kind"] in KINDS else "suspect"))
+                           k["fix"], g["sites"][0] if g["sites"] else k["source"], values,
+                           kind=k["kind"] if k["kind"] in KINDS else "suspect"))
     if unmatched:
         lines = [line for ls, _, _ in unmatched for line in ls]
         keys = [k for _, ks, _ in unmatched for k in ks if k != "?"]
@@ -475,13 +488,92 @@ def _check_sites(log: NcclLog, verdicts: list[Check]) -> list[Check]:
     return out
 
 
-def _check_catalog(log: NcclLog) -> list[Check]:
-    """One verdict per hand-written catalog entry some line matched: its cause, the confirming command and fix."""
+def _site_readings(e: dict, hit: Any, lines: list[str]) -> list[tuple[dict, list[str], int, list[str], dict]]:
+    """The readings of one site's unused evidence ``lines``: ``[(knowledge, lines, count, rank keys, order)]``.
+
+    One reading per site, except ``Cuda failure '%s'``: one site prints every CUDA error, so its lines are read one by
+    one through the error each quotes (:func:`helpers.nccl_log.catalog.cuda_reading`) and grouped by it; the lines
+    not kept as evidence count with the first group.  ``order`` maps each rank key to ``(input line of the site's
+    first line from that rank, position of the group's first line among the evidence)``: which failure a rank
+    printed first.
+    """
+    k = dict(e["knowledge"])
+    if k["class"] in _VAGUE or k["class"].startswith("other-"):
+        # the format hides what failed ("Call to %s failed"): read the printed message itself
+        printed = knowledge_for(_message(lines[0]), e["subsystem"], e["level"])
+        if printed["specific"] == "yes" and printed["class"] not in _VAGUE:
+            k = dict(printed)
+    if k["class"] != "cuda-failure":
+        return [(k, lines, hit.count, list(hit.keys), {key: (hit.firsts.get(key, hit.first), 0) for key in hit.keys})]
+    parts: dict[str, tuple[dict, list[str], int]] = {}
+    for pos, line in enumerate(lines):
+        reading = cuda_reading(line)
+        kk = dict(k)
+        if reading:
+            kk.update({"class": reading[0], "kind": reading[1], "meaning": reading[2], "fix": reading[3],
+                       "specific": "yes"})
+        if kk["class"] not in parts:
+            parts[kk["class"]] = (kk, [], pos)
+        parts[kk["class"]][1].append(line)
     out = []
+    for n, (kk, part, pos) in enumerate(parts.values()):
+        count = len(part) + (hit.count - len(lines) if n == 0 else 0)
+        keys = [key for key in hit.keys if any(_line_key(line) == key for line in part)] or list(hit.keys)
+        out.append((kk, part, count, keys, {key: (hit.firsts.get(key, hit.first), pos) for key in keys}))
+    return out
+
+
+def _line_key(line: str) -> str | None:
+    """The rank key (``host:pid[dev]``) of a line with NCCL's prefix, or None."""
+    m = _PREFIX_ANY.search(line[:300])
+    return f"{m['host']}:{int(m['pid'])}[{int(m['dev'])}]" if m else None
+
+
+def _after_first_failure(groups: dict[str, dict[str, Any]]) -> None:
+    """Turn the site readings a rank printed after its first stated failure into INFO context (in place).
+
+    NCCL returns an error up the stack after its first failure, and the program then tears the communicator down
+    (or calls it again), so what one rank prints after a decided cause follows from it: CUDA calls on a communicator
+    whose setup failed, argument checks on a destroyed one (``invalid root 0 (root should be in the 0..-1 range)``:
+    ``nRanks`` is 0), ``cudaSetDevice`` in ``commDestroy``.  The maintainers read the first WARN of a rank
+    (https://github.com/NVIDIA/nccl/issues/328: "the only thing we can tell is that a call to shm_open failed").
+    A later reading is demoted only when every rank that printed it printed the earlier FAIL cause first.
+    """
+    acting = sorted((g for g in groups.values() if g["k"]["status"] in NOT_OK and g["keys"]),
+                    key=lambda g: min(g["order"].values(), default=(0, 0)))
+    for first in acting:
+        if first["after"] or first["k"]["status"] != "FAIL" or first["k"]["kind"] != "cause":
+            continue
+        for later in acting:
+            if later is first or later["after"]:
+                continue
+            if all(key in first["order"] and first["order"][key] < later["order"].get(key, (0, 0))
+                   for key in later["keys"]):
+                later["after"] = first["k"]["class"]
+                later["k"] = dict(later["k"], status="INFO", kind="context")
+
+
+def _check_catalog(log: NcclLog) -> list[Check]:
+    """One verdict per hand-written catalog entry some line matched: its cause, the confirming command and fix.
+
+    An entry whose ``explained_by`` entries matched too gives no verdict of its own: its lines go with the first of
+    them (``Error while creating shared memory segment`` follows the call that failed, which names the cause).
+    """
+    out = []
+    folded: dict[str, list[Any]] = {}
+    for cid, hit in log.catalog.items():
+        by = [x.strip() for x in hit.entry.get("explained_by", "").split(",") if x.strip() in log.catalog]
+        if by:
+            folded.setdefault(by[0], []).append(hit)
     for cid, hit in log.catalog.items():
         e = hit.entry
+        if any(x.strip() in log.catalog for x in e.get("explained_by", "").split(",") if x.strip()):
+            continue
+        extra = folded.get(cid, [])
         keys = [k for k in hit.keys if k != "?"]
-        where = f" on {', '.join(hit.hosts)}" if hit.hosts else ""
+        keys += [k for h in extra for k in h.keys if k != "?" and k not in keys]
+        hosts = hit.hosts + [x for h in extra for x in h.hosts if x not in hit.hosts]
+        where = f" on {', '.join(hosts)}" if hosts else ""
         cause, fix, kind, vid = e["cause"], e["fix"], e["kind"], cid
         reading = cuda_reading(" ".join(hit.evidence)) if cid in _READ_CUDA else None
         if reading and reading[0] in _CUDA_TO_CATALOG:
@@ -489,9 +581,11 @@ def _check_catalog(log: NcclLog) -> list[Check]:
             vid, kind, cause, fix = e["id"], e["kind"], e["cause"], e["fix"]
         elif reading:
             vid, kind, cause, fix = f"nccl.{reading[0]}", reading[1], reading[2], reading[3]
-        message = f"{cause} ({hit.count} line(s){where})"
-        out.append(verdict(vid, e["status"], message, keys, hit.hosts, hit.evidence, fix, e["source"],
-                           {"lines": hit.count, "subsystem": e["subsystem"]}, kind=kind))
+        count = hit.count + sum(h.count for h in extra)
+        message = f"{cause} ({count} line(s){where})"
+        evidence = _evidence(hit.evidence + [line for h in extra for line in h.evidence])
+        out.append(verdict(vid, e["status"], message, keys, hosts, evidence, fix, e["source"],
+                           {"lines": count, "subsystem": e["subsystem"]}, kind=kind))
     return out
 
 
@@ -624,22 +718,45 @@ def _check_p2p_hang(log: NcclLog, topology: str, verdicts: list[Check]) -> list[
                     ACS_DOCS, {"transports": vias}, kind="suspect")]
 
 
-def _check_known_bugs(log: NcclLog) -> list[Check]:
-    """The known NCCL bugs (``helpers/data/nccl_versions.yaml``) of the log's NCCL versions whose pattern the log shows."""
-    versions = sorted({_base_version(i.nccl_version) for i in log.all_infos() if i.nccl_version})
-    if not versions:
-        return []
+def _check_known_bugs(log: NcclLog, verdicts: Sequence[Check] = ()) -> list[Check]:
+    """The known NCCL bugs (``helpers/data/nccl_versions.yaml``) of the log's NCCL versions whose pattern the log shows.
+
+    A log without a version line still gets the bugs whose message only the affected releases print
+    (``version_from_pattern``).  A bug that ``explains`` an acting verdict of ``verdicts`` is WARN (the caller turns
+    that verdict into context); the others are INFO.
+    """
+    versions = sorted({_base_version(i.nccl_version) for i in log.all_infos() if i.nccl_version}) or [""]
     text = "\n".join([line for hit in log.catalog.values() if hit.entry["status"] in NOT_OK for line in hit.evidence] +
                       [line for hit in log.sites.values() for line in hit.evidence] +
                       [line for i in log.all_infos() for line in i.warns])
+    acting = {v.id for v in verdicts if v.status in NOT_OK}
     out = []
     for version in versions:
         for bug in bugs_for(version, text):
+            explains = sorted(acting & set(bug.get("explains") or []))
+            lo, hi = bug["affected"]
+            head = (f"NCCL {version} is in the affected range of a known bug ({lo}..{hi}, fixed in {bug['fixed']})"
+                    if version else
+                    f"the log shows a message only NCCL {lo}..{hi} prints, and a known NCCL bug of those releases "
+                    f"(fixed in {bug['fixed']})")
+            values = {"nccl_version": version or f"{lo}..{hi} (from the message)", "fixed": bug["fixed"]}
+            if explains:
+                values["explains"] = explains
             out.append(verdict(
-                f"known-bug.{bug['id']}", "INFO",
-                f"NCCL {version} is in the affected range of a known bug ({bug['affected'][0]}..{bug['affected'][1]}, "
-                f"fixed in {bug['fixed']}): {bug['summary']}", [], [], [], bug["workaround"], bug["source"],
-                {"nccl_version": version, "fixed": bug["fixed"]}, kind="suspect"))
+                f"known-bug.{bug['id']}", "WARN" if explains else "INFO", f"{head}: {bug['summary']}", [], [], [],
+                bug["workaround"], bug["source"], values, kind="suspect"))
+    return out
+
+
+def _explained_by_bugs(verdicts: list[Check]) -> list[Check]:
+    """Turn the verdicts a known-bug verdict ``explains`` into INFO context (they are that bug's symptom)."""
+    explained = {x: v.id for v in verdicts if v.id.startswith("known-bug.") for x in v.values.get("explains", [])}
+    out = []
+    for v in verdicts:
+        if v.id in explained and v.status in NOT_OK:
+            v = dataclasses.replace(v, status="INFO", faulty=[], values={**v.values, "kind": "context",
+                                                                        "explained_by": explained[v.id]})
+        out.append(v)
     return out
 
 
@@ -765,7 +882,8 @@ def interpret(log: NcclLog) -> list[Check]:
         raise ValueError(f"log: expected an NcclLog from parse(), got {type(log).__name__}")
     topology = log.topology()
     owners = _address_owners(log)
-    verdicts = (_check_catalog(log) + _check_cross_host(log, owners) +
+    verdicts = (_check_catalog(log) + _check_cross_host(log, owners) + _check_same_gpu_one_node(log) +
+                _check_roce_gid(log) + _check_nccl_lists(log) + _check_gdr_unused(log, topology) +
                 _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
                 _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log))
     explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
@@ -777,7 +895,247 @@ def interpret(log: NcclLog) -> list[Check]:
     verdicts += _check_ib_remote_error(log) + _check_nccl_tests_separate(log)
     if not any(v.status in NOT_OK for v in verdicts):
         verdicts += _check_ipoib_bootstrap_stall(log)
-    verdicts += _check_known_bugs(log)
-    verdicts = _demote_generic(verdicts)
+    verdicts += _check_known_bugs(log, verdicts)
+    verdicts = _demote_generic(_explained_by_bugs(verdicts))
     return sorted(verdicts, key=lambda v: SEVERITIES.index(v.status))
 
+
+
+# ------------------------------------------------------------------------------ settings and choices NCCL prints
+
+IB_GID_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-gid-index"
+
+
+def gid_text(spn: str, iid: str) -> str:
+    """The GID NCCL printed as ``(%lX/%lX)`` (the two 8-byte halves of ``union ibv_gid`` read as little-endian
+    uint64s, ``net_ib.cc``) in IPv6 notation: ``("80FE", "1A8A41FEFF21A75E")`` -> ``fe80::5ea7:21ff:fe41:8a1a``.
+
+    Raises:
+        ValueError: a half is not hex or longer than 16 digits.
+    """
+    raw = b"".join(int(h, 16).to_bytes(8, "little") for h in (spn, iid))
+    import ipaddress  # stdlib; only when a RoCE GID is shown
+
+    address = ipaddress.IPv6Address(raw)
+    return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped else str(address)
+
+
+def _gid_problem(spn: str, iid: str) -> str | None:
+    """Why NCCL's own GID selection would never pick this GID, or None.
+
+    ``src/transport/net_ib.cc`` (v2.21.5-1, lines 215-233): ``validGid`` = ``configuredGid`` (not all zero, not a bare
+    ``fe80::``) and not ``linkLocalGid`` (first 8 bytes ``fe80:0000:0000:0000``); ``ncclIbGetGidIndex`` skips invalid
+    GIDs when NCCL_IB_GID_INDEX is unset (2.21 and later; before 2.21 the index defaulted to 0).
+    """
+    try:
+        prefix, ident = int(spn, 16), int(iid, 16)
+    except ValueError:
+        return None
+    if prefix == 0 and ident == 0:
+        return "an empty GID (::, no address behind it)"
+    if prefix == 0x80FE:
+        return "the IPv6 link-local GID (fe80::/64: valid on one Ethernet segment only, never routed)"
+    return None
+
+
+def _check_roce_gid(log: NcclLog) -> list[Check]:
+    """RoCE queue pairs on a GID NCCL's own selection rejects (link-local ``fe80::`` or empty): NCCL_IB_GID_INDEX.
+
+    NCCL prints the GID of every RoCE queue pair (``NET/IB: ... GID %ld (%lX/%lX)``, ``net_ib.cc``; NCCL_DEBUG_SUBSYS
+    NET).  A link-local GID is what GID index 0 usually holds (RoCE v1, derived from the MAC); NCCL before 2.21 used
+    index 0 unless NCCL_IB_GID_INDEX said otherwise, and from 2.21 picks a routable RoCE v2 GID of NCCL_IB_ADDR_FAMILY
+    itself (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-gid-index).  A suspect: two
+    nodes on one Ethernet segment can still talk over it.
+    """
+    found: list[tuple[RankInfo, int, str, str]] = []
+    for info in log.all_infos():
+        for index, spn, iid in info.gids:
+            problem = _gid_problem(spn, iid)
+            if problem:
+                found.append((info, index, gid_text(spn, iid), problem))
+    if not found:
+        return []
+    infos = list({id(f[0]): f[0] for f in found}.values())
+    indexes = sorted({f[1] for f in found})
+    envs = sorted({i.env["NCCL_IB_GID_INDEX"] for i in log.all_infos() if "NCCL_IB_GID_INDEX" in i.env})
+    versions = sorted({_base_version(i.nccl_version) for i in log.all_infos() if i.nccl_version})
+    if envs:
+        why = f"chosen by NCCL_IB_GID_INDEX={','.join(envs)} set in the environment"
+    elif versions and all(version_tuple(v) < (2, 21) for v in versions):
+        why = f"the default index of NCCL {', '.join(versions)} (before 2.21 NCCL used GID index 0 unless told otherwise)"
+    else:
+        why = "set by NCCL_IB_GID_INDEX or an old NCCL's default of 0"
+    failed = any(i.warns for i in log.all_infos()) or any(h.entry["status"] == "FAIL" for h in log.catalog.values())
+    title = (f"RoCE queue pairs of {_who(infos)} use GID index {', '.join(map(str, indexes))} ({found[0][2]}), "
+             f"{found[0][3]}, {why}: NCCL's own GID selection never picks such a GID, and peers on another segment "
+             f"cannot reach it")
+    fix = ("confirm with show_gids (or ibv_devinfo -v | grep GID and cat /sys/class/infiniband/<hca>/ports/1/gid_attrs/"
+           "types/<index>) on each node: set NCCL_IB_GID_INDEX to the RoCE v2 GID of the node's routable address "
+           "(::ffff:a.b.c.d for IPv4), the same index on every node, or unset it on NCCL >= 2.21, which selects that "
+           "GID itself (NCCL_IB_ADDR_FAMILY / NCCL_IB_ROCE_VERSION_NUM)")
+    evidence = _evidence([line for i in infos for line in i.evidence_lines if "NCCL_IB_GID_INDEX" in line] +
+                         [line for i in infos for line in i.gid_lines])
+    return [verdict("roce-gid-link-local", "FAIL" if failed else "WARN", title, [i.key for i in infos if i.key != "?"],
+                    _hosts(infos), evidence, fix, IB_GID_DOCS, {"gid_index": indexes, "gid": found[0][2]},
+                    kind="suspect")]
+
+
+GDR_SOURCE = "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/graph/paths.cc#L467"
+
+
+def _check_gdr_unused(log: NcclLog, topology: str) -> list[Check]:
+    """InfiniBand/RoCE channels and not one of them uses GPU Direct RDMA (no ``/GDRDMA`` suffix), receive side included.
+
+    NCCL appends ``/GDRDMA`` to a NET channel when ``ncclTopoCheckGdr`` (``src/graph/paths.cc``) enables it: the HCA
+    must be able to access GPU memory (the plugin's ``ptrSupport`` flag for CUDA pointers, a C constant, not a
+    variable NCCL reads: the nvidia-peermem module, or DMA-BUF with a
+    recent driver and kernel; ``src/graph/topo.cc`` prints ``GPU Direct RDMA Enabled/Disabled for HCA``), and the GPU
+    must sit within NCCL_NET_GDR_LEVEL of the NIC (PXB by default).  Sends of pre-Ampere GPUs without NVLink skip it
+    on purpose (``NCCL_NET_GDR_READ``), receives never do: so only a log whose receive channels lack it too counts.
+    Without GDRDMA every inter-node byte is copied through host memory (several times less bandwidth).  A suspect
+    (WARN): the log cannot tell a missing module from a GPU-NIC distance; the command can.
+    """
+    if topology == "single-node":
+        return []
+    ib = [(i, ch) for i in log.all_infos() for ch in i.channels
+          if ch.kind == "NET" and len(ch.via.split("/")) > 1 and ch.via.split("/")[1].startswith("IB")]
+    if not ib or any("GDRDMA" in ch.via for _, ch in ib) or not any(ch.direction == "receive" for _, ch in ib):
+        return []
+    if any(hit.entry["knowledge"]["class"] == "gdr-disabled" for hit in log.sites.values()):
+        return []      # NCCL's own "GPU Direct RDMA Disabled for HCA" line is read by the site reading
+    off = sorted({f"{k}={v}" for i in log.all_infos() for k, v in i.env.items()
+                  if k == "NCCL_NET_GDR_LEVEL" and v.upper() in ("0", "LOC")})
+    infos = list({id(i): i for i, _ in ib}.values())
+    example = next(ch for _, ch in ib if ch.direction == "receive")
+    if off:
+        return [verdict("gdr-not-used", "INFO", f"no NET/IB channel uses GPU Direct RDMA: turned off by {', '.join(off)}",
+                        [i.key for i in infos if i.key != "?"], _hosts(infos), [example.line],
+                        "unset it to let NCCL use GPU Direct RDMA where the HCA supports it",
+                        "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-net-gdr-level",
+                        kind="context")]
+    title = (f"none of the {len(ib)} InfiniBand/RoCE channel(s) uses GPU Direct RDMA (e.g. '{example.via}' without "
+             f"/GDRDMA, receive side included): inter-node data is staged through host memory; the HCA cannot reach "
+             f"GPU memory (nvidia-peermem not loaded, no DMA-BUF support) or the GPUs sit beyond NCCL_NET_GDR_LEVEL "
+             f"from the NICs")
+    fix = ("confirm on a node: lsmod | grep -E 'nvidia_peermem|nv_peer_mem' and a rerun with NCCL_DEBUG=INFO "
+           "NCCL_DEBUG_SUBSYS=INIT,NET: 'GPU Direct RDMA Disabled for HCA' means no peer-memory module or DMA-BUF "
+           "(sudo modprobe nvidia-peermem, or a DMA-BUF capable driver and kernel; NCCL <= 2.22.3 looks only for "
+           "nv_peer_mem), 'Enabled' means the GPUs and NICs are too far apart (nvidia-smi topo -m: SYS/PHB between them; "
+           "NCCL_NET_GDR_LEVEL); in VMs and on bare metal keep PCIe ACS off for GPU Direct RDMA")
+    return [verdict("gdr-not-used", "WARN", title, [i.key for i in infos if i.key != "?"], _hosts(infos),
+                    _evidence(ch.line for _, ch in ib), fix, GDR_SOURCE,
+                    {"channels": len(ib)}, kind="suspect")]
+
+
+DEVICE_LIST_VARS = {"NCCL_IB_HCA": ("HCA", "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/transport/net_ib/init.cc#L317"),
+              "NCCL_SOCKET_IFNAME": ("interface", "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/os/linux.cc#L385")}
+"""Variables NCCL parses as a device list with a leading ``^`` (exclude) and ``=`` (exact names), and where."""
+
+
+def nccl_list(value: str) -> tuple[bool, bool, list[str]]:
+    """``(exclude, exact, entries)`` as NCCL reads a device list such as NCCL_IB_HCA or NCCL_SOCKET_IFNAME.
+
+    NCCL strips one leading ``^`` (the list excludes), then one leading ``=`` (names match exactly, not as prefixes),
+    then splits the rest at commas, each entry ``name[:port]``; empty names are skipped (``parseStringList`` in
+    https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/misc/utils.cc#L189 and the callers in ``DEVICE_LIST_VARS``).
+    ``entries`` are the names (ports dropped) exactly as NCCL compares them, spaces and stray ``^``/``=`` included.
+    """
+    exclude = value.startswith("^")
+    rest = value[1:] if exclude else value
+    exact = rest.startswith("=")
+    rest = rest[1:] if exact else rest
+    names = [entry.split(":", 1)[0] for entry in rest.split(",")]
+    return exclude, exact, [n for n in names if n]
+
+
+def _check_nccl_lists(log: NcclLog) -> list[Check]:
+    """NCCL_IB_HCA / NCCL_SOCKET_IFNAME values whose entries NCCL reads as names no device has (:func:`nccl_list`).
+
+    A ``^`` or ``=`` inside the list (``^=mlx5_8,^=mlx5_14``) or a space next to a comma is taken literally, so that
+    entry matches nothing: an exclusion that excludes nothing, or a device that is never selected.  NCCL's
+    documentation: "The ^ symbol at the beginning of the list excludes ... = at the beginning ... exact"
+    (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-hca).
+    """
+    values: dict[tuple[str, str], list[RankInfo]] = {}
+    for info in log.all_infos():
+        for name in DEVICE_LIST_VARS:
+            if name in info.env:
+                values.setdefault((name, info.env[name]), []).append(info)
+    out = []
+    for (name, value), infos in sorted(values.items(), key=lambda kv: kv[0]):
+        exclude, exact, entries = nccl_list(value)
+        bad = [e for e in entries if e[:1] in "^=" or e != e.strip()]
+        if not bad:
+            continue
+        what, source = DEVICE_LIST_VARS[name]
+        meant = [e.strip().lstrip("^=") for e in bad]
+        verb = ("stays", "is") if len(meant) == 1 else ("stay", "are")
+        effect = (f"{', '.join(meant)} {verb[0]} in use (not excluded)"
+                  if exclude or any(e.strip().startswith("^") for e in bad) else f"{', '.join(meant)} {verb[1]} not used")
+        clean = [e.strip().lstrip("^=") for e in entries]
+        prefix = ("^" if exclude or any(e.strip().startswith("^") for e in bad) else "") + \
+                 ("=" if exact or any("=" in e.strip()[:2] for e in bad) else "")
+        title = (f"{name}='{value}' does not do what it says: NCCL reads '^' (exclude) and '=' (exact names) only once, "
+                 f"at the start of the whole list, and takes each entry literally, so {', '.join(repr(b) for b in bad)} "
+                 f"match{'es' if len(bad) == 1 else ''} no {what}: {effect}")
+        fix = (f"write the prefix once for the whole list: {name}={prefix}{','.join(clean)} (no spaces), then check the "
+               f"'NET/IB : Using' / 'NET/Socket : Using' line of each rank lists the {what}s you meant")
+        out.append(verdict(f"{name.lower().replace('_', '-')}-syntax", "WARN", title,
+                           [i.key for i in infos if i.key != "?"], _hosts(infos),
+                           _evidence(line for i in infos for line in i.evidence_lines if name in line), fix, source,
+                           {"variable": name, "value": value, "entries_matching_nothing": bad}))
+    return out
+
+
+def _check_same_gpu_one_node(log: NcclLog) -> list[Check]:
+    """Two ranks on the same GPU joined by a P2P channel, on a host whose ranks use several GPUs: two machines that
+    NCCL took for one node (a host-hash collision), or one GPU given to two ranks.
+
+    P2P lines print each end's physical GPU (the NVML index in NCCL 2.4 and 2.18+, the PCI busId in 2.5-2.17:
+    ``src/transport/p2p.cc`` at those tags), and NCCL picks P2P only between ranks whose host hash is equal
+    (``p2pCanConnect``: "Rule out different nodes").  The host hash was the hostname cut at the first '.' up to
+    NCCL 2.4.2 (``getHostName`` in ``src/misc/utils.cu`` at v2.4.2-1; release notes 2.4.6: "Fix hostname hashing issue.
+    GithubIssue#187"), the full hostname plus ``/proc/sys/kernel/random/boot_id`` later, replaced by NCCL_HOSTID when
+    set (``getHostHash`` in ``src/misc/utils.cc``).  A suspect: the command tells the two readings apart.
+    """
+    by_host: dict[str | None, list[RankInfo]] = {}
+    for info in log.ranks.values():
+        by_host.setdefault(info.host, []).append(info)
+    out = []
+    for host, infos in sorted(by_host.items(), key=lambda kv: kv[0] or ""):
+        devs: dict[int, set[str]] = {}
+        lines: dict[int, str] = {}
+        for info in infos:
+            for ch in info.channels:
+                if ch.kind != "P2P" or not ch.src_dev or not ch.dst_dev:
+                    continue
+                for rank, dev in ((ch.src, ch.src_dev), (ch.dst, ch.dst_dev)):
+                    devs.setdefault(rank, set()).add(dev.lower().lstrip("0") or "0")
+                    lines.setdefault(rank, ch.line)
+        one = {rank: next(iter(d)) for rank, d in devs.items() if len(d) == 1}
+        if len(set(one.values())) < 2:
+            continue      # every rank prints the same device: per-rank CUDA_VISIBLE_DEVICES, nothing to compare
+        ranks_of: dict[str, list[int]] = {}
+        for rank, dev in sorted(one.items()):
+            ranks_of.setdefault(dev, []).append(rank)
+        clash = {dev: ranks for dev, ranks in ranks_of.items() if len(ranks) > 1}
+        if not clash:
+            continue
+        dev, ranks = sorted(clash.items())[0]
+        vias = sorted({ch.short for i in infos for ch in i.channels if ch.kind == "P2P"})
+        failed = any(not i.completed for i in infos) or bool(log.catalog.get("torch-nccl-cuda-error"))
+        where = f"on {host}" if host else "in this log"
+        title = (f"two machines taken for one node {where}: ranks {' and '.join(map(str, ranks))} both use GPU {dev} (as "
+                 f"the P2P lines print it) yet NCCL joins them with {', '.join(vias)}, a transport it picks only for "
+                 f"ranks of one host hash: the hosts share a host hash (NCCL <= 2.4.2 hashed the hostname cut at the "
+                 f"first '.', later releases hostname + boot_id, or NCCL_HOSTID when set), or two ranks got one GPU")
+        fix = ("confirm on each node: hostname (the full name: do they share the part before the first '.'?), cat "
+               "/proc/sys/kernel/random/boot_id and env | grep NCCL_HOSTID, and nvidia-smi -L against the ranks' GPUs; "
+               "then upgrade NCCL (2.4.6 and later hash the full hostname), give the nodes distinct hostnames, or unset "
+               "a shared NCCL_HOSTID")
+        evidence = _evidence([lines[r] for r in ranks if r in lines])
+        out.append(verdict("host-hash-collision", "FAIL" if failed else "WARN", title,
+                           [i.key for i in infos], [host] if host else [], evidence, fix,
+                           "https://github.com/NVIDIA/nccl/releases/tag/v2.4.6-1", {"gpu": dev, "ranks": ranks},
+                           kind="suspect"))
+    return out

@@ -51,9 +51,10 @@ def test_corpus_log_gets_its_verdict(entry: dict) -> None:
 
 
 # Catalog entries a real run in this suite shows (PyTorch's TCPStore on CPU: test_tcpstore_failures_are_read); the
-# others must match a line of a real log: the corpus above or the blind set (tests/data/nccl/blind/).
+# others must match a line of a real log: the corpus above or the blind sets (tests/data/nccl/blind/, blind2/).
 REAL_RUNS = {"tcpstore-client-timeout", "tcpstore-port-in-use", "tcpstore-clients-missing"}
 BLIND = DATA / "blind"
+BLIND2 = DATA / "blind2"
 # PyTorch messages read from torch's sources that no real log of ours shows yet (named, so the list can only shrink).
 PENDING = {"torch-heartbeat-timeout", "torch-desync-seq", "torch-dump-signal", "torch-no-gpu", "torch-sigkill",
            "torch-cuda-oom"}
@@ -61,7 +62,7 @@ PENDING = {"torch-heartbeat-timeout", "torch-desync-seq", "torch-dump-signal", "
 
 def test_catalog_entries_all_exercised_and_name_a_command() -> None:
     catalog = nl.load_catalog()
-    real = sorted(REAL.glob("*.log")) + sorted(BLIND.glob("*.log"))
+    real = sorted(REAL.glob("*.log")) + sorted(BLIND.glob("*.log")) + sorted(BLIND2.glob("*.log"))
     shown = set(nl.parse_files(real, problems=[]).catalog) | REAL_RUNS
     assert not PENDING & shown, PENDING & shown          # exercised now: take it off the list
     for entry in catalog:

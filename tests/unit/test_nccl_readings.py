@@ -1,0 +1,213 @@
+"""helpers.nccl_log readings tuned on the second blind set (issue 24), each on a few inline lines.
+
+The lines follow the format strings of NCCL's sources at the releases named next to each test (the messages,
+prefixes and numbers as NCCL prints them); the rules and their sources are in helpers/nccl_log/rules.py.  Pure
+parsing: no subprocess.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import nccl_log as nl
+from helpers.checks import Check
+from helpers.nccl_log.rules import gid_text, nccl_list
+
+
+def read(text: str) -> dict[str, Check]:
+    """The verdicts of ``text`` by id."""
+    return {v.id: v for v in nl.interpret(nl.parse(text))}
+
+
+def acting(found: dict[str, Check]) -> dict[str, Check]:
+    return {k: v for k, v in found.items() if v.status in ("FAIL", "WARN")}
+
+
+# ------------------------------------------------------------------ the first failure of a rank, CUDA driver errors
+
+DRIVER_36 = ("h:174:239 [0] enqueue.cc:802 NCCL WARN Cuda failure 'API call is not supported in the installed CUDA driver'\n"
+             "h:174:239 [0] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should be in the 0..-1 range)\n"
+             "h:174:239 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n")
+
+
+def test_driver_too_old_is_the_cause_and_what_follows_is_context() -> None:
+    # NCCL 2.9.8 enqueue.cc:802 (cudaStreamGetCaptureInfo_v2 on an older driver), then the torn-down communicator
+    found = read(DRIVER_36)
+    driver = found["nccl.cuda-api-call-is-not-supported-in-the-installed-cuda-driver"]
+    assert driver.status == "FAIL" and driver.values["kind"] == "cause" and "driver is older" in driver.title
+    assert "nvidia-smi" in driver.remediation
+    for later in ("nccl.usage-error", "nccl.cuda-invalid-device-ordinal"):
+        assert found[later].status == "INFO" and found[later].values["kind"] == "context", later
+        assert found[later].values["after_first_failure"] == driver.id
+    assert list(acting(found)) == [driver.id]
+
+
+def test_a_failure_printed_first_keeps_its_status() -> None:
+    found = read("h:1:2 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n")
+    assert found["nccl.cuda-invalid-device-ordinal"].status == "FAIL"
+    # another rank's later failure is not explained by this rank's first one
+    two = read("a:1:2 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n"
+               "b:3:4 [0] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should be in the 0..1 range)\n")
+    assert two["nccl.usage-error"].status == "FAIL"
+
+
+@pytest.mark.parametrize("error", ["system has unsupported display driver / cuda driver combination",
+                                   "forward compatibility was attempted on non supported HW",
+                                   "CUDA driver version is insufficient for CUDA runtime version"])
+def test_driver_mismatch_errors_are_driver_readings(error: str) -> None:
+    found = read(f"h:1:2 [0] init.cc:1582 NCCL WARN Cuda failure '{error}'\n")
+    (v,) = acting(found).values()
+    assert "driver" in v.title and "usage" not in v.id and v.values["kind"] == "cause"
+
+
+# ------------------------------------------------------------------------------------------------ /dev/shm
+
+def test_shm_permission_denied_is_not_shm_full() -> None:
+    # NCCL 2.4 include/shm.h:27 (SYSCHECKVAL shm_open) then shm.h:48
+    found = read("n:1:2 [0] include/shm.h:27 NCCL WARN Call to shm_open failed : Permission denied\n"
+                 "n:1:2 [0] NCCL INFO include/shm.h:41 -> 2\n"
+                 "n:1:2 [0] include/shm.h:48 NCCL WARN Error while creating shared memory segment nccl-shm-recv-b7-0-3-0 "
+                 "(size 4460544)\n")
+    assert "shm-full" not in found and "shm-create-failed" not in found
+    v = found["shm-permission"]
+    assert v.status == "FAIL" and "ls -ld /dev/shm" in v.remediation and len(v.evidence) == 2
+
+
+def test_shm_no_space_is_shm_full_and_the_follow_up_line_folds_into_it() -> None:
+    found = read("n:1:2 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device\n"
+                 "n:1:2 [0] include/shm.h:48 NCCL WARN Error while creating shared memory segment nccl-shm-recv-6c-0-1-0 "
+                 "(size 9637888)\n")
+    assert found["shm-full"].values["lines"] == 2 and "shm-create-failed" not in found
+
+
+def test_shm_create_alone_is_a_suspect_and_a_bad_fd_is_not_full() -> None:
+    # torch quotes NCCL 2.21's last error without the failing call
+    found = read("Last error:\nError while creating shared memory segment /dev/shm/nccl-1YsMbG (size 7340384)\n")
+    v = found["shm-create-failed"]
+    assert v.values["kind"] == "suspect" and v.title.startswith("suspect:") and "df -h /dev/shm" in v.remediation
+    # NCCL 2.2x prints errno after "failed to extend": only ENOSPC means full (mkstemp failing leaves fd -1: EBADF)
+    bad_fd = read("n:1:2 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-x to 9637892 bytes, "
+                  "error: Bad file descriptor (9)\n")
+    assert "shm-full" not in bad_fd
+
+
+# ---------------------------------------------------------------------------------------------- socket connect
+
+def test_no_route_to_host_names_the_interface_as_a_suspect() -> None:
+    found = read("Last error:\nsocketStartConnect: Connect to 192.168.19.14<52822> failed : No route to host\n")
+    v = found["connect-failed"]
+    assert v.values["kind"] == "suspect" and v.title.startswith("suspect:")
+    assert "NCCL_SOCKET_IFNAME" in v.title and "firewall" in v.title and "ip route get" in v.remediation
+
+
+def test_connection_refused_says_nothing_listens() -> None:
+    found = read("h:1:2 [0] NCCL INFO socketPollConnect: connect to 10.0.0.9<4000> returned Connection refused, retrying\n")
+    v = found["connect-failed"]
+    assert "nothing listens" in v.title and "firewall" not in v.title
+
+
+# ------------------------------------------------------------------------------- [Rem Allocator] of NCCL 2.8-2.11
+
+REM = ("a:39:298 [0] include/socket.h:423 NCCL WARN Net : Connection closed by remote peer 10.0.0.4<52638>\n"
+       "a:39:298 [0] NCCL INFO bootstrap.cc:229 -> 2\n"
+       "a:39:298 [0] bootstrap.cc:279 NCCL WARN [Rem Allocator] Allocation failed (segment 0, fd 130)\n"
+       "a:39:298 [0] include/alloc.h:48 NCCL WARN Cuda failure 'out of memory'\n"
+       "a:39:298 [0] NCCL INFO bootstrap.cc:231 -> 1\n")
+
+
+def test_rem_allocator_out_of_memory_is_the_known_bug_not_a_real_oom() -> None:
+    found = read(REM)
+    bug = found["known-bug.rem-allocator-stray-message"]
+    assert bug.status == "WARN" and bug.values["kind"] == "suspect" and "2.12.7" in bug.title
+    assert "not a real GPU out-of-memory" in bug.title
+    assert found["nccl.cuda-out-of-memory"].status == "INFO"
+    assert found["nccl.cuda-out-of-memory"].values["explained_by"] == bug.id
+
+
+def test_an_out_of_memory_without_the_allocator_pattern_stays_a_cause() -> None:
+    found = read("a:1:2 [0] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'\n")
+    assert found["nccl.cuda-out-of-memory"].status == "FAIL" and not any(k.startswith("known-bug") for k in found)
+
+
+# ----------------------------------------------------------------------------------------------- RoCE GID
+
+def test_gid_text_reads_nccls_printed_halves() -> None:
+    assert gid_text("80FE", "1A8A41FEFF21A75E") == "fe80::5ea7:21ff:fe41:8a1a"
+    assert gid_text("0", "A0A0A0AFFFF0000") == "::ffff:10.10.10.10"
+
+
+QP = ("h:88:159 [0] NCCL INFO NET/IB: NCCL Dev 0 IbDev 0 Port 1 qpn 1047 mtu 5 query_ece={{supported=1, vendor_id=0x15b3, "
+      "options=0x0, comp_mask=0x0}} GID {gid} fifoRkey=0x15e6c5 fifoLkey=0x15e6c5\n")
+
+
+def test_link_local_roce_gid_is_named_with_the_variable() -> None:
+    # NCCL 2.21 net_ib.cc:1065 (RoCE queue pair line)
+    found = read("h:88:159 [0] NCCL INFO NCCL_IB_GID_INDEX set by environment to 0.\n" +
+                 QP.format(gid="0 (80FE/1A8A41FEFF21A75E)"))
+    v = found["roce-gid-link-local"]
+    assert v.values["kind"] == "suspect" and "NCCL_IB_GID_INDEX=0" in v.title and "fe80::" in v.title
+    assert "show_gids" in v.remediation
+    assert "roce-gid-link-local" not in read(QP.format(gid="3 (0/A0A0A0AFFFF0000)"))
+
+
+# ------------------------------------------------------------------------------------------- GPU Direct RDMA
+
+NET = ("s:1:2 [{d}] NCCL INFO Channel 03/0 : 5[5] -> 12[4] [send] via NET/IB/3{g}\n"
+       "s:1:3 [{d}] NCCL INFO Channel 03/0 : 13[5] -> 4[4] [receive] via NET/IB/3{g}\n")
+
+
+def test_ib_without_gdrdma_on_the_receive_side_is_a_suspect() -> None:
+    v = read(NET.format(d=4, g=""))["gdr-not-used"]
+    assert v.status == "WARN" and v.values["kind"] == "suspect" and "nvidia_peermem" in v.remediation
+    assert "gdr-not-used" not in read(NET.format(d=4, g="/GDRDMA"))
+    # sends alone may skip GDR on purpose (NCCL_NET_GDR_READ on pre-Ampere GPUs): no verdict
+    assert "gdr-not-used" not in read(NET.format(d=4, g="").splitlines()[0] + "\n")
+
+
+# ------------------------------------------------------------------------------------ NCCL_IB_HCA / SOCKET_IFNAME
+
+def test_nccl_list_reads_prefixes_once() -> None:
+    assert nccl_list("^=mlx5_8,^=mlx5_14") == (True, True, ["mlx5_8", "^=mlx5_14"])
+    assert nccl_list("=mlx5_0:1,mlx5_1:1") == (False, True, ["mlx5_0", "mlx5_1"])
+    assert nccl_list("eth") == (False, False, ["eth"])
+
+
+def test_malformed_ib_hca_from_a_command_line_or_nccls_own_line() -> None:
+    cmd = read("NCCL_DEBUG=INFO UCX_TLS=ud NCCL_IB_HCA='^=mlx5_8,^=mlx5_14' srun all_reduce_perf -b 8\n")
+    v = cmd["nccl-ib-hca-syntax"]
+    assert "mlx5_14 stays in use" in v.title and "NCCL_IB_HCA=^=mlx5_8,mlx5_14" in v.remediation
+    own = read("h:1:2 [0] NCCL INFO NCCL_IB_HCA set to mlx5_0, mlx5_1\n")       # net_ib.cc: "NCCL_IB_HCA set to %s"
+    assert "' mlx5_1'" in own["nccl-ib-hca-syntax"].title
+    assert "nccl-ib-hca-syntax" not in read("h:1:2 [0] NCCL INFO NCCL_IB_HCA set to ^=mlx5_8,mlx5_14\n")
+
+
+def test_a_mention_of_a_variable_is_not_a_setting() -> None:
+    with pytest.raises(ValueError):     # a hint that names NCCL_DEBUG=INFO is not a command line, nor an NCCL line
+        nl.parse("python train.py  # rerun with NCCL_DEBUG=INFO for details\nexport PATH=/usr/bin\n")
+    log = nl.parse("export NCCL_SOCKET_IFNAME=eth0\n")
+    assert log.unattributed.env == {"NCCL_SOCKET_IFNAME": "eth0"}
+
+
+# ----------------------------------------------------------------------------------------- host-hash collision
+
+RING = ("learn:10:20 [{a}] INFO Ring 00 : {a}[{a}] -> {b}[{bd}] via P2P/IPC\n"
+        "learn:11:21 [{b0}] INFO Ring 00 : {b0}[{b0}] -> {c}[{c}] via P2P/IPC\n")
+
+
+def test_two_ranks_on_one_gpu_joined_by_p2p_is_a_host_hash_suspect() -> None:
+    # NCCL 2.4 p2p.cc: "Ring %02d : %d[%d] -> %d[%d] via P2P/IPC" (NVML indexes); the bare INFO marker of nccl#187
+    log = nl.parse(RING.format(a=6, b=10, bd=2, b0=2, c=3))
+    assert log.ranks["learn:10[6]"].host == "learn"
+    v = {v.id: v for v in nl.interpret(log)}["host-hash-collision"]
+    assert v.values["kind"] == "suspect" and v.values["ranks"] == [2, 10] and "host hash" in v.title
+    assert "boot_id" in v.remediation
+    # per-rank CUDA_VISIBLE_DEVICES: every rank prints device 0, nothing to compare
+    assert "host-hash-collision" not in read(RING.format(a=0, b=1, bd=0, b0=0, c=2).replace("[2]", "[0]"))
+
+
+def test_first_failure_is_per_rank() -> None:
+    # rank b printed the device error first, rank a the usage error first: neither explains the other
+    found = read("a:1:2 [0] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should be in the 0..1 range)\n"
+                 "b:3:4 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n"
+                 "a:1:2 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n")
+    assert found["nccl.usage-error"].status == "FAIL" and found["nccl.cuda-invalid-device-ordinal"].status == "FAIL"
