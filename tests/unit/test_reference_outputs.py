@@ -100,10 +100,11 @@ def test_sanitizer_masks_what_changes_by_nature_only():
     masked = shim.sanitize(
         f"I1125 16:05:21.123456 24697 {ROOT}/.venv/lib/python3.11/site-packages/torch/x.py:942] up on vm-7 "
         "--log-dir=build/jobs/d8-bug-20261125-160723-21736-0/torchrun --master-port=48151 127.0.0.1:41233 "
-        "at 0x7f3a2b4c5d60 pid 4242 took 15.2 s, [rank1]: RuntimeError: boom; world_size=2 RANK=1 LOCAL_RANK=0")
+        "at 0x7f3a2b4c5d60 pid 4242 took 15.2 s, [rank1]: RuntimeError: boom; world_size=2 RANK=1 LOCAL_RANK=0; "
+        "/opt/conda/envs/rb/bin/python3.11: can't open file")
     assert masked == ("<LOG>] up on <HOST> --log-dir=build/jobs/d8-bug-<STAMP>/torchrun --master-port=<PORT> "
                       "127.0.0.1:<PORT> at <ADDR> pid <PID> took <T>, [rank<N>]: RuntimeError: boom; "
-                      "world_size=2 RANK=1 LOCAL_RANK=0")
+                      "world_size=2 RANK=1 LOCAL_RANK=0; <PYTHON>: can't open file")
     assert shim.sanitize(masked) == masked  # idempotent: references are stored sanitized
     together = ("[a] launching 1 command(s), timeout 90 s: torchrun x.py\n[b] launching 1 command(s), timeout 90 s: torchrun y.py\n"
                 "job b: HUNG in 16.1 s (launcher exit [0])\njob a: ok in 3.0 s (launcher exit [0])\nverdict: rank 1\n")
