@@ -45,7 +45,7 @@ def one_run(throttled: bool, out: Path, nproc: int, fraction: float) -> dict:
             stop.set()
         left = lab.slurm(["squeue", "-h", "-t", "PD,CF,R,S"], timeout_s=20).stdout.strip()
     by_id = {c.id: c for c in checks}
-    ranks = by_id.get("straggler.ranks")
+    ranks = by_id.get("job.straggler.ranks")
     env = {cid: {"fraction": c.values.get("fraction") or c.values.get("ratio") or (
                 round(c.values["plateau_GBps"] / c.values["envelope_GBps"], 4) if c.values.get("envelope_GBps") else None),
                  "plateau_GBps": c.values.get("plateau_GBps"), "status": c.status}

@@ -432,7 +432,7 @@ def run_allocation(nodes: Sequence[str], out_dir: Path, *, runner: str = "srun",
                 cpu = not (data["records"][0].get("gpu") or {}).get("name")
                 envelope, floor_frac, _ = inter_envelope(ev["reports"], cpu)
                 checks.append(grade_pairs(ev["matrix"], envelope, floor_frac))
-                checks += straggler.checks_for_job(data, ev["matrix"])  # every rank's speed, every node's pairs
+                checks += straggler.checks_for_job(data, ev["matrix"], prefix="job.")  # every rank's speed, every node's pairs
                 if ev["reports"]:
                     checks += grade_envelope(data, ev["reports"])
                 ev["inter"], ev["intra"] = data["inter"], data["intra"]

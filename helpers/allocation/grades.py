@@ -332,6 +332,11 @@ def grade_correctness(data: dict) -> Check:
                  values, "", "https://github.com/NVIDIA/nccl-tests (-c check)")
 
 
+MIN_GRADED_BYTES = 16 << 20
+"""A sweep whose largest message is below 16 MiB measures latency, not bandwidth: its plateau is not graded against
+the expected figure (the allocation check's default sweep goes to 256 MiB; the job across nodes' to 16 MiB)."""
+
+
 def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0,
                     expected: Mapping[str, Any] | None = None) -> tuple[Check, list[dict]]:
     """Annotate the sweep with algbw/busbw and each op's plateau; grade the all_reduce plateau.
@@ -366,7 +371,10 @@ def grade_bandwidth(data: dict, *, min_busbw_gbps: float = 0.0,
         return Check("collectives.bandwidth", f"plateau busbw below {min_busbw_gbps} GB/s: {slow}", "WARN", values,
                      "check the transport NCCL picked (NCCL_DEBUG=INFO: P2P/SHM inside a node, NET/IB across), "
                      "NCCL_P2P_LEVEL / NCCL_IB_DISABLE settings, and GPU topology (nvidia-smi topo -m)", source), rows
-    if expected and expected.get("GBps") and "all_reduce" in values["plateau_busbw_GBps"]:
+    largest = max((r["bytes"] for r in rows), default=0)
+    if expected and expected.get("GBps") and "all_reduce" in values["plateau_busbw_GBps"] and largest < MIN_GRADED_BYTES:
+        values["not_graded"] = f"largest message {largest} B < {MIN_GRADED_BYTES} B: the plateau is latency-bound"
+    elif expected and expected.get("GBps") and "all_reduce" in values["plateau_busbw_GBps"]:
         graded = grade_expected("collectives.bandwidth", values["plateau_busbw_GBps"]["all_reduce"], expected["GBps"],
                                 expected.get("source", ""), "intra-node", detail=expected.get("detail", ""),
                                 cpu=data.get("backend") != "nccl")

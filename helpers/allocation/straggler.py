@@ -152,12 +152,14 @@ def grade_nodes(matrix: Mapping[str, Mapping[str, float]], check_id: str = "stra
                  SRC, faulty=slow)
 
 
-def checks_for_job(data: Mapping[str, Any], matrix: Mapping[str, Mapping[str, float]] | None = None) -> list[Check]:
+def checks_for_job(data: Mapping[str, Any], matrix: Mapping[str, Mapping[str, float]] | None = None,
+                   prefix: str = "") -> list[Check]:
     """The straggler records of a job's JSON (``speed`` rows; the node-pair ``matrix`` when given): ``[]`` when the job
-    measured no speed (``--speed off``)."""
+    measured no speed (``--speed off``).  Ids ``<prefix>straggler.ranks`` / ``<prefix>straggler.nodes``: the one-node
+    collectives job uses no prefix, the job across nodes ``job.`` (both run inside an allocation: one report)."""
     out = []
     if data.get("speed"):
-        out.append(grade_ranks(data["speed"]))
+        out.append(grade_ranks(data["speed"], f"{prefix}straggler.ranks"))
     if matrix is not None:
-        out.append(grade_nodes(matrix))
+        out.append(grade_nodes(matrix, f"{prefix}straggler.nodes"))
     return out

@@ -102,7 +102,7 @@ def test_cpu_throttled_node_named_by_the_straggler_score(tmp_path, no_leftovers)
         left = queue(lab)
         cgroups = netlab.faults.cpu_cgroups(NAME)
     assert not netlab.faults.cpu_cgroups(NAME) and cgroups, "the lab's down() removes the throttling cgroup"
-    ranks = next(c for c in checks if c.id == "straggler.ranks")
+    ranks = next(c for c in checks if c.id == "job.straggler.ranks")
     assert ranks.status == "FAIL" and ranks.faulty == ["node1"], (ranks.title, ranks.values["ranks"])
     assert "rank 1 on node1" in ranks.title and ranks.values["seconds"] <= 10
     assert "node1" in ev["drain"]["nodes"]
