@@ -201,7 +201,9 @@ class _Parser:
                     stop = True            # read what precedes the NULs on this line, then stop
                     if not raw.strip():
                         break
-                line = (raw if len(raw) <= _READ_MAX else raw[:_READ_MAX]).rstrip()
+                line = raw.rstrip()
+                if len(line) > _READ_MAX:       # the same as cutting raw first: what the cut leaves out is not blank
+                    line = raw[:_READ_MAX].rstrip()
                 if "\x1b" in line:
                     line = _ANSI.sub("", line).rstrip()
                 if not line:
@@ -236,21 +238,21 @@ class _Parser:
                         if entry is not None:
                             site_hit(entry["index"], line, log.unattributed, base + seen)
                             count += 1
-                    last_error = ends_last_error if len(tail) <= _SCAN_MAX else line.endswith("Last error:")
+                    last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
                     if using is not None and first == "[" and _WRAPPED.match(line):
                         using[0].socket_ifaces += _ifaces(line)     # an interface list wrapped onto its own lines
                         _keep(using[0].evidence_lines, _cut(line))
                         continue
                     if hit is not None:
                         count += 1
-                        pm = _PREFIX_ANY.search(line[:300])
+                        pm = _PREFIX_ANY.search(line[:300]) if line.find("] ", 0, 300) >= 0 else None
                         info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
                                            int(pm["dev"])) if pm else log.unattributed)
                         info.lines += 1
                         info.last_line = _cut(line)
                         catalog_hit(hit, line, info, base + seen)
                     continue
-                last_error = ends_last_error if len(tail) <= _SCAN_MAX else line.endswith("Last error:")
+                last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
                 nccl += 1
                 before = rel[0]
                 info = (pinfo if not before else rank_of.get(pre + "] " + before)) if pre is not None \
