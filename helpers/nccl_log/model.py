@@ -6,6 +6,7 @@ Standard library only (plus :mod:`helpers.ifnames` for node-local interfaces); n
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 from helpers import ifnames
 from helpers.checks import STATUSES
@@ -37,7 +38,7 @@ _CHANNELS_MAX = 4096     # distinct channel lines kept per rank
 _MEMO_MAX = 50000        # entries per memo table of the parser
 _VERDICT_LIST_MAX = 32   # ranks/hosts a verdict lists (values ranks_total/hosts_total count them all)
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Iface:
     """A network interface as NCCL prints it: ``[0]eth0:10.0.0.1<0>``.
 
@@ -45,22 +46,23 @@ class Iface:
         name: interface name (``eth0``, ``ibp65s0``, ``docker0``, ``lo``).
         address: what follows the colon (``10.0.0.1<0>``; for IB devices ``1/IB``: port/link).
         index: the ``[i]`` index NCCL gives it in a list, None when printed alone.
+        ip: the address without NCCL's ``<port>`` suffix (``10.0.0.1``), worked out once (verdicts read it for
+            every rank of a big log).
     """
 
     name: str
     address: str
     index: int | None = None
+    ip: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def ip(self) -> str:
-        """The address without NCCL's ``<port>`` suffix (``10.0.0.1``)."""
-        return self.address.split("<", 1)[0]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ip", self.address.split("<", 1)[0])
 
     def __str__(self) -> str:
         return f"{self.name}:{self.address}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Channel:
     """One ``Channel NN/c : a[d] -> b[d] [send|receive] via TRANSPORT`` line.
 
@@ -104,7 +106,7 @@ class Channel:
         return self.dst if self.direction == "receive" else self.src
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InitComplete:
     """One ``... comm 0x... rank R nranks N ... - Init COMPLETE`` line (any NCCL 2.1x-2.2x form).
 
@@ -124,7 +126,7 @@ class InitComplete:
     line: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class RankInfo:
     """What the log says about one rank (one process and GPU).
 
@@ -243,7 +245,7 @@ class RankInfo:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class NcclLog:
     """A parsed log.
 
@@ -333,7 +335,7 @@ class NcclLog:
         return "unknown"
 
 
-@dataclass
+@dataclass(slots=True)
 class CatalogHit:
     """Lines of a log that matched one catalog entry.
 
@@ -360,9 +362,15 @@ def bad_interface_reason(iface: Iface) -> str | None:
     """Why ``iface`` cannot carry traffic between nodes, or None: :func:`helpers.ifnames.node_local_reason`.
 
     The one list the command builder, the pre-flight and this interpreter share (loopback, Docker,
-    libvirt and CNI bridges, veth pairs; seed MN2).
+    libvirt and CNI bridges, veth pairs; seed MN2).  Worked out once per distinct name and address (the verdicts
+    ask it for every rank of a big log).
     """
-    return ifnames.node_local_reason(iface.name, iface.ip)
+    return _node_local_reason(iface.name, iface.ip)
+
+
+@lru_cache(maxsize=8192)
+def _node_local_reason(name: str, ip: str) -> str | None:
+    return ifnames.node_local_reason(name, ip)
 
 
 def _cut(line: str) -> str:

@@ -7,6 +7,7 @@ stdin read whole).
 
 from __future__ import annotations
 
+import gc
 import io
 import re
 from collections.abc import Iterable, Sequence
@@ -38,14 +39,16 @@ _MARK = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b ?")
 # NCCL <= 2.3 printed WARN lines without the NCCL marker: "include/socket.h:344 WARN Socket creation failed"
 _OLD_WARN = re.compile(r"(?:^|\s)[\w/.\-]+\.(?:cc|cu|h|c|cpp):\d+ WARN ")
 _RECONSTRUCTED = "  # reconstructed"
-# the prefix may end in a bare "INFO " marker (no "NCCL"), as in the NCCL 2.4-era excerpt of NVIDIA/nccl#187
-_PREFIX = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?"
+# the prefix may end in a bare "INFO " marker (no "NCCL"), as in the NCCL 2.4-era excerpt of NVIDIA/nccl#187.
+# The look-behind only skips starts inside a host name: a match there would extend one character to the left, so the
+# leftmost match is the same, found in one pass instead of one per character of every word.
+_PREFIX = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?"
                      r"(?:(?:INFO|WARN) )?$")
 _BARE_HEAD = re.compile(
     r"(?:(?<=\s)|(?<=:)|^)(?:Bootstrap ?: |NET/[\w.\-]+ ?: |(?:Channel|Ring) \d+(?:/\d+)? : \d+\[|"
     r"(?:\w+ )?comm \S+ rank \d+ n[Rr]anks \d+|NCCL version \d|socket\w+: |Call to connect |"
     r"Mismatched NCCL version )")
-_PREFIX_ANY = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+_PREFIX_ANY = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 _LABEL_RANK = re.compile(r"\[rank(\d+)\]:|\[rank (\d+)\]")
 _LABEL_LOCAL = re.compile(r"\[(default\d+)\]:")
 _LABEL_HOST = re.compile(r"(?:^|\s)([A-Za-z][\w.\-]*): *$")
@@ -87,6 +90,8 @@ _NO_IFACE = re.compile(r"Socket creation failed : Address family not supported|B
                        r"NET/Socket ?: no interface found|No interface found in the same subnet")
 _IBVERBS = re.compile(r"Failed to open libibverbs")
 _ABORT = re.compile(r"Abort COMPLETE")
+_S_BOOTSTRAP, _S_NETWORK, _S_INIT, _S_CHANNELS, _S_COMPLETE = (
+    _STAGE_INDEX[n] for n in ("bootstrap", "network", "init-start", "channels", "init-complete"))
 _ERROR_CHAIN = re.compile(r"^(?:[\w/]+/)?(\w+)\.(?:cc|cu|h):\d+ -> [1-9]\d*\b")
 
 def _ifaces(text: str) -> list[Iface]:
@@ -107,16 +112,24 @@ def _keep(bucket: list[str], line: str) -> None:
 def _count(hit: CatalogHit, line: str, info: RankInfo, seq: int = 0) -> None:
     """One more line for ``hit`` (input line ``seq``): its count, a few evidence lines, and the ranks and hosts that
     printed it (bounded)."""
-    if not hit.count:
+    count = hit.count
+    if not count:
         hit.first = seq
-    hit.count += 1
-    if len(hit.evidence) < _EVIDENCE_MAX and _cut(line) not in hit.evidence:
-        hit.evidence.append(_cut(line))
-    if info.key not in hit.keys and len(hit.keys) < _KEEP_MAX:
-        hit.keys.append(info.key)
-        hit.firsts[info.key] = seq
-    if info.host and info.host not in hit.hosts and len(hit.hosts) < _KEEP_MAX:
-        hit.hosts.append(info.host)
+    hit.count = count + 1
+    evidence = hit.evidence
+    if len(evidence) < _EVIDENCE_MAX:
+        cut = line if len(line) <= _LINE_MAX else _cut(line)
+        if cut not in evidence:
+            evidence.append(cut)
+    keys = hit.keys
+    if len(keys) < _KEEP_MAX:
+        key = info.key
+        if key not in keys:
+            keys.append(key)
+            hit.firsts[key] = seq
+    host = info.host
+    if host and len(hit.hosts) < _KEEP_MAX and host not in hit.hosts:
+        hit.hosts.append(host)
 
 
 class _Parser:
@@ -130,10 +143,12 @@ class _Parser:
         self._best_nranks: dict[str, int] = {}
         # memo tables (bounded): big logs repeat the same heads and messages millions of times
         self._heads: dict[str, tuple] = {}
-        self._hits: dict[str, tuple[int | None, tuple[str, str, bool] | None, list[tuple]]] = {}
+        self._hits: dict[str, tuple] = {}      # ckey -> _memo()
         # head ("host:pid:tid [dev] ", with any label) -> its rank, for heads whose attribution never changes
-        # (NCCL's prefix, no torchrun local label); cleared by finish(), which merges records
+        # (NCCL's prefix, no torchrun local label); _rank_of_pre holds the heads that are a prefix alone, by the prefix
+        # without its "] "; cleared by finish(), which merges records
         self._rank_of: dict[str, RankInfo] = {}
+        self._rank_of_pre: dict[str, RankInfo] = {}
         self.nul_line = 0   # line number of the first NUL byte in the last input fed (0: none)
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
@@ -150,10 +165,13 @@ class _Parser:
 
         Lines longer than ``_READ_MAX`` characters are cut; nothing but counters and a few
         examples per kind is kept, so memory stays bounded on a log of any size.  The loop is the
-        hot path of a 200 MB log (2.4 M lines): what depends only on the text after the
-        ``host:pid:tid [dev] `` prefix (catalog hit, NCCL split, events) is worked out once per
-        distinct text (``_hits``), a head seen before maps straight to its rank (:meth:`_line`), and the
-        per-line work is slicing and dict lookups.
+        hot path of a 200 MB log (2.3 M lines): what depends only on the text after the
+        ``host:pid:tid [dev] `` prefix (catalog hit, NCCL split, events, how the line is attributed when its head
+        says nothing) is worked out once per distinct text (:meth:`_memo`); a head (``host:pid:tid [dev] `` with any
+        label) seen before maps straight to its rank (``_rank_of``, and ``_rank_of_pre`` for the plain prefix of a
+        line whose marker follows it), else :meth:`_attribute` works it out; the per-line work is one partition,
+        a few dict lookups and the line's events (channel and error-chain lines, the most frequent, recorded here,
+        the others by :meth:`_apply`).
         """
         self.log.sources.append(source)
         base = self.log.lines_seen      # line numbers count over all inputs (CatalogHit.first)
@@ -166,25 +184,32 @@ class _Parser:
         catalog = _catalog_regex()
         log = self.log
         hits = self._hits
-        on_line = self._line
+        rank_of, rank_of_pre = self._rank_of, self._rank_of_pre
+        apply, catalog_hit, site_hit = self._apply, self._catalog_hit, self._site_hit
+        # the loop makes no reference cycles (the records it fills are reached from the log), so the cyclic collector
+        # would only walk the growing records again and again: it is off while the lines stream by
+        collecting = gc.isenabled()
+        gc.disable()
         try:
-            for raw in lines:
+            for seen, raw in enumerate(lines, 1):
                 if stop:
+                    seen -= 1
                     break
-                seen += 1
                 if "\x00" in raw:          # NUL bytes: a preallocated or crash-truncated file; the text ends here
                     self.nul_line = seen
                     raw = raw.split("\x00", 1)[0]
                     stop = True            # read what precedes the NULs on this line, then stop
                     if not raw.strip():
                         break
-                line = (raw if len(raw) <= _READ_MAX else raw[:_READ_MAX]).rstrip()
+                line = raw.rstrip()
+                if len(line) > _READ_MAX:       # the same as cutting raw first: what the cut leaves out is not blank
+                    line = raw[:_READ_MAX].rstrip()
                 if "\x1b" in line:
                     line = _ANSI.sub("", line).rstrip()
                 if not line:
                     continue
                 first = line[0]
-                if first == "#" or (first in " \t" and line.lstrip().startswith("#")):
+                if first in "# \t" and (first == "#" or line.lstrip().startswith("#")):
                     if line.startswith("# Avg bus bandwidth"):   # nccl-tests' summary, not a comment
                         log.nccl_tests_summaries += 1
                         count += 1
@@ -192,56 +217,107 @@ class _Parser:
                 if _RECONSTRUCTED in line:
                     line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
                     log.reconstructed += 1
-                k = line.find("] ", 0, 200)
-                if k >= 0:
-                    pre = line[:k]
-                    if "NCCL" in pre or " : " in pre or " [" not in pre:
-                        k = -1      # not a "host:pid:tid [dev] " prefix (a bare "Channel 00 : 0[0] -> ..." line)
-                ckey = line[k + 2:k + 2 + _SCAN_MAX] if k >= 0 else line[:_SCAN_MAX]
+                # a "host:pid:tid [dev] " prefix ends at the first "] " within 200 characters; not one: a bare
+                # "Channel 00 : 0[0] -> ..." line, a label "[rank0]:" alone, or NCCL's marker before it
+                pre, sep, tail = line.partition("] ")
+                pinfo = rank_of_pre.get(pre) if sep else None       # a known prefix passed the checks already
+                if pinfo is not None or (sep and len(pre) <= 198 and "NCCL" not in pre and " : " not in pre
+                                         and " [" in pre):
+                    ckey = tail if len(tail) <= _SCAN_MAX else tail[:_SCAN_MAX]
+                else:
+                    pre, tail = None, line
+                    ckey = line if len(line) <= _SCAN_MAX else line[:_SCAN_MAX]
                 memo = hits.get(ckey)
                 if memo is None:
                     memo = self._memo(ckey, catalog)
-                hit, rel, events, site = memo
-                if rel is None and last_error and site is None:
-                    # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
-                    entry = match_site(ckey)
-                    if entry is not None:
-                        self._site_hit(entry["index"], line, log.unattributed, base + seen)
-                        count += 1
-                last_error = line.endswith("Last error:")
-                if rel is None and using is not None and first == "[" and _WRAPPED.match(line):
-                    using[0].socket_ifaces += _ifaces(line)     # an interface list wrapped onto its own lines
-                    _keep(using[0].evidence_lines, _cut(line))
-                    continue
+                hit, rel, events, site, says_using, bare, ends_last_error = memo
                 if rel is None:
+                    if last_error and site is None:
+                        # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
+                        entry = match_site(ckey)
+                        if entry is not None:
+                            site_hit(entry["index"], line, log.unattributed, base + seen)
+                            count += 1
+                    last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
+                    if using is not None and first == "[" and _WRAPPED.match(line):
+                        using[0].socket_ifaces += _ifaces(line)     # an interface list wrapped onto its own lines
+                        _keep(using[0].evidence_lines, _cut(line))
+                        continue
                     if hit is not None:
                         count += 1
-                        pm = _PREFIX_ANY.search(line[:300])
+                        pm = _PREFIX_ANY.search(line[:300]) if line.find("] ", 0, 300) >= 0 else None
                         info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
                                            int(pm["dev"])) if pm else log.unattributed)
                         info.lines += 1
                         info.last_line = _cut(line)
-                        self._catalog_hit(hit, line, info, base + seen)
+                        catalog_hit(hit, line, info, base + seen)
                     continue
-                count += 1
+                last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
                 nccl += 1
-                previous, info = on_line(line, (line[:k + 2] + rel[0]) if k >= 0 else rel[0], events, previous, rel[2])
-                using = (info,) if rel[1][-5:] == "Using" else None
+                before = rel[0]
+                info = (pinfo if not before else rank_of.get(pre + "] " + before)) if pre is not None \
+                    else rank_of.get(before)
+                if info is None:
+                    head = (pre + "] " + before) if pre is not None else before
+                    previous, info, cacheable = self._attribute(head, bare, previous)
+                    if cacheable:
+                        cache = rank_of_pre if pre is not None and not before else rank_of
+                        if len(cache) >= _MEMO_MAX:
+                            cache.clear()
+                        cache[pre if cache is rank_of_pre else head] = info
+                else:
+                    previous = info.key
+                info.lines += 1
+                cut = line if len(line) <= _LINE_MAX else _cut(line)
+                info.last_line = cut
+                if rel[2]:
+                    info.warn_count += 1
+                    if len(info.warns) < _KEEP_MAX:
+                        info.warns.append(cut)
+                if events:
+                    for event in events:
+                        kind = event[0]
+                        if kind == "chain":
+                            chain = info.error_chain
+                            if len(chain) < _KEEP_MAX and event[1] not in chain:
+                                chain.append(event[1])
+                        elif kind == "channel":
+                            channel_keys = info._channel_keys
+                            if event[2] not in channel_keys and len(channel_keys) < _CHANNELS_MAX:
+                                channel_keys.add(event[2])
+                                ch: Channel = event[1]
+                                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via,
+                                                             cut, ch.src_dev, ch.dst_dev))
+                            if info.stage < _S_CHANNELS:
+                                info.stage = _S_CHANNELS
+                        else:
+                            apply(info, event, cut)
+                else:
+                    log.unparsed_count += 1
+                using = (info,) if says_using else None
                 if hit is not None:
-                    self._catalog_hit(hit, line, info, base + seen)
+                    catalog_hit(hit, line, info, base + seen)
                 if site is not None:
-                    self._site_hit(site, line, info, base + seen)
+                    site_hit(site, line, info, base + seen)
         finally:
             log.lines_seen += seen
             log.nccl_lines += nccl
-        return count
+            if collecting:
+                gc.enable()
+        return count + nccl
 
     def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
-        """``(catalog entry index or None, NCCL split of ckey or None, events of its message)``, memoised (bounded)."""
+        """What a line's text after its prefix (``ckey``) means, worked out once per distinct text (bounded).
+
+        Returns ``(catalog entry id or None, NCCL split of ckey or None, events of its message, generated-site index or
+        None, the message ends in "Using" (a wrapped interface list may follow), (rank key the message names or None,
+        it carries a version), ckey ends in "Last error:")``; the pair is how :meth:`_attribute` places a line whose
+        head names no rank.
+        """
         hit = None
         if any(word in ckey for word in _CATALOG_KEYS):
             m = catalog.search(ckey)
-            hit = int(m.lastgroup[1:]) if m and m.lastgroup else None
+            hit = load_catalog()[int(m.lastgroup[1:])]["id"] if m and m.lastgroup else None
         rel = None
         if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
             rel = self._split(ckey)
@@ -253,7 +329,9 @@ class _Parser:
             # a bare message (torch's "Last error:" quotes a WARN without its marker) may come from any level
             entry = match_site(rel[1][:_SCAN_MAX], "INFO" if "NCCL INFO" in ckey else None)
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
-        memo = self._hits[ckey] = (hit, rel, events, site)
+        bare = (_content_key(events), any(e[0] == "version" for e in events))
+        memo = self._hits[ckey] = (hit, rel, events, site, rel is not None and rel[1][-5:] == "Using", bare,
+                                   ckey.endswith("Last error:"))
         return memo
 
     def _site_hit(self, index: int, line: str, info: RankInfo, seq: int = 0) -> None:
@@ -265,12 +343,13 @@ class _Parser:
             hit = self.log.sites[index] = CatalogHit(entry)
         _count(hit, line, info, seq)
 
-    def _catalog_hit(self, index: int, line: str, info: RankInfo, seq: int = 0) -> None:
-        entry = load_catalog()[index]
-        hit = self.log.catalog.get(entry["id"])
+    def _catalog_hit(self, cid: str, line: str, info: RankInfo, seq: int = 0) -> None:
+        """Count one line (input line ``seq``) that the hand-written catalog entry ``cid`` matched."""
+        hit = self.log.catalog.get(cid)
         if hit is None:
-            hit = self.log.catalog[entry["id"]] = CatalogHit(entry)
-        info.catalog[entry["id"]] = info.catalog.get(entry["id"], 0) + 1
+            hit = self.log.catalog[cid] = CatalogHit(next(e for e in load_catalog() if e["id"] == cid))
+        counts = info.catalog
+        counts[cid] = counts.get(cid, 0) + 1
         _count(hit, line, info, seq)
 
     @staticmethod
@@ -290,35 +369,14 @@ class _Parser:
             return "", line.strip(), False
         return None
 
-    def _line(self, line: str, head: str, events: list[tuple], previous: str | None,
-              warn: bool = False) -> tuple[str | None, RankInfo]:
-        """Attribute one NCCL line to a rank and record its ``events`` (:func:`_classify` of its message).
+    def _attribute(self, head: str, bare: tuple[str | None, bool],
+                   previous: str | None) -> tuple[str | None, RankInfo, bool]:
+        """The key and record of the rank a line with this ``head`` belongs to (labels, prefix, content, the previous
+        line), and whether every line with this head belongs there (NCCL's prefix, no torchrun local label: the
+        caller remembers it).
 
-        A head (``host:pid:tid [dev] `` with any label) seen before maps straight to its rank
-        (``_rank_of``); otherwise :meth:`_attribute` works it out.  Returns the key used and its record.
-        """
-        info = self._rank_of.get(head)
-        if info is None:
-            key, info = self._attribute(head, events, previous)
-        else:
-            key = info.key
-        info.lines += 1
-        cut = line if len(line) <= _LINE_MAX else _cut(line)
-        info.last_line = cut
-        if warn:
-            info.warn_count += 1
-            if len(info.warns) < _KEEP_MAX:
-                info.warns.append(cut)
-        if not events:
-            self.log.unparsed_count += 1
-        for event in events:
-            self._apply(info, event, cut)
-        return key, info
-
-    def _attribute(self, head: str, events: list[tuple], previous: str | None) -> tuple[str | None, RankInfo]:
-        """The key and record of the rank a line with this ``head`` belongs to (labels, prefix, content, the previous line).
-
-        Heads whose attribution never changes (NCCL's prefix, no torchrun local label) are remembered in ``_rank_of``.
+        ``bare`` is what the message says when the head names no rank: ``(rankN key its content names, it carries
+        the NCCL version)`` (:meth:`_memo`).
         """
         tail = head[-300:]
         parsed = self._heads.get(tail)
@@ -346,10 +404,10 @@ class _Parser:
         elif lh:
             host = key = lh
         else:
-            key = _content_key(events)
+            key = bare[0]
             if key is not None:
                 content_rank = int(key[4:])
-            elif any(e[0] == "version" for e in events):
+            elif bare[1]:
                 key = previous
         info = self.log.ranks.get(key) if key is not None else None
         if info is None:
@@ -362,16 +420,7 @@ class _Parser:
             self._rank_from_label[info.key] = label_rank
         elif ll and info.label is None:
             info.label = ll
-        if pm and not ll:
-            if len(self._rank_of) >= _MEMO_MAX:
-                self._rank_of.clear()
-            self._rank_of[head] = info
-        return key, info
-
-    def _stage(self, info: RankInfo, name: str) -> None:
-        stage = _STAGE_INDEX[name]
-        if stage > info.stage:
-            info.stage = stage
+        return key, info, bool(pm and not ll)
 
     def _set_rank(self, info: RankInfo, rank: int, nranks: int) -> None:
         if info.key in self._rank_from_label:
@@ -380,59 +429,47 @@ class _Parser:
             self._best_nranks[info.key] = nranks
             info.rank = rank
 
-    def _apply(self, info: RankInfo, event: tuple, line: str) -> None:
-        """Record one event of a line (``line`` already cut to ``_LINE_MAX``)."""
+    def _apply(self, info: RankInfo, event: tuple, cut: str) -> None:
+        """Record one event of a line (``cut``: the line, already cut to ``_LINE_MAX``); kinds by frequency in big logs.
+
+        Channel and error-chain events, the most frequent, are recorded by :meth:`feed` itself.  A rank's stage only
+        moves forward (:data:`STAGES`).
+        """
         kind = event[0]
-        cut = line
-        if kind == "channel":  # the most frequent kind in a big log: tested first
-            ch: Channel = event[1]
-            ckey = (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)
-            if ckey not in info._channel_keys and len(info._channel_keys) < _CHANNELS_MAX:
-                info._channel_keys.add(ckey)
-                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via, cut,
-                                             ch.src_dev, ch.dst_dev))
-            self._stage(info, "channels")
-        elif kind == "version":
-            info.nccl_version = event[1]
-            self._stage(info, "bootstrap")
-        elif kind == "driver":
-            info.cuda_driver = event[1]
+        if kind == "net":
+            _, net, devs, oob, socket_ifaces = event
+            info.net = net
+            info.net_devices = devs
+            info.oob = oob
+            info.socket_ifaces = list(socket_ifaces)
+            _keep(info.evidence_lines, cut)
+            if info.stage < _S_NETWORK:
+                info.stage = _S_NETWORK
+        elif kind == "bootstrap":
+            info.bootstrap = event[1]
+            _keep(info.evidence_lines, cut)
+            if info.stage < _S_BOOTSTRAP:
+                info.stage = _S_BOOTSTRAP
+        elif kind == "network":
+            info.network = event[1]
+            _keep(info.evidence_lines, cut)
+            if info.stage < _S_NETWORK:
+                info.stage = _S_NETWORK
         elif kind == "env":
             info.env[event[1]] = event[2]
             if event[1] == "NCCL_SOCKET_IFNAME":
                 info.socket_ifname_env = event[2]
             _keep(info.evidence_lines, cut)
-        elif kind == "bootstrap":
-            info.bootstrap = event[1]
-            _keep(info.evidence_lines, cut)
-            self._stage(info, "bootstrap")
-        elif kind == "net":
-            _, net, devs, oob = event
-            info.net = net
-            info.net_devices = devs
-            info.oob = oob
-            info.socket_ifaces = _ifaces(" ".join(devs)) if net == "Socket" else []
-            _keep(info.evidence_lines, cut)
-            self._stage(info, "network")
-        elif kind == "ib_nodev":
-            info.ib_no_device = True
-            _keep(info.evidence_lines, cut)
-        elif kind == "network":
-            info.network = event[1]
-            _keep(info.evidence_lines, cut)
-            self._stage(info, "network")
-        elif kind == "init_start":
-            info.init_starts += 1
-            self._set_rank(info, event[1], event[2])
-            info.nranks = max(info.nranks or 0, event[2])
-            self._stage(info, "init-start")
-        elif kind == "topo":
-            _, rank, nranks, nnodes, local = event
-            self._set_rank(info, rank, nranks)
-            info.nranks = max(info.nranks or 0, nranks)
-            info.n_nodes = max(info.n_nodes or 0, nnodes)
-            info.local_ranks = max(info.local_ranks or 0, local)
-            self._stage(info, "init-start")
+        elif kind == "version":
+            info.nccl_version = event[1]
+            if info.stage < _S_BOOTSTRAP:
+                info.stage = _S_BOOTSTRAP
+        elif kind == "plugin":
+            info.net_plugin = bool(info.net_plugin) or event[1]
+        elif kind == "driver":
+            info.cuda_driver = event[1]
+        elif kind == "connect":
+            _keep(info.connect_errors, cut)
         elif kind == "complete":
             done: InitComplete = event[1]
             done = InitComplete(done.comm, done.rank, done.nranks, done.cuda_dev, done.local_ranks, done.n_nodes, cut)
@@ -445,22 +482,32 @@ class _Parser:
                 info.local_ranks = max(info.local_ranks or 0, done.local_ranks)
             if done.n_nodes:
                 info.n_nodes = max(info.n_nodes or 0, done.n_nodes)
-            self._stage(info, "init-complete")
-        elif kind == "connect":
-            _keep(info.connect_errors, cut)
+            info.stage = _S_COMPLETE
+        elif kind == "init_start":
+            info.init_starts += 1
+            self._set_rank(info, event[1], event[2])
+            info.nranks = max(info.nranks or 0, event[2])
+            if info.stage < _S_INIT:
+                info.stage = _S_INIT
+        elif kind == "topo":
+            _, rank, nranks, nnodes, local = event
+            self._set_rank(info, rank, nranks)
+            info.nranks = max(info.nranks or 0, nranks)
+            info.n_nodes = max(info.n_nodes or 0, nnodes)
+            info.local_ranks = max(info.local_ranks or 0, local)
+            if info.stage < _S_INIT:
+                info.stage = _S_INIT
+        elif kind == "ib_nodev":
+            info.ib_no_device = True
+            _keep(info.evidence_lines, cut)
+        elif kind == "ibverbs":
+            _keep(info.ibverbs_lines, cut)
         elif kind == "no_iface":
             _keep(info.iface_errors, cut)
         elif kind == "mismatch":
             _keep(info.mismatch_lines, cut)
-        elif kind == "ibverbs":
-            _keep(info.ibverbs_lines, cut)
         elif kind == "abort":
             info.aborts += 1
-        elif kind == "chain":
-            if event[1] not in info.error_chain and len(info.error_chain) < _KEEP_MAX:
-                info.error_chain.append(event[1])
-        elif kind == "plugin":
-            info.net_plugin = bool(info.net_plugin) or event[1]
         elif kind == "oob":
             info.oob = event[1]
             _keep(info.evidence_lines, cut)
@@ -482,6 +529,7 @@ class _Parser:
         pre-init lines (printed before ``torch.cuda.set_device``) fold into its main key.
         """
         self._rank_of.clear()
+        self._rank_of_pre.clear()
         for label_rank, full_key in self._label_to_key.items():
             bare = self.log.ranks.get(f"rank{label_rank}")
             if bare is not None and bare.host is None and full_key in self.log.ranks:
@@ -568,7 +616,9 @@ def _classify(msg: str) -> list[tuple]:
         devs_text, _, oob_text = (m["devs"] or "").partition("; OOB ")
         devs = [d for d in re.findall(r"\[\d+\]\S+", devs_text)] or devs_text.split()
         oob = _ifaces(oob_text)
-        events.append(("net", m["net"], [d for d in devs if d != "[RO]"], oob[0] if oob else None))
+        devs = [d for d in devs if d != "[RO]"]
+        events.append(("net", m["net"], devs, oob[0] if oob else None,
+                       tuple(_ifaces(" ".join(devs))) if m["net"] == "Socket" else ()))
     if m := _OLD_SIDEBAND.match(msg):
         oob = _ifaces(m.group(1)) or [Iface(m.group(1).split(":", 1)[0], "")]
         events.append(("oob", oob[0]))
@@ -596,9 +646,9 @@ def _classify(msg: str) -> list[tuple]:
         else:
             events.append(("init_start", int(m["rank"]), int(m["nranks"])))
     if m := _CHANNEL.match(msg):
-        events.append(("channel", Channel(int(m["ch"]), int(m["conn"]) if m["conn"] is not None else None,
-                                          int(m["src"]), int(m["dst"]), m["dir"], m["via"].strip(),
-                                          src_dev=m["sdev"], dst_dev=m["ddev"])))
+        ch = Channel(int(m["ch"]), int(m["conn"]) if m["conn"] is not None else None, int(m["src"]), int(m["dst"]),
+                     m["dir"], m["via"].strip(), src_dev=m["sdev"], dst_dev=m["ddev"])
+        events.append(("channel", ch, (ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via)))
     if _CONNECT_ANY.search(msg) and "ibv_" not in msg:   # an IB verbs call that timed out is not a socket connect
         events.append(("connect",))
     if _NO_IFACE.search(msg):

@@ -998,7 +998,8 @@ def _check_gdr_unused(log: NcclLog, topology: str) -> list[Check]:
     if topology == "single-node":
         return []
     ib = [(i, ch) for i in log.all_infos() for ch in i.channels
-          if ch.kind == "NET" and len(ch.via.split("/")) > 1 and ch.via.split("/")[1].startswith("IB")]
+          if ch.via[:3] == "NET" and ch.kind == "NET" and len(ch.via.split("/")) > 1
+          and ch.via.split("/")[1].startswith("IB")]
     if not ib or any("GDRDMA" in ch.via for _, ch in ib) or not any(ch.direction == "receive" for _, ch in ib):
         return []
     if any(hit.entry["knowledge"]["class"] == "gdr-disabled" for hit in log.sites.values()):
@@ -1096,31 +1097,39 @@ def _check_same_gpu_one_node(log: NcclLog) -> list[Check]:
     (``p2pCanConnect``: "Rule out different nodes").  The host hash was the hostname cut at the first '.' up to
     NCCL 2.4.2 (``getHostName`` in ``src/misc/utils.cu`` at v2.4.2-1; release notes 2.4.6: "Fix hostname hashing issue.
     GithubIssue#187"), the full hostname plus ``/proc/sys/kernel/random/boot_id`` later, replaced by NCCL_HOSTID when
-    set (``getHostHash`` in ``src/misc/utils.cc``).  A suspect: the command tells the two readings apart.
+    set (``getHostHash`` in ``src/misc/utils.cc``).  From 2.5.6 on NCCL refuses two ranks with one busId and one host
+    hash before any channel line ("Duplicate GPU detected", ``src/init.cc`` at v2.5.6-1), so only the ``Ring`` lines of
+    older releases can show it.  A suspect: the command tells the two readings apart.
     """
     by_host: dict[str | None, list[RankInfo]] = {}
+    devs_of: dict[str | None, dict[int, set[str]]] = {}
+    lines: dict[tuple[str | None, int], str] = {}
     for info in log.ranks.values():
-        by_host.setdefault(info.host, []).append(info)
+        if not info.channels or "Ring " not in info.channels[0].line:
+            continue            # NCCL >= 2.5 stops at "Duplicate GPU detected" before any channel line
+        for ch in info.channels:
+            via = ch.via
+            if not (via[:3] == "P2P" and via[3:4] in ("/", " ", "")) or not ch.src_dev or not ch.dst_dev:
+                continue        # Channel.kind == "P2P", spelled out: this loop sees every channel of every rank
+            devs = devs_of.get(info.host)
+            if devs is None:
+                devs = devs_of[info.host] = {}
+                by_host[info.host] = []
+            if not by_host[info.host] or by_host[info.host][-1] is not info:
+                by_host[info.host].append(info)
+            for rank, dev in ((ch.src, ch.src_dev), (ch.dst, ch.dst_dev)):
+                devs.setdefault(rank, set()).add(dev.lower().lstrip("0") or "0")
+                lines.setdefault((info.host, rank), ch.line)
     out = []
-    for host, infos in sorted(by_host.items(), key=lambda kv: kv[0] or ""):
-        devs: dict[int, set[str]] = {}
-        lines: dict[int, str] = {}
-        for info in infos:
-            for ch in info.channels:
-                if ch.kind != "P2P" or not ch.src_dev or not ch.dst_dev:
-                    continue
-                for rank, dev in ((ch.src, ch.src_dev), (ch.dst, ch.dst_dev)):
-                    devs.setdefault(rank, set()).add(dev.lower().lstrip("0") or "0")
-                    lines.setdefault(rank, ch.line)
+    for host, devs in devs_of.items():
         one = {rank: next(iter(d)) for rank, d in devs.items() if len(d) == 1}
-        if len(set(one.values())) < 2:
-            continue      # every rank prints the same device: per-rank CUDA_VISIBLE_DEVICES, nothing to compare
+        if len(set(one.values())) < 2 or len(set(one.values())) == len(one):
+            continue      # one device for all (per-rank CUDA_VISIBLE_DEVICES: nothing to compare), or no clash
         ranks_of: dict[str, list[int]] = {}
         for rank, dev in sorted(one.items()):
             ranks_of.setdefault(dev, []).append(rank)
         clash = {dev: ranks for dev, ranks in ranks_of.items() if len(ranks) > 1}
-        if not clash:
-            continue
+        infos = by_host[host]
         dev, ranks = sorted(clash.items())[0]
         vias = sorted({ch.short for i in infos for ch in i.channels if ch.kind == "P2P"})
         failed = any(not i.completed for i in infos) or bool(log.catalog.get("torch-nccl-cuda-error"))
@@ -1133,9 +1142,9 @@ def _check_same_gpu_one_node(log: NcclLog) -> list[Check]:
                "/proc/sys/kernel/random/boot_id and env | grep NCCL_HOSTID, and nvidia-smi -L against the ranks' GPUs; "
                "then upgrade NCCL (2.4.6 and later hash the full hostname), give the nodes distinct hostnames, or unset "
                "a shared NCCL_HOSTID")
-        evidence = _evidence([lines[r] for r in ranks if r in lines])
+        evidence = _evidence([lines[(host, r)] for r in ranks if (host, r) in lines])
         out.append(verdict("host-hash-collision", "FAIL" if failed else "WARN", title,
                            [i.key for i in infos], [host] if host else [], evidence, fix,
                            "https://github.com/NVIDIA/nccl/releases/tag/v2.4.6-1", {"gpu": dev, "ranks": ranks},
                            kind="suspect"))
-    return out
+    return sorted(out, key=lambda v: v.node)
