@@ -11,13 +11,16 @@
 #     HealthCheckInterval=300
 # then `scontrol reconfigure`.  Try it by hand on a node: sudo configs/slurm/healthcheck.sh; tail the log.
 set -euo pipefail
+export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}"  # slurmd passes next to none
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # Site settings: slurmd gives this program almost no environment, so they live in a file beside it (optional):
 # RUNBOOK_PYTHON, RUNBOOK_CONTRACT, RUNBOOK_LOG_DIR, SLURM_CONF, PATH.
 if [ -r "${RUNBOOK_SITE_ENV:-$here/site.env}" ]; then
+    set -a   # every variable of the file is exported: scontrol needs SLURM_CONF
     # shellcheck source=/dev/null
     . "${RUNBOOK_SITE_ENV:-$here/site.env}"
+    set +a
 fi
 python="${RUNBOOK_PYTHON:-$root/.venv/bin/python}"                # EDIT: the project's interpreter on the nodes
 contract="${RUNBOOK_CONTRACT:-$here/node_contract.json}"          # EDIT: copy node_contract.example.json and edit it

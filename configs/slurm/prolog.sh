@@ -9,11 +9,14 @@
 #     PrologFlags=Alloc                                                   # run it when the allocation is granted
 # then `scontrol reconfigure`.  The prolog tier takes at most 10 s (no job, no collective, no torch import).
 set -euo pipefail
+export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}"  # slurmd passes next to none
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 if [ -r "${RUNBOOK_SITE_ENV:-$here/site.env}" ]; then
+    set -a   # every variable of the file is exported: scontrol needs SLURM_CONF
     # shellcheck source=/dev/null
     . "${RUNBOOK_SITE_ENV:-$here/site.env}"
+    set +a
 fi
 python="${RUNBOOK_PYTHON:-$root/.venv/bin/python}"                # EDIT: the project's interpreter on the nodes
 contract="${RUNBOOK_CONTRACT:-$here/node_contract.json}"          # EDIT: copy node_contract.example.json and edit it

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import sys
 import time
@@ -31,7 +32,8 @@ from helpers.procs import stop_session
 from helpers.slurm import SlurmClient
 
 BASE_PORT = 29650
-"""Each round's groups use ``BASE_PORT + round`` (every group's first node hosts its own store on it)."""
+"""Each round's groups use ``base + round``, ``base`` drawn per run from ``BASE_PORT + 100 * k`` (k < 20): every group's
+first node hosts its own store there, and a run right after another never meets the last one's sockets."""
 GROUP_BYTES = 2 << 20
 """Buffer of each group test (2 MiB): large enough to cross any MTU and show a rate limit, small enough for 2 cores."""
 
@@ -56,13 +58,14 @@ class RoundOracle:
     def __init__(self, out_dir: Path, floor_gbps: float | None, *, timeout_s: float = 8.0, size: int = GROUP_BYTES) -> None:
         self.out_dir, self.floor, self.timeout_s, self.size = Path(out_dir), floor_gbps, timeout_s, size
         self.round = 0
+        self.base = BASE_PORT + 100 * random.randrange(20)
         self.wall: list[float] = []
 
     def __call__(self, groups: Sequence[tuple[str, ...]]) -> list[Outcome]:
         """Write the round, wait for every member's result (or the deadline), grade each group."""
         self.round += 1
         t0 = time.monotonic()
-        plan = {"groups": [list(g) for g in groups], "port": BASE_PORT + self.round, "bytes": self.size,
+        plan = {"groups": [list(g) for g in groups], "port": self.base + self.round, "bytes": self.size,
                 "timeout_s": self.timeout_s}
         rdir = self.out_dir / "rounds" / str(self.round)
         rdir.mkdir(parents=True, exist_ok=True)

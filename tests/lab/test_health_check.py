@@ -60,7 +60,8 @@ def test_health_check_program_drains_the_broken_node_only_and_never_when_it_brea
             site.write_text(f"SLURM_CONF={slurmlab.conf_path(NAME)}\nRUNBOOK_PYTHON={sys.executable}\n"
                             f"RUNBOOK_CONTRACT={contract}\nRUNBOOK_LOG_DIR={logs}\n")
             program = work / "healthcheck"
-            program.write_text(f"#!/bin/bash\nexport RUNBOOK_SITE_ENV={site}\nexec {ROOT / 'configs/slurm/healthcheck.sh'}\n")
+            program.write_text(f"#!/bin/bash\nenv > {work}/env-$(hostname).txt\nexport RUNBOOK_SITE_ENV={site}\n"
+                               f"exec {ROOT / 'configs/slurm/healthcheck.sh'}\n")
             program.chmod(0o755)
             lab.rename_data_iface("node1", "ens9")  # node1 breaks the contract's "iface": "eth0"
             conf = slurmlab.conf_path(NAME)
@@ -76,11 +77,14 @@ def test_health_check_program_drains_the_broken_node_only_and_never_when_it_brea
 
             # phase 2: the contract is readable: node1 (no eth0) is drained with the reason, the others stay idle
             contract.write_text('{"iface": "eth0", "mtu": 1500}')
-            assert wait_for(lambda: states(lab)["node1"][0].startswith("drain"), 60), states(lab)
+            drained = wait_for(lambda: states(lab)["node1"][0].startswith("drain"), 60)
+            print((logs / "node1.log").read_text()[-1200:])
+            assert drained, (states(lab), (work / "env-node1.txt").read_text())
             seen = {n: runs(logs, n) for n in lab.hostnames}
             assert wait_for(lambda: all(runs(logs, n) > seen[n] for n in ("node0", "node2")), 30)
             final = states(lab)
-            print(final, f"{time.monotonic() - t0:.1f} s")
+            print(final, f"{time.monotonic() - t0:.1f} s", "the environment slurmd gave the program:",
+                  (work / "env-node1.txt").read_text().split())
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert final["node1"][1][:20] == "[node_problem] nic: ", final

@@ -113,3 +113,16 @@ def test_grade_localisation_drains_nodes_reports_links_and_blames_no_one_when_al
     dead = localise(nodes, lambda groups: [Outcome(True, None, "timeout") for _ in groups]).to_dict()
     summary = grades.grade_localisation(dead, 0.0125)[-1]
     assert summary.status == "WARN" and summary.faulty == [] and operators.drain_commands([summary]) == []
+
+
+def test_cli_prolog_tier_and_health_check(tmp_path, capsys):
+    from helpers import cli
+
+    bad = tmp_path / "contract.json"
+    bad.write_text("[1, 2]")
+    assert cli.main(["diagnose", "--tier", "prolog", "--contract", str(bad)]) == 2
+    assert "[WARN] tool.health_check." in capsys.readouterr().out
+    good = contract(tmp_path, mounts=[str(ROOT)])
+    assert cli.main(["health-check", "--contract", good, "--node", "n9", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == 0 and [c["id"] for c in out["checks"]] == ["prolog.mnt.n9"]
