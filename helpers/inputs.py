@@ -485,7 +485,11 @@ def load_yaml(text: str | bytes, path: str | os.PathLike[str], *, max_depth: int
             finally:
                 self.level -= 1
 
-    loader = Loader(text)
+    try:
+        # PyYAML's Reader checks the characters when the loader is built: a control character raises there
+        loader = Loader(text)
+    except yaml.YAMLError as exc:
+        raise InputError(path, f"not valid YAML: {exc}") from None
     try:
         node = loader.get_single_node()
         if node is None:

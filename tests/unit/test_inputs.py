@@ -175,3 +175,13 @@ def test_open_lines_reads_what_a_text_file_reads_with_long_lines_cut(text, limit
         mp.setattr(inputs, "_TEXT_CHUNK", chunk)
         with inputs.open_lines("-", stdin=io.BytesIO(text.encode()), max_line_chars=limit, long_lines="cut") as lines:
             assert list(lines) == want and lines.cut == cut
+
+
+def test_a_control_character_in_yaml_is_one_input_error():
+    """PyYAML's Reader refuses a control character when the loader is built, before parsing: still an InputError."""
+    import pytest
+
+    from helpers import inputs
+
+    with pytest.raises(inputs.InputError, match=r"cfg: not valid YAML: unacceptable character #x0001"):
+        inputs.load_yaml(b'\x01{"a": 1}', "cfg")
