@@ -80,14 +80,6 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per case, k
         from helpers import collective_trace
 
         collective_trace.enable()
-    if args.case == "ckpt_read" and int(os.environ.get("RANK", "0")) == 0:
-        # a checkpoint left by an earlier run would be read instead of racing: rank 0 removes it before the
-        # rendezvous, which no rank passes before rank 0 has joined
-        for stale in ("model.pt", "model.pt.tmp"):
-            try:
-                os.remove(os.path.join(args.ckpt_dir, stale))
-            except FileNotFoundError:
-                pass
     _, device = _common.init_distributed(args.backend, args.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     last = world - 1
@@ -178,8 +170,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2, help="batch size (uneven)")
     parser.add_argument("--eval-s", type=float, default=4.0, help="seconds of rank 0's evaluation (slow_eval)")
     parser.add_argument("--eval-busy", action="store_true", help="the evaluation computes instead of sleeping (slow_eval)")
-    parser.add_argument("--write-delay-s", type=float, default=4.0,
-                        help="seconds before rank 0 writes (ckpt_read; 2 s was not always enough on a loaded 2-core machine)")
+    parser.add_argument("--write-delay-s", type=float, default=4.0, help="seconds before rank 0 writes (ckpt_read; 4: loaded)")
     parser.add_argument("--ckpt-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "hangs-ckpt"))
     parser.add_argument("--out", default=None, help="JSON written by rank 0 (set_epoch)")
     _common.add_dist_args(parser, timeout_s=10)
