@@ -31,7 +31,7 @@ from helpers.slurm import SlurmClient
 
 DEFAULT_NAME = "rb"
 DEFAULT_SUBNET = "10.77.0.0/24"
-MAX_NODES = 8  # the 2-core machine holds 8 SLURM nodes (issue 23: the localisation measured on 8; ~250 MB per idle worker)
+MAX_NODES = 8  # the 2-core machine holds 8 SLURM nodes (the localisation is measured on 8; ~250 MB per idle worker)
 FIRST_HOST = 10  # node I gets <subnet> + 10 + I (10.77.0.10, 10.77.0.11, ...)
 BRIDGE = "br0"
 # TSO/GSO off on the veths: with offloads on, the MTU black hole is flaky (PF-mtu-blackhole).  Without

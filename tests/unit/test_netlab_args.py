@@ -11,7 +11,7 @@ from helpers import jobs, netlab
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    ({"nodes": 0}, "nodes"), ({"nodes": 5}, "nodes"), ({"nodes": True}, "nodes"),
+    ({"nodes": 0}, "nodes"), ({"nodes": 9}, "nodes"), ({"nodes": True}, "nodes"),
     ({"name": "RB"}, "name"), ({"name": "a-b"}, "name"), ({"name": "x" * 13}, "name"),
     ({"subnet": "10.77.0.1/24"}, "subnet"), ({"subnet": "10.77.0.0/29"}, "subnet"),
     ({"subnet": "172.17.0.0/24"}, "subnet"), ({"subnet": "fd00::/64"}, "subnet"),
