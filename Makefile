@@ -66,7 +66,7 @@ test: lint-code
 # The course as a book (helpers/book.py, docs/book.md): a static site in build/book/html of the README, the
 # chapters with the outputs `make test` executed (build/executed/: nothing is executed here), docs/; Sphinx with
 # -W -n (a broken cross-reference fails it), then LinkChecker.  `make test` builds it too, in its last test
-# (tests/browser/test_book.py).  Open build/book/html/index.html, or serve it: python -m http.server -d build/book/html
+# (tests/browser/test_book_pages.py).  Open build/book/html/index.html, or serve it: python -m http.server -d build/book/html
 book: $(STAMP)
 	@mkdir -p build/tmp
 	$(BIN)/python -m helpers.book

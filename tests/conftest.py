@@ -27,7 +27,7 @@ LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its layer, taken from the folder it lives in (``tests/<layer>/test_*.py``); run ``last`` tests last.
 
-    A test marked ``last`` (the book's, ``tests/browser/test_book.py``) reads what the notebook layer wrote in
+    A test marked ``last`` (the book's, ``tests/browser/test_book_pages.py``) reads what the notebook layer wrote in
     the same session, so it moves after every other test, keeping its own order.
     """
     tests_dir = Path(__file__).resolve().parent

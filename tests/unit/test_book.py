@@ -1,6 +1,6 @@
 """helpers.book (what a chapter page shows) and helpers.provenance (where and when a chapter ran), on notebooks made here.
 
-The build itself, the link check and the pages in Chromium are tests/browser/test_book.py (after the notebook layer).
+The build itself, the link check and the pages in Chromium are tests/browser/test_book_pages.py (after the notebook layer).
 """
 
 from __future__ import annotations

@@ -82,3 +82,15 @@ def test_retired_names_stay_retired(pattern, texts):
     hits = [f"{p.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}" for p, text in texts.items()
             for m in re.finditer(pattern, text)]
     assert hits == [], f"{pattern!r} is retired (use {RETIRED[pattern]}): {hits[:8]}"
+
+
+def test_test_file_names_are_unique_across_layer_folders():
+    """pytest imports each test file by its base name (rootdir-relative, no ``__init__.py`` in tests/), so two
+    layers holding ``test_x.py`` stop collection of the whole suite ("import file mismatch"): CI failed so once."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files share a base name: " + "; ".join(clashes)
