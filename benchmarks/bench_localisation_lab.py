@@ -119,9 +119,9 @@ def scenario(name: str, n: int, repeats: int, rng: random.Random, out: Path) -> 
             "false_drains": sum(len(r["false_drains"]) for r in runs),
             "rounds_max": max(r["rounds"] or 0 for r in runs), "bound": round_bound(n),
             "tests_mean": round(statistics.mean(r["tests"] or 0 for r in runs), 1), "pairs": n * (n - 1) // 2,
-            "start_s_median": statistics.median(r["start_s"] or 0 for r in runs),
-            "rounds_s_median": statistics.median(r["rounds_s"] for r in runs),
-            "step_s_median": statistics.median(r["step_s"] or 0 for r in runs),
+            "start_s_median": round(statistics.median(r["start_s"] or 0 for r in runs), 1),
+            "rounds_s_median": round(statistics.median(r["rounds_s"] for r in runs), 1),
+            "step_s_median": round(statistics.median(r["step_s"] or 0 for r in runs), 1),
             "step_s_max": max(r["step_s"] or 0 for r in runs), "detail": runs}
 
 
