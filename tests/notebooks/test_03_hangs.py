@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 
-from support import ROOT, assert_outputs_reproduce, execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 
 def test_chapter_03_hangs(no_leftovers):
     t0 = time.monotonic()
-    # the read race needs no checkpoint left by an earlier run (rank 1 would read it instead of failing)
-    for stale in ("ckpt_race", "ckpt_safe"):
-        shutil.rmtree(ROOT / "build" / "executed" / stale, ignore_errors=True)
     out = execute_notebook("03_hangs.ipynb")
     errors, text = notebook_outputs(out)
     assert not errors, errors
