@@ -218,6 +218,8 @@ def _collective_before_init(lt: PythonLinter) -> None:
                         continue
                     if name == "DistributedSampler" and _kw(c, "num_replicas") is not None:
                         continue
+                    if name in lt.functions and recv in ("", "self", "cls"):
+                        continue  # the file's own get_rank() (one that reads RANK from the environment), not dist's
                     lt.add("collective-before-init", "error", c,
                            f"{(recv + '.') if recv else ''}{name}() runs before init_process_group (line "
                            f"{block[init_at].lineno}): 'Default process group has not been initialized, please make "
