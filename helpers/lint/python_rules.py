@@ -517,6 +517,7 @@ class PythonLinter:
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
         self.rule_ddp_wrapper_attribute()
+        self.rule_amp_initialize_after_ddp()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -636,7 +637,9 @@ class PythonLinter:
         for call in self._calls():
             recv, name = _call_name(call)
             args: list[ast.AST] = []
-            if name == "set_device" and "cuda" in recv:
+            if name == "set_device" and ("cuda" in recv or recv.endswith("get_accelerator()")):
+                # DeepSpeed's accelerator abstraction: get_accelerator().set_device(device_index) is
+                # torch.cuda.set_device on CUDA (deepspeed/accelerator/cuda_accelerator.py set_device)
                 args = call.args[:1]
             elif name == "device" and recv == "torch" and call.args:
                 if len(call.args) >= 2:
@@ -933,6 +936,29 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def rule_amp_initialize_after_ddp(self) -> None:
+        """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,
+        "Incoming model is an instance of torch.nn.parallel.DistributedDataParallel. Parallel wrappers should only be
+        applied to the model(s) AFTER the model(s) have been returned from amp.initialize." (apex/amp/_initialize.py
+        ``check_models``; apex docs https://nvidia.github.io/apex/amp.html: "amp.initialize should be called after you
+        have finished constructing your model(s) and optimizer(s), but before you send your model through any
+        DistributedDataParallel wrapper")."""
+        if "amp" not in self.text or not self.wrappers.w.assigns:
+            return
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if name != "initialize" or not recv.endswith("amp") or not call.args:
+                continue
+            models = call.args[0].elts if isinstance(call.args[0], (ast.List, ast.Tuple)) else [call.args[0]]
+            if any(self.wrappers.state(m, call)[0] for m in models):
+                self.add("amp-initialize-after-ddp", "error", call,
+                         f"{_src(call)[:60]} receives a model already wrapped in DistributedDataParallel: 'RuntimeError: "
+                         "Incoming model is an instance of torch.nn.parallel.DistributedDataParallel. Parallel wrappers "
+                         "should only be applied to the model(s) AFTER the model(s) have been returned from "
+                         "amp.initialize.'",
+                         "build the optimizer, call model, optimizer = amp.initialize(model, optimizer, ...), then wrap "
+                         "the returned model in DistributedDataParallel", "https://nvidia.github.io/apex/amp.html")
 
     def rule_master_port_and_timeout(self) -> None:
         """D4 (hard-coded MASTER_PORT) and MN3 (init_process_group without timeout)."""

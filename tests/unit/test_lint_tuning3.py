@@ -100,3 +100,100 @@ def test_ddp_forward_of_a_buffer_free_model_is_no_collective():
     assert found(("t.py", buffered))["rank-early-exit-collective"] == ["FAIL"]
     imported = EVAL_SHARD.format(layer="LayerNorm").replace("model = Net()", "model = timm.create_model('x')")
     assert found(("t.py", imported))["rank-early-exit-collective"] == ["FAIL"]  # unknown: taken to broadcast
+
+
+# ---------------------------------------------------------------- rules derived for the misses
+def test_bash_substring_expansion_is_not_a_default():
+    bad = "#!/bin/bash\nMASTER_ADDR=${MASTER_ADDR:localhost}\ntorchrun --master_addr $MASTER_ADDR train.py\n"
+    assert found(("run.sh", bad))["shell-default-expansion"] == ["FAIL"]
+    good = bad.replace(":localhost", ":-localhost")
+    assert "shell-default-expansion" not in found(("run.sh", good))
+    offset = "#!/bin/bash\nstart=2\necho ${LINE:start} ${LINE:3:4}\n"  # a real offset: a name the script sets, numbers
+    assert "shell-default-expansion" not in found(("run.sh", offset))
+
+
+def test_set_device_through_deepspeeds_accelerator_from_the_global_rank():
+    bad = "from deepspeed.accelerator import get_accelerator\nclass T:\n    def init(self):\n" \
+          "        get_accelerator().set_device(self.global_rank)\n"
+    assert found(("t.py", bad))["device-from-global-rank"] == ["FAIL"]
+    assert "device-from-global-rank" not in found(("t.py", bad.replace("global_rank", "local_rank")))
+
+
+AMP = """
+import torch, apex
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = Net().cuda()
+{first}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+{second}
+"""
+WRAP, INIT = "model = DDP(model, device_ids=[0])", "model, optimizer = apex.amp.initialize(model, optimizer)"
+
+
+def test_amp_initialize_after_ddp():
+    assert found(("t.py", AMP.format(first=WRAP, second=INIT)))["amp-initialize-after-ddp"] == ["FAIL"]
+    assert "amp-initialize-after-ddp" not in found(("t.py", AMP.format(first="", second=INIT + "\n" + WRAP)))
+
+
+FLAG = """
+for micro_step in range(steps):
+    {before}
+    loss = model(x, y)
+    {after}
+    loss.backward()
+"""
+SET = "model.require_backward_grad_sync = (micro_step == steps - 1)"
+
+
+def test_sync_flag_set_after_the_forward():
+    assert found(("t.py", FLAG.format(before="pass", after=SET)))["sync-flag-after-forward"] == ["WARN"]
+    assert "sync-flag-after-forward" not in found(("t.py", FLAG.format(before=SET, after="pass")))
+
+
+NO_SYNC = """
+for i, batch in enumerate(loader):
+    loss = model(batch)
+    with model.no_sync():
+        {body}
+"""
+
+
+def test_no_sync_around_the_backward_only():
+    assert found(("t.py", NO_SYNC.format(body="loss.backward()")))["no-sync-backward-only"] == ["WARN"]
+    whole = "loss = model(batch)\n        loss.backward()"
+    assert "no-sync-backward-only" not in found(("t.py", NO_SYNC.format(body=whole)))
+
+
+ACCUM = """
+from contextlib import nullcontext
+for batch_idx, batch in enumerate(loader):
+    ctx = model.no_sync if {pred} else nullcontext
+    with ctx():
+        model(batch).backward()
+    if (batch_idx + 1) % accum_grad == 0:
+        optim.step()
+        optim.zero_grad()
+"""
+
+
+def test_no_sync_misaligned_with_the_optimizer_step():
+    assert found(("t.py", ACCUM.format(pred="batch_idx % accum_grad != 0")))["no-sync-misaligned"] == ["WARN"]
+    assert "no-sync-misaligned" not in found(("t.py", ACCUM.format(pred="(batch_idx + 1) % accum_grad != 0")))
+
+
+BARRIER = """
+import torch, torch.distributed as dist
+def main():
+    dist.barrier()
+    torch.cuda.set_device(local_rank)
+if __name__ == "__main__":
+    {pre}
+    dist.init_process_group(backend="nccl")
+    main()
+"""
+
+
+def test_collective_before_set_device():
+    assert found(("t.py", BARRIER.format(pre="pass")))["collective-before-set-device"] == ["WARN"]
+    bound = BARRIER.format(pre="torch.cuda.set_device(local_rank)")  # bound before the group exists: all later ones use it
+    assert "collective-before-set-device" not in found(("t.py", bound))
