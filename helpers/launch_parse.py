@@ -653,7 +653,42 @@ def text_traps(text: str) -> list[Check]:
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
         hit.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(hit)
-    return out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text)
+    return out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text) + _expansion_traps(text)
+
+
+_BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
+_OFFSET = re.compile(r"\$\{([A-Za-z_]\w*):([A-Za-z_.][^}]*)\}")
+
+
+def _expansion_traps(text: str) -> list[Check]:
+    """``shell-default-expansion``: ``${VAR:word}`` with a ``word`` that is no offset the script defines.
+
+    The bash manual (Shell Parameter Expansion, :data:`_BASH_EXPANSION`) gives ``${parameter:-word}`` "If parameter
+    is unset or null, the expansion of word is substituted" and ``${parameter:offset}`` "Substring Expansion ...
+    offset and length are arithmetic expressions": in ``${MASTER_ADDR:localhost}`` the word is read as an
+    arithmetic offset (an unset name evaluates to 0), so an unset MASTER_ADDR stays empty and the default is never
+    used.  A word made of names the script assigns (``${line:start}``, ``${s:i:n}``) or numbers is a real offset
+    and is left alone.
+    """
+    out: list[Check] = []
+    assigned = set(re.findall(r"(?:^|[\s;(])(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)=", text)) | \
+        set(re.findall(r"\bfor\s+([A-Za-z_]\w*)\s+in\b", text)) | set(re.findall(r"\bread\s+(?:-\w+\s+)*([\w ]+)", text))
+    assigned = {w for group in assigned for w in group.split()}
+    for m in _OFFSET.finditer(text):
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if text[line_start:m.start()].lstrip().startswith("#"):
+            continue
+        parts = [p.strip() for p in m.group(2).split(":")]
+        if all(re.fullmatch(r"-?\d+", p) or (re.fullmatch(r"[A-Za-z_]\w*", p) and p in assigned) for p in parts):
+            continue
+        var, word = m.group(1), m.group(2)
+        hit = trap("shell-default-expansion", "FAIL" if var in ("MASTER_ADDR", "MASTER_PORT") else "WARN",
+                   f"env.{var}", f"${{{var}:{word}}} is bash substring expansion (offset '{word}', an arithmetic "
+                   f"expression), not a default: when {var} is unset it expands to an empty string",
+                   f"${{{var}:-{word}}} (the default-value operator is ':-')", _BASH_EXPANSION)
+        hit.line_no = text.count("\n", 0, m.start()) + 1
+        out.append(hit)
+    return out
 
 
 def _shell_values(text: str) -> list[tuple[int, str, str]]:

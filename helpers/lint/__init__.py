@@ -50,6 +50,7 @@ RULES: dict[str, str] = {
     "init-missing-rank-world-size": "https://docs.pytorch.org/docs/stable/distributed.html",
     "collective-before-init": "https://docs.pytorch.org/docs/stable/distributed.html",
     "nccl-no-device-binding": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "collective-before-set-device": "https://docs.pytorch.org/docs/stable/distributed.html",
     "fsdp-optimizer-before-wrap": "https://docs.pytorch.org/docs/stable/fsdp.html",
     "wrapper-raw-backward": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "syncbn-without-ddp": "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html",
@@ -63,6 +64,11 @@ RULES: dict[str, str] = {
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
+    "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",
+    # helpers.lint.grad_sync_rules (DDP's require_backward_grad_sync / no_sync contract)
+    "sync-flag-after-forward": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "no-sync-backward-only": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "no-sync-misaligned": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     # helpers.lint.cross_rules (launch line <-> script)
     "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
     "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
@@ -92,6 +98,7 @@ RULES: dict[str, str] = {
     # helpers.lint.shell_rules (text only)
     "master-addr-not-exported": "Gilbreth 4.3",
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     # helpers.launch_traps.find_traps (sbatch/shell files and --command, through shell_rules.traps_as_findings)
     "standalone-multinode": "D2",
     "master-addr-missing": "D1",

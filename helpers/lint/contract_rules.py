@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from helpers.lint import grad_sync_rules
 from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _TORCHRUN
 
 if TYPE_CHECKING:
@@ -218,6 +219,8 @@ def _collective_before_init(lt: PythonLinter) -> None:
                         continue
                     if name == "DistributedSampler" and _kw(c, "num_replicas") is not None:
                         continue
+                    if name in lt.functions and recv in ("", "self", "cls"):
+                        continue  # the file's own get_rank() (one that reads RANK from the environment), not dist's
                     lt.add("collective-before-init", "error", c,
                            f"{(recv + '.') if recv else ''}{name}() runs before init_process_group (line "
                            f"{block[init_at].lineno}): 'Default process group has not been initialized, please make "
@@ -243,6 +246,45 @@ def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
            "detected', or a hang in the first collective)",
            "local_rank = int(os.environ['LOCAL_RANK']); torch.cuda.set_device(local_rank) before "
            "init_process_group", _DIST + "#torch.distributed.all_gather_object")
+
+
+def rule_collective_before_set_device(lt: PythonLinter) -> None:
+    """A collective earlier in the same block than ``torch.cuda.set_device``, in a file that uses nccl: the collective
+    runs while every rank's current device is still cuda:0, so NCCL sets up its communicator and buffers there (the
+    docs: "the device used is given by torch.cuda.current_device() and it is the user's responsibility to ensure that
+    this is set so that each rank has an individual GPU, via torch.cuda.set_device()", ``_DIST`` all_gather_object;
+    allenai/OLMo#720 measured the extra memory on GPU 0)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "nccl" not in lt.text or "set_device" not in lt.text:
+        return
+
+    def sets_device(s: ast.AST) -> bool:
+        return any(_call_name(c)[1] == "set_device" and "cuda" in _call_name(c)[0] for c in lt._calls(s))
+
+    blocks = [b for b in (getattr(n, "body", None) for n in lt.nodes) if isinstance(b, list)]
+    for block in blocks:  # the device is bound before the group exists: every later collective uses it
+        init = next((i for i, s in enumerate(block) if any(_call_name(c)[1] == "init_process_group"
+                                                           for c in lt._calls(s))), None)
+        if init is not None and any(sets_device(s) for s in block[:init + 1]
+                                    if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))):
+            return
+    for block in blocks:
+        at = next((i for i, s in enumerate(block) if sets_device(s)), None)
+        if not at:
+            continue
+        for stmt in block[:at]:
+            if not isinstance(stmt, (ast.Expr, ast.Assign)):
+                continue  # a branch may run it only when not launched
+            hit = next((c for c in lt._calls(stmt) if lt.collective_name(c)), None)
+            if hit is not None:
+                lt.add("collective-before-set-device", "warning", hit,
+                       f"{lt.collective_name(hit)} runs before torch.cuda.set_device (line {block[at].lineno}): under "
+                       "nccl the collective uses each rank's current device, still cuda:0, so every rank of the node "
+                       "builds its NCCL communicator and buffers on GPU 0 (extra memory there, or 'Duplicate GPU "
+                       "detected')", "call torch.cuda.set_device(local_rank) before init_process_group and the first "
+                       "collective", _DIST + "#torch.distributed.all_gather_object")
+                break
 
 
 def rule_fsdp_optimizer_before_wrap(lt: PythonLinter) -> None:
@@ -742,6 +784,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_dataloader_sampler_and_shuffle(lt)
     rule_init_contract(lt, sc)
     rule_nccl_no_device_binding(lt, sc)
+    rule_collective_before_set_device(lt)
     rule_fsdp_optimizer_before_wrap(lt)
     rule_wrapper_raw_backward(lt)
     rule_syncbn_without_ddp(lt)
@@ -753,6 +796,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_nccl_cpu_tensor(lt, sc)
     rule_grad_accum_from_device_count(lt)
     rule_undefined_attribute(lt)
+    grad_sync_rules.run(lt)
     lt.facts.contract = sc
     return sc
 

@@ -152,6 +152,16 @@ def _env_key(node: ast.AST) -> str | None:
     return None
 
 
+def _launch_check(test: ast.Compare) -> bool:
+    """``test`` compares with ``-1`` only (``local_rank != -1``, ``int(os.environ.get("RANK", -1)) != -1``): whether
+    the program was launched distributed, the same answer on every rank (not a rank gate, not a rank value)."""
+    vals: list[ast.AST] = []
+    for c in test.comparators:
+        vals += c.elts if isinstance(c, (ast.List, ast.Tuple, ast.Set)) else [c]
+    return bool(vals) and all(isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) and
+                              isinstance(v.operand, ast.Constant) and v.operand.value == 1 for v in vals)
+
+
 class _Taint:
     """Names that hold rank-dependent values (any rank) and global-rank values (for D3)."""
 
@@ -205,6 +215,8 @@ class _Taint:
                 if name in ("int", "str", "float", "bool") and node.args:
                     todo.append(node.args[0])
                 continue
+            if isinstance(node, ast.Compare) and _launch_check(node):
+                continue  # `int(os.environ.get("RANK", -1)) != -1`: launched or not, the same on every rank
             if isinstance(node, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.JoinedStr,
                                  ast.FormattedValue, ast.Tuple)):
                 todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
@@ -258,13 +270,8 @@ class _Taint:
             return any(self.rank_test(v) for v in test.values)
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             return self.rank_test(test.operand)
-        if isinstance(test, ast.Compare) and self.is_rank(test.left):
-            vals: list[ast.AST] = []
-            for c in test.comparators:
-                vals += c.elts if isinstance(c, (ast.List, ast.Tuple, ast.Set)) else [c]
-            if vals and all(isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) and isinstance(v.operand, ast.Constant)
-                            and v.operand.value == 1 for v in vals):
-                return False
+        if isinstance(test, ast.Compare) and self.is_rank(test.left) and _launch_check(test):
+            return False
         return self.is_rank(test)
 
 
@@ -510,6 +517,7 @@ class PythonLinter:
         self.rule_writes_on_every_rank()
         self.rule_master_port_and_timeout()
         self.rule_ddp_wrapper_attribute()
+        self.rule_amp_initialize_after_ddp()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -629,7 +637,9 @@ class PythonLinter:
         for call in self._calls():
             recv, name = _call_name(call)
             args: list[ast.AST] = []
-            if name == "set_device" and "cuda" in recv:
+            if name == "set_device" and ("cuda" in recv or recv.endswith("get_accelerator()")):
+                # DeepSpeed's accelerator abstraction: get_accelerator().set_device(device_index) is
+                # torch.cuda.set_device on CUDA (deepspeed/accelerator/cuda_accelerator.py set_device)
                 args = call.args[:1]
             elif name == "device" and recv == "torch" and call.args:
                 if len(call.args) >= 2:
@@ -837,6 +847,17 @@ class PythonLinter:
                    and isinstance(n.value, ast.Call) and _call_name(n.value)[1] in ("BytesIO", "StringIO")
                    for n in ast.walk(scope))
 
+    def _truncate_only(self, call: ast.Call) -> bool:
+        """``call`` is ``open(path, "w")`` in a ``with`` whose body writes nothing (``pass``, a docstring): it only
+        truncates the file, so N ranks doing it leave the same empty file (open(2) with O_TRUNC is idempotent); no
+        rank's content can be lost or interleaved, unlike a write (https://man7.org/linux/man-pages/man2/open.2.html,
+        O_TRUNC)."""
+        item = self.parents.get(call)
+        stmt = self.parents.get(item) if isinstance(item, ast.withitem) else None
+        return isinstance(stmt, (ast.With, ast.AsyncWith)) and "a" not in str(getattr(call.args[1], "value", "a")) \
+            and all(isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                    for b in stmt.body)
+
     def _after_rank_exit(self, node: ast.AST) -> bool:
         """True when a rank-dependent early return/continue/break precedes ``node`` in an enclosing block."""
         child, p = node, self.parents.get(node)
@@ -874,6 +895,8 @@ class PythonLinter:
                 continue  # a per-rank file name
             if path_args and self._in_memory(path_args[0], call):
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
+            if name == "open" and self._truncate_only(call):
+                continue  # `with open(log, "w"): pass` empties the file: every rank leaves the same empty file
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
             fn = self._enclosing_function(call)
@@ -913,6 +936,29 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def rule_amp_initialize_after_ddp(self) -> None:
+        """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,
+        "Incoming model is an instance of torch.nn.parallel.DistributedDataParallel. Parallel wrappers should only be
+        applied to the model(s) AFTER the model(s) have been returned from amp.initialize." (apex/amp/_initialize.py
+        ``check_models``; apex docs https://nvidia.github.io/apex/amp.html: "amp.initialize should be called after you
+        have finished constructing your model(s) and optimizer(s), but before you send your model through any
+        DistributedDataParallel wrapper")."""
+        if "amp" not in self.text or not self.wrappers.w.assigns:
+            return
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if name != "initialize" or not recv.endswith("amp") or not call.args:
+                continue
+            models = call.args[0].elts if isinstance(call.args[0], (ast.List, ast.Tuple)) else [call.args[0]]
+            if any(self.wrappers.state(m, call)[0] for m in models):
+                self.add("amp-initialize-after-ddp", "error", call,
+                         f"{_src(call)[:60]} receives a model already wrapped in DistributedDataParallel: 'RuntimeError: "
+                         "Incoming model is an instance of torch.nn.parallel.DistributedDataParallel. Parallel wrappers "
+                         "should only be applied to the model(s) AFTER the model(s) have been returned from "
+                         "amp.initialize.'",
+                         "build the optimizer, call model, optimizer = amp.initialize(model, optimizer, ...), then wrap "
+                         "the returned model in DistributedDataParallel", "https://nvidia.github.io/apex/amp.html")
 
     def rule_master_port_and_timeout(self) -> None:
         """D4 (hard-coded MASTER_PORT) and MN3 (init_process_group without timeout)."""

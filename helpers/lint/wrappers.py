@@ -42,6 +42,19 @@ WRAPPER_OWN = frozenset({"training", "device", "device_ids", "device_type", "out
 nn.Module's ``training``): set on the model or not, reading them through the wrapper does not fail."""
 
 
+BUFFER_FREE_LAYERS = frozenset({
+    "Linear", "Bilinear", "Embedding", "EmbeddingBag", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "Dropout1d",
+    "Dropout2d", "Dropout3d", "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
+    "Mish", "Softplus", "Hardswish", "Identity", "Flatten", "Unflatten", "ModuleList", "ModuleDict", "Sequential",
+    "Parameter", "ParameterList", "ParameterDict", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "MultiheadAttention", "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d"})
+"""``torch.nn`` layers that register no buffers (their ``__init__`` in torch/nn/modules/ holds only parameters and
+submodules; the norms with running statistics, BatchNorm/InstanceNorm, register ``running_mean``/``running_var``)."""
+_PLAIN_CALLS = frozenset({"dict", "list", "tuple", "range", "super", "int", "float", "len", "getattr", "setattr",
+                          "isinstance", "print", "zip", "enumerate", "min", "max", "sum", "hasattr"})
+
+
 def _name(call: ast.Call) -> str:
     f = call.func
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
@@ -122,7 +135,8 @@ class WrapperFlow:
             name = _name(expr)
             if DDP_CTOR.match(name) or name in self.returns_ddp:
                 quiet = any(k.arg == "broadcast_buffers" and isinstance(k.value, ast.Constant) and k.value.value is False
-                            for k in expr.keywords)
+                            for k in expr.keywords) or (bool(expr.args) and DDP_CTOR.match(name) is not None
+                                                        and self.buffer_free(expr.args[0], at))
                 return True, not quiet
             if name in ("compile", "to", "cuda") and isinstance(expr.func, ast.Attribute):
                 inner = expr.args[0] if name == "compile" and expr.args else expr.func.value
@@ -130,6 +144,70 @@ class WrapperFlow:
         if isinstance(expr, ast.IfExp):
             return self.state(expr.body, at)
         return False, False
+
+    def buffer_free(self, expr: ast.AST, at: ast.AST, depth: int = 0) -> bool:
+        """The module ``expr`` (at node ``at``) is built from a class of this file whose whole tree has no buffers, so
+        the wrapper's forward broadcasts nothing: DDP syncs buffers only when ``will_sync_module_buffers()``, i.e.
+        ``self.require_forward_param_sync and self.broadcast_buffers and len(self.modules_buffers) > 0``
+        (torch/nn/parallel/distributed.py, ``_check_sync_bufs_pre_fwd``).
+
+        Known only when every layer its ``__init__`` builds (followed through the file's own classes) is one of
+        :data:`BUFFER_FREE_LAYERS` and no class calls ``register_buffer``; any other constructor (an imported model,
+        ``nn.BatchNorm2d``) leaves it unknown (False: the forward is taken to broadcast)."""
+        if depth > 4:
+            return False
+        if isinstance(expr, ast.Call):
+            name = _name(expr)
+            if name == "compile" and expr.args:
+                return self.buffer_free(expr.args[0], at, depth + 1)
+            if name in ("to", "cuda") and isinstance(expr.func, ast.Attribute):
+                return self.buffer_free(expr.func.value, at, depth + 1)
+            return isinstance(expr.func, ast.Name) and self._class_buffer_free(expr.func.id, depth + 1)
+        if isinstance(expr, ast.Name):
+            scope, line = self.scope(at), getattr(at, "lineno", 0)
+            last = max((n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
+                        and self.scope(n) is scope and any(isinstance(t, ast.Name) and t.id == expr.id
+                                                           for t in n.targets)),
+                       key=lambda n: n.lineno, default=None)
+            return last is not None and self.buffer_free(last.value, last, depth + 1)
+        return False
+
+    def _class_buffer_free(self, name: str, depth: int) -> bool:
+        cls = next((n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        if cls is None or depth > 6:
+            return False
+        for base in cls.bases:
+            b = ast.unparse(base)
+            if b not in ("nn.Module", "torch.nn.Module", "Module") and not self._class_buffer_free(b, depth + 1):
+                return False
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        calls = [n for n in ast.walk(cls) if isinstance(n, ast.Call)]
+        if any(_name(c) == "register_buffer" for c in calls):
+            return False
+        for c in (n for n in ast.walk(init) if isinstance(n, ast.Call)) if init is not None else ():
+            f, cname = c.func, _name(c)
+            recv = ast.unparse(f.value) if isinstance(f, ast.Attribute) else ""
+            if recv in ("nn", "torch.nn"):
+                if cname not in BUFFER_FREE_LAYERS:
+                    return False
+            elif recv == "torch" and cname[:1].islower():
+                continue  # a tensor (torch.zeros for an nn.Parameter)
+            elif isinstance(f, ast.Name) and cname in _PLAIN_CALLS:
+                continue
+            elif recv == "self" or (isinstance(f, ast.Attribute) and ast.unparse(f.value) == "super()"):
+                continue  # a method of the class (register_buffer ruled out above), super().__init__()
+            elif isinstance(f, ast.Name) and f.id[:1].isupper() and any(
+                    isinstance(n, ast.ClassDef) and n.name == f.id for n in ast.walk(self.tree)):
+                if not self._class_buffer_free(f.id, depth + 1) and not self._plain_class(f.id):
+                    return False
+            else:
+                return False
+        return True
+
+    def _plain_class(self, name: str) -> bool:
+        """A class of the file that is not a module (a dataclass config: ``GPTConfig(...)``)."""
+        cls = next((n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        return cls is not None and not cls.bases
 
     def forward(self, call: ast.Call) -> bool:
         """``call`` is the forward of a wrapped module that broadcasts its buffers (a collective)."""
@@ -216,4 +294,4 @@ class WrapperFlow:
                         self.w.stored.setdefault(self.scope(n), []).append((n.lineno, t.value.id, t.attr))
 
 
-__all__ = ["DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow"]
+__all__ = ["BUFFER_FREE_LAYERS", "DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow"]

@@ -1,0 +1,162 @@
+"""Rules on when ``DistributedDataParallel`` all-reduces gradients during gradient accumulation.
+
+The contract (torch/nn/parallel/distributed.py): the wrapper decides in its FORWARD whether the coming backward
+all-reduces.  ``_pre_forward`` arms the reducer only ``if torch.is_grad_enabled() and
+self.require_backward_grad_sync`` (``self.reducer.prepare_for_forward()``), and the end of the forward calls
+``self.reducer.prepare_for_backward(...)`` under the same test; ``no_sync()`` only sets
+``self.require_backward_grad_sync = False`` for the duration of its block, and its docstring warns "The forward pass
+should be included inside the context manager, or else gradients will still be synchronized."
+(https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync).
+So the flag (or the ``no_sync`` block) must cover the forward of each non-final micro-step, and the one synchronised
+micro-step must be the one whose gradients reach ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from helpers.lint.python_rules import PythonLinter
+
+_DDP_DOC = "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
+_LOSS_OPS = frozenset({"backward", "scale", "mean", "sum", "div", "float", "detach", "item", "perf_counter", "time"})
+"""Calls that may sit in a ``no_sync`` block without being a forward (loss arithmetic, a scaler, timers)."""
+
+
+def _calls(node: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+
+
+def _fname(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _loop_position(lt: PythonLinter, node: ast.AST) -> tuple[list[ast.stmt], int] | None:
+    """``(body, i)``: the body of the innermost loop around ``node`` and the index of its statement holding ``node``."""
+    child, p = node, lt.parents.get(node)
+    while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(p, (ast.For, ast.While, ast.AsyncFor)) and child in p.body:
+            return p.body, p.body.index(child)  # type: ignore[arg-type]
+        child, p = p, lt.parents.get(p)
+    return None
+
+
+def rule_sync_flag_after_forward(lt: PythonLinter) -> None:
+    """``model.require_backward_grad_sync = ...`` set after ``model(...)`` and before ``backward()`` in the same
+    micro-step: the forward already read the previous value, so this backward syncs (or not) by the last step's
+    choice (karpathy/build-nanogpt#30 showed the loss curve it costs)."""
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and node.targets[0].attr == "require_backward_grad_sync"):
+            continue
+        model = ast.unparse(node.targets[0].value)
+        where = _loop_position(lt, node)
+        if where is None:
+            continue
+        body, i = where
+        forward = next((c for s in body[:i] for c in _calls(s) if ast.unparse(c.func) == model), None)
+        backward = any(_fname(c) == "backward" for s in body[i:] for c in _calls(s))
+        if forward is not None and backward:
+            lt.add("sync-flag-after-forward", "warning", node,
+                   f"{model}.require_backward_grad_sync is set after the forward {model}(...) (line {forward.lineno}): "
+                   "DistributedDataParallel reads the flag in its forward, so the backward below all-reduces (or not) "
+                   "by the value of the previous micro-step: the last micro-step's gradients are not averaged across "
+                   "ranks and the first one of the next step is",
+                   f"set {model}.require_backward_grad_sync before {model}(...) (or run the forward and backward of "
+                   f"each non-final micro-step inside `with {model}.no_sync():`)", _DDP_DOC + "#torch.nn.parallel."
+                   "DistributedDataParallel.no_sync")
+
+
+def rule_no_sync_backward_only(lt: PythonLinter) -> None:
+    """``with model.no_sync(): loss.backward()`` with the forward outside the block: a no-op ("The forward pass should
+    be included inside the context manager, or else gradients will still be synchronized", no_sync's docstring)."""
+    for node in lt.nodes:
+        if not isinstance(node, (ast.With, ast.AsyncWith)):
+            continue
+        if not any(isinstance(it.context_expr, ast.Call) and _fname(it.context_expr) == "no_sync" for it in node.items):
+            continue
+        calls = [c for s in node.body for c in _calls(s)]
+        if any(_fname(c) == "backward" for c in calls) and all(_fname(c) in _LOSS_OPS for c in calls):
+            lt.add("no-sync-backward-only", "warning", node,
+                   "this no_sync() block holds only the backward: DistributedDataParallel decides in the forward "
+                   "whether the backward all-reduces, so with the forward outside the block the gradients are still "
+                   "all-reduced on every micro-step (no_sync: 'The forward pass should be included inside the "
+                   "context manager, or else gradients will still be synchronized')",
+                   "run the forward and the backward of each non-final micro-step inside `with model.no_sync():`",
+                   _DDP_DOC + "#torch.nn.parallel.DistributedDataParallel.no_sync")
+
+
+def _key(node: ast.AST) -> str | None:
+    """The name a counter or modulus goes by (``batch_idx``, ``self.accum_grad`` -> ``accum_grad``,
+    ``loss_dict["batch_idx"]`` -> ``batch_idx``)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value
+    return None
+
+
+def _modulo_zero(test: ast.AST) -> tuple[str, int, str, bool] | None:
+    """``(counter, offset, modulus, equal)`` of ``(counter + offset) % modulus ==/!= 0`` (``equal``: ``==``)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.NotEq))
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == 0
+            and isinstance(test.left, ast.BinOp) and isinstance(test.left.op, ast.Mod)):
+        return None
+    left, offset = test.left.left, 0
+    if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Add) and isinstance(left.right, ast.Constant) \
+            and isinstance(left.right.value, int):
+        left, offset = left.left, left.right.value
+    counter, modulus = _key(left), _key(test.left.right)
+    if counter is None or modulus is None:
+        return None
+    return counter, offset, modulus, isinstance(test.ops[0], ast.Eq)
+
+
+def rule_no_sync_misaligned(lt: PythonLinter) -> None:
+    """The micro-step that all-reduces is not the one before ``optimizer.step()``: ``no_sync`` chosen by
+    ``i % n != 0`` (so ``i % n == 0`` syncs) while the step runs when ``(i + 1) % n == 0``.  The gradients the
+    optimizer applies then hold the later micro-steps' rank-local contributions, so replicas diverge
+    (modelscope/FunASR#3472)."""
+    if "no_sync" not in lt.text:
+        return
+    syncs: list[tuple[ast.AST, tuple[str, int, str, bool]]] = []   # the predicate under which a micro-step syncs
+    steps: list[tuple[ast.AST, tuple[str, int, str, bool]]] = []
+    for node in lt.nodes:
+        if isinstance(node, ast.IfExp):
+            got = _modulo_zero(node.test)
+            if got is not None and ("no_sync" in ast.unparse(node.body)) != ("no_sync" in ast.unparse(node.orelse)):
+                no_sync_when_true = "no_sync" in ast.unparse(node.body)
+                syncs.append((node, (got[0], got[1], got[2], got[3] != no_sync_when_true)))
+        elif isinstance(node, ast.If):
+            got = _modulo_zero(node.test)
+            if got is None:
+                continue
+            if any(_fname(c) == "step" and "sched" not in ast.unparse(c.func).lower()
+                   for s in node.body for c in _calls(s)):
+                steps.append((node, got))
+    for node, (counter, off, mod, eq) in syncs:
+        for step, (s_counter, s_off, s_mod, s_eq) in steps:
+            if counter == s_counter and mod == s_mod and s_eq and (not eq or off != s_off):
+                lt.add("no-sync-misaligned", "warning", node,
+                       f"no_sync is chosen so that the micro-step with `{ast.unparse(node.test)}` "
+                       f"{'false' if eq else 'true'} all-reduces, but the optimizer steps when "
+                       f"`{ast.unparse(step.test)}` (line {step.lineno}): the synchronised micro-step is not the last "
+                       "one before the step, so the applied gradients hold rank-local contributions and the replicas "
+                       "drift apart",
+                       f"enter no_sync when the step predicate is false: `({counter} + {s_off}) % {mod} != 0`",
+                       _DDP_DOC + "#torch.nn.parallel.DistributedDataParallel.no_sync")
+                break
+
+
+def run(lt: PythonLinter) -> None:
+    """Run the gradient-synchronisation rules on ``lt``."""
+    rule_sync_flag_after_forward(lt)
+    rule_no_sync_backward_only(lt)
+    rule_no_sync_misaligned(lt)
+
+
+__all__ = ["run"]
