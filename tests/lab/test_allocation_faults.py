@@ -177,7 +177,8 @@ def test_allocation_check_sbatch_writes_the_report(tmp_path, no_leftovers):
     """configs/slurm/allocation_check.sbatch as a batch job on the lab (single-node smoke tests off to keep it short)."""
     out = tmp_path / "reports"
     env = {"RUNBOOK": str(Path(sys.executable).parent / "runbook"),
-           "RUNBOOK_DIAGNOSE_ARGS": f"--nproc 2 --ranks-per-node 1 --out-dir {out} -p RUN_SMOKE \"\" -p MULTI_STEPS nodes,job"}
+           "RUNBOOK_DIAGNOSE_ARGS": f"--nproc 2 --ranks-per-node 1 --out-dir {out} --max-bytes 4194304 -p RUN_SMOKE \"\" "
+                                    "-p MULTI_STEPS nodes,job"}
     with netlab.Lab(2, name=NAME, slurm=True) as lab:
         sub = lab.slurm(["sbatch", "--parsable", "--nodes=2", "--output", f"{tmp_path}/%x_%j.out",
                          "configs/slurm/allocation_check.sbatch"], env=env)
