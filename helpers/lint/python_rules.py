@@ -63,6 +63,13 @@ TRACKER_RUNS = {("wandb", "init"), ("mlflow", "start_run"), ("neptune", "init_ru
 rank 0 calls wandb.init"; ``group=`` is its documented one-run-per-process method 2,
 https://docs.wandb.ai/guides/track/log/distributed-training/)."""
 FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
+FILE_SAVES = {("torch", "save"), ("OmegaConf", "save")}
+"""(receiver, call) pairs that write a file named by their second argument or ``f=``: ``torch.save(obj, f)``
+(https://docs.pytorch.org/docs/stable/generated/torch.save.html), ``OmegaConf.save(config, f, resolve=False)``
+(https://omegaconf.readthedocs.io/en/latest/usage.html#save-load-yaml-file)."""
+INHERITED_SAVE = re.compile(r"^_?save_(?:\w+_)?(?:checkpoint|ckpt|snapshot)s?$")
+"""A checkpoint-saving method by its name (``save_checkpoint``, ``save_best_checkpoint``, ``_save_snapshot``): checked
+where the file calls it on ``self`` but defines it elsewhere (a base class not in the linted set)."""
 WRAPS_DDP = r"DistributedDataParallel|\bDDP\(|init_process_group|FullyShardedDataParallel"
 """A file that sets up data parallelism itself (a library file next to it runs on every rank too)."""
 
@@ -292,6 +299,7 @@ class PythonLinter:
         self.parents: dict[ast.AST, ast.AST] = {}
         self.nodes: list[ast.AST] = [self.tree]
         self._all_calls: list[ast.Call] | None = None
+        self._gating: set[ast.AST | None] | None = None
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -874,19 +882,72 @@ class PythonLinter:
             child, p = p, self.parents.get(p)
         return False
 
-    def rule_writes_on_every_rank(self) -> None:
-        """D23: a file written by every rank to the same path (a race), with no rank gate."""
-        if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
-                         r"FullyShardedDataParallel", self.text):
+    def _write_kind(self, call: ast.Call) -> str:
+        """What ``call`` writes: ``"tracker"`` (starts an experiment-tracker run, :data:`TRACKER_RUNS`), ``"file"``
+        (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`) or ``""``."""
+        recv, name = _call_name(call)
+        if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
+            return "tracker"
+        if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
+                (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
+                 and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):
+            return "file"
+        return ""
+
+    def _gates_its_writes(self) -> bool:
+        """The file rank-gates a write of its own (``if is_main_process(): OmegaConf.save(...)``, ``if not
+        is_main_process(): return`` before a save, ``if comm.is_main_process(): self.save_checkpoint(...)``): it runs
+        on every rank of a distributed job and its author gates I/O there, even when the process group and the DDP
+        wrapper are set up in another file."""
+        return bool(self._gating_functions())
+
+    def _gating_functions(self) -> set[ast.AST | None]:
+        """The functions (``None``: module level) that hold a rank-gated write (:meth:`_gates_its_writes`)."""
+        if self._gating is None:
+            self._gating = {self._enclosing_function(c) for c in self._calls()
+                            if (self._write_kind(c) or INHERITED_SAVE.match(_call_name(c)[1]))
+                            and (self._rank_gate(c) is not None or self._after_rank_exit(c))}
+        return self._gating
+
+    def _inherited_saves_every_rank(self) -> None:
+        """``self.save_best_checkpoint()`` on every rank while the same file gates ``self.save_checkpoint(epoch)``
+        under ``comm.is_main_process()``: both are checkpoint writers of a base class that is not linted (so their
+        bodies cannot be read), and the file's own gate on one says they write a shared file; the ungated one is
+        written by every process at once (kakaobrain/scrl#5: a corrupt checkpoint_best.pth).  Collective savers
+        (DeepSpeed's ``save_checkpoint``, Accelerate's ``save_state``: every rank must call them) are methods of an
+        engine, not of ``self``, and are skipped: only ``self.<name>()`` with a name the file does not define."""
+        sites = [c for c in self._calls() if _call_name(c)[0] == "self" and INHERITED_SAVE.match(_call_name(c)[1])
+                 and _call_name(c)[1] not in self.functions]
+        gated = {_call_name(c)[1] for c in sites if self._rank_gate(c) is not None or self._after_rank_exit(c)}
+        if not gated:
             return
+        for call in sites:
+            name = _call_name(call)[1]
+            if name in gated or self._rank_gate(call) is not None or self._after_rank_exit(call):
+                continue
+            fn = self._enclosing_function(call)
+            if fn is not None and self._function_only_called_gated(fn):
+                continue
+            self.add("write-on-every-rank", "warning", call,
+                     f"self.{name}() runs on every rank, while this file calls self.{sorted(gated)[0]}() only under a "
+                     "rank gate: every process writes the same checkpoint file at once (a corrupt or truncated "
+                     "checkpoint)",
+                     f"gate it like the other save: if <main process>: self.{name}()", "D23")
+
+    def rule_writes_on_every_rank(self) -> None:
+        """D23: a file written by every rank to the same path (a race), with no rank gate.
+
+        Runs in a file that sets up the distributed job itself, or that rank-gates another write of its own
+        (:meth:`_gates_its_writes`: the same file then leaves one write ungated)."""
+        if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
+                         r"FullyShardedDataParallel", self.text) and not self._gates_its_writes():
+            return
+        self._inherited_saves_every_rank()
         for call in self._calls():
             recv, name = _call_name(call)
-            tracker = (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords)
-            write = (recv == "torch" and name == "save") or name in WRITE_CALLS or \
-                    (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
-                     and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")) or \
-                    (recv == "json" and name == "dump") or tracker
-            if not write:
+            kind = self._write_kind(call)
+            tracker = kind == "tracker"
+            if not kind:
                 continue
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
                 continue
@@ -900,8 +961,9 @@ class PythonLinter:
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
             fn = self._enclosing_function(call)
-            if fn is not None and not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
-                continue  # a library function never called here: its callers decide
+            if fn is not None and fn not in self._gating_functions() and \
+                    not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
+                continue  # a library function never called here: its callers decide (unless it gates other writes)
             if fn is not None and (self._function_only_called_gated(fn) or getattr(fn, "name", "") in self.spawned_funcs
                                    and False):
                 continue
