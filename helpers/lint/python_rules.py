@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
-from helpers.lint.wrappers import WrapperFlow
+from helpers.lint.wrappers import WrapperFlow, unbound_after_wrap
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -526,6 +526,7 @@ class PythonLinter:
         self.rule_master_port_and_timeout()
         self.rule_ddp_wrapper_attribute()
         self.rule_amp_initialize_after_ddp()
+        self.rule_unbound_after_ddp_branch()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -998,6 +999,20 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def rule_unbound_after_ddp_branch(self) -> None:
+        """A name bound only in the non-DDP branch of ``if ddp: model = DDP(model) else: ...`` and read after it:
+        ``UnboundLocalError`` on the DDP path only (:func:`helpers.lint.wrappers.unbound_after_wrap`; Python's name
+        resolution, https://docs.python.org/3/reference/executionmodel.html#resolution-of-names)."""
+        if not re.search(r"DistributedDataParallel|\bDDP\b", self.text):
+            return
+        for read, branch in unbound_after_wrap(self.tree, self.parents):
+            self.add("unbound-after-ddp-branch", "warning", read,
+                     f"'{read.id}' is read here but bound only in the branch of line {branch.lineno} that does not "
+                     "wrap the model in DistributedDataParallel: under DDP it is never assigned "
+                     f"(UnboundLocalError: cannot access local variable '{read.id}')",
+                     f"bind {read.id} in the DDP branch too (e.g. {read.id} = model.module) or before the if",
+                     "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
 
     def rule_amp_initialize_after_ddp(self) -> None:
         """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,
