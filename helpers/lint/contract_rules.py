@@ -230,11 +230,24 @@ def _collective_before_init(lt: PythonLinter) -> None:
 
 def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
     """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0."""
+    from helpers.lint.python_rules import _call_name
+    from helpers.lint.wrappers import DDP_CTOR
+
     text = re.sub(r"#.*", "", lt.text)  # what the code does, not what its comments say
+    own = bool(re.search(r"set_device|torch\.cuda\.device\(|device_id\s*=|CUDA_VISIBLE_DEVICES|Accelerator\(|"
+                         r"deepspeed\.initialize|init_device_mesh|Fabric\(", text))
+    trainer = bool(re.search(r"Trainer\(", text))  # Lightning's / HF's Trainer binds it (not a class of the case's own)
+    binds = own or trainer
+    # for the case-wide form (cross_rules.nccl_unbound_across_files)
+    sc.extra["binds_device"] = own
+    sc.extra["calls_trainer"] = trainer and bool(re.search(r"(?<!class )\bTrainer\(", text))
+    sc.extra["defines_trainer"] = "Trainer" in lt.functions or any(
+        isinstance(n, ast.ClassDef) and n.name == "Trainer" for n in lt.nodes)
+    sc.extra["ddp_device_ids"] = next((c.lineno for c in lt._calls() if DDP_CTOR.match(_call_name(c)[1])
+                                       and any(k.arg == "device_ids" for k in c.keywords)), 0)
     if sc.backend != "nccl" or sc.spawns:
         return
-    if re.search(r"set_device|torch\.cuda\.device\(|device_id\s*=|CUDA_VISIBLE_DEVICES|Accelerator\(|"
-                 r"deepspeed\.initialize|init_device_mesh|Fabric\(|Trainer\(", text):
+    if binds:
         return  # the device is bound (or a framework binds it)
     bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
                      r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)

@@ -289,3 +289,34 @@ def test_name_bound_only_outside_the_ddp_branch():
     same_test = UNBOUND.format(ddp_extra="pass").replace("    ema = AveragedModel(model_module)",
                                                          "    if not args.ddp:\n        ema = AveragedModel(model_module)")
     assert "unbound-after-ddp-branch" not in found(("t.py", same_test))
+
+
+MAIN_PY = """
+import os, torch.distributed as dist
+from training import Trainer
+local_rank = int(os.environ["LOCAL_RANK"])
+{bind}
+dist.init_process_group(backend="nccl")
+Trainer().run()
+"""
+TRAINING_PY = """
+import os, torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+DEVICE = torch.device(f"cuda:{LOCAL_RANK}")
+
+class Trainer:
+    def __init__(self):
+        self.model = DDP(make_model().to(DEVICE), device_ids=[LOCAL_RANK], output_device=LOCAL_RANK)
+"""
+
+
+def test_nccl_device_binding_is_judged_over_the_case_files():
+    """DDP's docstring: each process works on one GPU via CUDA_VISIBLE_DEVICES or torch.cuda.set_device(i); the group,
+    the wrapper and the device live in different files here, and no file binds it."""
+    assert found(("main.py", MAIN_PY.format(bind="")), ("training.py", TRAINING_PY))["nccl-no-device-binding"] == \
+        ["WARN"]
+    bound = MAIN_PY.format(bind="torch.cuda.set_device(local_rank)")
+    assert "nccl-no-device-binding" not in found(("main.py", bound), ("training.py", TRAINING_PY))
+    # one file alone with an explicit per-rank device is left to the single-file rule (bare 'cuda' only)
+    assert "nccl-no-device-binding" not in found(("main.py", MAIN_PY.format(bind="") + TRAINING_PY))
