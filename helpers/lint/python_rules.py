@@ -527,6 +527,7 @@ class PythonLinter:
         self.rule_ddp_wrapper_attribute()
         self.rule_amp_initialize_after_ddp()
         self.rule_unbound_after_ddp_branch()
+        self.rule_metric_not_reduced()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -1013,6 +1014,70 @@ class PythonLinter:
                      f"(UnboundLocalError: cannot access local variable '{read.id}')",
                      f"bind {read.id} in the DDP branch too (e.g. {read.id} = model.module) or before the if",
                      "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
+
+    def _rank0_helpers(self) -> set[str]:
+        """Functions of the file whose whole body runs under one rank gate (``def print0(*a): if RANK == 0:
+        print(*a)``): calling one is logging on the main process only."""
+        out = set()
+        for name, fn in self.functions.items():
+            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if len(body) == 1 and isinstance(body[0], ast.If) and not body[0].orelse and \
+                    self.taint.rank_test(body[0].test):
+                out.add(name)
+        return out
+
+    def rule_metric_not_reduced(self) -> None:
+        """A loss summed from ``loss.item()`` in a loop (``lossf += loss.item()``) and logged on the main process only, with no
+        collective over it anywhere in the file: under DDP each rank's loss is that of its own shard of the batch
+        (DistributedDataParallel averages the *gradients*, "During the backwards pass, gradients from each node are
+        averaged", torch/nn/parallel/distributed.py), so the printed "train loss" is rank 0's shard, not the job's
+        mean (karpathy/llm.c#551: "our PyTorch losses were not reduced that caused us to think we have a divergence").
+        The reference practice all-reduces before logging (pytorch/examples imagenet/main.py ``AverageMeter.all_reduce``,
+        https://github.com/pytorch/examples/blob/main/imagenet/main.py).  Info: rank 0's shard is often accepted as an
+        estimate on purpose; the finding says which number is printed."""
+        if not re.search(WRAPS_DDP, self.text) or "item()" not in self.text:
+            return
+        accumulated: dict[str, list[tuple[ast.AST, str]]] = {}
+        for n in self.nodes:
+            if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and self._in_loop(n):
+                targets = [n.target]
+                for c in ast.walk(n.value):
+                    if isinstance(c, ast.Call) and _call_name(c)[1] == "item" and isinstance(c.func, ast.Attribute) \
+                            and "loss" in _src(c.func.value).lower():
+                        for t in targets:
+                            if isinstance(t, ast.Name):
+                                root = next((x.id for x in ast.walk(c.func.value) if isinstance(x, ast.Name)), "")
+                                accumulated.setdefault(t.id, []).append((n, root))
+        if not accumulated:
+            return
+        reduced: set[str] = set()
+        for c in self._calls():
+            name = _call_name(c)[1]
+            if "reduce" in name or "gather" in name or name in ("broadcast", "all_to_all"):
+                reduced.update(x.id for a in [*c.args, *(k.value for k in c.keywords)] for x in ast.walk(a)
+                               if isinstance(x, ast.Name))
+        for _ in range(2):  # `t = torch.tensor(lossf); dist.all_reduce(t)` reduces lossf too
+            for n in self.nodes:
+                if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in reduced for t in n.targets):
+                    reduced.update(x.id for x in ast.walk(n.value) if isinstance(x, ast.Name))
+        helpers = self._rank0_helpers()
+        for var, sources in accumulated.items():
+            if var in reduced or any(root in reduced for _n, root in sources):
+                continue  # reduced, or also assigned from a reduced tensor (`li = reduced.item()` under DDP)
+            node, root = min(sources, key=lambda s: s[0].lineno)
+            for c in self._calls():
+                gated = _call_name(c)[1] in helpers or self._rank_gate(c) is not None
+                if not gated or not any(isinstance(x, ast.Name) and x.id == var
+                                        for a in [*c.args, *(k.value for k in c.keywords)] for x in ast.walk(a)):
+                    continue
+                self.add("metric-not-reduced", "info", c,
+                         f"'{var}' (summed from {root}.item() at line {node.lineno}) is logged on the main process "
+                         "only and never reduced across ranks: under DDP it is rank 0's shard loss, not the mean "
+                         "over the job",
+                         f"all-reduce before logging: t = torch.tensor({var}, device=device); "
+                         "dist.all_reduce(t, op=dist.ReduceOp.AVG)",
+                         "https://github.com/karpathy/llm.c/pull/551")
+                break
 
     def rule_amp_initialize_after_ddp(self) -> None:
         """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,

@@ -320,3 +320,34 @@ def test_nccl_device_binding_is_judged_over_the_case_files():
     assert "nccl-no-device-binding" not in found(("main.py", bound), ("training.py", TRAINING_PY))
     # one file alone with an explicit per-rank device is left to the single-file rule (bare 'cuda' only)
     assert "nccl-no-device-binding" not in found(("main.py", MAIN_PY.format(bind="") + TRAINING_PY))
+
+
+LOSS_LOG = """
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("nccl", timeout=t)
+model = DDP(net, device_ids=[local_rank])
+
+def print0(*a):
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*a)
+
+for step in range(10):
+    lossf = 0.0
+    for micro in range(4):
+        loss = model(x, y)
+        lossf += loss.item()
+    {reduce}
+    print0(f"train loss {{lossf:.4f}}")
+"""
+
+
+def test_loss_summed_on_each_rank_and_printed_by_rank0_only():
+    """DDP averages gradients, not the loss: a `lossf += loss.item()` printed by rank 0 alone is its shard's value
+    (karpathy/llm.c#551); reduced first, it is the job's mean."""
+    got = found(("t.py", LOSS_LOG.format(reduce="pass")))
+    assert got["metric-not-reduced"] == ["INFO"]
+    reduced = LOSS_LOG.format(reduce="t = torch.tensor(lossf, device=dev); dist.all_reduce(t); lossf = t.item()")
+    assert "metric-not-reduced" not in found(("t.py", reduced))
+    every_rank = LOSS_LOG.format(reduce="pass").replace('print0(f"train', 'print(f"train')
+    assert "metric-not-reduced" not in found(("t.py", every_rank))
