@@ -520,10 +520,10 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
                _TORCHRUN + "#environment-variables")
 
 
-_MAIN_NAME = re.compile(r"^_?(?:if_|is_)?(?:main_process|main_proc|main|master|master_process|rank_?0|rank_zero|"
-                        r"primary|global_zero|chief)$", re.IGNORECASE)
+_MAIN_NAME = re.compile(r"^_?(?:(?:if_|is_)(?:main|master|primary|chief)|(?:if_|is_)?(?:main_process|main_proc|"
+                        r"master_process|rank_?0|rank_zero|global_zero))$", re.IGNORECASE)
 """A function whose name promises the one process of the whole job (``is_main_process``, ``if_main_process``,
-``is_master``, ``is_rank_0``), as opposed to one per node (``is_local_main_process``, ``is_local_rank_zero``)."""
+``is_master``, ``is_rank_0``; not ``main``, the entry point), as opposed to one per node (``is_local_main_process``, ``is_local_rank_zero``)."""
 
 
 def rule_main_process_by_local_rank(lt: PythonLinter) -> None:

@@ -351,3 +351,8 @@ def test_loss_summed_on_each_rank_and_printed_by_rank0_only():
     assert "metric-not-reduced" not in found(("t.py", reduced))
     every_rank = LOSS_LOG.format(reduce="pass").replace('print0(f"train', 'print(f"train')
     assert "metric-not-reduced" not in found(("t.py", every_rank))
+
+
+def test_an_entry_point_named_main_is_not_a_main_process_test():
+    entry = "import os\ndef main():\n    if int(os.environ['LOCAL_RANK']) == 0:\n        download()\n"
+    assert "local-rank-as-global-rank" not in found(("t.py", entry))
