@@ -65,6 +65,8 @@ RULES: dict[str, str] = {
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",
+    "metric-not-reduced": "https://github.com/karpathy/llm.c/pull/551",
+    "unbound-after-ddp-branch": "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names",
     # helpers.lint.grad_sync_rules (DDP's require_backward_grad_sync / no_sync contract)
     "sync-flag-after-forward": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "no-sync-backward-only": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",

@@ -230,11 +230,24 @@ def _collective_before_init(lt: PythonLinter) -> None:
 
 def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
     """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0."""
+    from helpers.lint.python_rules import _call_name
+    from helpers.lint.wrappers import DDP_CTOR
+
     text = re.sub(r"#.*", "", lt.text)  # what the code does, not what its comments say
+    own = bool(re.search(r"set_device|torch\.cuda\.device\(|device_id\s*=|CUDA_VISIBLE_DEVICES|Accelerator\(|"
+                         r"deepspeed\.initialize|init_device_mesh|Fabric\(", text))
+    trainer = bool(re.search(r"Trainer\(", text))  # Lightning's / HF's Trainer binds it (not a class of the case's own)
+    binds = own or trainer
+    # for the case-wide form (cross_rules.nccl_unbound_across_files)
+    sc.extra["binds_device"] = own
+    sc.extra["calls_trainer"] = trainer and bool(re.search(r"(?<!class )\bTrainer\(", text))
+    sc.extra["defines_trainer"] = "Trainer" in lt.functions or any(
+        isinstance(n, ast.ClassDef) and n.name == "Trainer" for n in lt.nodes)
+    sc.extra["ddp_device_ids"] = next((c.lineno for c in lt._calls() if DDP_CTOR.match(_call_name(c)[1])
+                                       and any(k.arg == "device_ids" for k in c.keywords)), 0)
     if sc.backend != "nccl" or sc.spawns:
         return
-    if re.search(r"set_device|torch\.cuda\.device\(|device_id\s*=|CUDA_VISIBLE_DEVICES|Accelerator\(|"
-                 r"deepspeed\.initialize|init_device_mesh|Fabric\(|Trainer\(", text):
+    if binds:
         return  # the device is bound (or a framework binds it)
     bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
                      r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)
@@ -505,6 +518,55 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
                "shard (duplicated data, a wrongly assembled model) and the rest is never used",
                "use the global rank: int(os.environ['RANK']) / dist.get_rank(); keep LOCAL_RANK for the device only",
                _TORCHRUN + "#environment-variables")
+
+
+_MAIN_NAME = re.compile(r"^_?(?:(?:if_|is_)(?:main|master|primary|chief)|(?:if_|is_)?(?:main_process|main_proc|"
+                        r"master_process|rank_?0|rank_zero|global_zero))$", re.IGNORECASE)
+"""A function whose name promises the one process of the whole job (``is_main_process``, ``if_main_process``,
+``is_master``, ``is_rank_0``; not ``main``, the entry point), as opposed to one per node (``is_local_main_process``, ``is_local_rank_zero``)."""
+
+
+def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
+    """A "main process" test decided by the node-local rank: ``def if_main_process(): return
+    int(os.environ["LOCAL_RANK"]) == 0``.  LOCAL_RANK repeats 0..N-1 on every node (torchrun: "LOCAL_RANK - The
+    local rank", "RANK - The global rank", ``_TORCHRUN``), so with two nodes two processes pass the test, and what it
+    guards (data preparation, checkpoint and log writes, ``run_on_main``) runs once per node on the same shared files.
+    Accelerate keeps the two apart for this reason: ``is_main_process`` is "True for one process only",
+    ``is_local_main_process`` "True for one process per server" (``_ACC``).  Flagged where a function named for the
+    job's main process (:data:`_MAIN_NAME`, without "local"/"node") compares a local rank with 0 and reads no global
+    rank (``RANK``, ``get_rank()``) or node rank; a warning (an error under a multi-node launch, cross_rules.settle)."""
+    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|get_local_rank", lt.text):
+        return
+    local = _Local(lt)
+    for name, fn in lt.functions.items():
+        if not _MAIN_NAME.match(name):
+            continue
+        nodes = list(ast.walk(fn))
+        if any(lt.taint.is_global_rank(n) or _node_rank(n) for n in nodes):
+            continue
+        for n in nodes:
+            if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Eq, ast.NotEq)) and \
+                    any(local.is_local(x) for x in (n.left, n.comparators[0])) and \
+                    any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in (n.left, n.comparators[0])):
+                lt.add("local-rank-as-global-rank", "warning", n,
+                       f"{name}() decides the main process by {ast.unparse(n)[:60]}: every node has a local rank 0, "
+                       f"so on several nodes {name}() is true once per node and what it guards (file writes, data "
+                       "preparation) runs on each node at once",
+                       "compare the global rank: dist.get_rank() == 0 / int(os.environ['RANK']) == 0 (keep the "
+                       "local-rank test for once-per-node work, under a name that says so)",
+                       _TORCHRUN + "#environment-variables")
+                break
+
+
+def _node_rank(node: ast.AST) -> bool:
+    """``node`` reads the node's index (``NODE_RANK``/``GROUP_RANK``/``SLURM_NODEID``, ``node_rank``)."""
+    from helpers.lint.python_rules import _env_key
+
+    if isinstance(node, ast.Name):
+        return node.id in ("node_rank", "group_rank", "node_id")
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("node_rank", "group_rank")
+    return isinstance(node, (ast.Subscript, ast.Call)) and _env_key(node) in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
 
 
 def rule_same_seed_every_rank(lt: PythonLinter) -> None:
@@ -790,6 +852,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_syncbn_without_ddp(lt)
     rule_load_without_map_location(lt)
     rule_local_rank_as_global_rank(lt)
+    rule_main_process_by_local_rank(lt)
     rule_same_device_every_rank(lt)
     rule_same_seed_every_rank(lt)
     rule_lr_steps_from_dataset_length(lt)

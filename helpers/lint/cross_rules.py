@@ -114,7 +114,45 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "'ProcessGroupNCCL is only supported with GPUs, no GPUs found!'",
                 "request GPUs (#SBATCH --gpus-per-node=N) or use backend='gloo' on CPU nodes", _INIT))
     out += _lightning(facts, launches)
+    out += nccl_unbound_across_files(facts)
     return out
+
+
+_DDP_SRC = "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py"
+
+
+def nccl_unbound_across_files(facts: Sequence[object]) -> list[Check]:
+    """The nccl process group, the DDP wrapper and the device in different files of one case, and no file binds the
+    device: ``dist.init_process_group("nccl")`` in ``main.py``, ``DDP(model, device_ids=[LOCAL_RANK])`` in
+    ``training.py``, tensors sent to ``cuda:{LOCAL_RANK}`` explicitly, ``torch.cuda.set_device`` nowhere.  DDP's
+    contract: "spawn up N processes, ensuring that each process exclusively works on a single GPU from 0 to N-1.
+    This can be done by either setting CUDA_VISIBLE_DEVICES for every process or by calling
+    torch.cuda.set_device(i)" (the class docstring, torch/nn/parallel/distributed.py, ``_DDP_SRC``); without it the
+    current device of every rank stays cuda:0, so the NCCL communicator, object collectives ("the device used is
+    given by torch.cuda.current_device()", ``_INIT`` all_gather_object) and implicit CUDA work put a context on GPU 0
+    for every rank (deepmodeling/deepmd-kit: GPU 0 runs out of memory first).  Only where the linted files hold both
+    the nccl ``init_process_group`` and a ``DistributedDataParallel(device_ids=...)`` (the whole set-up is in view)
+    and none binds the device; a single file with a bare ``'cuda'`` is the error ``nccl-no-device-binding`` of
+    :func:`helpers.lint.contract_rules.rule_nccl_no_device_binding` already.  A warning: a launcher may set
+    ``CUDA_VISIBLE_DEVICES`` per process."""
+    contracts = [(f.path, f.contract) for f in facts if getattr(f, "contract", None) is not None]  # type: ignore[attr-defined]
+    if len(contracts) < 2 or any(sc.extra.get("binds_device") or sc.spawns for _p, sc in contracts):
+        return []
+    if any(sc.extra.get("calls_trainer") for _p, sc in contracts) and \
+            not any(sc.extra.get("defines_trainer") for _p, sc in contracts):
+        return []  # a framework Trainer (Lightning, HF) binds the device; a Trainer class of the case's own does not
+    inits = [(p, sc) for p, sc in contracts if sc.backend == "nccl" and sc.init_line]
+    ddp = [(p, sc.extra["ddp_device_ids"]) for p, sc in contracts if sc.extra.get("ddp_device_ids")]
+    if not inits or not ddp or all(p == inits[0][0] for p, _line in ddp):
+        return []
+    path, sc = inits[0]
+    where = ", ".join(f"{os.path.basename(p)}:{line}" for p, line in ddp)
+    return [finding("nccl-no-device-binding", "warning", path, sc.init_line,
+                    f"init_process_group('nccl') here and DistributedDataParallel(device_ids=...) at {where}, but no "
+                    "linted file calls torch.cuda.set_device(local_rank): every rank's current device stays cuda:0, "
+                    "so NCCL and implicit CUDA work put a context and buffers of every rank on GPU 0",
+                    "torch.cuda.set_device(local_rank) before init_process_group (or "
+                    "init_process_group(..., device_id=torch.device('cuda', local_rank)))", _DDP_SRC)]
 
 
 def _nodes(spec: LaunchSpec | None, text: str) -> int:

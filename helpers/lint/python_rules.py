@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
-from helpers.lint.wrappers import WrapperFlow
+from helpers.lint.wrappers import WrapperFlow, unbound_after_wrap
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -63,6 +63,13 @@ TRACKER_RUNS = {("wandb", "init"), ("mlflow", "start_run"), ("neptune", "init_ru
 rank 0 calls wandb.init"; ``group=`` is its documented one-run-per-process method 2,
 https://docs.wandb.ai/guides/track/log/distributed-training/)."""
 FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
+FILE_SAVES = {("torch", "save"), ("OmegaConf", "save")}
+"""(receiver, call) pairs that write a file named by their second argument or ``f=``: ``torch.save(obj, f)``
+(https://docs.pytorch.org/docs/stable/generated/torch.save.html), ``OmegaConf.save(config, f, resolve=False)``
+(https://omegaconf.readthedocs.io/en/latest/usage.html#save-load-yaml-file)."""
+INHERITED_SAVE = re.compile(r"^_?save_(?:\w+_)?(?:checkpoint|ckpt|snapshot)s?$")
+"""A checkpoint-saving method by its name (``save_checkpoint``, ``save_best_checkpoint``, ``_save_snapshot``): checked
+where the file calls it on ``self`` but defines it elsewhere (a base class not in the linted set)."""
 WRAPS_DDP = r"DistributedDataParallel|\bDDP\(|init_process_group|FullyShardedDataParallel"
 """A file that sets up data parallelism itself (a library file next to it runs on every rank too)."""
 
@@ -292,6 +299,7 @@ class PythonLinter:
         self.parents: dict[ast.AST, ast.AST] = {}
         self.nodes: list[ast.AST] = [self.tree]
         self._all_calls: list[ast.Call] | None = None
+        self._gating: set[ast.AST | None] | None = None
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -518,6 +526,8 @@ class PythonLinter:
         self.rule_master_port_and_timeout()
         self.rule_ddp_wrapper_attribute()
         self.rule_amp_initialize_after_ddp()
+        self.rule_unbound_after_ddp_branch()
+        self.rule_metric_not_reduced()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -874,19 +884,72 @@ class PythonLinter:
             child, p = p, self.parents.get(p)
         return False
 
-    def rule_writes_on_every_rank(self) -> None:
-        """D23: a file written by every rank to the same path (a race), with no rank gate."""
-        if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
-                         r"FullyShardedDataParallel", self.text):
+    def _write_kind(self, call: ast.Call) -> str:
+        """What ``call`` writes: ``"tracker"`` (starts an experiment-tracker run, :data:`TRACKER_RUNS`), ``"file"``
+        (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`) or ``""``."""
+        recv, name = _call_name(call)
+        if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
+            return "tracker"
+        if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
+                (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
+                 and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):
+            return "file"
+        return ""
+
+    def _gates_its_writes(self) -> bool:
+        """The file rank-gates a write of its own (``if is_main_process(): OmegaConf.save(...)``, ``if not
+        is_main_process(): return`` before a save, ``if comm.is_main_process(): self.save_checkpoint(...)``): it runs
+        on every rank of a distributed job and its author gates I/O there, even when the process group and the DDP
+        wrapper are set up in another file."""
+        return bool(self._gating_functions())
+
+    def _gating_functions(self) -> set[ast.AST | None]:
+        """The functions (``None``: module level) that hold a rank-gated write (:meth:`_gates_its_writes`)."""
+        if self._gating is None:
+            self._gating = {self._enclosing_function(c) for c in self._calls()
+                            if (self._write_kind(c) or INHERITED_SAVE.match(_call_name(c)[1]))
+                            and (self._rank_gate(c) is not None or self._after_rank_exit(c))}
+        return self._gating
+
+    def _inherited_saves_every_rank(self) -> None:
+        """``self.save_best_checkpoint()`` on every rank while the same file gates ``self.save_checkpoint(epoch)``
+        under ``comm.is_main_process()``: both are checkpoint writers of a base class that is not linted (so their
+        bodies cannot be read), and the file's own gate on one says they write a shared file; the ungated one is
+        written by every process at once (kakaobrain/scrl#5: a corrupt checkpoint_best.pth).  Collective savers
+        (DeepSpeed's ``save_checkpoint``, Accelerate's ``save_state``: every rank must call them) are methods of an
+        engine, not of ``self``, and are skipped: only ``self.<name>()`` with a name the file does not define."""
+        sites = [c for c in self._calls() if _call_name(c)[0] == "self" and INHERITED_SAVE.match(_call_name(c)[1])
+                 and _call_name(c)[1] not in self.functions]
+        gated = {_call_name(c)[1] for c in sites if self._rank_gate(c) is not None or self._after_rank_exit(c)}
+        if not gated:
             return
+        for call in sites:
+            name = _call_name(call)[1]
+            if name in gated or self._rank_gate(call) is not None or self._after_rank_exit(call):
+                continue
+            fn = self._enclosing_function(call)
+            if fn is not None and self._function_only_called_gated(fn):
+                continue
+            self.add("write-on-every-rank", "warning", call,
+                     f"self.{name}() runs on every rank, while this file calls self.{sorted(gated)[0]}() only under a "
+                     "rank gate: every process writes the same checkpoint file at once (a corrupt or truncated "
+                     "checkpoint)",
+                     f"gate it like the other save: if <main process>: self.{name}()", "D23")
+
+    def rule_writes_on_every_rank(self) -> None:
+        """D23: a file written by every rank to the same path (a race), with no rank gate.
+
+        Runs in a file that sets up the distributed job itself, or that rank-gates another write of its own
+        (:meth:`_gates_its_writes`: the same file then leaves one write ungated)."""
+        if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
+                         r"FullyShardedDataParallel", self.text) and not self._gates_its_writes():
+            return
+        self._inherited_saves_every_rank()
         for call in self._calls():
             recv, name = _call_name(call)
-            tracker = (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords)
-            write = (recv == "torch" and name == "save") or name in WRITE_CALLS or \
-                    (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
-                     and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")) or \
-                    (recv == "json" and name == "dump") or tracker
-            if not write:
+            kind = self._write_kind(call)
+            tracker = kind == "tracker"
+            if not kind:
                 continue
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
                 continue
@@ -900,8 +963,9 @@ class PythonLinter:
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
             fn = self._enclosing_function(call)
-            if fn is not None and not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
-                continue  # a library function never called here: its callers decide
+            if fn is not None and fn not in self._gating_functions() and \
+                    not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
+                continue  # a library function never called here: its callers decide (unless it gates other writes)
             if fn is not None and (self._function_only_called_gated(fn) or getattr(fn, "name", "") in self.spawned_funcs
                                    and False):
                 continue
@@ -936,6 +1000,84 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def rule_unbound_after_ddp_branch(self) -> None:
+        """A name bound only in the non-DDP branch of ``if ddp: model = DDP(model) else: ...`` and read after it:
+        ``UnboundLocalError`` on the DDP path only (:func:`helpers.lint.wrappers.unbound_after_wrap`; Python's name
+        resolution, https://docs.python.org/3/reference/executionmodel.html#resolution-of-names)."""
+        if not re.search(r"DistributedDataParallel|\bDDP\b", self.text):
+            return
+        for read, branch in unbound_after_wrap(self.tree, self.parents):
+            self.add("unbound-after-ddp-branch", "warning", read,
+                     f"'{read.id}' is read here but bound only in the branch of line {branch.lineno} that does not "
+                     "wrap the model in DistributedDataParallel: under DDP it is never assigned "
+                     f"(UnboundLocalError: cannot access local variable '{read.id}')",
+                     f"bind {read.id} in the DDP branch too (e.g. {read.id} = model.module) or before the if",
+                     "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
+
+    def _rank0_helpers(self) -> set[str]:
+        """Functions of the file whose whole body runs under one rank gate (``def print0(*a): if RANK == 0:
+        print(*a)``): calling one is logging on the main process only."""
+        out = set()
+        for name, fn in self.functions.items():
+            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if len(body) == 1 and isinstance(body[0], ast.If) and not body[0].orelse and \
+                    self.taint.rank_test(body[0].test):
+                out.add(name)
+        return out
+
+    def rule_metric_not_reduced(self) -> None:
+        """A loss summed from ``loss.item()`` in a loop (``lossf += loss.item()``) and logged on the main process only, with no
+        collective over it anywhere in the file: under DDP each rank's loss is that of its own shard of the batch
+        (DistributedDataParallel averages the *gradients*, "During the backwards pass, gradients from each node are
+        averaged", torch/nn/parallel/distributed.py), so the printed "train loss" is rank 0's shard, not the job's
+        mean (karpathy/llm.c#551: "our PyTorch losses were not reduced that caused us to think we have a divergence").
+        The reference practice all-reduces before logging (pytorch/examples imagenet/main.py ``AverageMeter.all_reduce``,
+        https://github.com/pytorch/examples/blob/main/imagenet/main.py).  Info: rank 0's shard is often accepted as an
+        estimate on purpose; the finding says which number is printed."""
+        if not re.search(WRAPS_DDP, self.text) or "item()" not in self.text:
+            return
+        accumulated: dict[str, list[tuple[ast.AST, str]]] = {}
+        for n in self.nodes:
+            if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and self._in_loop(n):
+                targets = [n.target]
+                for c in ast.walk(n.value):
+                    if isinstance(c, ast.Call) and _call_name(c)[1] == "item" and isinstance(c.func, ast.Attribute) \
+                            and "loss" in _src(c.func.value).lower():
+                        for t in targets:
+                            if isinstance(t, ast.Name):
+                                root = next((x.id for x in ast.walk(c.func.value) if isinstance(x, ast.Name)), "")
+                                accumulated.setdefault(t.id, []).append((n, root))
+        if not accumulated:
+            return
+        reduced: set[str] = set()
+        for c in self._calls():
+            name = _call_name(c)[1]
+            if "reduce" in name or "gather" in name or name in ("broadcast", "all_to_all"):
+                reduced.update(x.id for a in [*c.args, *(k.value for k in c.keywords)] for x in ast.walk(a)
+                               if isinstance(x, ast.Name))
+        for _ in range(2):  # `t = torch.tensor(lossf); dist.all_reduce(t)` reduces lossf too
+            for n in self.nodes:
+                if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in reduced for t in n.targets):
+                    reduced.update(x.id for x in ast.walk(n.value) if isinstance(x, ast.Name))
+        helpers = self._rank0_helpers()
+        for var, sources in accumulated.items():
+            if var in reduced or any(root in reduced for _n, root in sources):
+                continue  # reduced, or also assigned from a reduced tensor (`li = reduced.item()` under DDP)
+            node, root = min(sources, key=lambda s: s[0].lineno)
+            for c in self._calls():
+                gated = _call_name(c)[1] in helpers or self._rank_gate(c) is not None
+                if not gated or not any(isinstance(x, ast.Name) and x.id == var
+                                        for a in [*c.args, *(k.value for k in c.keywords)] for x in ast.walk(a)):
+                    continue
+                self.add("metric-not-reduced", "info", c,
+                         f"'{var}' (summed from {root}.item() at line {node.lineno}) is logged on the main process "
+                         "only and never reduced across ranks: under DDP it is rank 0's shard loss, not the mean "
+                         "over the job",
+                         f"all-reduce before logging: t = torch.tensor({var}, device=device); "
+                         "dist.all_reduce(t, op=dist.ReduceOp.AVG)",
+                         "https://github.com/karpathy/llm.c/pull/551")
+                break
 
     def rule_amp_initialize_after_ddp(self) -> None:
         """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,

@@ -294,4 +294,106 @@ class WrapperFlow:
                         self.w.stored.setdefault(self.scope(n), []).append((n.lineno, t.value.id, t.attr))
 
 
-__all__ = ["BUFFER_FREE_LAYERS", "DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow"]
+def _bound(stmts: list[ast.stmt]) -> set[str]:
+    """Names bound anywhere in ``stmts`` (assignment, ``for``/``with`` targets, imports, walrus, ``def``/``class``,
+    ``except ... as``), nested function bodies included (an over-approximation: fewer findings)."""
+    out: set[str] = set()
+    for stmt in stmts:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                out.add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in n.names)
+            elif isinstance(n, ast.ExceptHandler) and n.name:
+                out.add(n.name)
+            elif isinstance(n, (ast.Global, ast.Nonlocal)):
+                out.update(n.names)
+    return out
+
+
+def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> list[tuple[ast.Name, ast.If]]:
+    """Names bound only in the branch that does NOT build the DDP wrapper and read after the ``if``/``else``:
+    ``if ddp: model = DDP(model) else: model_module = model.module ...`` then ``AveragedModel(model_module)``.
+    Python decides a function's local names at compile time and "if the name refers to a local variable that has
+    not been bound, a UnboundLocalError exception is raised" (at module level a NameError;
+    https://docs.python.org/3/reference/executionmodel.html#resolution-of-names), so the DDP run (the path a
+    single-GPU test never takes) fails there.  Only names not bound before the ``if`` in the same scope, not bound in
+    the DDP branch, and whose first mention after the ``if`` in its block is a read; a DDP branch that ends in
+    ``return``/``raise`` never reaches the read.
+
+    Returns:
+        ``[(the Name read, the if statement)]``, one per name.
+    """
+    out: list[tuple[ast.Name, ast.If]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and node.orelse):
+            continue
+        branches = (node.body, node.orelse)
+        ddp = [any(isinstance(c, ast.Call) and DDP_CTOR.match(_name(c)) for s in b for c in ast.walk(s))
+               for b in branches]
+        if ddp[0] == ddp[1]:
+            continue
+        wrap, other = (node.body, node.orelse) if ddp[0] else (node.orelse, node.body)
+        if isinstance(wrap[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+            continue
+        only = _bound(other) - _bound(wrap)
+        if not only:
+            continue
+        block, scope = _block_of(node, parents)
+        if block is None:
+            continue
+        before = _bound(block[:block.index(node)])
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = scope.args
+            before |= {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+            before |= _bound([s for s in scope.body if isinstance(s, (ast.Global, ast.Nonlocal))])
+        else:
+            continue  # module level: other modules may bind the name (from x import *), keep to functions
+        only -= before
+        after = block[block.index(node) + 1:]
+        mentions = sorted((n for s in after for n in ast.walk(s) if isinstance(n, ast.Name) and n.id in only),
+                          key=lambda n: (n.lineno, n.col_offset))
+        seen: set[str] = set()
+        for n in mentions:
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if isinstance(n.ctx, ast.Load) and not _under_same_test(n, node, parents):
+                out.append((n, node))
+    return out
+
+
+def _under_same_test(read: ast.AST, branch: ast.If, parents: Mapping[ast.AST, ast.AST]) -> bool:
+    """``read`` sits under an ``if``/conditional expression that tests a name the DDP ``if`` tested too
+    (``if not ddp: use(model_module)``): the same condition guards both, so the read is on the bound path."""
+    names = {n.id for n in ast.walk(branch.test) if isinstance(n, ast.Name)} | \
+            {n.attr for n in ast.walk(branch.test) if isinstance(n, ast.Attribute)}
+    p = parents.get(read)
+    while p is not None and p is not branch:
+        if isinstance(p, (ast.If, ast.IfExp, ast.While)) and \
+                any(isinstance(n, ast.Name) and n.id in names or isinstance(n, ast.Attribute) and n.attr in names
+                    for n in ast.walk(p.test)):
+            return True
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            break
+        p = parents.get(p)
+    return False
+
+
+def _block_of(node: ast.stmt, parents: Mapping[ast.AST, ast.AST]) -> tuple[list[ast.stmt] | None, ast.AST | None]:
+    """The statement list holding ``node`` and the enclosing function (or module)."""
+    parent = parents.get(node)
+    block = None
+    for fld in ("body", "orelse", "finalbody", "handlers"):
+        b = getattr(parent, fld, None)
+        if isinstance(b, list) and node in b:
+            block = b
+    scope = parent
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        scope = parents.get(scope)
+    return block, scope
+
+
+__all__ = ["BUFFER_FREE_LAYERS", "DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow", "unbound_after_wrap"]

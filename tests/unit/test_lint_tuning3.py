@@ -197,3 +197,162 @@ def test_collective_before_set_device():
     assert found(("t.py", BARRIER.format(pre="pass")))["collective-before-set-device"] == ["WARN"]
     bound = BARRIER.format(pre="torch.cuda.set_device(local_rank)")  # bound before the group exists: all later ones use it
     assert "collective-before-set-device" not in found(("t.py", bound))
+
+
+# ---------------------------------------------------------------- second tuning pass (lint3b)
+GATED_ELSEWHERE = """
+import wandb
+from omegaconf import OmegaConf
+from mylib import is_main_process
+
+def train_model(options, checkpoint_dir):
+    {first}
+    if is_main_process():
+        OmegaConf.save(config=options, f=checkpoint_dir / "options_restart.yaml")
+"""
+
+
+def test_a_file_that_gates_its_own_writes_is_checked_for_the_ungated_one():
+    """No init_process_group here (the launcher module does it): the file's own main-process gate says it runs per
+    rank, so an ungated OmegaConf.save / wandb.init beside it is flagged; a gated or group= one is not."""
+    save = 'OmegaConf.save(config=options, f=checkpoint_dir / "o.yaml")'
+    assert found(("t.py", GATED_ELSEWHERE.format(first=save)))["write-on-every-rank"] == ["WARN"]
+    assert found(("t.py", GATED_ELSEWHERE.format(first="run = wandb.init(project='p')")))["write-on-every-rank"] == \
+        ["WARN"]
+    assert "write-on-every-rank" not in found(("t.py", GATED_ELSEWHERE.format(first="run = wandb.init(group='g')")))
+    assert "write-on-every-rank" not in found(("t.py", GATED_ELSEWHERE.format(
+        first=f"if is_main_process():\n        {save}")))
+    # without any gate of its own and no DDP set-up, the file is not known to run per rank: not checked
+    ungated = GATED_ELSEWHERE.format(first=save).replace("if is_main_process():\n        ", "")
+    assert "write-on-every-rank" not in found(("t.py", ungated))
+
+
+INHERITED = """
+from distributed import comm
+from .base import BaseTrainer
+
+class Trainer(BaseTrainer):
+    def run(self):
+        for epoch in range(10):
+            if comm.is_main_process():
+                self.save_checkpoint(epoch)
+            if self.better():
+                {best}
+"""
+
+
+def test_inherited_checkpoint_save_ungated_beside_a_gated_one():
+    assert lines("write-on-every-rank", ("t.py", INHERITED.format(best="self.save_best_checkpoint()"))) == [11]
+    gated = "if comm.is_main_process():\n                    self.save_best_checkpoint()"
+    assert "write-on-every-rank" not in found(("t.py", INHERITED.format(best=gated)))
+    # a method the file defines is read by the ordinary write rule instead; an engine's save_checkpoint is a collective
+    assert "write-on-every-rank" not in found(("t.py", INHERITED.format(best="self.engine.save_checkpoint('d')")))
+
+
+MAIN_BY_LOCAL = """
+import os
+
+def if_main_process():
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["{key}"]) == 0
+    return True
+
+def is_local_rank_zero():
+    return int(os.environ["LOCAL_RANK"]) == 0
+"""
+
+
+def test_main_process_decided_by_local_rank():
+    """torchrun: LOCAL_RANK is per node, RANK global: a 'main process' test on LOCAL_RANK is true once per node;
+    a function named for the per-node process (is_local_rank_zero) is what it says."""
+    assert lines("local-rank-as-global-rank", ("t.py", MAIN_BY_LOCAL.format(key="LOCAL_RANK"))) == [6]
+    assert "local-rank-as-global-rank" not in found(("t.py", MAIN_BY_LOCAL.format(key="RANK")))
+
+
+UNBOUND = """
+import torch
+
+def main(args, model, rank):
+    if args.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        {ddp_extra}
+    else:
+        model_module = model.module if hasattr(model, "module") else model
+    ema = AveragedModel(model_module)
+"""
+
+
+def test_name_bound_only_outside_the_ddp_branch():
+    assert lines("unbound-after-ddp-branch", ("t.py", UNBOUND.format(ddp_extra="pass"))) == [10]
+    assert "unbound-after-ddp-branch" not in found(("t.py", UNBOUND.format(ddp_extra="model_module = model.module")))
+    assert "unbound-after-ddp-branch" not in found(("t.py", UNBOUND.format(ddp_extra="return model")))
+    same_test = UNBOUND.format(ddp_extra="pass").replace("    ema = AveragedModel(model_module)",
+                                                         "    if not args.ddp:\n        ema = AveragedModel(model_module)")
+    assert "unbound-after-ddp-branch" not in found(("t.py", same_test))
+
+
+MAIN_PY = """
+import os, torch.distributed as dist
+from training import Trainer
+local_rank = int(os.environ["LOCAL_RANK"])
+{bind}
+dist.init_process_group(backend="nccl")
+Trainer().run()
+"""
+TRAINING_PY = """
+import os, torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+DEVICE = torch.device(f"cuda:{LOCAL_RANK}")
+
+class Trainer:
+    def __init__(self):
+        self.model = DDP(make_model().to(DEVICE), device_ids=[LOCAL_RANK], output_device=LOCAL_RANK)
+"""
+
+
+def test_nccl_device_binding_is_judged_over_the_case_files():
+    """DDP's docstring: each process works on one GPU via CUDA_VISIBLE_DEVICES or torch.cuda.set_device(i); the group,
+    the wrapper and the device live in different files here, and no file binds it."""
+    assert found(("main.py", MAIN_PY.format(bind="")), ("training.py", TRAINING_PY))["nccl-no-device-binding"] == \
+        ["WARN"]
+    bound = MAIN_PY.format(bind="torch.cuda.set_device(local_rank)")
+    assert "nccl-no-device-binding" not in found(("main.py", bound), ("training.py", TRAINING_PY))
+    # one file alone with an explicit per-rank device is left to the single-file rule (bare 'cuda' only)
+    assert "nccl-no-device-binding" not in found(("main.py", MAIN_PY.format(bind="") + TRAINING_PY))
+
+
+LOSS_LOG = """
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("nccl", timeout=t)
+model = DDP(net, device_ids=[local_rank])
+
+def print0(*a):
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*a)
+
+for step in range(10):
+    lossf = 0.0
+    for micro in range(4):
+        loss = model(x, y)
+        lossf += loss.item()
+    {reduce}
+    print0(f"train loss {{lossf:.4f}}")
+"""
+
+
+def test_loss_summed_on_each_rank_and_printed_by_rank0_only():
+    """DDP averages gradients, not the loss: a `lossf += loss.item()` printed by rank 0 alone is its shard's value
+    (karpathy/llm.c#551); reduced first, it is the job's mean."""
+    got = found(("t.py", LOSS_LOG.format(reduce="pass")))
+    assert got["metric-not-reduced"] == ["INFO"]
+    reduced = LOSS_LOG.format(reduce="t = torch.tensor(lossf, device=dev); dist.all_reduce(t); lossf = t.item()")
+    assert "metric-not-reduced" not in found(("t.py", reduced))
+    every_rank = LOSS_LOG.format(reduce="pass").replace('print0(f"train', 'print(f"train')
+    assert "metric-not-reduced" not in found(("t.py", every_rank))
+
+
+def test_an_entry_point_named_main_is_not_a_main_process_test():
+    entry = "import os\ndef main():\n    if int(os.environ['LOCAL_RANK']) == 0:\n        download()\n"
+    assert "local-rank-as-global-rank" not in found(("t.py", entry))
