@@ -303,7 +303,7 @@ def test_cli_up_status_down(lab_name, capsys):
     assert args.func(args) == 0
     assert "removed 4 namespace(s)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        parser.parse_args(["lab", "up", "--nodes", "5"])
+        parser.parse_args(["lab", "up", "--nodes", str(netlab.MAX_NODES + 1)])  # over the lab's limit
 
 
 # ---------------------------------------------------------------- a real 2-node job
