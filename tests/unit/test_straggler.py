@@ -64,3 +64,26 @@ def test_cpu_ranks_use_the_thresholds_measured_on_the_lab(share, status):
     c = straggler.grade_ranks([_row(0, "node0", 14.0, 1.5), _row(1, "node1", 14.0 * share, 1.5)])
     assert c.status == status and c.values["warn_below"] == straggler.CPU_WARN_BELOW
     assert "bench_straggler" in c.source
+
+
+def _matrix_from_medians(medians: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A pair matrix whose row of node a holds a's median in every column (each node's median is then exactly its own)."""
+    return {a: {b: va for b in medians if b != a} for a, va in medians.items()}
+
+
+def test_a_spread_across_most_nodes_drains_none():
+    """The 8-node lab, healthy, 2 cores shared by 8 nodes (runbook diagnose --tier quick, 2026-11-25): pair medians
+    from 0.59 to 1.0 of the best.  Graded against the GPU anchors they named 6 of 8 healthy nodes to drain."""
+    scores = {"node0": 0.592, "node1": 1.0, "node2": 0.912, "node3": 0.655, "node4": 0.655, "node5": 0.827,
+              "node6": 0.858, "node7": 0.602}
+    m = _matrix_from_medians(scores)
+    gpu = straggler.grade_nodes(m)
+    assert gpu.status == "WARN" and gpu.faulty == [] and "not one straggler" in gpu.title
+    cpu = straggler.checks_for_job({"speed": [_row(0, "node0", 10.0, 2.0), _row(1, "node1", 10.0, 2.0)]}, m)[1]
+    assert cpu.status == "OK" and cpu.values["warn_below"] == straggler.CPU_WARN_BELOW  # gloo ranks: the CPU figures
+
+
+def test_one_slow_node_among_many_is_still_named_on_cpu():
+    m = _matrix_from_medians({f"n{i}": 1.0 for i in range(7)} | {"n7": 0.1})
+    c = straggler.checks_for_job({"speed": [_row(0, "n0", 10.0, 2.0), _row(1, "n7", 10.0, 2.0)]}, m)[1]
+    assert c.status == "FAIL" and c.faulty == ["n7"]
