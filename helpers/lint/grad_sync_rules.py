@@ -16,6 +16,8 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from helpers.lint.wrappers import call_name
+
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
 
@@ -26,11 +28,6 @@ _LOSS_OPS = frozenset({"backward", "scale", "mean", "sum", "div", "float", "deta
 
 def _calls(node: ast.AST) -> list[ast.Call]:
     return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
-
-
-def _fname(call: ast.Call) -> str:
-    f = call.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
 
 def _loop_position(lt: PythonLinter, node: ast.AST) -> tuple[list[ast.stmt], int] | None:
@@ -57,7 +54,7 @@ def rule_sync_flag_after_forward(lt: PythonLinter) -> None:
             continue
         body, i = where
         forward = next((c for s in body[:i] for c in _calls(s) if ast.unparse(c.func) == model), None)
-        backward = any(_fname(c) == "backward" for s in body[i:] for c in _calls(s))
+        backward = any(call_name(c) == "backward" for s in body[i:] for c in _calls(s))
         if forward is not None and backward:
             lt.add("sync-flag-after-forward", "warning", node,
                    f"{model}.require_backward_grad_sync is set after the forward {model}(...) (line {forward.lineno}): "
@@ -75,10 +72,10 @@ def rule_no_sync_backward_only(lt: PythonLinter) -> None:
     for node in lt.nodes:
         if not isinstance(node, (ast.With, ast.AsyncWith)):
             continue
-        if not any(isinstance(it.context_expr, ast.Call) and _fname(it.context_expr) == "no_sync" for it in node.items):
+        if not any(isinstance(it.context_expr, ast.Call) and call_name(it.context_expr) == "no_sync" for it in node.items):
             continue
         calls = [c for s in node.body for c in _calls(s)]
-        if any(_fname(c) == "backward" for c in calls) and all(_fname(c) in _LOSS_OPS for c in calls):
+        if any(call_name(c) == "backward" for c in calls) and all(call_name(c) in _LOSS_OPS for c in calls):
             lt.add("no-sync-backward-only", "warning", node,
                    "this no_sync() block holds only the backward: DistributedDataParallel decides in the forward "
                    "whether the backward all-reduces, so with the forward outside the block the gradients are still "
@@ -135,7 +132,7 @@ def rule_no_sync_misaligned(lt: PythonLinter) -> None:
             got = _modulo_zero(node.test)
             if got is None:
                 continue
-            if any(_fname(c) == "step" and "sched" not in ast.unparse(c.func).lower()
+            if any(call_name(c) == "step" and "sched" not in ast.unparse(c.func).lower()
                    for s in node.body for c in _calls(s)):
                 steps.append((node, got))
     for node, (counter, off, mod, eq) in syncs:

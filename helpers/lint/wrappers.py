@@ -55,7 +55,8 @@ _PLAIN_CALLS = frozenset({"dict", "list", "tuple", "range", "super", "int", "flo
                           "isinstance", "print", "zip", "enumerate", "min", "max", "sum", "hasattr"})
 
 
-def _name(call: ast.Call) -> str:
+def call_name(call: ast.Call) -> str:
+    """The called name: ``f`` of ``f(...)``, ``m`` of ``x.m(...)``, "" for anything else (a call of a call)."""
     f = call.func
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
@@ -87,13 +88,14 @@ class WrapperFlow:
     def __init__(self, tree: ast.AST, text: str, parents: Mapping[ast.AST, ast.AST], functions: Mapping[str, ast.AST],
                  external: Mapping[str, set[int]] | None = None):
         self.tree, self.parents, self.functions = tree, parents, functions
+        self._class_defs: dict[str, ast.ClassDef] | None = None
         self.w = Wrapped()
         self.returns_ddp: set[str] = set()
         if not re.search(r"DistributedDataParallel|DDP\(", text) and not external:
             return
         for name, fn in functions.items():
             values = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
-            if any(isinstance(v, ast.Call) and DDP_CTOR.match(_name(v)) for v in values):
+            if any(isinstance(v, ast.Call) and DDP_CTOR.match(call_name(v)) for v in values):
                 self.returns_ddp.add(name)
         for name, positions in (external or {}).items():
             fn = functions.get(name)
@@ -132,7 +134,7 @@ class WrapperFlow:
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
             return (expr.attr in self.w.attrs, self.w.attrs.get(expr.attr, False))
         if isinstance(expr, ast.Call):
-            name = _name(expr)
+            name = call_name(expr)
             if DDP_CTOR.match(name) or name in self.returns_ddp:
                 quiet = any(k.arg == "broadcast_buffers" and isinstance(k.value, ast.Constant) and k.value.value is False
                             for k in expr.keywords) or (bool(expr.args) and DDP_CTOR.match(name) is not None
@@ -157,7 +159,7 @@ class WrapperFlow:
         if depth > 4:
             return False
         if isinstance(expr, ast.Call):
-            name = _name(expr)
+            name = call_name(expr)
             if name == "compile" and expr.args:
                 return self.buffer_free(expr.args[0], at, depth + 1)
             if name in ("to", "cuda") and isinstance(expr.func, ast.Attribute):
@@ -173,7 +175,7 @@ class WrapperFlow:
         return False
 
     def _class_buffer_free(self, name: str, depth: int) -> bool:
-        cls = next((n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        cls = self._classes().get(name)
         if cls is None or depth > 6:
             return False
         for base in cls.bases:
@@ -182,10 +184,10 @@ class WrapperFlow:
                 return False
         init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
         calls = [n for n in ast.walk(cls) if isinstance(n, ast.Call)]
-        if any(_name(c) == "register_buffer" for c in calls):
+        if any(call_name(c) == "register_buffer" for c in calls):
             return False
         for c in (n for n in ast.walk(init) if isinstance(n, ast.Call)) if init is not None else ():
-            f, cname = c.func, _name(c)
+            f, cname = c.func, call_name(c)
             recv = ast.unparse(f.value) if isinstance(f, ast.Attribute) else ""
             if recv in ("nn", "torch.nn"):
                 if cname not in BUFFER_FREE_LAYERS:
@@ -196,8 +198,7 @@ class WrapperFlow:
                 continue
             elif recv == "self" or (isinstance(f, ast.Attribute) and ast.unparse(f.value) == "super()"):
                 continue  # a method of the class (register_buffer ruled out above), super().__init__()
-            elif isinstance(f, ast.Name) and f.id[:1].isupper() and any(
-                    isinstance(n, ast.ClassDef) and n.name == f.id for n in ast.walk(self.tree)):
+            elif isinstance(f, ast.Name) and f.id[:1].isupper() and f.id in self._classes():
                 if not self._class_buffer_free(f.id, depth + 1) and not self._plain_class(f.id):
                     return False
             else:
@@ -206,8 +207,17 @@ class WrapperFlow:
 
     def _plain_class(self, name: str) -> bool:
         """A class of the file that is not a module (a dataclass config: ``GPTConfig(...)``)."""
-        cls = next((n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        cls = self._classes().get(name)
         return cls is not None and not cls.bases
+
+    def _classes(self) -> dict[str, ast.ClassDef]:
+        """The file's classes by name (the first definition of a name), built on first use."""
+        if self._class_defs is None:
+            self._class_defs = {}
+            for n in ast.walk(self.tree):
+                if isinstance(n, ast.ClassDef):
+                    self._class_defs.setdefault(n.name, n)
+        return self._class_defs
 
     def forward(self, call: ast.Call) -> bool:
         """``call`` is the forward of a wrapped module that broadcasts its buffers (a collective)."""
@@ -259,8 +269,8 @@ class WrapperFlow:
     def _unwraps(value: ast.AST) -> bool:
         if isinstance(value, ast.Attribute) and value.attr == "module":
             return True
-        if isinstance(value, ast.Call) and (_name(value) in UNWRAP_CALLS or
-                                            (_name(value) == "getattr" and len(value.args) > 1 and
+        if isinstance(value, ast.Call) and (call_name(value) in UNWRAP_CALLS or
+                                            (call_name(value) == "getattr" and len(value.args) > 1 and
                                              isinstance(value.args[1], ast.Constant) and value.args[1].value == "module")):
             return True
         return isinstance(value, ast.IfExp) and (WrapperFlow._unwraps(value.body) or WrapperFlow._unwraps(value.orelse))
@@ -268,7 +278,7 @@ class WrapperFlow:
     def _parameters(self) -> None:
         for call in (n for n in ast.walk(self.tree) if isinstance(n, ast.Call)):
             f = call.func
-            name = _name(call)
+            name = call_name(call)
             local = isinstance(f, ast.Name) or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
                                                 and f.value.id in ("self", "cls"))
             fn = self.functions.get(name) if local else None
@@ -331,7 +341,7 @@ def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> lis
         if not (isinstance(node, ast.If) and node.orelse):
             continue
         branches = (node.body, node.orelse)
-        ddp = [any(isinstance(c, ast.Call) and DDP_CTOR.match(_name(c)) for s in b for c in ast.walk(s))
+        ddp = [any(isinstance(c, ast.Call) and DDP_CTOR.match(call_name(c)) for s in b for c in ast.walk(s))
                for b in branches]
         if ddp[0] == ddp[1]:
             continue
@@ -396,4 +406,4 @@ def _block_of(node: ast.stmt, parents: Mapping[ast.AST, ast.AST]) -> tuple[list[
     return block, scope
 
 
-__all__ = ["BUFFER_FREE_LAYERS", "DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow", "unbound_after_wrap"]
+__all__ = ["BUFFER_FREE_LAYERS", "DDP_CTOR", "UNWRAP_CALLS", "WRAPPER_OWN", "Wrapped", "WrapperFlow", "call_name", "unbound_after_wrap"]
