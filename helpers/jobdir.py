@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 JOB_DIR_ENV = "RUNBOOK_JOB_DIR"
@@ -295,3 +295,41 @@ class LineCounter:
         """Read the new lines and return the running count of matching lines."""
         self.count += sum(1 for line in self.tail.read() if self.rx.search(line))
         return self.count
+
+
+DEEPSPEED_SHM_PREFIX = "deepspeed_allreduce_buffer"
+"""Name prefix of DeepSpeed's CPU all-reduce segments in ``/dev/shm`` (``SHM_BUFFER_NAME`` in DeepSpeed's
+``csrc/cpu/comm/shm.cpp``)."""
+
+
+def deepspeed_shm_name(rank: int, env: Mapping[str, str] | None = None) -> str | None:
+    """The ``/dev/shm`` name of ``rank``'s DeepSpeed CPU all-reduce buffer, or None without MASTER_ADDR/MASTER_PORT.
+
+    DeepSpeed's ``shm_initialize`` (csrc/cpu/comm/shm.cpp) names it ``deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_
+    <MASTER_PORT>_<rank>`` (uid and address/port in the name since deepspeedai/DeepSpeed#4115).  ``env`` defaults to
+    ``os.environ``.
+    """
+    env = os.environ if env is None else env
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    return f"{DEEPSPEED_SHM_PREFIX}_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def remove_deepspeed_shm(rank: int, shm_dir: str = "/dev/shm", env: Mapping[str, str] | None = None) -> bool:
+    """Unlink ``rank``'s DeepSpeed CPU all-reduce buffer (about 66 MB) if it exists; return whether one was removed.
+
+    DeepSpeed creates one such segment per rank when every rank is on one node (``LOCAL_SIZE`` equals the world
+    size, which the ``deepspeed`` launcher exports) and never unlinks it: ``shared_close`` in shm.cpp is never
+    called, so each run leaves its segments until reboot (the author of deepspeedai/DeepSpeed#4115 says so; the
+    leak filled a CI machine's /dev/shm in sgl-project/sglang#38638).  Call it after a barrier, once every peer has
+    mapped the segment: the peers' mappings outlive the unlink.  ``env`` defaults to ``os.environ``.
+    """
+    name = deepspeed_shm_name(rank, env)
+    if name is None:
+        return False
+    try:
+        os.unlink(os.path.join(shm_dir, name))
+    except FileNotFoundError:
+        return False
+    return True

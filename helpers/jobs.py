@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from helpers import envvars, launchers, procs, validate
+from helpers import envvars, jobdir, launchers, procs, validate
 from helpers.jobdir import FR_DIR_ENV, JOB_DIR_ENV, JobDir, LineCounter, LineTail
 
 RUNNER_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "srun")
@@ -417,7 +417,33 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     result = run_commands(cmds, env=env, name=name, job_dir=job_dir, per_process_env=per_process_env,
                           **kwargs)  # type: ignore[arg-type]
     result.backend = chosen
+    if launcher == "deepspeed":
+        remove_deepspeed_segments(launcher_args, nproc or 1)
     return result
+
+
+DEEPSPEED_DEFAULT_PORT = 29500
+"""The ``deepspeed`` launcher's ``--master_port`` default (``TORCH_DISTRIBUTED_DEFAULT_PORT`` in deepspeed/constants.py)."""
+
+
+def remove_deepspeed_segments(launcher_args: Sequence[str], world_size: int, shm_dir: str = "/dev/shm") -> list[str]:
+    """Remove the ``/dev/shm`` all-reduce segments a ``deepspeed``-launched job on this host leaves; return their names.
+
+    A rank that ends normally removes its own (:func:`helpers.scenarios._common.finish`); one killed by the timeout
+    or by its launcher cannot, and DeepSpeed never does (see :func:`helpers.jobdir.remove_deepspeed_shm`).
+    The launcher exports ``MASTER_ADDR=127.0.0.1`` on one node and ``MASTER_PORT`` from ``--master_port`` (default
+    :data:`DEEPSPEED_DEFAULT_PORT`), so the names are known: ranks ``0 .. world_size - 1`` of that address and port.
+    """
+    port = str(DEEPSPEED_DEFAULT_PORT)
+    args = [str(a) for a in launcher_args]
+    for i, arg in enumerate(args):
+        if arg.startswith("--master_port="):
+            port = arg.split("=", 1)[1]
+        elif arg == "--master_port" and i + 1 < len(args):
+            port = args[i + 1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    return [str(jobdir.deepspeed_shm_name(rank, env)) for rank in range(world_size)
+            if jobdir.remove_deepspeed_shm(rank, shm_dir, env)]
 
 
 def run_together(*calls: Callable[[], T], stagger_s: float = 0.0, max_parallel: int | None = None,

@@ -80,12 +80,30 @@ def no_leftovers(monkeypatch, tmp_path_factory):
     private_tmp = tmp_path_factory.mktemp("tmpdir")
     monkeypatch.setenv("TMPDIR", str(private_tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile re-reads TMPDIR
+    shm_before = shm_segments()
     yield
     leftovers = job_processes(test_id)
     for proc in leftovers:  # clean up so one failure does not cascade, then fail
         proc.kill()
     shutil.rmtree(private_tmp, ignore_errors=True)
+    new_segments = sorted(shm_segments() - shm_before)
+    for name in new_segments:
+        Path("/dev/shm", name).unlink(missing_ok=True)
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
+    assert not new_segments, f"/dev/shm segments left behind: {new_segments}"
+
+
+SHM_PREFIXES = ("deepspeed_allreduce_buffer_", "nccl-", "torch_")
+"""``/dev/shm`` names that a job of this project can create: DeepSpeed's CPU all-reduce buffers, NCCL's SHM transport
+segments, torch's shared tensors."""
+
+
+def shm_segments() -> set[str]:
+    """Names in ``/dev/shm`` that a job could have left (:data:`SHM_PREFIXES`); empty where there is no /dev/shm."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
 
 
 @pytest.fixture(autouse=True)
@@ -95,8 +113,9 @@ def _python_path(monkeypatch):
 
 
 @pytest.fixture
-def run_env(tmp_path: Path) -> dict[str, str]:
-    """Environment of a launch: TMPDIR under the test's tmp dir, DeepSpeed's JIT cache under build/."""
+def run_env(tmp_path: Path, no_leftovers: None) -> dict[str, str]:
+    """Environment of a launch: TMPDIR under the test's tmp dir, DeepSpeed's JIT cache under build/; the launch is
+    checked by ``no_leftovers`` (processes, /dev/shm segments)."""
     env = dict(os.environ)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()

@@ -183,9 +183,13 @@ def finish() -> None:
 
     gc.collect()
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier()  # every peer has mapped this rank's DeepSpeed buffer by now: unlinking it is safe
+        from helpers.jobdir import remove_deepspeed_shm
+
+        remove_deepspeed_shm(dist.get_rank())
         dist.destroy_process_group()
     gc.collect()
+
 
 
 def spin(seconds: float) -> None:
