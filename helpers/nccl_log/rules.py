@@ -718,6 +718,41 @@ def _check_p2p_hang(log: NcclLog, topology: str, verdicts: list[Check]) -> list[
                     ACS_DOCS, {"transports": vias}, kind="suspect")]
 
 
+SHORT_TIMEOUT_MS = 60_000
+"""A process group timeout below this (ms) is too short for real collectives: NCCL connects lazily at the first
+collective of each peer pair and algorithm (seconds), a checkpoint or an evaluation on one rank takes minutes;
+PyTorch's default is 10 minutes for NCCL (``init_process_group``'s ``timeout``,
+https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)."""
+
+_WORK_TIMEOUT = re.compile(r"Timeout\(ms\)=(\d+)\).*?ran for (\d+) milliseconds")
+
+
+def _check_short_timeout(log: NcclLog) -> list[Check]:
+    """A watchdog timeout whose configured ``Timeout(ms)`` is below :data:`SHORT_TIMEOUT_MS`: the timeout is the cause.
+
+    ``WorkNCCL::checkTimeout`` (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp) prints the work's own timeout
+    (``Timeout(ms)=N``) and how long it ran; with a timeout of seconds or less, a collective that merely waits for a
+    peer's ordinary work (or NCCL's lazy connection setup) is aborted, and the hang the watchdog suggests is not there.
+    """
+    hit = log.catalog.get("torch-watchdog-timeout")
+    if hit is None:
+        return []
+    found = [(int(m.group(1)), int(m.group(2)), line) for line in hit.evidence
+             for m in [_WORK_TIMEOUT.search(line)] if m and int(m.group(1)) < SHORT_TIMEOUT_MS]
+    if not found:
+        return []
+    timeout_ms, ran_ms, _ = min(found)
+    title = (f"the process group's collective timeout is {timeout_ms} ms (Timeout(ms)={timeout_ms}), far below "
+             f"PyTorch's default of 10 minutes: a collective that ran {ran_ms} ms was aborted by the watchdog; a "
+             f"timeout this short fails on ordinary waits (NCCL's first connection setup, a slower rank)")
+    fix = ("confirm with grep -rn 'timeout' where the process group is created (init_process_group(timeout=...), "
+           "Accelerate's InitProcessGroupKwargs(timeout=...), deepspeed.init_distributed(timeout=...), a launcher or config "
+           "setting in seconds read as milliseconds); raise it to minutes (timedelta(minutes=10) is the NCCL default)")
+    return [verdict("short-collective-timeout", "FAIL", title, [], [], [line for *_, line in found][:2], fix,
+                    "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp",
+                    {"timeout_ms": timeout_ms, "ran_ms": ran_ms})]
+
+
 def _check_known_bugs(log: NcclLog, verdicts: Sequence[Check] = ()) -> list[Check]:
     """The known NCCL bugs (``helpers/data/nccl_versions.yaml``) of the log's NCCL versions whose pattern the log shows.
 
@@ -885,7 +920,8 @@ def interpret(log: NcclLog) -> list[Check]:
     verdicts = (_check_catalog(log) + _check_cross_host(log, owners) + _check_same_gpu_one_node(log) +
                 _check_roce_gid(log) + _check_nccl_lists(log) + _check_gdr_unused(log, topology) +
                 _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
-                _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log))
+                _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log) +
+                _check_short_timeout(log))
     explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
     verdicts += _check_sites(log, verdicts)

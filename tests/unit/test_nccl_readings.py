@@ -211,3 +211,25 @@ def test_first_failure_is_per_rank() -> None:
                  "b:3:4 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n"
                  "a:1:2 [0] init.cc:895 NCCL WARN Cuda failure 'invalid device ordinal'\n")
     assert found["nccl.usage-error"].status == "FAIL" and found["nccl.cuda-invalid-device-ordinal"].status == "FAIL"
+
+
+# ------------------------------------------------------------------- blind set 4's lessons (tests/data/nccl/blind4)
+def test_short_collective_timeout_is_the_cause() -> None:
+    """A watchdog line whose Timeout(ms) is below a minute names the timeout itself (ProcessGroupNCCL's checkTimeout)."""
+    line = ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, "
+            "NumelOut=1, Timeout(ms)={t}) ran for {r} milliseconds before timing out.\n")
+    short = acting(read(line.format(t=1, r=90)))
+    assert list(short) == ["short-collective-timeout"]
+    assert short["short-collective-timeout"].values["timeout_ms"] == 1
+    assert short["short-collective-timeout"].values["ran_ms"] == 90
+    default = acting(read(line.format(t=600000, r=600123)))
+    assert list(default) == ["torch-watchdog-timeout"]
+
+
+def test_invalid_usage_and_port_in_use_are_suspects_naming_their_alternatives() -> None:
+    """ncclInvalidUsage without its WARN line, and a store port already bound, have several causes: suspects."""
+    usage = read("RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)\n")[
+        "torch-nccl-invalid-usage"]
+    assert usage.values["kind"] == "suspect" and "version mismatch" in usage.title
+    port = read("RuntimeError: Address already in use\n")["tcpstore-port-in-use"]
+    assert port.values["kind"] == "suspect" and "RANK is 0" in port.title and "ss -ltnp" in port.remediation
