@@ -59,9 +59,13 @@ lint-code: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks
 	$(BIN)/lint-imports
 
+# Two pytest-xdist workers (the machine has 2 cores; a job spends much of its time waiting on its ranks): the tests
+# that build the network lab form one group on one worker (tests/support.py LAB_GROUP), the rest is shared.  The
+# book's test reads the chapters both workers executed, so it runs after them, alone.
 test: lint-code
 	@mkdir -p build/tmp
-	$(BIN)/python -m pytest -q tests --junitxml=build/test-results.xml
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not last" tests --junitxml=build/test-results.xml
+	$(BIN)/python -m pytest -q -m last tests --junitxml=build/test-results-book.xml
 
 # The course as a book (helpers/book.py, docs/book.md): a static site in build/book/html of the README, the
 # chapters with the outputs `make test` executed (build/executed/: nothing is executed here), docs/; Sphinx with

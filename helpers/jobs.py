@@ -423,7 +423,7 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
 
 
 DEEPSPEED_DEFAULT_PORT = 29500
-"""The ``deepspeed`` launcher's ``--master_port`` default (``TORCH_DISTRIBUTED_DEFAULT_PORT`` in deepspeed/constants.py)."""
+"""The ``deepspeed`` launcher's ``--master_port`` default (its constant in deepspeed/constants.py)."""
 
 
 def remove_deepspeed_segments(launcher_args: Sequence[str], world_size: int, shm_dir: str = "/dev/shm") -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import ROOT, lab_status
+from support import LAB_GROUP, ROOT, lab_status
 
 # folder under tests/ -> marker (registered in pyproject.toml's [tool.pytest.ini_options] markers)
 LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios", "configs": "configs",
@@ -25,10 +25,12 @@ LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its layer, taken from the folder it lives in (``tests/<layer>/test_*.py``); run ``last`` tests last.
+    """Mark each test with its layer (its folder, ``tests/<layer>/test_*.py``); order: lab group first, ``last`` last.
 
-    A test marked ``last`` (the book's, ``tests/browser/test_book_pages.py``) reads what the notebook layer wrote in
-    the same session, so it moves after every other test, keeping its own order.
+    Tests of the ``lab`` layer join :data:`LAB_GROUP`.  That group is the longest unit of work of ``make test``'s two
+    workers, so it comes first (the other worker meanwhile takes the rest).  A test marked ``last`` (the book's,
+    ``tests/browser/test_book_pages.py``) reads what the notebook layer wrote, so it moves after every other test
+    (``make test`` also runs it in a second, serial pytest run after the parallel one).
     """
     tests_dir = Path(__file__).resolve().parent
     for item in items:
@@ -38,7 +40,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if folder in LAYERS:
             item.add_marker(LAYERS[folder])
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("last") is not None)
+        if folder == "lab":
+            item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
+
+    def order(item: pytest.Item) -> int:
+        if item.get_closest_marker("last") is not None:
+            return 2
+        group = item.get_closest_marker("xdist_group")
+        return 0 if group is not None and LAB_GROUP in (*group.args, *group.kwargs.values()) else 1
+
+    items[:] = sorted(items, key=order)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -80,18 +91,37 @@ def no_leftovers(monkeypatch, tmp_path_factory):
     private_tmp = tmp_path_factory.mktemp("tmpdir")
     monkeypatch.setenv("TMPDIR", str(private_tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile re-reads TMPDIR
-    shm_before = shm_segments()
     yield
     leftovers = job_processes(test_id)
     for proc in leftovers:  # clean up so one failure does not cascade, then fail
         proc.kill()
     shutil.rmtree(private_tmp, ignore_errors=True)
-    new_segments = sorted(shm_segments() - shm_before)
-    for name in new_segments:
-        Path("/dev/shm", name).unlink(missing_ok=True)
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
-    assert not new_segments, f"/dev/shm segments left behind: {new_segments}"
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note the ``/dev/shm`` segments present when the run starts (in the controller, not in xdist's workers)."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_SHM_AT_START] = shm_segments()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when it left ``/dev/shm`` segments behind; remove them.
+
+    Checked once for the whole run rather than per test: with two workers, a segment that appears during one test
+    may belong to a job of the other worker's test, still running (and removing it would break that job).
+    """
+    if hasattr(session.config, "workerinput") or _SHM_AT_START not in session.config.stash:
+        return
+    left = sorted(shm_segments() - session.config.stash[_SHM_AT_START])
+    for name in left:
+        Path("/dev/shm", name).unlink(missing_ok=True)
+    if left:
+        session.config.get_terminal_writer().line(f"FAILED: /dev/shm segments left behind by this run: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_SHM_AT_START = pytest.StashKey[set]()
 
 SHM_PREFIXES = ("deepspeed_allreduce_buffer_", "nccl-", "torch_")
 """``/dev/shm`` names that a job of this project can create: DeepSpeed's CPU all-reduce buffers, NCCL's SHM transport
@@ -115,7 +145,7 @@ def _python_path(monkeypatch):
 @pytest.fixture
 def run_env(tmp_path: Path, no_leftovers: None) -> dict[str, str]:
     """Environment of a launch: TMPDIR under the test's tmp dir, DeepSpeed's JIT cache under build/; the launch is
-    checked by ``no_leftovers`` (processes, /dev/shm segments)."""
+    checked by ``no_leftovers`` (its processes; the run's /dev/shm segments by ``pytest_sessionfinish``)."""
     env = dict(os.environ)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()

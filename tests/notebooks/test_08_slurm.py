@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 
-from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
+import pytest
+from support import LAB_GROUP, assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 from helpers import netlab
 from helpers.netlab import slurmlab
 
 LAB_NAME = "ch"  # the notebook's LAB_NAME parameter
+pytestmark = pytest.mark.xdist_group(LAB_GROUP)  # the lab: on the worker that runs the lab tests (conftest.LAB_GROUP)
 
 
 def test_chapter_08_slurm(no_leftovers):
