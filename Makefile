@@ -59,13 +59,21 @@ lint-code: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks
 	$(BIN)/lint-imports
 
-# Two pytest-xdist workers (the machine has 2 cores; a job spends much of its time waiting on its ranks): the tests
-# that build the network lab form one group on one worker (tests/support.py LAB_GROUP), the rest is shared.  The
-# book's test reads the chapters both workers executed, so it runs after them, alone.
+# Two pytest processes at once (2 cores; a test's jobs spend much of their time waiting on their ranks): the tests
+# that build the network lab (marker `lab`: namespaces and SLURM daemons are global to the machine, so they run one
+# after the other) beside all the others; their log is printed when both are done.  The book's test reads the
+# chapters both executed, so it runs after them, alone.  Each writes its JUnit XML under build/.
+PYTEST := $(BIN)/python -m pytest -q
 test: lint-code
 	@mkdir -p build/tmp
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not last" tests --junitxml=build/test-results.xml
-	$(BIN)/python -m pytest -q -m last tests --junitxml=build/test-results-book.xml
+	@( $(PYTEST) -m "lab and not last" --basetemp=build/tmp/pytest-lab --junitxml=build/test-results-lab.xml tests \
+	    > build/test-lab.log 2>&1; echo $$? > build/test-lab.rc ) & \
+	$(PYTEST) -m "not lab and not last" --basetemp=build/tmp/pytest-main --junitxml=build/test-results.xml tests; \
+	main=$$?; wait; echo "=== the lab tests, run beside the others (build/test-lab.log):"; cat build/test-lab.log; \
+	lab=$$(cat build/test-lab.rc); \
+	$(PYTEST) -m last --basetemp=build/tmp/pytest-book --junitxml=build/test-results-book.xml tests; book=$$?; \
+	echo "make test: pytest exit status $$main (most layers), $$lab (lab), $$book (book)"; \
+	[ $$main -eq 0 ] && [ $$lab -eq 0 ] && [ $$book -eq 0 ]
 
 # The course as a book (helpers/book.py, docs/book.md): a static site in build/book/html of the README, the
 # chapters with the outputs `make test` executed (build/executed/: nothing is executed here), docs/; Sphinx with

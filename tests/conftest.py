@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import LAB_GROUP, ROOT, lab_status
+from support import ROOT, lab_status
 
 # folder under tests/ -> marker (registered in pyproject.toml's [tool.pytest.ini_options] markers)
 LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios", "configs": "configs",
@@ -25,12 +25,13 @@ LAYERS = {"unit": "unit", "jobs": "jobs", "lab": "lab", "scenarios": "scenarios"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its layer (its folder, ``tests/<layer>/test_*.py``); order: lab group first, ``last`` last.
+    """Mark each test with its layer, taken from the folder it lives in (``tests/<layer>/test_*.py``); run ``last`` tests last.
 
-    Tests of the ``lab`` layer join :data:`LAB_GROUP`.  That group is the longest unit of work of ``make test``'s two
-    workers, so it comes first (the other worker meanwhile takes the rest).  A test marked ``last`` (the book's,
-    ``tests/browser/test_book_pages.py``) reads what the notebook layer wrote, so it moves after every other test
-    (``make test`` also runs it in a second, serial pytest run after the parallel one).
+    A test elsewhere that builds the lab carries the ``lab`` marker itself (chapters 06 and 08, chapter 00's run
+    across lab nodes), so ``-m lab`` selects every test that needs the lab: ``make test`` runs those in one pytest
+    process and the rest in another, at the same time.  A test marked ``last`` (the book's,
+    ``tests/browser/test_book_pages.py``) reads what the notebook layer wrote, so it moves after every other test,
+    keeping its own order (``make test`` runs it alone, after both).
     """
     tests_dir = Path(__file__).resolve().parent
     for item in items:
@@ -40,16 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if folder in LAYERS:
             item.add_marker(LAYERS[folder])
-        if folder == "lab":
-            item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
-
-    def order(item: pytest.Item) -> int:
-        if item.get_closest_marker("last") is not None:
-            return 2
-        group = item.get_closest_marker("xdist_group")
-        return 0 if group is not None and LAB_GROUP in (*group.args, *group.kwargs.values()) else 1
-
-    items[:] = sorted(items, key=order)
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("last") is not None)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -106,19 +98,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run when it left ``/dev/shm`` segments behind; remove them.
+    """Fail the run when it left ``/dev/shm`` segments behind that no process maps any more; remove those.
 
-    Checked once for the whole run rather than per test: with two workers, a segment that appears during one test
-    may belong to a job of the other worker's test, still running (and removing it would break that job).
+    Checked once for the whole run rather than per test, and only for segments nobody maps: ``make test`` runs two
+    pytest processes at once, and a segment that appears meanwhile may belong to a live job of the other one.
     """
     if hasattr(session.config, "workerinput") or _SHM_AT_START not in session.config.stash:
         return
-    left = sorted(shm_segments() - session.config.stash[_SHM_AT_START])
+    left = sorted(shm_segments() - session.config.stash[_SHM_AT_START] - shm_segments_in_use())
     for name in left:
         Path("/dev/shm", name).unlink(missing_ok=True)
     if left:
         session.config.get_terminal_writer().line(f"FAILED: /dev/shm segments left behind by this run: {left}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def shm_segments_in_use() -> set[str]:
+    """Names under ``/dev/shm`` that some process maps (from ``/proc/<pid>/maps``; psutil's ``memory_maps`` reads the
+    larger ``smaps`` of every process, far slower for this one question)."""
+    used = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        used.update(line.rsplit("/dev/shm/", 1)[1].split(" (deleted)")[0] for line in text.splitlines()
+                    if "/dev/shm/" in line)
+    return used
 
 
 _SHM_AT_START = pytest.StashKey[set]()

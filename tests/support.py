@@ -17,12 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "helpers" / "scenarios"
 
 needs_lab = pytest.mark.needs_lab
-
-LAB_GROUP = "lab"
-"""The ``xdist_group`` of every test that builds network namespaces or the SLURM lab (the ``lab`` layer, and the
-chapter tests marked ``pytest.mark.xdist_group(LAB_GROUP)``): ``make test`` runs the suite on two pytest-xdist workers
-with ``--dist loadgroup``, so these run one after the other on one worker (lab names, namespaces and daemons are
-global to the machine) while the other worker takes the rest."""
 """Marks a test that builds the network lab; ``conftest.py`` skips it, with the reason, where the lab cannot be built."""
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import LAB_GROUP, ROOT, assert_outputs_reproduce, notebook_outputs
+from support import ROOT, assert_outputs_reproduce, notebook_outputs
 
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
 EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "straggler.ranks", "host.port",
@@ -75,7 +75,7 @@ def test_bad_nproc_is_refused():
     assert proc.returncode == 2 and "--nproc=0" in proc.stderr
 
 
-@pytest.mark.xdist_group(LAB_GROUP)  # builds the lab: on the worker that runs the lab tests (conftest.LAB_GROUP)
+@pytest.mark.lab  # builds the lab: make test runs it in the lab's pytest process (tests/conftest.py)
 def test_diagnose_across_lab_nodes_names_the_mtu_black_hole(tmp_path, no_leftovers):
     """With PREFLIGHT_NODES the allocation check adds the network pre-flight; a black hole is a FAIL naming the nodes."""
     import pytest

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from support import LAB_GROUP, assert_outputs_reproduce, execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 from helpers import netlab, tiers
 
 LAB_NAME = "ch06"  # the notebook's LAB_NAME parameter
-pytestmark = pytest.mark.xdist_group(LAB_GROUP)  # the lab: on the worker that runs the lab tests (conftest.LAB_GROUP)
+pytestmark = pytest.mark.lab  # the lab: make test runs these in the lab's pytest process (tests/conftest.py)
 
 
 def test_chapter_06_without_the_lab_skips_every_lab_cell_loudly(no_leftovers):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from support import LAB_GROUP, assert_outputs_reproduce, execute_notebook, notebook_outputs
+from support import assert_outputs_reproduce, execute_notebook, notebook_outputs
 
 from helpers import netlab
 from helpers.netlab import slurmlab
 
 LAB_NAME = "ch"  # the notebook's LAB_NAME parameter
-pytestmark = pytest.mark.xdist_group(LAB_GROUP)  # the lab: on the worker that runs the lab tests (conftest.LAB_GROUP)
+pytestmark = pytest.mark.lab  # the lab: make test runs these in the lab's pytest process (tests/conftest.py)
 
 
 def test_chapter_08_slurm(no_leftovers):
