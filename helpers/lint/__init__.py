@@ -62,6 +62,9 @@ RULES: dict[str, str] = {
     "same-device-every-rank": "https://docs.pytorch.org/docs/stable/distributed.html#backends",
     "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
+    "world-size-from-device-count": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+    "slurm-var-unknown": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
+    "slurm-env-misuse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",
