@@ -995,6 +995,56 @@ def rule_slurm_env(lt: PythonLinter) -> None:
             break
 
 
+_BARRIERS = {"barrier", "wait_for_everyone", "monitored_barrier", "wait_for_everybody"}
+_STEP_CALLS = {"backward", "step"}
+
+
+def _own_calls(loop: ast.For | ast.While | ast.AsyncFor) -> list[ast.Call]:
+    """The calls one iteration of ``loop`` makes itself (not inside a nested loop, function or class)."""
+    out: list[ast.Call] = []
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                             ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def rule_barrier_every_step(lt: PythonLinter) -> None:
+    """A barrier (``dist.barrier()``, ``accelerator.wait_for_everyone()``) as a plain statement of the training-step
+    loop (the loop whose own iteration calls ``backward``/``optimizer.step``), under no condition: every step waits
+    for the slowest rank ("This collective blocks processes until the whole group enters this function", ``_DIST``
+    barrier; Accelerate's wait_for_everyone "Will stop the execution of the current process until every other process
+    has reached that point ... Useful to do before saving a model", ``_ACC``).  The gradient all-reduce already
+    synchronises the step; the extra barrier stalls every rank on every step (multi-node utilisation drops).  Keep it
+    in the branch that saves or evaluates."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(b in lt.text for b in _BARRIERS):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _BARRIERS:
+            continue
+        stmt = lt.parents.get(c)
+        loop = lt.parents.get(stmt) if isinstance(stmt, ast.Expr) else None
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)) or stmt not in loop.body:
+            continue
+        steps = sorted((x for x in _own_calls(loop) if _call_name(x)[1] in _STEP_CALLS),
+                       key=lambda x: (_call_name(x)[1] != "backward", x.lineno))
+        if not steps:
+            continue
+        lt.add("barrier-every-step", "warning", c,
+               f"{ast.unparse(c)} runs on every iteration of the training loop (line {loop.lineno}, "
+               f"{ast.unparse(steps[0].func)} at line {steps[0].lineno}): every step waits for the slowest rank, "
+               "on top of the gradient all-reduce",
+               "call it only where it is needed: inside the save/evaluation branch (if step % save_steps == 0: "
+               "wait_for_everyone(); save on the main process)", _ACC)
+
+
 def rule_undefined_attribute(lt: PythonLinter) -> None:
     """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
     assigns ``X`` nor defines it: AttributeError at run time."""
@@ -1048,6 +1098,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_grad_accum_from_device_count(lt)
     rule_world_size_from_device_count(lt)
     rule_slurm_env(lt)
+    rule_barrier_every_step(lt)
     rule_undefined_attribute(lt)
     grad_sync_rules.run(lt)
     lt.facts.contract = sc

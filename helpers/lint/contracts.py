@@ -100,6 +100,13 @@ CONTRACTS: tuple[Contract, ...] = (
        "where ranks wait for one rank without a timeout of their own"),
     _c("collectives", "Every rank of the group calls the same collectives in the same order (a collective reached "
        "on some ranks only hangs the others)", _COLL, ("rank-gated-collective", "rank-early-exit-collective")),
+    _c("barrier", "A barrier blocks every rank until the whole group reaches it: one per training step (not in "
+       "the save branch) stalls every step on the slowest rank, on top of the gradient all-reduce", _ACC +
+       "#accelerate.Accelerator.wait_for_everyone", "barrier-every-step"),
+    _c("all_reduce", "torch.distributed.all_reduce is not recorded by autograd (the differentiable collectives are "
+       "torch.distributed.nn.*): a loss built from a reduced tensor backpropagates only the local share, and the "
+       "data-parallel gradient average divides it by the world size again", _DIST +
+       "#autograd-enabled-communication-primitives", "backward-through-all-reduce"),
     _c("collectives", "Ranks iterate the same number of steps when each step holds a collective (uneven per-rank "
        "data needs a DistributedSampler or Join)", "https://docs.pytorch.org/docs/stable/distributed.algorithms.join"
        ".html", "rank-sliced-data"),

@@ -203,10 +203,37 @@ class _Taint:
         self.rank_attrs: set[str] = set()
         self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
         self.spawned_params = spawned_params
+        self.sites: dict[str, list[ast.AST]] = {}  # name -> the assignments that made it rank-dependent
+        self.parents: dict[ast.AST, ast.AST] = {}  # set by PythonLinter: for the flow check of _late
+
+    def _late(self, read: ast.Name) -> bool:
+        """Whether ``read`` cannot see a rank value: it reads a local of its function (not a parameter, not
+        ``global``) whose rank-dependent assignments in that function all come after it, outside any loop there.
+        ``if seed is None: seed = broadcast(...)`` followed later by ``seed += local_rank`` reads the seed before it
+        depends on the rank (torchtitan's set_determinism)."""
+        fn, loop, p = None, False, self.parents.get(read)
+        while p is not None:
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                fn = p
+                break
+            loop = loop or isinstance(p, (ast.For, ast.While, ast.AsyncFor))
+            p = self.parents.get(p)
+        if fn is None or loop or read.id in {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}:
+            return False
+        if any(isinstance(n, (ast.Global, ast.Nonlocal)) and read.id in n.names for n in ast.walk(fn)):
+            return False
+        mine = [s for s in self.sites.get(read.id, ()) if self._function_of(s) is fn]
+        return bool(mine) and all(s.lineno > read.lineno for s in mine)
+
+    def _function_of(self, node: ast.AST) -> ast.AST | None:
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            p = self.parents.get(p)
+        return p
 
     def is_rank(self, node: ast.AST) -> bool:
         for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and (sub.id in self.rank or sub.id in RANK_NAMES):
+            if isinstance(sub, ast.Name) and (sub.id in RANK_NAMES or sub.id in self.rank and not self._late(sub)):
                 return True
             if isinstance(sub, ast.Attribute) and (sub.attr in RANK_ATTRS or sub.attr in self.rank_attrs
                                                    or sub.attr.lstrip("_") in RANK_ATTRS or MAIN_ATTR.match(sub.attr)):
@@ -294,6 +321,9 @@ class _Taint:
                     continue
                 if self.is_rank_value(n.value):
                     self.rank.update(names)
+                    for name in names:
+                        if n not in self.sites.setdefault(name, []):
+                            self.sites[name].append(n)
                 if self.is_global_rank(n.value):
                     self.global_rank.update(names)
 
@@ -343,6 +373,7 @@ class PythonLinter:
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
+        self.taint.parents = self.parents
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
