@@ -18,9 +18,17 @@ course that exports one teaches a fix that is not one.  These lists are the refe
   shared libraries (a CPU build lacks ``libtorch_cuda``; the ``TORCH_NCCL_*`` names it would add
   are declared in ``ProcessGroupNCCL.hpp``, which every build ships).
 
-Regenerate (NCCL's tree from ``git archive <tag>`` of github.com/NVIDIA/nccl)::
+* ``helpers/data/slurm_env_vars.txt``: every ``SLURM_*``/``SLURMD_*`` name Slurm documents or sets, taken from
+  Slurm's tree at a pinned release: the names in the sbatch, srun and salloc man pages (their INPUT and OUTPUT
+  ENVIRONMENT VARIABLES sections, https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES) and
+  ``doc/html/prolog_epilog.shtml``, plus the ``"SLURM_..."`` string literals of ``src/`` (what slurmd and the
+  clients set: ``SLURM_JOB_USER`` is documented only on the prolog page).  A script reading a name outside it
+  (``SLURM_JOB_NUMNODES`` for ``SLURM_JOB_NUM_NODES``) reads a variable no Slurm sets.
+
+Regenerate (NCCL's tree from ``git archive <tag>`` of github.com/NVIDIA/nccl, Slurm's from github.com/SchedMD/slurm)::
 
     python -m helpers.envnames --nccl-src DIR --nccl-tag v2.30.7-1 --nccl-commit <sha> --torch
+    python -m helpers.envnames --slurm-src DIR --slurm-tag slurm-26-05-3-1 --slurm-commit <sha>
 
 Written here rather than taken from a library: neither NCCL nor torch exports its list of variables
 (NCCL's ``ncclParamDumpAll`` needs a GPU build).  Standard library only; nothing runs at import.
@@ -42,6 +50,7 @@ DATA = Path(__file__).resolve().parent / "data"
 NCCL_PARAMS = DATA / "nccl_params.txt"
 NCCL_DEBUG_PARAMS = DATA / "nccl_debug_params.txt"
 TORCH_ENV_VARS = DATA / "torch_env_vars.txt"
+SLURM_ENV_VARS = DATA / "slurm_env_vars.txt"
 
 NAME = re.compile(r"\b(?:NCCL|TORCH)_[A-Z0-9_]*[A-Z0-9]\b")
 """A ``NCCL_*`` or ``TORCH_*`` variable name in free text (``TORCH_NCCL_*`` included)."""
@@ -81,6 +90,12 @@ def nccl_debug_params() -> frozenset[str]:
 def torch_env_vars() -> frozenset[str]:
     """The ``TORCH_*`` variables and ``NCCL_*`` aliases torch reads (``helpers/data/torch_env_vars.txt``)."""
     return read_list(TORCH_ENV_VARS)
+
+
+@functools.cache
+def slurm_env_vars() -> frozenset[str]:
+    """Every ``SLURM_*``/``SLURMD_*`` variable Slurm documents or sets (``helpers/data/slurm_env_vars.txt``)."""
+    return read_list(SLURM_ENV_VARS)
 
 
 def known(name: str) -> bool:
@@ -198,6 +213,26 @@ def extract_torch(torch_dir: Path) -> set[str]:
     return {n for n in names if n not in macros and not n.endswith("_")}
 
 
+_SLURM_NAME = re.compile(r"SLURMD?_[A-Z0-9_]*[A-Z0-9]")
+_SLURM_LITERAL = re.compile(r'"(SLURMD?_[A-Z0-9_]*[A-Z0-9])"')
+_SLURM_DOCS = ("doc/man/man1/sbatch.1", "doc/man/man1/srun.1", "doc/man/man1/salloc.1", "doc/html/prolog_epilog.shtml")
+
+
+def extract_slurm(root: Path) -> set[str]:
+    """The ``SLURM_*``/``SLURMD_*`` names of a Slurm source tree at ``root``: every one the sbatch/srun/salloc man
+    pages and the prolog/epilog page mention, and every string literal of that form under ``src/``.
+
+    Raises:
+        FileNotFoundError: one of the four documentation files is missing (not a Slurm tree).
+    """
+    names: set[str] = set()
+    for rel in _SLURM_DOCS:
+        names.update(_SLURM_NAME.findall((root / rel).read_text(errors="replace")))
+    for path in _source_files(root):
+        names.update(_SLURM_LITERAL.findall(path.read_text(errors="replace")))
+    return {n for n in names if not n.endswith("_")}
+
+
 def write_list(path: Path, header: Iterable[str], names: Iterable[str]) -> None:
     """Write ``names`` sorted, one per line, under ``# ``-prefixed ``header`` lines (temp file, then rename)."""
     body = "".join(f"# {line}\n" for line in header) + "".join(f"{n}\n" for n in sorted(set(names)))
@@ -208,13 +243,26 @@ def write_list(path: Path, header: Iterable[str], names: Iterable[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Regenerate the lists: ``--nccl-src DIR --nccl-tag T --nccl-commit SHA`` and/or ``--torch``."""
+    """Regenerate the lists: ``--nccl-src DIR --nccl-tag T --nccl-commit SHA``, ``--slurm-src DIR --slurm-tag T
+    --slurm-commit SHA`` and/or ``--torch``."""
     p = argparse.ArgumentParser(prog="python -m helpers.envnames", description=__doc__.splitlines()[0])
     p.add_argument("--nccl-src", type=Path, help="an NVIDIA/nccl source tree (git archive of a release tag)")
     p.add_argument("--nccl-tag", help="the release tag of --nccl-src, recorded in the header")
     p.add_argument("--nccl-commit", help="the commit id of that tag, recorded in the header")
     p.add_argument("--torch", action="store_true", help="regenerate torch_env_vars.txt from the installed torch")
+    p.add_argument("--slurm-src", type=Path, help="a SchedMD/slurm source tree (git archive of a release tag)")
+    p.add_argument("--slurm-tag", help="the release tag of --slurm-src, recorded in the header")
+    p.add_argument("--slurm-commit", help="the commit id of that tag, recorded in the header")
     args = p.parse_args(argv)
+    if args.slurm_src:
+        if not (args.slurm_tag and args.slurm_commit):
+            p.error("--slurm-src needs --slurm-tag and --slurm-commit (recorded in the header)")
+        write_list(SLURM_ENV_VARS, [f"Every SLURM_*/SLURMD_* variable Slurm documents or sets: github.com/SchedMD/slurm "
+                                    f"{args.slurm_tag} (commit {args.slurm_commit}).",
+                                    "Generated by `python -m helpers.envnames --slurm-src`: names in the sbatch/srun/"
+                                    "salloc man pages and prolog_epilog.shtml,",
+                                    "plus the \"SLURM_...\" string literals of src/. Do not edit by hand."],
+                   extract_slurm(args.slurm_src))
     if args.nccl_src:
         if not (args.nccl_tag and args.nccl_commit):
             p.error("--nccl-src needs --nccl-tag and --nccl-commit (recorded in the header)")
@@ -235,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                                     "(installed wheel: C++ headers, Python sources, shared libraries).",
                                     "Generated by `python -m helpers.envnames --torch`. Do not edit by hand."],
                    extract_torch(Path(torch.__file__).parent))
-    if not (args.nccl_src or args.torch):
-        p.error("nothing to do: give --nccl-src (with --nccl-tag, --nccl-commit) and/or --torch")
+    if not (args.nccl_src or args.torch or args.slurm_src):
+        p.error("nothing to do: give --nccl-src (with --nccl-tag, --nccl-commit), --slurm-src (with --slurm-tag, "
+                "--slurm-commit) and/or --torch")
     return 0
 
 

@@ -62,6 +62,10 @@ RULES: dict[str, str] = {
     "same-device-every-rank": "https://docs.pytorch.org/docs/stable/distributed.html#backends",
     "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
+    "world-size-from-device-count": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+    "slurm-var-unknown": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
+    "slurm-env-misuse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
+    "barrier-every-step": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",
@@ -71,6 +75,7 @@ RULES: dict[str, str] = {
     "sync-flag-after-forward": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "no-sync-backward-only": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "no-sync-misaligned": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "backward-through-all-reduce": "https://docs.pytorch.org/docs/stable/distributed.html#autograd-enabled-communication-primitives",
     # helpers.lint.cross_rules (launch line <-> script)
     "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
     "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",

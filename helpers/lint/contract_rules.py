@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from helpers.lint import grad_sync_rules
-from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _TORCHRUN
+from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -426,13 +426,14 @@ class _Local:
         self._call_name, self._env_key, self.lt = _call_name, _env_key, lt
         self.names: set[str] = set()
         global_names: set[str] = set()
-        assigns = [n for n in lt.nodes if isinstance(n, ast.Assign)]
+        assigns = [n for n in lt.nodes if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
         calls = [(c, lt.functions[_call_name(c)[1]]) for c in lt._calls() if _call_name(c)[1] in lt.functions
                  and _call_name(c)[0] in ("", "self", "cls") and (c.args or c.keywords)]
         for _ in range(3):
             before = len(self.names)
             for n in assigns:
-                targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
+                targets = [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                           if isinstance(t, ast.Name)]
                 if self.is_local(n.value):
                     self.names.update(targets)
                 elif lt.taint.is_global_rank(n.value):
@@ -807,6 +808,243 @@ def rule_grad_accum_from_device_count(lt: PythonLinter) -> None:
                        "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables")
 
 
+_SPAWNS = {"spawn", "start_processes", "Process", "Pool"}
+
+
+def _device_count_names(lt: PythonLinter) -> set[str]:
+    """Names assigned a value built from ``torch.cuda.device_count()`` (plain and annotated assignments)."""
+    names: set[str] = set()
+    for n in lt.nodes:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and _has_device_count(n.value, names):
+            names.update(t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                         if isinstance(t, ast.Name))
+    return names
+
+
+def _has_device_count(node: ast.AST, names: set[str]) -> bool:
+    from helpers.lint.python_rules import _call_name
+
+    return any(isinstance(x, ast.Call) and _call_name(x)[1] == "device_count" or isinstance(x, ast.Name) and
+               x.id in names for x in ast.walk(node))
+
+
+def rule_world_size_from_device_count(lt: PythonLinter) -> None:
+    """``init_process_group(world_size=torch.cuda.device_count())`` (or ``WORLD_SIZE`` set from it) in a script that
+    does not start its own processes: the world size is the number of processes that join ("world_size: Number of
+    processes participating in the job", ``_INIT``), which a launcher decides (torchrun: WORLD_SIZE = nnodes x
+    nproc-per-node, ``_TORCHRUN``), not the GPUs this node has.  With fewer processes than GPUs
+    (``--nproc-per-node=2`` on 8 GPUs) the group never fills and init_process_group hangs; on several nodes it is
+    too small.  A script that spawns one process per GPU itself (``mp.spawn(nprocs=device_count())``) is right on
+    one node and is not reported."""
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    if "device_count" not in lt.text or "init_process_group" not in lt.text and "WORLD_SIZE" not in lt.text:
+        return
+    if any(_call_name(c)[1] in _SPAWNS for c in lt._calls()):
+        return
+    names = _device_count_names(lt)
+    hits: list[tuple[ast.AST, str]] = []
+    for c in lt._calls():
+        if _call_name(c)[1] != "init_process_group":
+            continue
+        ws = _kw(c, "world_size") or (c.args[3] if len(c.args) > 3 else None)
+        if ws is not None and _has_device_count(ws, names):
+            hits.append((c, f"init_process_group(..., world_size={ast.unparse(ws)})"))
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and any(_env_key(t) == "WORLD_SIZE" for t in n.targets) and \
+                _has_device_count(n.value, names):
+            hits.append((n, ast.unparse(n)[:80]))
+    for node, what in hits:
+        lt.add("world-size-from-device-count", "error", node,
+               f"{what} takes the world size from torch.cuda.device_count(), the GPUs this node has, but the "
+               "processes are started by a launcher (this script spawns none): with fewer processes than GPUs the "
+               "group never fills and init_process_group hangs; on several nodes it is too small",
+               "let init_process_group read env:// (or pass world_size=int(os.environ['WORLD_SIZE']), "
+               "rank=int(os.environ['RANK']))", _INIT)
+
+
+_SLURM_ROLES: dict[str, str] = {
+    "SLURM_PROCID": "the global task rank",
+    "SLURM_LOCALID": "the task's rank on its node",
+    "SLURM_NODEID": "the node's index in the job",
+    "SLURM_NTASKS": "the job's number of tasks", "SLURM_NPROCS": "the job's number of tasks",
+    "SLURM_STEP_NUM_TASKS": "the job's number of tasks",
+    "SLURM_JOB_NUM_NODES": "the number of nodes", "SLURM_NNODES": "the number of nodes",
+    "SLURM_STEP_NUM_NODES": "the number of nodes",
+    "SLURM_NTASKS_PER_NODE": "the tasks per node",
+}
+"""What a Slurm output variable holds (sbatch/srun OUTPUT ENVIRONMENT VARIABLES: SLURM_PROCID "The MPI rank (or
+relative process ID) of the current process", SLURM_LOCALID "Node local task ID for the process within a job",
+SLURM_NODEID "ID of the nodes allocated" (the relative node ID of the current node, srun), SLURM_NTASKS/NPROCS the
+number of tasks, SLURM_JOB_NUM_NODES/NNODES "Total number of nodes in the job's resource allocation",
+SLURM_NTASKS_PER_NODE "Number of tasks requested per node"; ``_SBATCH_ENV``)."""
+
+_SLOT_ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^(node_rank|machine_rank|node_id|node_idx|node_index|group_rank)$"), "the node's index in the job"),
+    (re.compile(r"^(local_world_size|local_size|nproc_per_node|nprocs_per_node|procs_per_node|tasks_per_node|"
+                r"ntasks_per_node|local_world)$"), "the tasks per node"),
+    (re.compile(r"^(num_nodes|nnodes|n_nodes|num_machines|node_count|nodes)$"), "the number of nodes"),
+    (re.compile(r"^(local_rank|localrank|local_rank_id)$"), "the task's rank on its node"),
+    (re.compile(r"^(world_size|num_processes|num_replicas|ntasks)$"), "the job's number of tasks"),
+    (re.compile(r"^(rank|global_rank|world_rank|proc_rank|process_rank)$"), "the global task rank"),
+)
+"""A name that promises one of those quantities (torchrun's --node-rank/--nproc-per-node/--nnodes, accelerate's
+--machine_rank/--num_machines, init_process_group's rank/world_size, LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+
+
+def _slurm_read(node: ast.AST | None) -> tuple[ast.AST, str] | None:
+    """``(node, "SLURM_X")`` when ``node`` reads a Slurm/PMI variable: ``os.environ["SLURM_X"]``,
+    ``os.getenv("SLURM_X")``, or a helper of the script that takes the name first (``get_int_env("SLURM_X", env)``),
+    through ``int()``/``str()``."""
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    while isinstance(node, ast.Call) and _call_name(node)[1] in ("int", "str") and node.args:
+        node = node.args[0]
+    if node is None:
+        return None
+    key = _env_key(node)
+    if key is None and isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+            isinstance(node.args[0].value, str) and "env" in "".join(_call_name(node)).lower():
+        key = node.args[0].value
+    if key is None and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr == "get" and node.args and isinstance(node.args[0], ast.Constant) and \
+            "env" in _dotted_lower(node.func.value):
+        key = node.args[0].value
+    if isinstance(key, str) and key.startswith(("SLURM_", "SLURMD_")):
+        return node, key
+    return None
+
+
+def _dotted_lower(node: ast.AST) -> str:
+    return ast.unparse(node).lower()
+
+
+def _slurm_known(key: str) -> str | None:
+    """``None`` when Slurm sets ``key``; else the documented name it most likely meant (``SLURM_JOB_NUMNODES`` ->
+    ``SLURM_JOB_NUM_NODES``: the same without underscores, or a close spelling), or ``""`` when none is close."""
+    import difflib
+
+    from helpers import envnames
+
+    known = envnames.slurm_env_vars()
+    if key in known or not key.startswith(("SLURM_", "SLURMD_")):
+        return None
+    squeezed = {k.replace("_", ""): k for k in known}
+    if key.replace("_", "") in squeezed:
+        return squeezed[key.replace("_", "")]
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.9)
+    return close[0] if close else ""
+
+
+def rule_slurm_env(lt: PythonLinter) -> None:
+    """Slurm's output variables read for what they are not (``_SBATCH_ENV``, srun's OUTPUT ENVIRONMENT VARIABLES).
+
+    * ``slurm-var-unknown``: a ``SLURM_*`` name Slurm neither documents nor sets (``helpers/data/slurm_env_vars.txt``,
+      :func:`helpers.envnames.slurm_env_vars`) that is one spelling away from one it does (``SLURM_JOB_NUMNODES``):
+      ``os.environ[...]`` raises KeyError, ``.get`` returns its default on every node.  A name far from every Slurm
+      name (a site's own) is left alone.
+    * ``slurm-env-misuse``: a variable assigned to, or passed as, a name that promises another quantity: the node
+      rank torchrun/accelerate take from ``SLURM_PROCID`` (the task rank: right only with one task per node, out of
+      range or repeated with more), a per-node process count from the node count, a global rank from
+      ``SLURM_LOCALID``...
+    """
+    if "SLURM" not in lt.text:
+        return
+    seen: set[int] = set()
+    for n in lt.nodes:
+        read = _slurm_read(n) if isinstance(n, (ast.Subscript, ast.Call)) else None
+        if read is None or id(read[0]) in seen:
+            continue
+        seen.add(id(read[0]))
+        meant = _slurm_known(read[1])
+        if meant:
+            lt.add("slurm-var-unknown", "warning", n,
+                   f"{read[1]} is not a variable Slurm sets (sbatch/srun OUTPUT ENVIRONMENT VARIABLES); {meant} is: "
+                   "os.environ[...] raises KeyError, .get() returns its default on every node",
+                   f"read {meant}", _SBATCH_ENV)
+    slots: list[tuple[ast.AST, str, ast.AST]] = []
+    for n in lt.nodes:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+                if name:
+                    slots.append((n, name, n.value))
+        elif isinstance(n, ast.keyword) and n.arg:
+            slots.append((n.value, n.arg, n.value))
+    for at, name, value in slots:
+        want = next((role for pat, role in _SLOT_ROLES if pat.match(name.lower().lstrip("_"))), None)
+        parts = value.values if isinstance(value, ast.BoolOp) else [value.body, value.orelse] \
+            if isinstance(value, ast.IfExp) else [value]
+        for part in parts:
+            read = _slurm_read(part)
+            if want is None or read is None:
+                continue
+            key = _slurm_known(read[1]) or read[1]
+            has = _SLURM_ROLES.get(key)
+            if has is None or has == want:
+                continue
+            lt.add("slurm-env-misuse", "error", at,
+                   f"{name} (meant: {want}) is taken from {read[1]}, which holds {has}: "
+                   + ("right only with one Slurm task per node; with more, node ranks repeat or go out of range "
+                      "and the launch fails" if key == "SLURM_PROCID" and "node" in want else
+                      "the value differs from the intended one as soon as the job has several nodes or several "
+                      "tasks per node"),
+                   f"read the variable that holds {want}: " + next(
+                       (k for k, r in _SLURM_ROLES.items() if r == want), "see the sbatch/srun output variables"),
+                   _SBATCH_ENV)
+            break
+
+
+_BARRIERS = {"barrier", "wait_for_everyone", "monitored_barrier", "wait_for_everybody"}
+_STEP_CALLS = {"backward", "step"}
+
+
+def _own_calls(loop: ast.For | ast.While | ast.AsyncFor) -> list[ast.Call]:
+    """The calls one iteration of ``loop`` makes itself (not inside a nested loop, function or class)."""
+    out: list[ast.Call] = []
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                             ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def rule_barrier_every_step(lt: PythonLinter) -> None:
+    """A barrier (``dist.barrier()``, ``accelerator.wait_for_everyone()``) as a plain statement of the training-step
+    loop (the loop whose own iteration calls ``backward``/``optimizer.step``), under no condition: every step waits
+    for the slowest rank ("This collective blocks processes until the whole group enters this function", ``_DIST``
+    barrier; Accelerate's wait_for_everyone "Will stop the execution of the current process until every other process
+    has reached that point ... Useful to do before saving a model", ``_ACC``).  The gradient all-reduce already
+    synchronises the step; the extra barrier stalls every rank on every step (multi-node utilisation drops).  Keep it
+    in the branch that saves or evaluates."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(b in lt.text for b in _BARRIERS):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _BARRIERS:
+            continue
+        stmt = lt.parents.get(c)
+        loop = lt.parents.get(stmt) if isinstance(stmt, ast.Expr) else None
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)) or stmt not in loop.body:
+            continue
+        steps = sorted((x for x in _own_calls(loop) if _call_name(x)[1] in _STEP_CALLS),
+                       key=lambda x: (_call_name(x)[1] != "backward", x.lineno))
+        if not steps:
+            continue
+        lt.add("barrier-every-step", "warning", c,
+               f"{ast.unparse(c)} runs on every iteration of the training loop (line {loop.lineno}, "
+               f"{ast.unparse(steps[0].func)} at line {steps[0].lineno}): every step waits for the slowest rank, "
+               "on top of the gradient all-reduce",
+               "call it only where it is needed: inside the save/evaluation branch (if step % save_steps == 0: "
+               "wait_for_everyone(); save on the main process)", _ACC)
+
+
 def rule_undefined_attribute(lt: PythonLinter) -> None:
     """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
     assigns ``X`` nor defines it: AttributeError at run time."""
@@ -858,6 +1096,9 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_lr_steps_from_dataset_length(lt)
     rule_nccl_cpu_tensor(lt, sc)
     rule_grad_accum_from_device_count(lt)
+    rule_world_size_from_device_count(lt)
+    rule_slurm_env(lt)
+    rule_barrier_every_step(lt)
     rule_undefined_attribute(lt)
     grad_sync_rules.run(lt)
     lt.facts.contract = sc

@@ -46,6 +46,7 @@ _ACC_DS = "https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed"
 _ACC_EX = "https://huggingface.co/docs/accelerate/en/basic_tutorials/execution"
 _SRUN = "https://slurm.schedmd.com/srun.html"
 _SBATCH = "https://slurm.schedmd.com/sbatch.html"
+_SBATCH_ENV = _SBATCH + "#SECTION_OUTPUT-ENVIRONMENT-VARIABLES"
 _NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 _TORCH_NCCL_ENV = "https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html"
 _PL_SLURM = "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html"
@@ -99,6 +100,13 @@ CONTRACTS: tuple[Contract, ...] = (
        "where ranks wait for one rank without a timeout of their own"),
     _c("collectives", "Every rank of the group calls the same collectives in the same order (a collective reached "
        "on some ranks only hangs the others)", _COLL, ("rank-gated-collective", "rank-early-exit-collective")),
+    _c("barrier", "A barrier blocks every rank until the whole group reaches it: one per training step (not in "
+       "the save branch) stalls every step on the slowest rank, on top of the gradient all-reduce", _ACC +
+       "#accelerate.Accelerator.wait_for_everyone", "barrier-every-step"),
+    _c("all_reduce", "torch.distributed.all_reduce is not recorded by autograd (the differentiable collectives are "
+       "torch.distributed.nn.*): a loss built from a reduced tensor backpropagates only the local share, and the "
+       "data-parallel gradient average divides it by the world size again", _DIST +
+       "#autograd-enabled-communication-primitives", "backward-through-all-reduce"),
     _c("collectives", "Ranks iterate the same number of steps when each step holds a collective (uneven per-rank "
        "data needs a DistributedSampler or Join)", "https://docs.pytorch.org/docs/stable/distributed.algorithms.join"
        ".html", "rank-sliced-data"),
@@ -134,6 +142,10 @@ CONTRACTS: tuple[Contract, ...] = (
        "torch.load.html", "load-without-map-location"),
     _c("torchrun", "The world size is WORLD_SIZE (nnodes x nproc-per-node), not the GPUs one node has "
        "(torch.cuda.device_count())", _TORCHRUN + "#environment-variables", "grad-accum-from-device-count"),
+    _c("init_process_group", "world_size is the number of processes that join, which the launcher decides "
+       "(WORLD_SIZE): torch.cuda.device_count() is right only where the script spawns one process per GPU itself; "
+       "under torchrun with fewer processes than GPUs the group never fills (hang)", _INIT,
+       "world-size-from-device-count"),
     _c("DistributedDataParallel", "BatchNorm statistics are per process unless the model is converted with "
        "SyncBatchNorm.convert_sync_batchnorm before wrapping", _SYNCBN, "batchnorm-without-syncbn"),
     _c("DistributedDataParallel", "Each process's forward runs the same module structure (no rank-dependent "
@@ -197,6 +209,13 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("srun", "srun -N is at most the allocation's --nodes", _SRUN, "nnodes-mismatch"),
     _c("srun", "srun python script.py (no per-node launcher) starts one rank per task: --ntasks-per-node equals the "
        "GPUs each node uses (Lightning: equals Trainer(devices))", _SRUN, "srun-tasks-per-node"),
+    _c("sbatch/srun output variables", "A script reads the variables Slurm sets, spelled as documented "
+       "(SLURM_JOB_NUM_NODES, not SLURM_JOB_NUMNODES): another name is unset on every node", _SBATCH_ENV,
+       "slurm-var-unknown"),
+    _c("sbatch/srun output variables", "Each variable is read for what it holds: SLURM_PROCID the task's global "
+       "rank, SLURM_LOCALID its rank on the node, SLURM_NODEID the node's index, SLURM_NTASKS the task count, "
+       "SLURM_JOB_NUM_NODES the node count, SLURM_NTASKS_PER_NODE the tasks per node (a node rank from SLURM_PROCID "
+       "is right only with one task per node)", _SBATCH_ENV, "slurm-env-misuse"),
     _c("sbatch", "The rendezvous address is a node of the job (node 0), not $SLURM_SUBMIT_HOST, the host sbatch ran on",
        _SBATCH + "#OPT_SLURM_SUBMIT_HOST", "master-addr-login-node"),
     _c("sbatch", "Files the tasks read (script, configs) are on a filesystem every node sees (not /tmp)", _SBATCH,

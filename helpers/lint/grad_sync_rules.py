@@ -149,11 +149,90 @@ def rule_no_sync_misaligned(lt: PythonLinter) -> None:
                 break
 
 
+_AUTOGRAD_COLL = "https://docs.pytorch.org/docs/stable/distributed.html#autograd-enabled-communication-primitives"
+_NO_GRAD_OPS = frozenset({"detach", "item", "tolist", "cpu", "numpy"})
+
+
+def _carries(expr: ast.AST, names: set[str]) -> bool:
+    """Whether ``expr`` carries one of ``names`` into its value as a numerator or term: not only as a divisor
+    (``local_sum / global_count`` is the usual global-mean normalisation) and not through ``.detach()``/``.item()``."""
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) and node.id in names:
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            todo.append(node.left)
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _NO_GRAD_OPS:
+            continue
+        if isinstance(node, (ast.Lambda, ast.Compare)):
+            continue
+        todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+    return False
+
+
+def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
+    """``dist.all_reduce(t)`` in place, then a loss built from ``t`` (as a term, not only as the divisor) and
+    ``loss.backward()`` in the same function.  ``torch.distributed.all_reduce`` is not recorded by autograd (the
+    autograd-aware collectives are ``torch.distributed.nn.*``, ``_AUTOGRAD_COLL``), so the backward treats the sum as
+    this rank's own value: each rank's gradient carries only its local share of a loss normalised globally, and the
+    data-parallel wrapper's gradient averaging (DDP/FSDP divide by the world size, ``_DDP_DOC``) divides again: the
+    model trains with lr / world_size.  Backward on the rank-local loss; use the reduced copy for logging."""
+    if "all_reduce" not in lt.text or "backward" not in lt.text:
+        return
+    for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        reduced: dict[str, ast.Call] = {}
+        for st in ast.walk(fn):
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and call_name(st.value) == "all_reduce" \
+                    and st.value.args and isinstance(st.value.args[0], ast.Name) and \
+                    "nn" not in ast.unparse(st.value.func).split(".") and lt._enclosing_function(st) is fn:
+                reduced.setdefault(st.value.args[0].id, st.value)
+        if not reduced:
+            continue
+        carrying = set(reduced)
+        assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+        for _ in range(4):
+            before = len(carrying)
+            for n in assigns:
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    if isinstance(t, ast.Name) and _carries(n.value, carrying):
+                        carrying.add(t.id)
+                    elif isinstance(t, ast.Tuple):
+                        vals = n.value.elts if isinstance(n.value, ast.Tuple) and \
+                            len(n.value.elts) == len(t.elts) else [n.value] * len(t.elts)
+                        carrying.update(e.id for e, v in zip(t.elts, vals)
+                                        if isinstance(e, ast.Name) and _carries(v, carrying))
+            if len(carrying) == before:
+                break
+        for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            target = None
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "backward":
+                target = c.func.value
+                if isinstance(target, ast.Call) and call_name(target) == "scale" and target.args:
+                    target = target.args[0]  # scaler.scale(loss).backward()
+                elif not isinstance(target, ast.Name) and c.args:
+                    target = c.args[0]  # accelerator.backward(loss), engine.backward(loss)
+            if isinstance(target, ast.Name) and target.id in carrying and target.id not in reduced or \
+                    isinstance(target, ast.Name) and target.id in reduced:
+                first = min(reduced.values(), key=lambda x: x.lineno)
+                lt.add("backward-through-all-reduce", "warning", c,
+                       f"{ast.unparse(c)[:60]} differentiates a loss built from {ast.unparse(first)[:50]} "
+                       f"(line {first.lineno}): dist.all_reduce is not autograd-aware, so each rank's gradient holds "
+                       "only its own share, and the data-parallel gradient averaging divides by the world size "
+                       "again (the model trains with lr / world_size)",
+                       "call backward on the rank-local loss (scaled by world_size / global count if it is "
+                       "normalised globally); keep the reduced copy for logging, or use "
+                       "torch.distributed.nn.functional.all_reduce", _AUTOGRAD_COLL)
+                break
+
+
 def run(lt: PythonLinter) -> None:
     """Run the gradient-synchronisation rules on ``lt``."""
     rule_sync_flag_after_forward(lt)
     rule_no_sync_backward_only(lt)
     rule_no_sync_misaligned(lt)
+    rule_backward_through_all_reduce(lt)
 
 
 __all__ = ["run"]

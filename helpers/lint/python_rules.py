@@ -44,6 +44,10 @@ RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "is_main_process"
               "is_master", "is_world_process_zero", "is_local_process_zero", "get_node_local_rank", "is_primary",
               "is_local_main_process", "get_data_parallel_rank"}
 GLOBAL_RANK_CALLS = {"get_rank", "get_global_rank"}
+MAIN_ATTR = re.compile(r"^_?is_(?:global_|local_|node_|world_)?(?:main|master|chief|primary)(?:_process|_proc|_rank|_node)?$")
+"""An attribute that says "this is the main process" of the job or of a node (``is_global_main``, ``is_local_master``,
+``is_main_process``): one rank answers True, the rest False, whatever the object holding it (rtg's ``distr``,
+a trainer, a config).  Rank-dependent by its name, as ``rank`` is."""
 STRONG_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
                       "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
                       "broadcast_object_list", "monitored_barrier", "wait_for_everyone", "gather_for_metrics",
@@ -169,6 +173,27 @@ def _launch_check(test: ast.Compare) -> bool:
                               isinstance(v.operand, ast.Constant) and v.operand.value == 1 for v in vals)
 
 
+def _exits(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of ``body`` that leave it for the code after the enclosing statement: ``return``/``raise``
+    anywhere (not inside a nested function or class), ``break``/``continue`` not inside a nested loop.  A ``break``
+    under a further condition (``if rank == 0: ... if stopper.is_stop(): break``) still leaves on the gated rank
+    only.  Returns them in source order (a direct child first when there is one)."""
+    direct = [s for s in body if isinstance(s, FINISHING)]
+    found: list[ast.stmt] = []
+    todo: list[tuple[ast.AST, bool]] = [(s, False) for s in body]
+    while todo:
+        node, in_loop = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Return, ast.Raise)) or isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
+            found.append(node)
+            continue
+        loop = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        todo.extend((c, loop if c not in getattr(node, "orelse", ()) else in_loop)
+                    for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt))
+    return direct + sorted((s for s in found if s not in direct), key=lambda s: (s.lineno, s.col_offset))
+
+
 class _Taint:
     """Names that hold rank-dependent values (any rank) and global-rank values (for D3)."""
 
@@ -178,13 +203,40 @@ class _Taint:
         self.rank_attrs: set[str] = set()
         self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
         self.spawned_params = spawned_params
+        self.sites: dict[str, list[ast.AST]] = {}  # name -> the assignments that made it rank-dependent
+        self.parents: dict[ast.AST, ast.AST] = {}  # set by PythonLinter: for the flow check of _late
+
+    def _late(self, read: ast.Name) -> bool:
+        """Whether ``read`` cannot see a rank value: it reads a local of its function (not a parameter, not
+        ``global``) whose rank-dependent assignments in that function all come after it, outside any loop there.
+        ``if seed is None: seed = broadcast(...)`` followed later by ``seed += local_rank`` reads the seed before it
+        depends on the rank (torchtitan's set_determinism)."""
+        fn, loop, p = None, False, self.parents.get(read)
+        while p is not None:
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                fn = p
+                break
+            loop = loop or isinstance(p, (ast.For, ast.While, ast.AsyncFor))
+            p = self.parents.get(p)
+        if fn is None or loop or read.id in {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}:
+            return False
+        if any(isinstance(n, (ast.Global, ast.Nonlocal)) and read.id in n.names for n in ast.walk(fn)):
+            return False
+        mine = [s for s in self.sites.get(read.id, ()) if self._function_of(s) is fn]
+        return bool(mine) and all(s.lineno > read.lineno for s in mine)
+
+    def _function_of(self, node: ast.AST) -> ast.AST | None:
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            p = self.parents.get(p)
+        return p
 
     def is_rank(self, node: ast.AST) -> bool:
         for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and (sub.id in self.rank or sub.id in RANK_NAMES):
+            if isinstance(sub, ast.Name) and (sub.id in RANK_NAMES or sub.id in self.rank and not self._late(sub)):
                 return True
             if isinstance(sub, ast.Attribute) and (sub.attr in RANK_ATTRS or sub.attr in self.rank_attrs
-                                                   or sub.attr.lstrip("_") in RANK_ATTRS):
+                                                   or sub.attr.lstrip("_") in RANK_ATTRS or MAIN_ATTR.match(sub.attr)):
                 return True
             if isinstance(sub, ast.Call):
                 _, name = _call_name(sub)
@@ -207,7 +259,8 @@ class _Taint:
                     return True
                 continue
             if isinstance(node, ast.Attribute):
-                if node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS:
+                if (node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS
+                        or MAIN_ATTR.match(node.attr)):
                     return True
                 continue
             key = _env_key(node)
@@ -268,6 +321,9 @@ class _Taint:
                     continue
                 if self.is_rank_value(n.value):
                     self.rank.update(names)
+                    for name in names:
+                        if n not in self.sites.setdefault(name, []):
+                            self.sites[name].append(n)
                 if self.is_global_rank(n.value):
                     self.global_rank.update(names)
 
@@ -317,6 +373,7 @@ class PythonLinter:
                 spawned.add(call.args[0].id)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
+        self.taint.parents = self.parents
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -592,7 +649,7 @@ class PythonLinter:
                 for i, stmt in enumerate(block):
                     if not (isinstance(stmt, ast.If) and self.taint.rank_test(stmt.test)):
                         continue
-                    exits = [s for s in stmt.body if isinstance(s, FINISHING)]
+                    exits = _exits(stmt.body)
                     if not exits or isinstance(exits[0], ast.Raise):
                         continue
                     rest = ast.Module(body=block[i + 1:], type_ignores=[])
