@@ -44,6 +44,8 @@ RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "is_main_process"
               "is_master", "is_world_process_zero", "is_local_process_zero", "get_node_local_rank", "is_primary",
               "is_local_main_process", "get_data_parallel_rank"}
 GLOBAL_RANK_CALLS = {"get_rank", "get_global_rank"}
+GLOBAL_RANK_ATTRS = {"global_rank", "process_index"}
+"""Attributes that hold the global rank itself (``process_index``: Accelerate's ``Accelerator`` / ``PartialState``)."""
 MAIN_ATTR = re.compile(r"^_?is_(?:global_|local_|node_|world_)?(?:main|master|chief|primary)(?:_process|_proc|_rank|_node)?$")
 """An attribute that says "this is the main process" of the job or of a node (``is_global_main``, ``is_local_master``,
 ``is_main_process``): one rank answers True, the rest False, whatever the object holding it (rtg's ``distr``,
@@ -202,6 +204,7 @@ class _Taint:
         self.global_rank: set[str] = set()
         self.rank_attrs: set[str] = set()
         self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
+        self.global_rank_funcs: set[str] = set()  # local functions that return the global rank itself
         self.spawned_params = spawned_params
         self.sites: dict[str, list[ast.AST]] = {}  # name -> the assignments that made it rank-dependent
         self.parents: dict[ast.AST, ast.AST] = {}  # set by PythonLinter: for the flow check of _late
@@ -286,9 +289,11 @@ class _Taint:
         """A value that is the global rank itself (not ``rank % ngpus``, not ``local_rank``)."""
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
             return False
+        if isinstance(node, ast.IfExp):  # `index if torch.cuda.is_available() else "cpu"`
+            return self.is_global_rank(node.body) or self.is_global_rank(node.orelse)
         if isinstance(node, ast.Call):
             _recv, name = _call_name(node)
-            if name in GLOBAL_RANK_CALLS:
+            if name in GLOBAL_RANK_CALLS or name in self.global_rank_funcs:
                 return True
             if name in ("int", "str") and node.args:
                 return self.is_global_rank(node.args[0])
@@ -300,8 +305,10 @@ class _Taint:
         if isinstance(node, ast.Name):
             return node.id in self.global_rank or (node.id in ("global_rank",))
         if isinstance(node, ast.Attribute):
-            return node.attr in ("global_rank",) or (node.attr == "rank" and _src(node.value) in ("args", "self.args", "cfg",
-                                                                                                 "config", "opt"))
+            # Accelerate's ``process_index`` is "the index of the current process" across all nodes;
+            # ``local_process_index`` the one on this node (https://huggingface.co/docs/accelerate/package_reference/accelerator)
+            return node.attr in GLOBAL_RANK_ATTRS or (node.attr == "rank" and _src(node.value) in ("args", "self.args",
+                                                                                                   "cfg", "config", "opt"))
         if isinstance(node, ast.JoinedStr):
             return any(isinstance(v, ast.FormattedValue) and self.is_global_rank(v.value) for v in node.values)
         return False
@@ -391,7 +398,8 @@ class PythonLinter:
         * ``mp.spawn(fn, ...)``: ``fn``'s first parameter is the process index (rank-dependent);
         * a call ``f(x)`` with a rank-dependent ``x`` taints ``f``'s parameter at that position (or keyword);
         * a function that returns a rank-dependent value (``def is_main(): return dist.get_rank() == 0``)
-          makes its calls rank-dependent.
+          makes its calls rank-dependent; one that returns the global rank itself (``return
+          Accelerator().process_index``) makes its calls global-rank values (D3's device choice).
 
         Names are not scoped (a name tainted in one function is tainted in all): the over-approximation the
         assignment pass already makes.
@@ -406,6 +414,7 @@ class PythonLinter:
                    for name, fn in self.functions.items()}
         for _ in range(3):
             before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs))
+            before_global = len(taint.global_rank_funcs)
             taint.learn(self.nodes)
             for call in calls:
                 recv, name = _call_name(call)
@@ -424,8 +433,27 @@ class PythonLinter:
             for name, values in returns.items():
                 if name not in taint.rank_funcs and values and any(taint.is_rank_value(v) for v in values):
                     taint.rank_funcs.add(name)
-            if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs)) == before:
+                if name not in taint.global_rank_funcs and any(self._returns_global_rank(self.functions[name], v)
+                                                                 for v in values):
+                    taint.global_rank_funcs.add(name)
+            if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs)) == before and \
+                    before_global == len(taint.global_rank_funcs):
                 break
+
+    def _returns_global_rank(self, fn: ast.AST, value: ast.AST, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether ``return value`` in ``fn`` returns the global rank, judged within ``fn``: a returned name must be
+        assigned a global-rank value in ``fn`` itself (names are not scoped elsewhere, and a ``rank`` of another
+        function must not make ``def get_local_rank(): ... return int(rank)`` a global rank)."""
+        if isinstance(value, ast.IfExp):
+            return self._returns_global_rank(fn, value.body, seen) or self._returns_global_rank(fn, value.orelse, seen)
+        if isinstance(value, ast.Call) and _call_name(value)[1] in ("int", "str") and value.args:
+            return self._returns_global_rank(fn, value.args[0], seen)
+        if isinstance(value, ast.Name):
+            if value.id in seen:  # x = x + 1, or a = b; b = a
+                return False
+            return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)
+                       and self._returns_global_rank(fn, n.value, seen | {value.id}) for n in ast.walk(fn))
+        return self.taint.is_global_rank(value)
 
     # --- helpers -------------------------------------------------------------------------
     def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
@@ -722,11 +750,20 @@ class PythonLinter:
             for kw in call.keywords:
                 if kw.arg == "device_id" and name in ("FullyShardedDataParallel", "FSDP"):
                     args.append(kw.value)
+            if name == "to" and isinstance(call.func, ast.Attribute) and len(call.args) == 1 and not call.keywords:
+                args.append(call.args[0])  # module.to(index): an int is a CUDA device index (Module.to, Tensor.to)
             if any(self._global_rank_value(a) for a in args):
                 self.add("device-from-global-rank", "error", call,
                          f"{_src(call)[:70]} picks the GPU from the global rank: on the second node RANK is 8..15 and "
                          "cuda:RANK does not exist ('invalid device ordinal') or ranks collide",
                          "use LOCAL_RANK: torch.cuda.set_device(int(os.environ['LOCAL_RANK']))", "D3")
+        for node in self.nodes:  # device_map={"": index}: the whole model on that device (Accelerate's big-model API)
+            if isinstance(node, ast.Dict) and len(node.keys) == 1 and isinstance(node.keys[0], ast.Constant) \
+                    and node.keys[0].value == "" and self._global_rank_value(node.values[0]):
+                self.add("device-from-global-rank", "error", node,
+                         f"{_src(node)[:70]} puts the whole model on the device numbered by the global rank: on the "
+                         "second node that index does not exist ('invalid device ordinal') or ranks share a GPU",
+                         "use the local index: device_map={'': accelerator.local_process_index} (or LOCAL_RANK)", "D3")
 
     def rule_sampler_set_epoch(self) -> None:
         """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``."""

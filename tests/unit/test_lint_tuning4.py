@@ -243,3 +243,49 @@ def test_backward_through_an_all_reduced_loss():
 
 def test_a_reduced_count_as_divisor_and_a_reduced_copy_for_logging_are_quiet():
     assert "backward-through-all-reduce" not in found(("t.py", REDUCED_DIVISOR_ONLY))
+
+
+# ---------------------------------------------------------------- device-from-global-rank through a returned value
+RETURNED_PROCESS_INDEX = """
+import torch
+from accelerate import Accelerator
+class Wrapper:
+    @classmethod
+    def _current_device(cls):
+        index = Accelerator().process_index
+        return index if torch.cuda.is_available() else "cpu"
+    @classmethod
+    def load(cls, name, model_cls):
+        device = cls._current_device()
+        model = model_cls.from_pretrained(name, device_map={"": device})
+        head = torch.nn.Linear(4, 1).to(cls._current_device())
+        return model, head
+"""
+
+RETURNED_LOCAL_INDEX = """
+import os, torch
+from accelerate import Accelerator
+def get_rank():
+    rank = os.environ.get("RANK")
+    return int(rank)
+def get_local_rank():
+    for key in ("LOCAL_RANK",):
+        rank = os.environ.get(key)
+        if rank is not None:
+            return int(rank)
+def load(model_cls, name):
+    index = Accelerator().local_process_index
+    model = model_cls.from_pretrained(name, device_map={"": index})
+    return model.to(get_local_rank())
+"""
+
+
+def test_global_rank_returned_by_a_method_reaches_device_map_and_to():
+    """Accelerate's process_index is the global index; a method returning it picks the device on every call site."""
+    assert found(("m.py", RETURNED_PROCESS_INDEX)).get("device-from-global-rank") == ["FAIL"] * 2
+
+
+def test_local_index_and_a_local_rank_function_are_not_the_global_rank():
+    """local_process_index, and a function whose own ``rank`` comes from LOCAL_RANK (another function's ``rank``
+    being global does not leak into it)."""
+    assert "device-from-global-rank" not in found(("m.py", RETURNED_LOCAL_INDEX))
