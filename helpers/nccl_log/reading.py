@@ -100,6 +100,10 @@ _SKIP, _SUMMARY, _OTHER, _NCCL = "skip", "summary", "other", "nccl"
 _PLAN_SKIP, _PLAN_SUMMARY = (_SKIP,), (_SUMMARY,)
 _PLAN_MAX = 16384           # distinct lines whose plan _Parser.feed keeps (then the table starts again)
 _PLAN_LINE_MAX = 512        # longer lines are planned each time (a kept plan holds the line about three times)
+# events that a second reading of the same line for the same rank leaves as they are: deduplicated lists and sets
+# (error chain, channels, GIDs), maxima (topology: nranks, nodes, local ranks, stage), the plugin flag (once True,
+# stays True); the other kinds count or assign, and are replayed
+_ONCE_PER_RANK = frozenset({"chain", "channel", "gid", "topo", "plugin"})
 
 def _ifaces(text: str) -> list[Iface]:
     """Interfaces of a ``[0]eth0:10.0.0.1<0> [1]ib0:...`` or ``eth0:10.0.0.1<0>`` list."""
@@ -197,7 +201,7 @@ class _Parser:
                             plans[raw] = plan
                 what = plan[0]
                 if what is _NCCL:
-                    _, cache, hkey, cut, events, extra, parsed, bare = plan
+                    _, cache, hkey, cut, events, extra, parsed, bare, replay, done = plan
                     nccl += 1
                     info = cache.get(hkey)
                     if info is None:
@@ -210,24 +214,31 @@ class _Parser:
                         previous = info.key
                     info.lines += 1
                     info.last_line = cut
+                    # this line was read for this rank before: what it adds to bounded lists and sets, the stage, the
+                    # ranks and hosts of its hits are there already; only counters and assignments are replayed
+                    again_for = done[0] is info
                     if events:
-                        for event in events:
-                            kind = event[0]
-                            if kind == "chain":
-                                chain = info.error_chain
-                                if len(chain) < _KEEP_MAX and event[1] not in chain:
-                                    chain.append(event[1])
-                            elif kind == "channel":
-                                channel_keys = info._channel_keys
-                                if event[2] not in channel_keys and len(channel_keys) < _CHANNELS_MAX:
-                                    channel_keys.add(event[2])
-                                    ch: Channel = event[1]
-                                    info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction,
-                                                                 ch.via, cut, ch.src_dev, ch.dst_dev))
-                                if info.stage < _S_CHANNELS:
-                                    info.stage = _S_CHANNELS
-                            else:
+                        if again_for:
+                            for event in replay:
                                 apply(info, event, cut)
+                        else:
+                            for event in events:
+                                kind = event[0]
+                                if kind == "chain":
+                                    chain = info.error_chain
+                                    if len(chain) < _KEEP_MAX and event[1] not in chain:
+                                        chain.append(event[1])
+                                elif kind == "channel":
+                                    channel_keys = info._channel_keys
+                                    if event[2] not in channel_keys and len(channel_keys) < _CHANNELS_MAX:
+                                        channel_keys.add(event[2])
+                                        ch: Channel = event[1]
+                                        info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst,
+                                                                     ch.direction, ch.via, cut, ch.src_dev, ch.dst_dev))
+                                    if info.stage < _S_CHANNELS:
+                                        info.stage = _S_CHANNELS
+                                else:
+                                    apply(info, event, cut)
                     else:
                         unparsed += 1
                     if extra is None:       # the common line: no WARN, no hit, no "Using", no "Last error:"
@@ -244,9 +255,16 @@ class _Parser:
                         if hit is not None:
                             counts = info.catalog
                             counts[hit] = counts.get(hit, 0) + 1
-                            add_hit(catalog, hit, line, info, base + seen)
+                            if again_for:
+                                done[1].count += 1
+                            else:
+                                done[1] = add_hit(catalog, hit, line, info, base + seen)
                         if site is not None:
-                            add_hit(sites, site, line, info, base + seen)
+                            if again_for:
+                                done[2].count += 1
+                            else:
+                                done[2] = add_hit(sites, site, line, info, base + seen)
+                    done[0] = info
                 elif what is _OTHER:
                     _, again, ckey, site_none, ends_last_error, wrapped, hit, where, line, cut = plan
                     reconstructed += again
@@ -287,9 +305,10 @@ class _Parser:
         bandwidth``), ``(_OTHER, reconstructed, ckey, no site matched, ends in "Last error:", a wrapped interface
         list, catalog id or None, _info arguments of its prefix or None, line, line cut to _LINE_MAX)`` (not NCCL
         output) or ``(_NCCL, memo table of its head's rank, key in that table, line cut to _LINE_MAX, events, extra,
-        the head parsed (:func:`_parse_head`), what the message says when the head names no rank)``, ``extra`` being
-        None or ``(reconstructed, ends in "Last error:", is a WARN, ends in "Using", catalog id or None, site index or
-        None, line)``.  ``ckey`` is the text after the ``host:pid:tid [dev] `` prefix (the whole line when there is
+        the head parsed (:func:`_parse_head`), what the message says when the head names no rank, the events a second
+        reading for the same rank replays, done)``, ``extra`` being None or ``(reconstructed, ends in "Last error:",
+        is a WARN, ends in "Using", catalog id or None, site index or None, line)`` and ``done`` the mutable ``[rank
+        this line was last read for, its catalog CatalogHit, its site CatalogHit]`` that :meth:`feed` keeps.  ``ckey`` is the text after the ``host:pid:tid [dev] `` prefix (the whole line when there is
         none), cut to ``_SCAN_MAX``; the head is the text before NCCL's marker (with the prefix); ``reconstructed``
         (0 or 1): the line carried the corpus' ``# reconstructed`` note, cut off here.
         """
@@ -320,7 +339,7 @@ class _Parser:
         memo = self._hits.get(ckey)
         if memo is None:
             memo = self._memo(ckey, _catalog_regex())
-        hit, rel, events, site, says_using, bare, ends_last_error = memo
+        hit, rel, events, site, says_using, bare, ends_last_error, replay = memo
         ends_last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
         cut = line if len(line) <= _LINE_MAX else _cut(line)
         if rel is None:
@@ -347,15 +366,15 @@ class _Parser:
         extra = None
         if reconstructed or ends_last_error or rel[2] or says_using or hit is not None or site is not None:
             extra = (reconstructed, ends_last_error, rel[2], says_using, hit, site, line)
-        return _NCCL, cache, hkey, cut, events, extra, parsed, bare
+        return _NCCL, cache, hkey, cut, events, extra, parsed, bare, replay, [None, None, None]
 
     def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
         """What a line's text after its prefix (``ckey``) means, worked out once per distinct text (bounded).
 
         Returns ``(catalog entry id or None, NCCL split of ckey or None, events of its message, generated-site index or
         None, the message ends in "Using" (a wrapped interface list may follow), (rank key the message names or None,
-        it carries a version), ckey ends in "Last error:")``; the pair is how :meth:`_attribute` places a line whose
-        head names no rank.
+        it carries a version), ckey ends in "Last error:", the events a second reading of the line for the same rank
+        replays)``; the pair is how :meth:`_attribute` places a line whose head names no rank.
         """
         hit = None
         if any(word in ckey for word in _CATALOG_KEYS):
@@ -374,16 +393,20 @@ class _Parser:
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
         bare = (_content_key(events), any(e[0] == "version" for e in events))
         memo = self._hits[ckey] = (hit, rel, events, site, rel is not None and rel[1][-5:] == "Using", bare,
-                                   ckey.endswith("Last error:"))
+                                   ckey.endswith("Last error:"),
+                                   tuple(event for event in events if event[0] not in _ONCE_PER_RANK))
         return memo
 
-    def _hit(self, table: dict, key: str | int, line: str, info: RankInfo, seq: int) -> None:
+    def _hit(self, table: dict, key: str | int, line: str, info: RankInfo, seq: int) -> CatalogHit:
         """Count one line (input line ``seq``, printed by ``info``'s rank) under ``key`` of ``table``.
 
         ``table`` is :attr:`NcclLog.catalog` (``key``: the id of the hand-written entry that matched) or
         :attr:`NcclLog.sites` (``key``: the index of the generated site that printed it, -1 for a WARN line no site
         matches).  The :class:`CatalogHit` keeps the count, a few evidence lines, and the ranks and hosts that printed
-        it (bounded); the catalog's per-rank count (``info.catalog``) is the caller's.
+        it (bounded); the catalog's per-rank count (``info.catalog``) is the caller's.  Returns the hit.
+
+        Once a line was counted for a rank, the same line from the same rank adds only to ``count``: its evidence line,
+        rank and host are in the bounded lists already, or those lists are full (:meth:`feed` counts it so).
         """
         hit = table.get(key)
         if hit is None:
@@ -410,6 +433,7 @@ class _Parser:
         host = info.host
         if host and len(hit.hosts) < _KEEP_MAX and host not in hit.hosts:
             hit.hosts.append(host)
+        return hit
 
     @staticmethod
     def _split(line: str) -> tuple[str, str, bool] | None:

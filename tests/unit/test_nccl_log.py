@@ -429,3 +429,61 @@ def test_every_nccl_variable_a_fix_names_exists_in_nccl() -> None:
     texts.append(Path(rules.__file__).read_text())
     named = {m for text in texts for m in re.findall(r"\bNCCL_[A-Z0-9_]*[A-Z0-9]\b", text)}
     assert named - known == set()
+
+
+# ------------------------------------------------------------------------------- the reader's plan per distinct line
+
+def test_plan_of_a_line_comes_from_its_text_alone() -> None:
+    """What ``_Parser._plan`` makes of one line: skip, nccl-tests summary, a non-NCCL catalog line, or an NCCL line
+    with the memo table and key of its head's rank, its events, and what a second reading for the same rank replays."""
+    from helpers.nccl_log import reading
+
+    p = reading._Parser()
+    for blank in ("", "   ", "# a comment", "  # an indented comment"):
+        assert p._plan(blank) == (reading._SKIP,)
+    assert p._plan("# Avg bus bandwidth    : 1.23") == (reading._SUMMARY,)
+
+    what, cache, hkey, cut, events, extra, parsed, bare, replay, done = p._plan(
+        "host:1:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>")
+    assert (what, hkey, extra, done) == (reading._NCCL, "host:1:2 [0", None, [None, None, None])
+    assert cache is p._rank_of_pre and parsed[0] == ("host", 1, 0) and parsed[4] == "host:1[0]"
+    assert [e[0] for e in events] == [e[0] for e in replay] == ["bootstrap"]     # an assignment: replayed
+    channel = p._plan("host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")
+    assert [e[0] for e in channel[4]] == ["channel"] and channel[8] == () and channel[7] == ("rank0", False)
+
+    warn = p._plan("host:1:2 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed"
+                   " : Connection refused")
+    assert warn[1] is p._rank_of and warn[2] == "host:1:2 [0] misc/socket.cc:483 "   # the head keeps the source
+    again, last_error, is_warn, says_using, hit, site, line = warn[5]
+    assert (again, last_error, is_warn, says_using) == (0, False, True, False) and isinstance(site, int)
+    assert [e[0] for e in warn[4]] == ["connect"]
+
+    using = p._plan("host:1:2 [0] NCCL INFO NET/Socket : Using  # reconstructed: the list wrapped")
+    assert using[5][0] == 1 and using[5][3] is True and using[5][6] == "host:1:2 [0] NCCL INFO NET/Socket : Using"
+    bare = p._plan("NCCL version 2.19.3+cuda12.3")
+    assert bare[2] == "" and bare[6][0] is None and bare[7] == (None, True)    # no head: the previous line's rank
+
+    other = p._plan("[rank3]: Cuda failure 802 'system not yet initialized'")
+    assert other[0] == reading._OTHER and other[6] == "cuda-802-fabric-manager" and other[7] is None
+
+
+def test_a_line_read_again_counts_as_if_read_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan table and its shortcut for a line read again for the same rank change nothing: every log of
+    tests/data/nccl read twice over (so lines repeat for the same ranks), with plans kept, never kept
+    (``_PLAN_LINE_MAX`` -1: every line read fresh) or kept three at a time (the table starts again every third
+    line), gives the same log."""
+    from helpers.nccl_log import reading
+
+    def read(text: str) -> str:
+        try:
+            return repr(nl.parse(text * 2))
+        except ValueError as exc:     # no NCCL line in it
+            return str(exc)
+
+    texts = [f.read_text(errors="replace") for f in sorted(DATA.rglob("*.log"))]
+    kept = [read(t) for t in texts]
+    assert sum("RankInfo(" in r for r in kept) > 60
+    for plan_line_max, plan_max in ((-1, reading._PLAN_MAX), (reading._PLAN_LINE_MAX, 3)):
+        monkeypatch.setattr(reading, "_PLAN_LINE_MAX", plan_line_max)
+        monkeypatch.setattr(reading, "_PLAN_MAX", plan_max)
+        assert [read(t) for t in texts] == kept, (plan_line_max, plan_max)
