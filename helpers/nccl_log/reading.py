@@ -199,24 +199,53 @@ class _Parser:
                             if len(plans) >= _PLAN_MAX:
                                 plans.clear()
                             plans[raw] = plan
-                what = plan[0]
-                if what is _NCCL:
+                if plan[0] is _NCCL:
                     _, cache, hkey, cut, events, extra, parsed, bare, replay, done = plan
                     nccl += 1
+                    info = done[0]
+                    if info is not None:
+                        # read before, for the rank its head always names (_rank_of): what the line adds to bounded
+                        # lists and sets, the stage, the ranks and hosts of its hits are there already; only counters
+                        # and assignments are replayed
+                        previous = info.key
+                        info.lines += 1
+                        info.last_line = cut
+                        if events:
+                            for event in replay:
+                                apply(info, event, cut)
+                        else:
+                            unparsed += 1
+                        if extra is None:       # the common line: no WARN, no hit, no "Using", no "Last error:"
+                            last_error = False
+                            using = None
+                        else:
+                            again, last_error, warn, says_using, hit, site, line = extra
+                            reconstructed += again
+                            if warn:
+                                info.warn_count += 1
+                                if len(info.warns) < _KEEP_MAX:
+                                    info.warns.append(cut)
+                            using = (info,) if says_using else None
+                            if hit is not None:
+                                info.catalog[hit] += 1
+                                done[2].count += 1
+                            if site is not None:
+                                done[3].count += 1
+                        continue
                     info = cache.get(hkey)
-                    if info is None:
-                        previous, info, cacheable = attribute(parsed, bare, previous)
-                        if cacheable:
+                    fixed = info is not None
+                    if fixed:
+                        previous = info.key
+                    else:
+                        previous, info, fixed = attribute(parsed, bare, previous)
+                        if fixed:
                             if len(cache) >= _MEMO_MAX:
                                 cache.clear()
+                                plans.clear()       # the ranks their plans keep were found through that table
                             cache[hkey] = info
-                    else:
-                        previous = info.key
                     info.lines += 1
                     info.last_line = cut
-                    # this line was read for this rank before: what it adds to bounded lists and sets, the stage, the
-                    # ranks and hosts of its hits are there already; only counters and assignments are replayed
-                    again_for = done[0] is info
+                    again_for = done[1] is info     # read before for this rank (a head that names no rank)
                     if events:
                         if again_for:
                             for event in replay:
@@ -241,7 +270,7 @@ class _Parser:
                                     apply(info, event, cut)
                     else:
                         unparsed += 1
-                    if extra is None:       # the common line: no WARN, no hit, no "Using", no "Last error:"
+                    if extra is None:
                         last_error = False
                         using = None
                     else:
@@ -256,16 +285,16 @@ class _Parser:
                             counts = info.catalog
                             counts[hit] = counts.get(hit, 0) + 1
                             if again_for:
-                                done[1].count += 1
-                            else:
-                                done[1] = add_hit(catalog, hit, line, info, base + seen)
-                        if site is not None:
-                            if again_for:
                                 done[2].count += 1
                             else:
-                                done[2] = add_hit(sites, site, line, info, base + seen)
-                    done[0] = info
-                elif what is _OTHER:
+                                done[2] = add_hit(catalog, hit, line, info, base + seen)
+                        if site is not None:
+                            if again_for:
+                                done[3].count += 1
+                            else:
+                                done[3] = add_hit(sites, site, line, info, base + seen)
+                    done[0 if fixed else 1] = info
+                elif plan[0] is _OTHER:
                     _, again, ckey, site_none, ends_last_error, wrapped, hit, where, line, cut = plan
                     reconstructed += again
                     if last_error and site_none:
@@ -286,7 +315,7 @@ class _Parser:
                         counts = info.catalog
                         counts[hit] = counts.get(hit, 0) + 1
                         add_hit(catalog, hit, line, info, base + seen)
-                elif what is _SUMMARY:
+                elif plan[0] is _SUMMARY:
                     log.nccl_tests_summaries += 1
                     count += 1
         finally:
@@ -307,8 +336,9 @@ class _Parser:
         output) or ``(_NCCL, memo table of its head's rank, key in that table, line cut to _LINE_MAX, events, extra,
         the head parsed (:func:`_parse_head`), what the message says when the head names no rank, the events a second
         reading for the same rank replays, done)``, ``extra`` being None or ``(reconstructed, ends in "Last error:",
-        is a WARN, ends in "Using", catalog id or None, site index or None, line)`` and ``done`` the mutable ``[rank
-        this line was last read for, its catalog CatalogHit, its site CatalogHit]`` that :meth:`feed` keeps.  ``ckey`` is the text after the ``host:pid:tid [dev] `` prefix (the whole line when there is
+        is a WARN, ends in "Using", catalog id or None, site index or None, line)`` and ``done`` the mutable ``[the rank
+        every reading of the line belongs to (its head is in the memo table) once the line was read for it, the rank
+        it was last read for otherwise, its catalog CatalogHit, its site CatalogHit]`` that :meth:`feed` keeps.  ``ckey`` is the text after the ``host:pid:tid [dev] `` prefix (the whole line when there is
         none), cut to ``_SCAN_MAX``; the head is the text before NCCL's marker (with the prefix); ``reconstructed``
         (0 or 1): the line carried the corpus' ``# reconstructed`` note, cut off here.
         """
@@ -366,7 +396,7 @@ class _Parser:
         extra = None
         if reconstructed or ends_last_error or rel[2] or says_using or hit is not None or site is not None:
             extra = (reconstructed, ends_last_error, rel[2], says_using, hit, site, line)
-        return _NCCL, cache, hkey, cut, events, extra, parsed, bare, replay, [None, None, None]
+        return _NCCL, cache, hkey, cut, events, extra, parsed, bare, replay, [None, None, None, None]
 
     def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
         """What a line's text after its prefix (``ckey``) means, worked out once per distinct text (bounded).

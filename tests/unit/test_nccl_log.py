@@ -445,7 +445,7 @@ def test_plan_of_a_line_comes_from_its_text_alone() -> None:
 
     what, cache, hkey, cut, events, extra, parsed, bare, replay, done = p._plan(
         "host:1:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>")
-    assert (what, hkey, extra, done) == (reading._NCCL, "host:1:2 [0", None, [None, None, None])
+    assert (what, hkey, extra, done) == (reading._NCCL, "host:1:2 [0", None, [None, None, None, None])
     assert cache is p._rank_of_pre and parsed[0] == ("host", 1, 0) and parsed[4] == "host:1[0]"
     assert [e[0] for e in events] == [e[0] for e in replay] == ["bootstrap"]     # an assignment: replayed
     channel = p._plan("host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")
@@ -468,10 +468,10 @@ def test_plan_of_a_line_comes_from_its_text_alone() -> None:
 
 
 def test_a_line_read_again_counts_as_if_read_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan table and its shortcut for a line read again for the same rank change nothing: every log of
-    tests/data/nccl read twice over (so lines repeat for the same ranks), with plans kept, never kept
-    (``_PLAN_LINE_MAX`` -1: every line read fresh) or kept three at a time (the table starts again every third
-    line), gives the same log."""
+    """The plan table and its shortcuts for a line read again change nothing: every log of tests/data/nccl read twice
+    over (so lines repeat for the same ranks) gives the same log with plans never kept (``_PLAN_LINE_MAX`` -1: every
+    line read afresh, the reader before the plans), kept, or kept three at a time (the table starts again every third
+    line); and so with memo tables of two entries (the rank tables start again, and the plans with them)."""
     from helpers.nccl_log import reading
 
     def read(text: str) -> str:
@@ -481,9 +481,15 @@ def test_a_line_read_again_counts_as_if_read_fresh(monkeypatch: pytest.MonkeyPat
             return str(exc)
 
     texts = [f.read_text(errors="replace") for f in sorted(DATA.rglob("*.log"))]
-    kept = [read(t) for t in texts]
-    assert sum("RankInfo(" in r for r in kept) > 60
-    for plan_line_max, plan_max in ((-1, reading._PLAN_MAX), (reading._PLAN_LINE_MAX, 3)):
-        monkeypatch.setattr(reading, "_PLAN_LINE_MAX", plan_line_max)
-        monkeypatch.setattr(reading, "_PLAN_MAX", plan_max)
-        assert [read(t) for t in texts] == kept, (plan_line_max, plan_max)
+    # one process printed under two torchrun labels: the rank follows the label of the latest head read afresh
+    texts.append("".join(f"[rank{r}]:h:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+                         f"h:{r + 2}:1 [0] NCCL INFO cudaDriverVersion 12030\n" for r in (0, 1, 0, 2, 0)))
+    for memo_max in (reading._MEMO_MAX, 2):
+        monkeypatch.setattr(reading, "_MEMO_MAX", memo_max)
+        monkeypatch.setattr(reading, "_PLAN_LINE_MAX", -1)
+        fresh = [read(t) for t in texts]
+        assert sum("RankInfo(" in r for r in fresh) > 60
+        for plan_max in (16384, 3):
+            monkeypatch.setattr(reading, "_PLAN_LINE_MAX", 512)
+            monkeypatch.setattr(reading, "_PLAN_MAX", plan_max)
+            assert [read(t) for t in texts] == fresh, (memo_max, plan_max)
