@@ -161,9 +161,16 @@ class _Parser:
         a line seen before costs one dict lookup on its text plus what it changes: the rank its head maps to
         (``_rank_of``, ``_rank_of_pre``, else :meth:`_attribute`), the counters, the events (channel and error-chain
         lines, the most frequent, recorded here, the others by :meth:`_apply`) and the catalog/site hits
-        (:meth:`_hit`).  The state that carries from line to line (the previous line's rank, torch's ``Last
-        error:``, a ``Using`` line whose interface list may wrap) is the same whether the plan came from the table
-        or was just made.
+        (:meth:`_hit`).  A line read again for the same rank replays only what counts or assigns (the bounded lists,
+        sets and maxima hold its part already; ``_ONCE_PER_RANK``), and when its head is in the rank table the
+        plan keeps that rank (the plans are dropped with the table when it starts again).  The state that carries
+        from line to line (the previous line's rank, torch's ``Last error:``, a ``Using`` line whose interface list
+        may wrap) is the same whether the plan came from the table or was just made; the test
+        ``test_a_line_read_again_counts_as_if_read_fresh`` compares the log with the one read without plans.
+
+        Why a table of our own rather than :func:`functools.lru_cache` on :meth:`_plan`: a plan carries mutable
+        per-parser state (``done``), must be dropped with the rank tables, and a dict lookup inlined in the loop costs
+        less than a cached call per line.
         """
         self.log.sources.append(source)
         base = self.log.lines_seen      # line numbers count over all inputs (CatalogHit.first)
@@ -659,8 +666,12 @@ class _Parser:
 
 
 def _parse_head(tail: str) -> tuple:
-    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None)."""
+    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None, rank key
+    ``host:pid[dev]`` or None) of a line's head (the text before NCCL's marker, its last 300 characters)."""
     pm = _PREFIX.search(tail)
+    if pm is not None and not pm.start():      # NCCL's prefix alone: no label before it (most heads)
+        host, pid, dev = pm["host"], int(pm["pid"]), int(pm["dev"])
+        return (host, pid, dev), None, None, None, f"{host}:{pid}[{dev}]"
     label_part = tail[:pm.start()] if pm else tail
     lr = _LABEL_RANK.search(label_part)
     label_rank = int(lr.group(1) or lr.group(2)) if lr else None

@@ -467,6 +467,18 @@ def test_plan_of_a_line_comes_from_its_text_alone() -> None:
     assert other[0] == reading._OTHER and other[6] == "cuda-802-fabric-manager" and other[7] is None
 
 
+def test_parse_head_reads_prefix_and_labels() -> None:
+    """A head: NCCL's prefix alone (the short path), with torchrun's rank or local label before it, or a host label."""
+    from helpers.nccl_log.reading import _parse_head
+
+    assert _parse_head("gpu-a01:41021:41107 [3] ") == (("gpu-a01", 41021, 3), None, None, None, "gpu-a01:41021[3]")
+    assert _parse_head("gpu-a01:41021:41107 [3] init.cc:497 ")[4] == "gpu-a01:41021[3]"
+    assert _parse_head("[rank5]:gpu-a01:41021:41107 [3] ")[:2] == (("gpu-a01", 41021, 3), 5)
+    assert _parse_head("[default1]:gpu-a01:41021:41107 [3] ")[2] == "default1"
+    assert _parse_head("[rank 2] ") == (None, 2, None, None, None)
+    assert _parse_head("node7: ") == (None, None, None, "node7", None)
+
+
 def test_a_line_read_again_counts_as_if_read_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan table and its shortcuts for a line read again change nothing: every log of tests/data/nccl read twice
     over (so lines repeat for the same ranks) gives the same log with plans never kept (``_PLAN_LINE_MAX`` -1: every
