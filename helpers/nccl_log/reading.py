@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import gc
 import io
+import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -93,6 +95,15 @@ _ABORT = re.compile(r"Abort COMPLETE")
 _S_BOOTSTRAP, _S_NETWORK, _S_INIT, _S_CHANNELS, _S_COMPLETE = (
     _STAGE_INDEX[n] for n in ("bootstrap", "network", "init-start", "channels", "init-complete"))
 _ERROR_CHAIN = re.compile(r"^(?:[\w/]+/)?(\w+)\.(?:cc|cu|h):\d+ -> [1-9]\d*\b")
+# what _Parser._plan says a line is (compared by identity in the loop)
+_SKIP, _SUMMARY, _OTHER, _NCCL = "skip", "summary", "other", "nccl"
+_PLAN_SKIP, _PLAN_SUMMARY = (_SKIP,), (_SUMMARY,)
+_PLAN_MAX = 16384           # distinct lines whose plan _Parser.feed keeps (then the table starts again)
+_PLAN_LINE_MAX = 512        # longer lines are planned each time (a kept plan holds the line about three times)
+# events that a second reading of the same line for the same rank leaves as they are: deduplicated lists and sets
+# (error chain, channels, GIDs), maxima (topology: nranks, nodes, local ranks, stage), the plugin flag (once True,
+# stays True); the other kinds count or assign, and are replayed
+_ONCE_PER_RANK = frozenset({"chain", "channel", "gid", "topo", "plugin"})
 
 def _ifaces(text: str) -> list[Iface]:
     """Interfaces of a ``[0]eth0:10.0.0.1<0> [1]ib0:...`` or ``eth0:10.0.0.1<0>`` list."""
@@ -107,29 +118,6 @@ def _keep(bucket: list[str], line: str) -> None:
     if len(bucket) < _KEEP_MAX:
         bucket.append(line)
 
-
-
-def _count(hit: CatalogHit, line: str, info: RankInfo, seq: int = 0) -> None:
-    """One more line for ``hit`` (input line ``seq``): its count, a few evidence lines, and the ranks and hosts that
-    printed it (bounded)."""
-    count = hit.count
-    if not count:
-        hit.first = seq
-    hit.count = count + 1
-    evidence = hit.evidence
-    if len(evidence) < _EVIDENCE_MAX:
-        cut = line if len(line) <= _LINE_MAX else _cut(line)
-        if cut not in evidence:
-            evidence.append(cut)
-    keys = hit.keys
-    if len(keys) < _KEEP_MAX:
-        key = info.key
-        if key not in keys:
-            keys.append(key)
-            hit.firsts[key] = seq
-    host = info.host
-    if host and len(hit.hosts) < _KEEP_MAX and host not in hit.hosts:
-        hit.hosts.append(host)
 
 
 class _Parser:
@@ -149,6 +137,7 @@ class _Parser:
         # without its "] "; cleared by finish(), which merges records
         self._rank_of: dict[str, RankInfo] = {}
         self._rank_of_pre: dict[str, RankInfo] = {}
+        self._plans: dict[str, tuple] = {}     # input line -> _plan(line), for lines up to _PLAN_LINE_MAX characters
         self.nul_line = 0   # line number of the first NUL byte in the last input fed (0: none)
 
     def _info(self, key: str | None, host: str | None = None, pid: int | None = None,
@@ -161,158 +150,268 @@ class _Parser:
         return info
 
     def feed(self, lines: Iterable[str], source: str) -> int:
-        """Read ``lines`` one at a time (a file object streams); return how many were NCCL or catalog lines.
+        """Read ``lines`` one at a time (a file object or :class:`helpers.inputs.Lines` streams); return how many were
+        NCCL or catalog lines.
 
         Lines longer than ``_READ_MAX`` characters are cut; nothing but counters and a few
         examples per kind is kept, so memory stays bounded on a log of any size.  The loop is the
-        hot path of a 200 MB log (2.3 M lines): what depends only on the text after the
-        ``host:pid:tid [dev] `` prefix (catalog hit, NCCL split, events, how the line is attributed when its head
-        says nothing) is worked out once per distinct text (:meth:`_memo`); a head (``host:pid:tid [dev] `` with any
-        label) seen before maps straight to its rank (``_rank_of``, and ``_rank_of_pre`` for the plain prefix of a
-        line whose marker follows it), else :meth:`_attribute` works it out; the per-line work is one partition,
-        a few dict lookups and the line's events (channel and error-chain lines, the most frequent, recorded here,
-        the others by :meth:`_apply`).
+        hot path of a 200 MB log (2.3 M lines), and big logs repeat their lines: everything that depends on a
+        line's text alone (comment or not, the prefix, the catalog hit, the NCCL split, the events, which memo table
+        holds its head's rank) is worked out once per distinct line (:meth:`_plan`, kept in ``_plans``, bounded), so
+        a line seen before costs one dict lookup on its text plus what it changes: the rank its head maps to
+        (``_rank_of``, ``_rank_of_pre``, else :meth:`_attribute`), the counters, the events (channel and error-chain
+        lines, the most frequent, recorded here, the others by :meth:`_apply`) and the catalog/site hits
+        (:meth:`_hit`).  A line read again for the same rank replays only what counts or assigns (the bounded lists,
+        sets and maxima hold its part already; ``_ONCE_PER_RANK``), and when its head is in the rank table the
+        plan keeps that rank (the plans are dropped with the table when it starts again).  The state that carries
+        from line to line (the previous line's rank, torch's ``Last error:``, a ``Using`` line whose interface list
+        may wrap) is the same whether the plan came from the table or was just made; the test
+        ``test_a_line_read_again_counts_as_if_read_fresh`` compares the log with the one read without plans.
+
+        Why a table of our own rather than :func:`functools.lru_cache` on :meth:`_plan`: a plan carries mutable
+        per-parser state (``done``), must be dropped with the rank tables, and a dict lookup inlined in the loop costs
+        less than a cached call per line.
         """
         self.log.sources.append(source)
         base = self.log.lines_seen      # line numbers count over all inputs (CatalogHit.first)
         previous: str | None = None
-        count = nccl = seen = 0
+        count = nccl = seen = unparsed = reconstructed = 0
         last_error = False
         using: tuple[RankInfo] | None = None
         stop = False
         self.nul_line = 0
-        catalog = _catalog_regex()
         log = self.log
-        hits = self._hits
-        rank_of, rank_of_pre = self._rank_of, self._rank_of_pre
-        apply, catalog_hit, site_hit = self._apply, self._catalog_hit, self._site_hit
-        # the loop makes no reference cycles (the records it fills are reached from the log), so the cyclic collector
-        # would only walk the growing records again and again: it is off while the lines stream by
-        collecting = gc.isenabled()
-        gc.disable()
+        plans, make_plan = self._plans, self._plan
+        apply, attribute, add_hit = self._apply, self._attribute, self._hit
+        catalog, sites = log.catalog, log.sites
         try:
-            for seen, raw in enumerate(lines, 1):
+            # a file's lines come a chunk at a time (Lines.batches: no per-line generator, no UCS-4 round trip)
+            stream = itertools.chain.from_iterable(lines.batches()) if isinstance(lines, inputs.Lines) else lines
+            for seen, raw in enumerate(stream, 1):
                 if stop:
                     seen -= 1
                     break
-                if "\x00" in raw:          # NUL bytes: a preallocated or crash-truncated file; the text ends here
-                    self.nul_line = seen
-                    raw = raw.split("\x00", 1)[0]
-                    stop = True            # read what precedes the NULs on this line, then stop
-                    if not raw.strip():
-                        break
-                line = raw.rstrip()
-                if len(line) > _READ_MAX:       # the same as cutting raw first: what the cut leaves out is not blank
-                    line = raw[:_READ_MAX].rstrip()
-                if "\x1b" in line:
-                    line = _ANSI.sub("", line).rstrip()
-                if not line:
-                    continue
-                first = line[0]
-                if first in "# \t" and (first == "#" or line.lstrip().startswith("#")):
-                    if line.startswith("# Avg bus bandwidth"):   # nccl-tests' summary, not a comment
-                        log.nccl_tests_summaries += 1
-                        count += 1
-                    continue
-                if _RECONSTRUCTED in line:
-                    line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
-                    log.reconstructed += 1
-                # a "host:pid:tid [dev] " prefix ends at the first "] " within 200 characters; not one: a bare
-                # "Channel 00 : 0[0] -> ..." line, a label "[rank0]:" alone, or NCCL's marker before it
-                pre, sep, tail = line.partition("] ")
-                pinfo = rank_of_pre.get(pre) if sep else None       # a known prefix passed the checks already
-                if pinfo is not None or (sep and len(pre) <= 198 and "NCCL" not in pre and " : " not in pre
-                                         and " [" in pre):
-                    ckey = tail if len(tail) <= _SCAN_MAX else tail[:_SCAN_MAX]
-                else:
-                    pre, tail = None, line
-                    ckey = line if len(line) <= _SCAN_MAX else line[:_SCAN_MAX]
-                memo = hits.get(ckey)
-                if memo is None:
-                    memo = self._memo(ckey, catalog)
-                hit, rel, events, site, says_using, bare, ends_last_error = memo
-                if rel is None:
-                    if last_error and site is None:
+                plan = plans.get(raw)
+                if plan is None:
+                    if "\x00" in raw:          # NUL bytes: a preallocated or crash-truncated file; the text ends here
+                        self.nul_line = seen
+                        raw = raw.split("\x00", 1)[0]
+                        stop = True            # read what precedes the NULs on this line, then stop
+                        if not raw.strip():
+                            break
+                        plan = make_plan(raw)
+                    else:
+                        plan = make_plan(raw)
+                        if len(raw) <= _PLAN_LINE_MAX:
+                            if len(plans) >= _PLAN_MAX:
+                                plans.clear()
+                            plans[raw] = plan
+                if plan[0] is _NCCL:
+                    _, cache, hkey, cut, events, extra, parsed, bare, replay, done = plan
+                    nccl += 1
+                    info = done[0]
+                    if info is not None:
+                        # read before, for the rank its head always names (_rank_of): what the line adds to bounded
+                        # lists and sets, the stage, the ranks and hosts of its hits are there already; only counters
+                        # and assignments are replayed
+                        previous = info.key
+                        info.lines += 1
+                        info.last_line = cut
+                        if events:
+                            for event in replay:
+                                apply(info, event, cut)
+                        else:
+                            unparsed += 1
+                        if extra is None:       # the common line: no WARN, no hit, no "Using", no "Last error:"
+                            last_error = False
+                            using = None
+                        else:
+                            again, last_error, warn, says_using, hit, site, line = extra
+                            reconstructed += again
+                            if warn:
+                                info.warn_count += 1
+                                if len(info.warns) < _KEEP_MAX:
+                                    info.warns.append(cut)
+                            using = (info,) if says_using else None
+                            if hit is not None:
+                                info.catalog[hit] += 1
+                                done[2].count += 1
+                            if site is not None:
+                                done[3].count += 1
+                        continue
+                    info = cache.get(hkey)
+                    fixed = info is not None
+                    if fixed:
+                        previous = info.key
+                    else:
+                        previous, info, fixed = attribute(parsed, bare, previous)
+                        if fixed:
+                            if len(cache) >= _MEMO_MAX:
+                                cache.clear()
+                                plans.clear()       # the ranks their plans keep were found through that table
+                            cache[hkey] = info
+                    info.lines += 1
+                    info.last_line = cut
+                    again_for = done[1] is info     # read before for this rank (a head that names no rank)
+                    if events:
+                        if again_for:
+                            for event in replay:
+                                apply(info, event, cut)
+                        else:
+                            for event in events:
+                                kind = event[0]
+                                if kind == "chain":
+                                    chain = info.error_chain
+                                    if len(chain) < _KEEP_MAX and event[1] not in chain:
+                                        chain.append(event[1])
+                                elif kind == "channel":
+                                    channel_keys = info._channel_keys
+                                    if event[2] not in channel_keys and len(channel_keys) < _CHANNELS_MAX:
+                                        channel_keys.add(event[2])
+                                        ch: Channel = event[1]
+                                        info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst,
+                                                                     ch.direction, ch.via, cut, ch.src_dev, ch.dst_dev))
+                                    if info.stage < _S_CHANNELS:
+                                        info.stage = _S_CHANNELS
+                                else:
+                                    apply(info, event, cut)
+                    else:
+                        unparsed += 1
+                    if extra is None:
+                        last_error = False
+                        using = None
+                    else:
+                        again, last_error, warn, says_using, hit, site, line = extra
+                        reconstructed += again
+                        if warn:
+                            info.warn_count += 1
+                            if len(info.warns) < _KEEP_MAX:
+                                info.warns.append(cut)
+                        using = (info,) if says_using else None
+                        if hit is not None:
+                            counts = info.catalog
+                            counts[hit] = counts.get(hit, 0) + 1
+                            if again_for:
+                                done[2].count += 1
+                            else:
+                                done[2] = add_hit(catalog, hit, line, info, base + seen)
+                        if site is not None:
+                            if again_for:
+                                done[3].count += 1
+                            else:
+                                done[3] = add_hit(sites, site, line, info, base + seen)
+                    done[0 if fixed else 1] = info
+                elif plan[0] is _OTHER:
+                    _, again, ckey, site_none, ends_last_error, wrapped, hit, where, line, cut = plan
+                    reconstructed += again
+                    if last_error and site_none:
                         # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
                         entry = match_site(ckey)
                         if entry is not None:
-                            site_hit(entry["index"], line, log.unattributed, base + seen)
+                            add_hit(sites, entry["index"], line, log.unattributed, base + seen)
                             count += 1
-                    last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
-                    if using is not None and first == "[" and _WRAPPED.match(line):
+                    last_error = ends_last_error
+                    if using is not None and wrapped:
                         using[0].socket_ifaces += _ifaces(line)     # an interface list wrapped onto its own lines
-                        _keep(using[0].evidence_lines, _cut(line))
-                        continue
-                    if hit is not None:
+                        _keep(using[0].evidence_lines, cut)
+                    elif hit is not None:
                         count += 1
-                        pm = _PREFIX_ANY.search(line[:300]) if line.find("] ", 0, 300) >= 0 else None
-                        info = (self._info(f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]),
-                                           int(pm["dev"])) if pm else log.unattributed)
+                        info = self._info(*where) if where is not None else log.unattributed
                         info.lines += 1
-                        info.last_line = _cut(line)
-                        catalog_hit(hit, line, info, base + seen)
-                    continue
-                last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
-                nccl += 1
-                before = rel[0]
-                info = (pinfo if not before else rank_of.get(pre + "] " + before)) if pre is not None \
-                    else rank_of.get(before)
-                if info is None:
-                    head = (pre + "] " + before) if pre is not None else before
-                    previous, info, cacheable = self._attribute(head, bare, previous)
-                    if cacheable:
-                        cache = rank_of_pre if pre is not None and not before else rank_of
-                        if len(cache) >= _MEMO_MAX:
-                            cache.clear()
-                        cache[pre if cache is rank_of_pre else head] = info
-                else:
-                    previous = info.key
-                info.lines += 1
-                cut = line if len(line) <= _LINE_MAX else _cut(line)
-                info.last_line = cut
-                if rel[2]:
-                    info.warn_count += 1
-                    if len(info.warns) < _KEEP_MAX:
-                        info.warns.append(cut)
-                if events:
-                    for event in events:
-                        kind = event[0]
-                        if kind == "chain":
-                            chain = info.error_chain
-                            if len(chain) < _KEEP_MAX and event[1] not in chain:
-                                chain.append(event[1])
-                        elif kind == "channel":
-                            channel_keys = info._channel_keys
-                            if event[2] not in channel_keys and len(channel_keys) < _CHANNELS_MAX:
-                                channel_keys.add(event[2])
-                                ch: Channel = event[1]
-                                info.channels.append(Channel(ch.channel, ch.conn, ch.src, ch.dst, ch.direction, ch.via,
-                                                             cut, ch.src_dev, ch.dst_dev))
-                            if info.stage < _S_CHANNELS:
-                                info.stage = _S_CHANNELS
-                        else:
-                            apply(info, event, cut)
-                else:
-                    log.unparsed_count += 1
-                using = (info,) if says_using else None
-                if hit is not None:
-                    catalog_hit(hit, line, info, base + seen)
-                if site is not None:
-                    site_hit(site, line, info, base + seen)
+                        info.last_line = cut
+                        counts = info.catalog
+                        counts[hit] = counts.get(hit, 0) + 1
+                        add_hit(catalog, hit, line, info, base + seen)
+                elif plan[0] is _SUMMARY:
+                    log.nccl_tests_summaries += 1
+                    count += 1
         finally:
             log.lines_seen += seen
             log.nccl_lines += nccl
-            if collecting:
-                gc.enable()
+            log.unparsed_count += unparsed
+            log.reconstructed += reconstructed
         return count + nccl
+
+    def _plan(self, raw: str) -> tuple:
+        """What one input line (``raw``, NUL bytes already cut off) means on its own, for :meth:`feed` to apply.
+
+        A pure function of the text (it fills only the memo tables), so :meth:`feed` keeps it per distinct line.
+
+        Returns one of ``(_SKIP,)`` (blank or a ``#`` comment), ``(_SUMMARY,)`` (nccl-tests' ``# Avg bus
+        bandwidth``), ``(_OTHER, reconstructed, ckey, no site matched, ends in "Last error:", a wrapped interface
+        list, catalog id or None, _info arguments of its prefix or None, line, line cut to _LINE_MAX)`` (not NCCL
+        output) or ``(_NCCL, memo table of its head's rank, key in that table, line cut to _LINE_MAX, events, extra,
+        the head parsed (:func:`_parse_head`), what the message says when the head names no rank, the events a second
+        reading for the same rank replays, done)``, ``extra`` being None or ``(reconstructed, ends in "Last error:",
+        is a WARN, ends in "Using", catalog id or None, site index or None, line)`` and ``done`` the mutable ``[the rank
+        every reading of the line belongs to (its head is in the memo table) once the line was read for it, the rank
+        it was last read for otherwise, its catalog CatalogHit, its site CatalogHit]`` that :meth:`feed` keeps.  ``ckey`` is the text after the ``host:pid:tid [dev] `` prefix (the whole line when there is
+        none), cut to ``_SCAN_MAX``; the head is the text before NCCL's marker (with the prefix); ``reconstructed``
+        (0 or 1): the line carried the corpus' ``# reconstructed`` note, cut off here.
+        """
+        line = raw.rstrip()
+        if len(line) > _READ_MAX:       # the same as cutting raw first: what the cut leaves out is not blank
+            line = raw[:_READ_MAX].rstrip()
+        if "\x1b" in line:
+            line = _ANSI.sub("", line).rstrip()
+        if not line:
+            return _PLAN_SKIP
+        first = line[0]
+        if first in "# \t" and (first == "#" or line.lstrip().startswith("#")):
+            # nccl-tests' summary is not a comment
+            return _PLAN_SUMMARY if line.startswith("# Avg bus bandwidth") else _PLAN_SKIP
+        reconstructed = 0
+        if _RECONSTRUCTED in line:
+            line = line.split(_RECONSTRUCTED, 1)[0].rstrip()
+            reconstructed = 1
+        # a "host:pid:tid [dev] " prefix ends at the first "] " within 200 characters; not one: a bare
+        # "Channel 00 : 0[0] -> ..." line, a label "[rank0]:" alone, or NCCL's marker before it
+        pre: str | None
+        pre, sep, tail = line.partition("] ")
+        if sep and len(pre) <= 198 and "NCCL" not in pre and " : " not in pre and " [" in pre:
+            ckey = tail if len(tail) <= _SCAN_MAX else tail[:_SCAN_MAX]
+        else:
+            pre, tail = None, line
+            ckey = line if len(line) <= _SCAN_MAX else line[:_SCAN_MAX]
+        memo = self._hits.get(ckey)
+        if memo is None:
+            memo = self._memo(ckey, _catalog_regex())
+        hit, rel, events, site, says_using, bare, ends_last_error, replay = memo
+        ends_last_error = ends_last_error if ckey is tail else line.endswith("Last error:")
+        cut = line if len(line) <= _LINE_MAX else _cut(line)
+        if rel is None:
+            wrapped = first == "[" and _WRAPPED.match(line) is not None
+            where = None
+            if hit is not None:
+                pm = _PREFIX_ANY.search(line[:300]) if line.find("] ", 0, 300) >= 0 else None
+                if pm:
+                    where = (f"{pm['host']}:{pm['pid']}[{pm['dev']}]", pm["host"], int(pm["pid"]), int(pm["dev"]))
+            return _OTHER, reconstructed, ckey, site is None, ends_last_error, wrapped, hit, where, line, cut
+        before = rel[0]
+        if pre is not None and not before:
+            cache, hkey, head = self._rank_of_pre, pre, pre + "] "
+        else:
+            head = (pre + "] " + before) if pre is not None else before
+            cache, hkey = self._rank_of, head
+        tail = head[-300:]
+        parsed = self._heads.get(tail)
+        if parsed is None:
+            parsed = _parse_head(tail)
+            if len(self._heads) >= _MEMO_MAX:
+                self._heads.clear()
+            self._heads[tail] = parsed
+        extra = None
+        if reconstructed or ends_last_error or rel[2] or says_using or hit is not None or site is not None:
+            extra = (reconstructed, ends_last_error, rel[2], says_using, hit, site, line)
+        return _NCCL, cache, hkey, cut, events, extra, parsed, bare, replay, [None, None, None, None]
 
     def _memo(self, ckey: str, catalog: re.Pattern[str]) -> tuple:
         """What a line's text after its prefix (``ckey``) means, worked out once per distinct text (bounded).
 
         Returns ``(catalog entry id or None, NCCL split of ckey or None, events of its message, generated-site index or
         None, the message ends in "Using" (a wrapped interface list may follow), (rank key the message names or None,
-        it carries a version), ckey ends in "Last error:")``; the pair is how :meth:`_attribute` places a line whose
-        head names no rank.
+        it carries a version), ckey ends in "Last error:", the events a second reading of the line for the same rank
+        replays)``; the pair is how :meth:`_attribute` places a line whose head names no rank.
         """
         hit = None
         if any(word in ckey for word in _CATALOG_KEYS):
@@ -331,26 +430,47 @@ class _Parser:
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
         bare = (_content_key(events), any(e[0] == "version" for e in events))
         memo = self._hits[ckey] = (hit, rel, events, site, rel is not None and rel[1][-5:] == "Using", bare,
-                                   ckey.endswith("Last error:"))
+                                   ckey.endswith("Last error:"),
+                                   tuple(event for event in events if event[0] not in _ONCE_PER_RANK))
         return memo
 
-    def _site_hit(self, index: int, line: str, info: RankInfo, seq: int = 0) -> None:
-        """Count one line (input line ``seq``) that a generated site printed (``index`` -1: a WARN line no site
-        matches)."""
-        hit = self.log.sites.get(index)
-        if hit is None:
-            entry = load_sites()["entries"][index] if index >= 0 else {"index": -1}
-            hit = self.log.sites[index] = CatalogHit(entry)
-        _count(hit, line, info, seq)
+    def _hit(self, table: dict, key: str | int, line: str, info: RankInfo, seq: int) -> CatalogHit:
+        """Count one line (input line ``seq``, printed by ``info``'s rank) under ``key`` of ``table``.
 
-    def _catalog_hit(self, cid: str, line: str, info: RankInfo, seq: int = 0) -> None:
-        """Count one line (input line ``seq``) that the hand-written catalog entry ``cid`` matched."""
-        hit = self.log.catalog.get(cid)
+        ``table`` is :attr:`NcclLog.catalog` (``key``: the id of the hand-written entry that matched) or
+        :attr:`NcclLog.sites` (``key``: the index of the generated site that printed it, -1 for a WARN line no site
+        matches).  The :class:`CatalogHit` keeps the count, a few evidence lines, and the ranks and hosts that printed
+        it (bounded); the catalog's per-rank count (``info.catalog``) is the caller's.  Returns the hit.
+
+        Once a line was counted for a rank, the same line from the same rank adds only to ``count``: its evidence line,
+        rank and host are in the bounded lists already, or those lists are full (:meth:`feed` counts it so).
+        """
+        hit = table.get(key)
         if hit is None:
-            hit = self.log.catalog[cid] = CatalogHit(next(e for e in load_catalog() if e["id"] == cid))
-        counts = info.catalog
-        counts[cid] = counts.get(cid, 0) + 1
-        _count(hit, line, info, seq)
+            if table is self.log.catalog:
+                entry = next(e for e in load_catalog() if e["id"] == key)
+            else:
+                entry = load_sites()["entries"][key] if key >= 0 else {"index": -1}
+            hit = table[key] = CatalogHit(entry)
+        count = hit.count
+        if not count:
+            hit.first = seq
+        hit.count = count + 1
+        evidence = hit.evidence
+        if len(evidence) < _EVIDENCE_MAX:
+            cut = line if len(line) <= _LINE_MAX else _cut(line)
+            if cut not in evidence:
+                evidence.append(cut)
+        keys = hit.keys
+        if len(keys) < _KEEP_MAX:
+            rank_key = info.key
+            if rank_key not in keys:
+                keys.append(rank_key)
+                hit.firsts[rank_key] = seq
+        host = info.host
+        if host and len(hit.hosts) < _KEEP_MAX and host not in hit.hosts:
+            hit.hosts.append(host)
+        return hit
 
     @staticmethod
     def _split(line: str) -> tuple[str, str, bool] | None:
@@ -369,22 +489,15 @@ class _Parser:
             return "", line.strip(), False
         return None
 
-    def _attribute(self, head: str, bare: tuple[str | None, bool],
+    def _attribute(self, parsed: tuple, bare: tuple[str | None, bool],
                    previous: str | None) -> tuple[str | None, RankInfo, bool]:
-        """The key and record of the rank a line with this ``head`` belongs to (labels, prefix, content, the previous
-        line), and whether every line with this head belongs there (NCCL's prefix, no torchrun local label: the
-        caller remembers it).
+        """The key and record of the rank a line belongs to (labels, prefix, content, the previous line), and whether
+        every line with this head belongs there (NCCL's prefix, no torchrun local label: the caller remembers it).
 
-        ``bare`` is what the message says when the head names no rank: ``(rankN key its content names, it carries
-        the NCCL version)`` (:meth:`_memo`).
+        ``parsed`` is the line's head (the text before NCCL's marker, its last 300 characters) as :func:`_parse_head`
+        reads it; ``bare`` is what the message says when the head names no rank: ``(rankN key its content names, it
+        carries the NCCL version)`` (:meth:`_memo`).
         """
-        tail = head[-300:]
-        parsed = self._heads.get(tail)
-        if parsed is None:
-            parsed = _parse_head(tail)
-            if len(self._heads) >= _MEMO_MAX:
-                self._heads.clear()
-            self._heads[tail] = parsed
         pm, label_rank, ll, lh, pkey = parsed
         host = pid = dev = None
         content_rank: int | None = None
@@ -530,6 +643,7 @@ class _Parser:
         """
         self._rank_of.clear()
         self._rank_of_pre.clear()
+        self._plans.clear()
         for label_rank, full_key in self._label_to_key.items():
             bare = self.log.ranks.get(f"rank{label_rank}")
             if bare is not None and bare.host is None and full_key in self.log.ranks:
@@ -552,8 +666,12 @@ class _Parser:
 
 
 def _parse_head(tail: str) -> tuple:
-    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None)."""
+    """(``(host, pid, dev)`` or None, label rank or None, torchrun local label or None, host label or None, rank key
+    ``host:pid[dev]`` or None) of a line's head (the text before NCCL's marker, its last 300 characters)."""
     pm = _PREFIX.search(tail)
+    if pm is not None and not pm.start():      # NCCL's prefix alone: no label before it (most heads)
+        host, pid, dev = pm["host"], int(pm["pid"]), int(pm["dev"])
+        return (host, pid, dev), None, None, None, f"{host}:{pid}[{dev}]"
     label_part = tail[:pm.start()] if pm else tail
     lr = _LABEL_RANK.search(label_part)
     label_rank = int(lr.group(1) or lr.group(2)) if lr else None
@@ -676,6 +794,23 @@ def _content_key(events: list[tuple]) -> str | None:
     return None
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a log is read and its ranks merged, back as it was afterwards.
+
+    Reading makes no reference cycles (the records it fills are reached from the log), so a collection would only
+    walk the growing records again and again: on a 200 MB log that was about 1 s of collections (four full walks of
+    the records and the parser's memo tables).
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def parse(text: str, source: str = "<text>") -> NcclLog:
     """Parse ``NCCL_DEBUG=INFO`` output of any number of ranks and hosts.
 
@@ -691,11 +826,12 @@ def parse(text: str, source: str = "<text>") -> NcclLog:
     """
     if not isinstance(text, str):
         raise ValueError(f"text: expected the log as str, got {type(text).__name__}")
-    parser = _Parser()
-    if parser.feed(io.StringIO(text), source) == 0:
-        raise ValueError(f"{source}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO? "
-                         f"NCCL lines look like 'host:pid:tid [dev] NCCL INFO ...')")
-    return parser.finish()
+    with _collector_paused():
+        parser = _Parser()
+        if parser.feed(io.StringIO(text), source) == 0:
+            raise ValueError(f"{source}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO? "
+                             f"NCCL lines look like 'host:pid:tid [dev] NCCL INFO ...')")
+        return parser.finish()
 
 
 _SITE_INFO_WORDS = ("fail", "rror", "HINT", "imeout", "annot", "nable to", "not found", "isabl", "exceed")
@@ -755,21 +891,22 @@ def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
     """
     if not paths:
         raise ValueError("paths: give at least one log file (or - for stdin)")
-    parser = _Parser()
-    found: list[str] = []
-    read = 0
-    for path in paths:
-        problem, fed = _feed_one(parser, path, stdin)
-        read += fed
-        if problem:
-            if problems is None and not fed:
-                raise ValueError(problem)
-            found.append(problem)
-            if problems is not None:
-                problems.append(problem)
-    if not read:
-        raise ValueError("; ".join(found))
-    log = parser.finish()
-    log.problems = found
-    return log
+    with _collector_paused():
+        parser = _Parser()
+        found: list[str] = []
+        read = 0
+        for path in paths:
+            problem, fed = _feed_one(parser, path, stdin)
+            read += fed
+            if problem:
+                if problems is None and not fed:
+                    raise ValueError(problem)
+                found.append(problem)
+                if problems is not None:
+                    problems.append(problem)
+        if not read:
+            raise ValueError("; ".join(found))
+        log = parser.finish()
+        log.problems = found
+        return log
 

@@ -13,7 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from helpers.checks import NOT_OK, STATUSES, Check
-from helpers.nccl_log.catalog import bugs_for, cuda_reading, knowledge_for, load_catalog, version_tuple
+from helpers.nccl_log.catalog import (
+    bugs_for,
+    cuda_reading,
+    knowledge_for,
+    load_catalog,
+    site_knowledge,
+    version_tuple,
+)
 from helpers.nccl_log.model import (
     _EVIDENCE_MAX,
     _VERDICT_LIST_MAX,
@@ -165,8 +172,10 @@ def _check_interfaces(log: NcclLog, topology: str, owners: Mapping[str, set[str]
 
 def _check_single_node_net(log: NcclLog, topology: str) -> list[Check]:
     """All ranks on one host but channels ``via NET/...``: the Gilbreth single-node trap (§6.3, §9.4)."""
+    if topology != "single-node":
+        return []
     infos = [i for i in log.all_infos() if any(ch.kind == "NET" for ch in i.channels)]
-    if topology != "single-node" or not infos:
+    if not infos:
         return []
     net_channels = [ch for i in infos for ch in i.channels if ch.kind == "NET"]
     pairs = sorted({(ch.src, ch.dst) for ch in net_channels})
@@ -497,7 +506,7 @@ def _site_readings(e: dict, hit: Any, lines: list[str]) -> list[tuple[dict, list
     first line from that rank, position of the group's first line among the evidence)``: which failure a rank
     printed first.
     """
-    k = dict(e["knowledge"])
+    k = dict(site_knowledge(e))
     if k["class"] in _VAGUE or k["class"].startswith("other-"):
         # the format hides what failed ("Call to %s failed"): read the printed message itself
         printed = knowledge_for(_message(lines[0]), e["subsystem"], e["level"])
@@ -1033,12 +1042,20 @@ def _check_gdr_unused(log: NcclLog, topology: str) -> list[Check]:
     """
     if topology == "single-node":
         return []
-    ib = [(i, ch) for i in log.all_infos() for ch in i.channels
-          if ch.via[:3] == "NET" and ch.kind == "NET" and len(ch.via.split("/")) > 1
-          and ch.via.split("/")[1].startswith("IB")]
+    ib_via: dict[str, bool] = {}       # a job's channels share a few transports: each one tested once
+    ib = []
+    for i in log.all_infos():
+        for ch in i.channels:
+            via = ch.via
+            is_ib = ib_via.get(via)
+            if is_ib is None:
+                is_ib = ib_via[via] = (via[:3] == "NET" and ch.kind == "NET" and len(via.split("/")) > 1
+                                       and via.split("/")[1].startswith("IB"))
+            if is_ib:
+                ib.append((i, ch))
     if not ib or any("GDRDMA" in ch.via for _, ch in ib) or not any(ch.direction == "receive" for _, ch in ib):
         return []
-    if any(hit.entry["knowledge"]["class"] == "gdr-disabled" for hit in log.sites.values()):
+    if any(site_knowledge(hit.entry)["class"] == "gdr-disabled" for hit in log.sites.values()):
         return []      # NCCL's own "GPU Direct RDMA Disabled for HCA" line is read by the site reading
     off = sorted({f"{k}={v}" for i in log.all_infos() for k, v in i.env.items()
                   if k == "NCCL_NET_GDR_LEVEL" and v.upper() in ("0", "LOC")})

@@ -175,6 +175,10 @@ def test_open_lines_reads_what_a_text_file_reads_with_long_lines_cut(text, limit
         mp.setattr(inputs, "_TEXT_CHUNK", chunk)
         with inputs.open_lines("-", stdin=io.BytesIO(text.encode()), max_line_chars=limit, long_lines="cut") as lines:
             assert list(lines) == want and lines.cut == cut
+        with inputs.open_lines("-", stdin=io.BytesIO(text.encode()), max_line_chars=limit, long_lines="cut") as lines:
+            batches = list(lines.batches())
+        assert [line for batch in batches for line in batch] == [line.removesuffix("\n") for line in want]
+        assert lines.cut == cut and all(batches)
 
 
 def test_a_control_character_in_yaml_is_one_input_error():

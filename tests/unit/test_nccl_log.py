@@ -429,3 +429,79 @@ def test_every_nccl_variable_a_fix_names_exists_in_nccl() -> None:
     texts.append(Path(rules.__file__).read_text())
     named = {m for text in texts for m in re.findall(r"\bNCCL_[A-Z0-9_]*[A-Z0-9]\b", text)}
     assert named - known == set()
+
+
+# ------------------------------------------------------------------------------- the reader's plan per distinct line
+
+def test_plan_of_a_line_comes_from_its_text_alone() -> None:
+    """What ``_Parser._plan`` makes of one line: skip, nccl-tests summary, a non-NCCL catalog line, or an NCCL line
+    with the memo table and key of its head's rank, its events, and what a second reading for the same rank replays."""
+    from helpers.nccl_log import reading
+
+    p = reading._Parser()
+    for blank in ("", "   ", "# a comment", "  # an indented comment"):
+        assert p._plan(blank) == (reading._SKIP,)
+    assert p._plan("# Avg bus bandwidth    : 1.23") == (reading._SUMMARY,)
+
+    what, cache, hkey, cut, events, extra, parsed, bare, replay, done = p._plan(
+        "host:1:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>")
+    assert (what, hkey, extra, done) == (reading._NCCL, "host:1:2 [0", None, [None, None, None, None])
+    assert cache is p._rank_of_pre and parsed[0] == ("host", 1, 0) and parsed[4] == "host:1[0]"
+    assert [e[0] for e in events] == [e[0] for e in replay] == ["bootstrap"]     # an assignment: replayed
+    channel = p._plan("host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")
+    assert [e[0] for e in channel[4]] == ["channel"] and channel[8] == () and channel[7] == ("rank0", False)
+
+    warn = p._plan("host:1:2 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed"
+                   " : Connection refused")
+    assert warn[1] is p._rank_of and warn[2] == "host:1:2 [0] misc/socket.cc:483 "   # the head keeps the source
+    again, last_error, is_warn, says_using, hit, site, line = warn[5]
+    assert (again, last_error, is_warn, says_using) == (0, False, True, False) and isinstance(site, int)
+    assert [e[0] for e in warn[4]] == ["connect"]
+
+    using = p._plan("host:1:2 [0] NCCL INFO NET/Socket : Using  # reconstructed: the list wrapped")
+    assert using[5][0] == 1 and using[5][3] is True and using[5][6] == "host:1:2 [0] NCCL INFO NET/Socket : Using"
+    bare = p._plan("NCCL version 2.19.3+cuda12.3")
+    assert bare[2] == "" and bare[6][0] is None and bare[7] == (None, True)    # no head: the previous line's rank
+
+    other = p._plan("[rank3]: Cuda failure 802 'system not yet initialized'")
+    assert other[0] == reading._OTHER and other[6] == "cuda-802-fabric-manager" and other[7] is None
+
+
+def test_parse_head_reads_prefix_and_labels() -> None:
+    """A head: NCCL's prefix alone (the short path), with torchrun's rank or local label before it, or a host label."""
+    from helpers.nccl_log.reading import _parse_head
+
+    assert _parse_head("gpu-a01:41021:41107 [3] ") == (("gpu-a01", 41021, 3), None, None, None, "gpu-a01:41021[3]")
+    assert _parse_head("gpu-a01:41021:41107 [3] init.cc:497 ")[4] == "gpu-a01:41021[3]"
+    assert _parse_head("[rank5]:gpu-a01:41021:41107 [3] ")[:2] == (("gpu-a01", 41021, 3), 5)
+    assert _parse_head("[default1]:gpu-a01:41021:41107 [3] ")[2] == "default1"
+    assert _parse_head("[rank 2] ") == (None, 2, None, None, None)
+    assert _parse_head("node7: ") == (None, None, None, "node7", None)
+
+
+def test_a_line_read_again_counts_as_if_read_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan table and its shortcuts for a line read again change nothing: every log of tests/data/nccl read twice
+    over (so lines repeat for the same ranks) gives the same log with plans never kept (``_PLAN_LINE_MAX`` -1: every
+    line read afresh, the reader before the plans), kept, or kept three at a time (the table starts again every third
+    line); and so with memo tables of two entries (the rank tables start again, and the plans with them)."""
+    from helpers.nccl_log import reading
+
+    def read(text: str) -> str:
+        try:
+            return repr(nl.parse(text * 2))
+        except ValueError as exc:     # no NCCL line in it
+            return str(exc)
+
+    texts = [f.read_text(errors="replace") for f in sorted(DATA.rglob("*.log"))]
+    # one process printed under two torchrun labels: the rank follows the label of the latest head read afresh
+    texts.append("".join(f"[rank{r}]:h:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+                         f"h:{r + 2}:1 [0] NCCL INFO cudaDriverVersion 12030\n" for r in (0, 1, 0, 2, 0)))
+    for memo_max in (reading._MEMO_MAX, 2):
+        monkeypatch.setattr(reading, "_MEMO_MAX", memo_max)
+        monkeypatch.setattr(reading, "_PLAN_LINE_MAX", -1)
+        fresh = [read(t) for t in texts]
+        assert sum("RankInfo(" in r for r in fresh) > 60
+        for plan_max in (16384, 3):
+            monkeypatch.setattr(reading, "_PLAN_LINE_MAX", 512)
+            monkeypatch.setattr(reading, "_PLAN_MAX", plan_max)
+            assert [read(t) for t in texts] == fresh, (memo_max, plan_max)
