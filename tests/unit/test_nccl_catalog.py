@@ -76,3 +76,21 @@ def test_catalog_is_not_behind_the_newest_release() -> None:
     commit = subprocess.run(["git", "-C", str(CLONE), "rev-parse", f"{newest}^{{commit}}"], capture_output=True,
                             text=True, check=True).stdout.strip()
     assert SITES["header"]["nccl_commit"] == commit
+
+
+def test_site_ties_go_to_the_whole_message_then_to_ncclS_own_site() -> None:
+    """Anchors of one length: the format that matches the whole message wins over one matching its start, then the
+    first entry (NCCL's own site before a plugin's copy of the same format), whatever the hash seed."""
+    from helpers.nccl_log import catalog
+    from helpers.nccl_log.generate import sample_message
+
+    entries = catalog.load_sites()["entries"]
+    message = sample_message("Retrieve %s version %d failed with %d status %d")
+    shorter = next(e for e in entries if e["origin"] == "nccl" and e["format"] == "Retrieve %s failed with %d")
+    assert re.match(shorter["regex"], message)  # it matches the start of the longer message ...
+    back = catalog.match_site(message, "WARN")  # ... but a format matching all of it wins
+    assert back is not None and back["format"] != shorter["format"] and re.fullmatch(back["regex"], message)
+    twins = [e for e in entries if e["format"] == "Net : unsupported IP family" and e["level"] == "WARN"]
+    assert {e["origin"] for e in twins} >= {"nccl", "hpcx-sharp"}
+    back = catalog.match_site("Net : unsupported IP family", "WARN")
+    assert back is not None and back["index"] == min(e["index"] for e in twins) and back["origin"] == "nccl"
