@@ -422,26 +422,21 @@ def run_job(script: str | os.PathLike[str], args: Sequence[str] = (), *, launche
     return result
 
 
-DEEPSPEED_DEFAULT_PORT = 29500
-"""The ``deepspeed`` launcher's ``--master_port`` default (its constant in deepspeed/constants.py)."""
-
-
 def remove_deepspeed_segments(launcher_args: Sequence[str], world_size: int, shm_dir: str = "/dev/shm") -> list[str]:
     """Remove the ``/dev/shm`` all-reduce segments a ``deepspeed``-launched job on this host leaves; return their names.
 
     A rank that ends normally removes its own (:func:`helpers.scenarios._common.finish`); one killed by the timeout
     or by its launcher cannot, and DeepSpeed never does (see :func:`helpers.jobdir.remove_deepspeed_shm`).
-    The launcher exports ``MASTER_ADDR=127.0.0.1`` on one node and ``MASTER_PORT`` from ``--master_port`` (default
-    :data:`DEEPSPEED_DEFAULT_PORT`), so the names are known: ranks ``0 .. world_size - 1`` of that address and port.
+    The launcher exports ``MASTER_ADDR=127.0.0.1`` on one node and ``MASTER_PORT`` from ``--master_port`` (read by
+    the project's launch-line parser, :func:`helpers.launch_parse.parse_command`; default
+    :data:`helpers.launchers.DEFAULT_MASTER_PORT`), so the names are known: ranks ``0 .. world_size - 1``.
     """
-    port = str(DEEPSPEED_DEFAULT_PORT)
-    args = [str(a) for a in launcher_args]
-    for i, arg in enumerate(args):
-        if arg.startswith("--master_port="):
-            port = arg.split("=", 1)[1]
-        elif arg == "--master_port" and i + 1 < len(args):
-            port = args[i + 1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    import shlex
+
+    from helpers import launch_parse  # lazy: the parser and its trap rules are not needed to run a job
+
+    spec = launch_parse.parse_command(shlex.join(["deepspeed", *map(str, launcher_args), "job.py"]))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(spec.master_port or launchers.DEFAULT_MASTER_PORT)}
     return [str(jobdir.deepspeed_shm_name(rank, env)) for rank in range(world_size)
             if jobdir.remove_deepspeed_shm(rank, shm_dir, env)]
 

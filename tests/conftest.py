@@ -92,9 +92,8 @@ def no_leftovers(monkeypatch, tmp_path_factory):
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Note the ``/dev/shm`` segments present when the run starts (in the controller, not in xdist's workers)."""
-    if not hasattr(session.config, "workerinput"):
-        session.config.stash[_SHM_AT_START] = shm_segments()
+    """Note the ``/dev/shm`` segments present when the run starts."""
+    session.config.stash[_SHM_AT_START] = shm_segments()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -103,7 +102,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     Checked once for the whole run rather than per test, and only for segments nobody maps: ``make test`` runs two
     pytest processes at once, and a segment that appears meanwhile may belong to a live job of the other one.
     """
-    if hasattr(session.config, "workerinput") or _SHM_AT_START not in session.config.stash:
+    if _SHM_AT_START not in session.config.stash:  # the session failed before it started
         return
     left = sorted(shm_segments() - session.config.stash[_SHM_AT_START] - shm_segments_in_use())
     for name in left:

@@ -191,7 +191,6 @@ def finish() -> None:
     gc.collect()
 
 
-
 def spin(seconds: float) -> None:
     """Compute (hold the CPU, pure Python) for ``seconds``: a rank busy outside any collective, as py-spy sees it
     (``active``), where ``time.sleep`` shows ``idle``."""
