@@ -413,8 +413,7 @@ class PythonLinter:
         returns = {name: [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
                    for name, fn in self.functions.items()}
         for _ in range(3):
-            before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs))
-            before_global = len(taint.global_rank_funcs)
+            before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs), len(taint.global_rank_funcs))
             taint.learn(self.nodes)
             for call in calls:
                 recv, name = _call_name(call)
@@ -436,8 +435,7 @@ class PythonLinter:
                 if name not in taint.global_rank_funcs and any(self._returns_global_rank(self.functions[name], v)
                                                                  for v in values):
                     taint.global_rank_funcs.add(name)
-            if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs)) == before and \
-                    before_global == len(taint.global_rank_funcs):
+            if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs), len(taint.global_rank_funcs)) == before:
                 break
 
     def _returns_global_rank(self, fn: ast.AST, value: ast.AST, seen: frozenset[str] = frozenset()) -> bool:

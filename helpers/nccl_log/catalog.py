@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -189,24 +190,27 @@ def _match_site_index(message: str, level: str | None = None, path: str | None =
     # ("Retrieve %s failed with %d" also matches the start of "Retrieve X version 2 failed with 1 status 0"), then
     # entry order, NCCL's own sites before the plugins' copies of its socket code (the same format, the same message);
     # a set's order would make the choice vary with the hash seed.
-    prefix, prefix_len = None, -1
-    for i in sorted(candidates, key=lambda i: (-len(entries[i]["anchor"]), i)) + [-1] + sorted(loose):
-        if i == -1 or (prefix is not None and len(entries[i]["anchor"]) != prefix_len):
-            if prefix is not None:
-                return prefix
-            continue
-        e = entries[i]
-        if e["anchor"] not in message or (level is not None and e["level"] != level):
-            continue
-        rx = _SITE_RE.get(i)
-        if rx is None:
-            rx = _SITE_RE[i] = re.compile(e["regex"])
-        m = rx.match(message)
-        if m and m.end() == len(message):
-            return i
-        if m and prefix is None:
-            prefix, prefix_len = i, len(e["anchor"])
-    return prefix
+    def anchor_len(i: int) -> int:
+        return len(entries[i]["anchor"])
+
+    ordered = (sorted(candidates, key=lambda i: (-anchor_len(i), i)), sorted(loose))
+    for group in (list(g) for part in ordered for _, g in groupby(part, key=anchor_len)):
+        prefix = None
+        for i in group:
+            e = entries[i]
+            if e["anchor"] not in message or (level is not None and e["level"] != level):
+                continue
+            rx = _SITE_RE.get(i)
+            if rx is None:
+                rx = _SITE_RE[i] = re.compile(e["regex"])
+            m = rx.match(message)
+            if m and m.end() == len(message):
+                return i
+            if m and prefix is None:
+                prefix = i
+        if prefix is not None:
+            return prefix
+    return None
 
 
 # ------------------------------------------------------------------------------------------ knowledge
