@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from helpers.lint import grad_sync_rules
 from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
+from helpers.lint.wrappers import assign_targets
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -432,7 +433,7 @@ class _Local:
         for _ in range(3):
             before = len(self.names)
             for n in assigns:
-                targets = [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                targets = [t.id for t in assign_targets(n)
                            if isinstance(t, ast.Name)]
                 if self.is_local(n.value):
                     self.names.update(targets)
@@ -638,7 +639,7 @@ def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
         assigns: dict[str, list[ast.Assign | ast.AugAssign]] = {}
         for n in ast.walk(scope):
             if isinstance(n, (ast.Assign, ast.AugAssign)) and n.lineno < prep.lineno:
-                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                for t in assign_targets(n):
                     assigns.setdefault(ast.unparse(t), []).append(n)
 
         def above(node: ast.AST, at: ast.AST) -> bool:  # node's block encloses at (it runs on every path to at)
@@ -816,7 +817,7 @@ def _device_count_names(lt: PythonLinter) -> set[str]:
     names: set[str] = set()
     for n in lt.nodes:
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and _has_device_count(n.value, names):
-            names.update(t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            names.update(t.id for t in assign_targets(n)
                          if isinstance(t, ast.Name))
     return names
 
@@ -965,7 +966,7 @@ def rule_slurm_env(lt: PythonLinter) -> None:
     slots: list[tuple[ast.AST, str, ast.AST]] = []
     for n in lt.nodes:
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+            for t in assign_targets(n):
                 name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
                 if name:
                     slots.append((n, name, n.value))
@@ -1058,7 +1059,7 @@ def rule_undefined_attribute(lt: PythonLinter) -> None:
         called = {id(n.func) for n in ast.walk(cls) if isinstance(n, ast.Call)}  # self.method(): maybe cut from an excerpt
         defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         defined |= {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+                    for t in assign_targets(n) if isinstance(t, ast.Name)}
         reads = []
         for n in ast.walk(cls):
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":

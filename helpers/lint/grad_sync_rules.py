@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from helpers.lint.wrappers import call_name
+from helpers.lint.wrappers import assign_targets, call_name
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -195,7 +195,7 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
         for _ in range(4):
             before = len(carrying)
             for n in assigns:
-                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                for t in assign_targets(n):
                     if isinstance(t, ast.Name) and _carries(n.value, carrying):
                         carrying.add(t.id)
                     elif isinstance(t, ast.Tuple):

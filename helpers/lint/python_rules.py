@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
-from helpers.lint.wrappers import WrapperFlow, unbound_after_wrap
+from helpers.lint.wrappers import WrapperFlow, assign_targets, unbound_after_wrap
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -318,7 +318,7 @@ class _Taint:
         assigns = [n for n in (tree if isinstance(tree, list) else ast.walk(tree)) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
         for _ in range(3):
             for n in assigns:
-                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                targets = assign_targets(n)
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 attrs = [t.attr for t in targets if isinstance(t, ast.Attribute)]
                 if attrs and self.is_rank_value(n.value):

@@ -55,6 +55,11 @@ _PLAIN_CALLS = frozenset({"dict", "list", "tuple", "range", "super", "int", "flo
                           "isinstance", "print", "zip", "enumerate", "min", "max", "sum", "hasattr"})
 
 
+def assign_targets(node: ast.Assign | ast.AnnAssign | ast.AugAssign) -> list[ast.expr]:
+    """The targets of an assignment: ``a, b`` of ``a = b = v``, ``x`` of ``x: int = v`` and of ``x += v``."""
+    return list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+
+
 def call_name(call: ast.Call) -> str:
     """The called name: ``f`` of ``f(...)``, ``m`` of ``x.m(...)``, "" for anything else (a call of a call)."""
     f = call.func
@@ -251,7 +256,7 @@ class WrapperFlow:
                        key=lambda n: n.lineno)
         self.w.assigns = assigns
         for n in nodes:
-            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            targets = assign_targets(n)
             scope = self.scope(n)
             wrapped, bcast = self.state(n.value, n)  # type: ignore[arg-type]
             unwrap = self._unwraps(n.value)  # type: ignore[arg-type]
