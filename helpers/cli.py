@@ -367,21 +367,18 @@ def nccl_log_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 def nccl_log(args: argparse.Namespace) -> int:
     """Parse, interpret and print NCCL logs (``helpers.nccl_log``).
 
-    The cyclic garbage collector is off for the whole command: the parsed log (a record per rank, about 600,000
-    objects for the 32,000 ranks of a 200 MB log) makes no reference cycles and lives until the command returns, so
-    each collection would only walk it again (about 1 s of the 200 MB benchmark, ``benchmarks/bench_nccl_big.py``).
+    The cyclic garbage collector is off for the whole command (:func:`helpers.nccl_log.collector_paused`): the parsed
+    log (a record per rank, about 600,000 objects for the 32,000 ranks of a 200 MB log) makes no reference cycles and
+    lives until the command returns, so each collection would only walk it again (about 1 s of the 200 MB benchmark,
+    ``benchmarks/bench_nccl_big.py``).
 
     Returns:
         2 when an input could not be read (one line per unreadable input on stderr; the others are
         still interpreted), else 1 on a FAIL verdict, else 0.
     """
-    import gc
-
     from helpers import nccl_log as nl
 
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with nl.collector_paused():
         problems: list[str] = []
         try:
             log = nl.parse_files(args.files, problems=problems)
@@ -399,9 +396,6 @@ def nccl_log(args: argparse.Namespace) -> int:
         if problems:
             return 2
         return 1 if any(v.status == "FAIL" for v in verdicts) else 0
-    finally:
-        if collecting:
-            gc.enable()
 
 
 # ---------------------------------------------------------------- lint

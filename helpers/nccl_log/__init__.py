@@ -70,11 +70,11 @@ from helpers.nccl_log.model import (
     RankInfo,
     bad_interface_reason,
 )
-from helpers.nccl_log.reading import parse, parse_files
+from helpers.nccl_log.reading import collector_paused, parse, parse_files
 from helpers.nccl_log.reports import checks_for_job, render, to_json
 from helpers.nccl_log.rules import KINDS, interpret, verdict
 
 __all__ = ["CATALOG_PATH", "KINDS", "SEVERITIES", "STAGES", "TOPOLOGIES", "CatalogHit", "Channel", "Iface",
-           "InitComplete", "NcclLog", "RankInfo", "bad_interface_reason", "checks_for_job", "interpret",
+           "InitComplete", "NcclLog", "RankInfo", "bad_interface_reason", "checks_for_job", "collector_paused", "interpret",
            "load_catalog", "load_sites", "load_versions", "match_site", "parse", "parse_files", "render",
            "to_json", "verdict"]

@@ -795,12 +795,13 @@ def _content_key(events: list[tuple]) -> str | None:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off while a log is read and its ranks merged, back as it was afterwards.
 
     Reading makes no reference cycles (the records it fills are reached from the log), so a collection would only
     walk the growing records again and again: on a 200 MB log that was about 1 s of collections (four full walks of
-    the records and the parser's memo tables).
+    the records and the parser's memo tables).  ``runbook nccl-log`` keeps it off for the whole command (the verdicts
+    and reports walk the same records); nested uses leave it as the outer one set it.
     """
     collecting = gc.isenabled()
     gc.disable()
@@ -826,7 +827,7 @@ def parse(text: str, source: str = "<text>") -> NcclLog:
     """
     if not isinstance(text, str):
         raise ValueError(f"text: expected the log as str, got {type(text).__name__}")
-    with _collector_paused():
+    with collector_paused():
         parser = _Parser()
         if parser.feed(io.StringIO(text), source) == 0:
             raise ValueError(f"{source}: no NCCL lines found (was the job run with NCCL_DEBUG=INFO? "
@@ -891,7 +892,7 @@ def parse_files(paths: Sequence[str | Path], problems: list[str] | None = None,
     """
     if not paths:
         raise ValueError("paths: give at least one log file (or - for stdin)")
-    with _collector_paused():
+    with collector_paused():
         parser = _Parser()
         found: list[str] = []
         read = 0
