@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -128,7 +129,8 @@ def run_chapter(path: Path, out_dir: Path, parameters: Mapping[str, Any] | None 
     error = ""
     try:
         papermill.execute_notebook(str(path), str(executed), parameters=dict(parameters or {}), cwd=str(NOTEBOOKS),
-                                   kernel_name="python3", progress_bar=False, execution_timeout=timeout_s)
+                                   kernel_name="python3", progress_bar=False,
+                                   execution_timeout=max(1, math.ceil(timeout_s)))  # nbclient: an int
     except Exception as exc:  # noqa: BLE001 - a failing chapter is a result, not the end of the course
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
     seconds = time.monotonic() - t0

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 
 
 def interfaces() -> list[dict[str, Any]]:
-    """Every network interface of the current network namespace, from ``ip -j addr show``.
+    """Every network interface of the current network namespace, from ``ip -j addr show``; where ``ip`` is not
+    installed (GPU container images often lack iproute2: seen on this project's H200 machine), from the kernel's
+    ``/sys/class/net`` and psutil's addresses (:func:`interfaces_from_sysfs`, same fields).
 
     Why iproute2's JSON and not ``psutil.net_if_stats``/``net_if_addrs``: psutil reports only
     ``isup`` (the IFF_UP admin flag), not the kernel's operstate (``UP``/``DOWN``/``UNKNOWN``/
@@ -47,11 +49,16 @@ def interfaces() -> list[dict[str, Any]]:
         One dict per interface, in kernel order, as :func:`parse_ip_addr` gives them.
 
     Raises:
-        RuntimeError: ``ip`` is not installed, fails, hangs (10 s), or prints something that is not JSON.
+        RuntimeError: ``ip`` fails, hangs (10 s), or prints something that is not JSON; or ``ip`` is not installed and
+            ``/sys/class/net`` cannot be read either.
     """
     ip = shutil.which("ip")
     if ip is None:
-        raise RuntimeError("`ip` (iproute2) not found on PATH: install it (apt-get install iproute2 / dnf install iproute)")
+        try:
+            return interfaces_from_sysfs()
+        except OSError as exc:
+            raise RuntimeError(f"`ip` (iproute2) not found on PATH and /sys/class/net unreadable ({exc}): install "
+                               "iproute2 (apt-get install iproute2 / dnf install iproute)") from exc
     try:
         proc = subprocess.run([ip, "-j", "addr", "show"], capture_output=True, text=True, timeout=10, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -62,6 +69,76 @@ def interfaces() -> list[dict[str, Any]]:
         return parse_ip_addr(proc.stdout)
     except ValueError as exc:
         raise RuntimeError(f"`ip -j addr show` printed no JSON (iproute2 too old for -j?): {exc}") from exc
+
+
+# struct net_device flags as /sys/class/net/*/flags shows them (include/uapi/linux/if.h), named and ordered as
+# iproute2's print_link_flags prints them (ip/ipaddress.c; NO-CARRIER first, LOWER_UP after UP).
+_IFF_NAMES = ((0x8, "LOOPBACK"), (0x2, "BROADCAST"), (0x10, "POINTOPOINT"), (0x1000, "MULTICAST"), (0x80, "NOARP"),
+              (0x1, "UP"))
+# ARPHRD_* link types (include/uapi/linux/if_arp.h) under iproute2's names.
+_ARPHRD_NAMES = {1: "ether", 32: "infiniband", 512: "ppp", 768: "ipip", 772: "loopback", 776: "sit", 778: "gre",
+                 65534: "none"}
+
+
+def interfaces_from_sysfs(root: str | os.PathLike[str] = "/sys/class/net",
+                          addrs: Mapping[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
+    """The interfaces of :func:`interfaces` without iproute2: the kernel's ``/sys/class/net/<if>/{ifindex,operstate,
+    flags,carrier,mtu,type}`` (Documentation/ABI/testing/sysfs-class-net) and psutil's ``net_if_addrs`` for the
+    addresses.  ``flags`` holds the administrative IFF bits ``ip`` prints plus ``LOWER_UP`` / ``NO-CARRIER`` from
+    ``carrier`` (the kernel computes IFF_RUNNING, so the sysfs ``flags`` file never shows it) and ``M-DOWN`` when the
+    ``iflink`` device (a veth's peer) is down; ``kind`` is None (as ``ip`` without ``-d``).  One difference from ``ip``
+    is possible: a peer in another namespace whose ifindex is also a down device here is marked ``M-DOWN`` (sysfs
+    does not say which namespace ``iflink`` is in); the checks read ``UP``, ``NO-CARRIER`` and ``LOOPBACK`` only.  Why not psutil alone: :func:`interfaces`' docstring.
+
+    Args:
+        root: the ``class/net`` folder (tests give a copy).
+        addrs: ``psutil.net_if_addrs()``-shaped addresses per name (None: this host's).
+
+    Returns:
+        The dicts of :func:`parse_ip_addr`, in ifindex order.
+
+    Raises:
+        OSError: ``root`` cannot be listed.
+    """
+    import ipaddress
+
+    def read(d: Path, name: str) -> str:
+        try:
+            return (d / name).read_text().strip()
+        except (OSError, ValueError):  # carrier of a DOWN device: EINVAL
+            return ""
+
+    def iff(d: Path) -> int:
+        try:
+            return int(read(d, "flags") or "0", 16)
+        except ValueError:
+            return 0
+
+    addrs = psutil.net_if_addrs() if addrs is None else addrs
+    devices = sorted(Path(root).iterdir())
+    by_index = {read(d, "ifindex"): d for d in devices}
+    rows = []
+    for d in devices:
+        idx, mtu, typ, link = read(d, "ifindex"), read(d, "mtu"), read(d, "type"), read(d, "iflink")
+        bits = iff(d)
+        state = (read(d, "operstate") or "unknown").upper()
+        carrier = read(d, "carrier") == "1"
+        flags = ["NO-CARRIER"] if bits & 0x1 and not carrier else []
+        flags += [n for bit, n in _IFF_NAMES if bits & bit] + (["LOWER_UP"] if bits & 0x1 and carrier else [])
+        if link != idx and link in by_index and not iff(by_index[link]) & 0x1:
+            flags.append("M-DOWN")  # ip's mark for a lower / peer device that is down (a peer in this namespace)
+        v4, v6 = [], []
+        for a in addrs.get(d.name, ()):
+            if a.family == socket.AF_INET and a.netmask:
+                v4.append(f"{a.address}/{ipaddress.IPv4Network(f'0.0.0.0/{a.netmask}').prefixlen}")
+            elif a.family == socket.AF_INET6 and a.netmask:
+                v6.append(f"{a.address.split('%')[0]}/{bin(int(ipaddress.IPv6Address(a.netmask))).count('1')}")
+        rows.append((int(idx) if idx.isdigit() else 1 << 30, {
+            "name": d.name, "state": state, "mtu": int(mtu) if mtu.isdigit() else 0, "flags": flags,
+            "link_type": _ARPHRD_NAMES.get(int(typ), typ) if typ.isdigit() else typ, "kind": None,
+            "loopback": "LOOPBACK" in flags, "up": "UP" in flags and state in ("UP", "UNKNOWN"),
+            "running": "UP" in flags and "NO-CARRIER" not in flags, "ipv4": v4, "ipv6": v6}))
+    return [r for _, r in sorted(rows, key=lambda r: (r[0], r[1]["name"]))]
 
 
 def parse_ip_addr(text: str) -> list[dict[str, Any]]:
@@ -260,35 +337,69 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", *, outside_ephemeral: bool = False) -> int:
     """A TCP port the kernel hands out as free on ``host`` (bind to port 0, read it, close).
 
     Another process may take it before you use it: pass it on at once, or better let the
-    launcher pick (``--rdzv-endpoint=localhost:0``, D4).
+    launcher pick (``--rdzv-endpoint=localhost:0``, D4).  ``outside_ephemeral``: :func:`free_ports`.
 
     Raises:
         OSError: no ephemeral port can be bound (range exhausted, ``host`` not local).
     """
-    return free_ports(1, host)[0]
+    return free_ports(1, host, outside_ephemeral=outside_ephemeral)[0]
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range, ``(low, high)`` inclusive, from ``/proc/sys/net/ipv4/ip_local_port_range``
+    (Linux's default 32768-60999 where it cannot be read)."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, outside_ephemeral: bool = False) -> list[int]:
     """``count`` distinct TCP ports the kernel hands out as free on ``host``.
 
     All ``count`` sockets are bound before any is closed, so the ports differ from each other
     (two calls of :func:`free_port` may, rarely, return the same one).  The caveat of
     :func:`free_port` holds: pass them on at once.
 
+    ``outside_ephemeral``: ports below the kernel's ephemeral range (:func:`ephemeral_range`), from 20000 up, tried
+    from a random start.  For a rendezvous port on a SLURM node: srun listens on ephemeral ports unless the site sets
+    ``SrunPortRange`` (https://slurm.schedmd.com/slurm.conf.html#OPT_SrunPortRange), and so does any program in that
+    network namespace, so an ephemeral port chosen elsewhere can be taken there before torchrun binds it (then
+    torchrun's c10d agent connects to srun's socket as a client and fails with "Failed to recv, got 0 bytes").
+
     Raises:
         ValueError: ``count`` is not an integer >= 1.
-        OSError: not enough ephemeral ports can be bound, or ``host`` is not local.
+        OSError: not enough ports can be bound, or ``host`` is not local.
     """
     positive_int(count, "count")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket(family, socket.SOCK_STREAM)) for _ in range(count)]
+        if not outside_ephemeral:
+            for sock in socks:
+                sock.bind((host, 0))
+            return [int(sock.getsockname()[1]) for sock in socks]
+        import random
+
+        low = 20000
+        high = max(low + count, ephemeral_range()[0])  # exclusive
+        start = random.randrange(low, high)
+        candidates = iter([*range(start, high), *range(low, start)])
         for sock in socks:
-            sock.bind((host, 0))
+            for port in candidates:
+                try:
+                    sock.bind((host, port))
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        raise
+            else:
+                raise OSError(errno.EADDRINUSE, f"no free TCP port in {low}..{high - 1} on {host}")
         return [int(sock.getsockname()[1]) for sock in socks]
 
 

@@ -407,7 +407,8 @@ def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release:
         cuda_home: torch's ``cpp_extension.CUDA_HOME`` (``None``: not found).
         nvcc_release: ``"12.8"`` from ``nvcc -V``, ``None`` when nvcc could not run.
         build: the FusedAdam build attempt, ``{"ok": bool, "wall_s": float, "log": path, "error": str}``,
-            or ``None`` when not attempted.
+            or ``None`` when not attempted; ``arch_list`` (its ``TORCH_CUDA_ARCH_LIST``) and ``retry`` (the same
+            fields, ``arch_list`` the list without arch-specific suffixes) when the first build tripped over them.
 
     Returns:
         ``toolchain.fused_adam``: OK when the build succeeded (or would be possible and was not
@@ -432,6 +433,22 @@ def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release:
     if nvcc_release.split(".")[0] != torch_cuda.split(".")[0]:
         return Check("toolchain.fused_adam", f"nvcc {nvcc_release} does not match torch's CUDA {torch_cuda}", "WARN",
                      values, f"point CUDA_HOME at a CUDA {torch_cuda.split('.')[0]}.x toolkit, " + avoid, source)
+    retry = (build or {}).get("retry")
+    if build is not None and not build.get("ok") and retry:
+        arch, plain = build.get("arch_list", ""), retry.get("arch_list", "")
+        why = (f"FusedAdam JIT build failed: DeepSpeed cannot parse TORCH_CUDA_ARCH_LIST={arch!r} (an arch-specific "
+               f"suffix such as 9.0a: {build.get('error', '')[:80]})")
+        cite = ("https://github.com/deepspeedai/DeepSpeed/issues/7589, fix in "
+                "https://github.com/deepspeedai/DeepSpeed/pull/8619")
+        if retry.get("ok"):
+            return Check("toolchain.fused_adam", f"{why}; with TORCH_CUDA_ARCH_LIST={plain!r} it built in "
+                         f"{retry['wall_s']:.0f} s", "WARN", values,
+                         f"export TORCH_CUDA_ARCH_LIST='{plain}' where DeepSpeed builds its ops (job script, module "
+                         f"file), or a DeepSpeed release with the fix, " + avoid, f"{cite}; {source}")
+        return Check("toolchain.fused_adam", f"{why}; with TORCH_CUDA_ARCH_LIST={plain!r} it failed too: "
+                     f"{retry.get('error', '')[:120]}", "WARN", values,
+                     f"read {retry.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,
+                     f"{cite}; {source}")
     if build is not None and not build.get("ok"):
         return Check("toolchain.fused_adam", f"FusedAdam JIT build failed: {build.get('error', '')[:200]}", "WARN",
                      values, f"read {build.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -90,7 +91,9 @@ def nccl_checks(backend: str, *results: jobs.JobResult | None) -> list[Check]:
 
     On gloo, or when no log holds an NCCL line, ``[]``.  Each verdict keeps its record (cause, evidence,
     fix naming the command that confirms it on the node) with its id prefixed ``nccl.`` so the report
-    groups them (``nccl.bad-interface``, ``nccl.shm-full``...).
+    groups them (``nccl.bad-interface``, ``nccl.shm-full``...).  Only a verdict whose evidence decides (kind
+    ``cause``) names faulty nodes for the drain list; a suspect or context verdict is reported with no node to drain
+    (``values["not_drained"]`` says why): a drain list an admin runs must not take a node out on a guess.
 
     Args:
         backend: the backend the jobs ran with (``gloo`` / ``nccl``).
@@ -106,6 +109,10 @@ def nccl_checks(backend: str, *results: jobs.JobResult | None) -> list[Check]:
     found = nccl_log.checks_for_job(paths)
     for c in found:
         c.id = f"nccl.{c.id}"
+        if c.values.get("kind") != "cause" and c.faulty:
+            # a suspect (or context) names what to confirm on the node, not a fault: reported, never drained
+            c.values["not_drained"] = "a suspect read from the NCCL log: confirm it with the command in the fix first"
+            c.faulty = []
     return found
 
 
@@ -271,13 +278,15 @@ def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_
         backend: the check's backend; on ``gloo`` nothing is checked (the CPU config uses torch_adam).
         out_dir: where the build log goes.
         build: also build FusedAdam (else only locate the toolkit).
-        timeout_s: limit for the build, seconds.
+        timeout_s: limit for each build, seconds.
 
     Returns:
-        ``[]`` on gloo, else ``[toolchain.fused_adam]`` (:func:`grade_toolchain`).
+        ``[]`` on gloo, else ``[toolchain.fused_adam]`` (:func:`grade_toolchain`).  When the build fails because
+        DeepSpeed cannot parse an arch-specific ``TORCH_CUDA_ARCH_LIST`` entry (``9.0a``, :func:`strip_arch_suffixes`),
+        it is built a second time with the suffixes dropped (log ``fused_adam_build_plain_arch.log``): the record
+        then says whether that is the fix.
     """
     import subprocess
-    import sys
 
     if backend != "nccl":
         return []
@@ -296,19 +305,55 @@ def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_
     attempt = None
     if build and release and torch.version.cuda and release.split(".")[0] == torch.version.cuda.split(".")[0]:
         log = Path(out_dir) / "fused_adam_build.log"
-        t0 = time.monotonic()
-        code = "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load(verbose=True)"
-        try:
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
-            log.write_text(proc.stdout + proc.stderr)
-            lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
-            attempt = {"ok": proc.returncode == 0, "wall_s": time.monotonic() - t0, "log": str(log),
-                       "error": lines[-1] if proc.returncode and lines else ""}
-        except subprocess.TimeoutExpired:
-            attempt = {"ok": False, "wall_s": timeout_s, "log": str(log), "error": f"no result within {timeout_s} s"}
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+        attempt = _build_fused_adam(log, timeout_s, None)
+        attempt["arch_list"] = arch_list
+        plain = strip_arch_suffixes(arch_list)
+        if not attempt["ok"] and plain is not None and "invalid literal for int()" in attempt["error"]:
+            # DeepSpeed's JIT builder reads each entry as numbers ("9.0a" -> int("0a")): the build with the
+            # suffixes dropped proves the cause and gives the fix (deepspeedai/DeepSpeed#8619)
+            retry = _build_fused_adam(log.with_name("fused_adam_build_plain_arch.log"), timeout_s, plain)
+            attempt["retry"] = {**retry, "arch_list": plain}
     return [grade_toolchain(torch.version.cuda, cuda_home, release, attempt)]
 
 
+def _build_fused_adam(log: Path, timeout_s: float, arch_list: str | None) -> dict[str, Any]:
+    """One FusedAdam JIT build in its own process (``TORCH_CUDA_ARCH_LIST=arch_list`` when given), its output in
+    ``log``: ``{"ok", "wall_s", "log", "error"}`` (``error``: the last line of its output, or the timeout)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **({"TORCH_CUDA_ARCH_LIST": arch_list} if arch_list is not None else {}))
+    code = "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load(verbose=True)"
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "wall_s": timeout_s, "log": str(log), "error": f"no result within {timeout_s} s"}
+    log.write_text(proc.stdout + proc.stderr)
+    lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
+    return {"ok": proc.returncode == 0, "wall_s": time.monotonic() - t0, "log": str(log),
+            "error": lines[-1] if proc.returncode and lines else ""}
+
+
+def strip_arch_suffixes(arch_list: str) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` without the arch-specific / family suffixes DeepSpeed's JIT builder cannot parse
+    (``"8.0;9.0a;10.0f+PTX"`` -> ``"8.0;9.0;10.0+PTX"``), or None when no entry has one.
+
+    DeepSpeed up to at least 0.19.8 sorts the entries with ``int()`` on each dotted part
+    (``op_builder/builder.py`` ``compute_capability_args``), so ``9.0a`` (Hopper's wgmma targets, which PyTorch
+    accepts) raises ``ValueError: invalid literal for int() with base 10: '0a'`` before anything compiles: seen on
+    this project's H200 machine; reported as https://github.com/deepspeedai/DeepSpeed/issues/7589, fixed by the open
+    https://github.com/deepspeedai/DeepSpeed/pull/8619.  Separators as DeepSpeed reads them: ``;`` or whitespace.
+    """
+    entries = [e for e in re.split(r"[;\s]+", arch_list.strip()) if e]
+    plain: list[str] = []
+    for e in entries:
+        m = re.fullmatch(r"(\d+\.\d+)[a-z]+(\+PTX)?", e)
+        base = (m.group(1) + (m.group(2) or "")) if m else e
+        if base not in plain:
+            plain.append(base)
+    return ";".join(plain) if any(re.fullmatch(r"\d+\.\d+[a-z]+(\+PTX)?", e) for e in entries) else None
 
 
 def gpu_checks(out_dir: Path | None = None, *, dcgm_level: int = 0,

@@ -141,7 +141,7 @@ def prolog_checks(contract: Contract, node: str | None = None, *, runner: SlurmC
     hole from an unreachable peer; :func:`helpers.preflight.df_ping`, ``-W 1``), so it costs at most ~2 s.
 
     Raises:
-        RuntimeError: ``ip`` missing or failing (:func:`helpers.hostinfo.interfaces`): a tool error for the caller.
+        RuntimeError: interfaces unreadable (no ``ip`` and no /sys/class/net, or ``ip`` failing: :func:`helpers.hostinfo.interfaces`): a tool error for the caller.
     """
     node = node or this_node()
     runner = runner or ThisHost()

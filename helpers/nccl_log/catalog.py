@@ -217,7 +217,9 @@ def _match_site_index(message: str, level: str | None = None, path: str | None =
 
 # (class id, regex over the format, subsystems it applies to or "" for any, status, kind, meaning, fix, source)
 KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
-    ("gdr-disabled", r"GPU Direct RDMA Disabled", "", "WARN", "suspect",
+    # NET/Socket never has GPU Direct RDMA (src/transport/net_socket.cc sets ptrSupport to host memory only), so topo.cc's
+    # "NET/Socket : GPU Direct RDMA Disabled for HCA" says nothing about the node (seen on a one-GPU H200 machine).
+    ("gdr-disabled", r"^(?!NET/Socket\b).*GPU Direct RDMA Disabled", "", "WARN", "suspect",
      "GPU Direct RDMA is off for the HCAs: NCCL found no peer-memory module (nvidia_peermem / nv_peer_mem) or "
      "DMA-BUF support, so network transfers bounce through host memory (several times slower); NCCL up to 2.22.3 "
      "only looks for the old nv_peer_mem module (2.23.4 release notes: 'Add new check for nvidia peermem')",
@@ -316,6 +318,14 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "libfabric/EFA installer is missing or too old, or the instance has no EFA)",
      "fi_info -p efa on that node; pass /dev/infiniband/uverbs* to the container, install the EFA software, and keep "
      "FI_PROVIDER=efa", "https://github.com/aws/aws-ofi-nccl"),
+    ("verbs-symbol", r"dlvsym failed", "", "WARN", "suspect",
+     "a versioned symbol is missing from the verbs library NCCL loads (libibverbs / libmlx5 of rdma-core): printed as "
+     "INFO, an optional feature is off (DMA-BUF registration, Data Direct) and NCCL carries on; as WARN, the library is "
+     "older than this NCCL's InfiniBand path needs, so that path is off (src/misc/ibvsymbols.cc, mlx5dvsymbols.cc: "
+     "LOAD_SYM warns, LOAD_SYM_VERSION only informs)",
+     "dpkg -l rdma-core libibverbs1 (rpm -q rdma-core) and ldconfig -p | grep -E 'libibverbs|libmlx5' on that node; "
+     "update rdma-core (or MLNX_OFED / DOCA) to a release that has the symbol",
+     "https://github.com/NVIDIA/nccl/blob/master/src/misc/mlx5dvsymbols.cc"),
     ("plugin-load", r"[Pp]lugin|dlopen|[Dd]lsym|Failed to find \w+ symbol|libnccl-net", "", "WARN", "suspect",
      "a plugin (network, tuner, profiler) could not be loaded or lacks a symbol: NCCL falls back to its internal "
      "code, or the plugin and NCCL versions do not match",

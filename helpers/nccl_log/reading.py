@@ -425,8 +425,13 @@ class _Parser:
             self._hits.clear()
         site = None
         if rel is not None and (rel[2] or any(w in rel[1] for w in _SITE_INFO_WORDS)):
-            # a bare message (torch's "Last error:" quotes a WARN without its marker) may come from any level
-            entry = match_site(rel[1][:_SCAN_MAX], "INFO" if "NCCL INFO" in ckey else None)
+            # a bare message (torch's "Last error:" quotes a WARN without its marker) may come from any level; a WARN
+            # line reads a WARN site first (one format can be printed at both levels: mlx5dvsymbols.cc's "dlvsym
+            # failed on %s" is a WARN for a required symbol, an INFO for an optional one)
+            message = rel[1][:_SCAN_MAX]
+            entry = match_site(message, "INFO") if "NCCL INFO" in ckey else None
+            if "NCCL INFO" not in ckey:
+                entry = (match_site(message, "WARN") if "NCCL WARN" in ckey else None) or match_site(message)
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
         bare = (_content_key(events), any(e[0] == "version" for e in events))
         memo = self._hits[ckey] = (hit, rel, events, site, rel is not None and rel[1][-5:] == "Using", bare,

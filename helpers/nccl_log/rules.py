@@ -405,7 +405,7 @@ def _check_versions(log: NcclLog) -> list[Check]:
                     _hosts(involved), evidence, fix)]
 
 
-_QUIET_INFO = {"plugin-load", "ibverbs-missing", "version-mismatch", "topology", "nvml", "gdrcopy", "collnet", "ras",
+_QUIET_INFO = {"plugin-load", "ibverbs-missing", "verbs-symbol", "version-mismatch", "topology", "nvml", "gdrcopy", "collnet", "ras",
                "usage-error", "internal"}
 """Classes of INFO sites that are NCCL's normal path (no plugin, no libibverbs, a fallback it took): no verdict."""
 

@@ -22,3 +22,20 @@ def test_make_gpu_check_on_cpu_skips_everything_saying_why(tmp_path):
     assert summary["inventory"]["cuda_gpus"] == 0 and summary["inventory"]["torch"]
     md = (out / "summary.md").read_text()
     assert "0 passed, 0 failed" in md and f"{len(steps)} skipped" in md and "no GPU on this node" in proc.stdout
+
+
+def test_run_chapter_takes_a_fractional_cell_timeout(tmp_path):
+    """gpu_check hands run_chapter the seconds left of its budget (a float); nbclient's timeout is an int trait and
+    refused 269.6 on the H200 machine, failing the chapter before any cell ran."""
+    import nbformat
+
+    from helpers import course
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "99_tiny.ipynb"
+    nbformat.write(nb, path)
+    res = course.run_chapter(path, tmp_path / "out", timeout_s=29.6)
+    assert res.status == "passed", res.error
+    executed = nbformat.read(res.executed, as_version=4)
+    assert executed.cells[0].outputs[0]["text"].strip() == "42"

@@ -28,7 +28,7 @@ def test_two_node_hang_named_from_every_node(no_leftovers):
     lab.up()
     try:
         work = jobs.new_job_dir("fr-2node")
-        text = sc.hang_script(work, "frlab", port=hostinfo.free_port())
+        text = sc.hang_script(work, "frlab", port=hostinfo.free_port(outside_ephemeral=True))  # srun: ephemeral
         env = sc.job_env(work)
         job_id = slurm.submit(lab, text, work, name="frlab", env=env, sbatch_args=["--job-name=frlab"])
         try:

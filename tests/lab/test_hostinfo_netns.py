@@ -67,6 +67,19 @@ def test_interfaces_inside_netns(netns):
     assert "eth0" not in seen  # the host's interfaces stay outside
 
 
+def test_sysfs_fallback_matches_ip_inside_netns(netns):
+    """Without iproute2 the records come from /sys/class/net: the same as `ip -j addr` gives, a veth whose peer is
+    down (NO-CARRIER, LOWERLAYERDOWN) included."""
+    ns, tag = netns
+    for cmd in (f"link add hx{tag} type veth peer name hy{tag}", f"link set hx{tag} up"):
+        subprocess.run(["ip", "-n", ns, *cmd.split()], check=True, capture_output=True)
+    both = _in_netns(ns, "import json; from helpers import hostinfo; "
+                         "print(json.dumps([hostinfo.interfaces(), hostinfo.interfaces_from_sysfs()]))")
+    assert both[0] == both[1]
+    hx = {i["name"]: i for i in both[1]}[f"hx{tag}"]
+    assert "NO-CARRIER" in hx["flags"] and hx["state"] == "LOWERLAYERDOWN" and not hx["running"]
+
+
 def test_host_checks_inside_netns(netns):
     ns, tag = netns
     code = ("import json, sys; from helpers.allocation.local import host_checks; "

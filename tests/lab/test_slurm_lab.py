@@ -124,7 +124,9 @@ def test_an_outer_slurm_job_does_not_leak_into_the_lab(cluster, monkeypatch):
 @pytest.mark.parametrize("rdzv", slurm.SLURM_RDZV_FORMS)
 def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     work = jobs.new_job_dir(f"slurmlab-{rdzv}")  # the shared filesystem (never /tmp: node-local here)
-    port = hostinfo.free_port()
+    # below the ephemeral range: srun, on node0 with the batch step, listens on ephemeral ports (a CI run lost the
+    # rendezvous port to it: torchrun's agent then connected to srun's socket, "Failed to recv, got 0 bytes")
+    port = hostinfo.free_port(outside_ephemeral=True)
     script = slurm.sbatch_script("lab", 2, 2, str(jobs.SHIM), [SCENARIOS / "launch_contract.py", "--timeout-s", 30],
                                  gpus_per_node=0, cpus_per_task=1, partition=slurmlab.PARTITION, account="lab",
                                  time="00:05:00", rdzv=rdzv, master_port=port, log_dir=str(work),
@@ -137,7 +139,7 @@ def test_rendered_sbatch_with_srun_torchrun_completes(cluster, rdzv):
     state = wait_job(cluster, job_id)
     out = (work / f"lab_{job_id}.out").read_text()
     err = (work / f"lab_{job_id}.err").read_text()
-    assert state == "COMPLETED", f"{state}\n{out[-2000:]}\n{err[-3000:]}"
+    assert state == "COMPLETED", f"{state}\n{out[-2000:]}\n{err[:3000]}\n...\n{err[-3000:]}"  # both nodes' first lines
     assert f"job {job_id} on 2 node(s): node[0-1]" in out
     seen = jobs.parse_records(out, "contract")
     assert sorted(int(r["RANK"]) for r in seen) == [0, 1, 2, 3], out[-3000:]

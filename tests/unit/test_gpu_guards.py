@@ -205,6 +205,36 @@ def test_toolchain_is_graded_with_its_fix():
     assert grades.grade_toolchain(None, None, None).status == "WARN"
 
 
+def test_deepspeed_trips_over_an_arch_specific_entry_and_the_stripped_list_passes(monkeypatch):
+    """The H200 machine's image sets an arch list with 9.0a: DeepSpeed's own builder (this venv's) raises before any
+    compile; the list strip_arch_suffixes gives passes the same code."""
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+    with pytest.raises(ValueError, match="'0a'"):
+        builder.compute_capability_args()
+    assert local.strip_arch_suffixes("8.0;9.0a") == "8.0;9.0"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", local.strip_arch_suffixes("8.0;9.0a"))
+    builder.compute_capability_args()  # no exception
+    assert local.strip_arch_suffixes("8.0 9.0a 10.0f+PTX 9.0") == "8.0;9.0;10.0+PTX"
+    assert local.strip_arch_suffixes("8.0;9.0+PTX") is None and local.strip_arch_suffixes("") is None
+
+
+def test_toolchain_names_the_arch_list_trap_and_the_build_that_proves_the_fix():
+    first = {"ok": False, "wall_s": 5, "log": "b.log", "arch_list": "9.0a",
+             "error": "ValueError: invalid literal for int() with base 10: '0a'"}
+    fixed = grades.grade_toolchain("13.0", "/usr/local/cuda", "13.0",
+                                   {**first, "retry": {"ok": True, "wall_s": 48.2, "log": "p.log", "arch_list": "9.0"}})
+    assert fixed.status == "WARN" and "TORCH_CUDA_ARCH_LIST='9.0a'" in fixed.title and "built in 48 s" in fixed.title
+    assert "export TORCH_CUDA_ARCH_LIST='9.0'" in fixed.remediation and "pull/8619" in fixed.source
+    still = grades.grade_toolchain("13.0", "/usr/local/cuda", "13.0",
+                                   {**first, "retry": {"ok": False, "wall_s": 9, "log": "p.log", "arch_list": "9.0",
+                                                       "error": "ninja: build stopped"}})
+    assert still.status == "WARN" and "failed too: ninja" in still.title and "p.log" in still.remediation
+
+
 def test_cpu_affinity_below_the_rank_count_is_a_warn():
     def records(cpus: int) -> list[dict]:
         return [{"hostname": "gpu-01", "torch": "2.13", "cpu_affinity": cpus,

@@ -233,3 +233,33 @@ def test_invalid_usage_and_port_in_use_are_suspects_naming_their_alternatives() 
     assert usage.values["kind"] == "suspect" and "version mismatch" in usage.title
     port = read("RuntimeError: Address already in use\n")["tcpstore-port-in-use"]
     assert port.values["kind"] == "suspect" and "RANK is 0" in port.title and "ss -ltnp" in port.remediation
+
+
+# ------------------------------------------------------------------ what a one-GPU H200 machine printed (make gpu-check)
+
+H200_LINES = (  # the lines runbook diagnose quoted as evidence on this project's H200 machine (NCCL 2.27, NET/Socket)
+    "vm:578:578 [0] NCCL INFO dlvsym failed on mlx5dv_get_data_direct_sysfs_path - /lib/x86_64-linux-gnu/libmlx5.so: "
+    "undefined symbol: mlx5dv_get_data_direct_sysfs_path, version MLX5_1.25 version MLX5_1.25\n"
+    "vm:578:578 [0] NCCL INFO dlvsym failed on mlx5dv_reg_dmabuf_mr - /lib/x86_64-linux-gnu/libmlx5.so: undefined "
+    "symbol: mlx5dv_reg_dmabuf_mr, version MLX5_1.25 version MLX5_1.25\n"
+    "vm:578:578 [0] NCCL INFO NET/Socket : GPU Direct RDMA Disabled for HCA 0 'eth0'\n")
+
+
+def test_socket_transport_never_has_gdr_and_an_optional_symbol_is_no_finding() -> None:
+    # src/transport/net_socket.cc: ptrSupport = NCCL_PTR_HOST, so topo.cc always prints Disabled for NET/Socket;
+    # src/misc/mlx5dvsymbols.cc LOAD_SYM_VERSION: an optional symbol, INFO, NCCL carries on
+    assert acting(read(H200_LINES)) == {}
+    assert not any(k.endswith("sysfs-path") for k in read(H200_LINES))
+
+
+def test_gdr_disabled_on_an_ib_hca_stays_a_suspect() -> None:
+    found = acting(read(H200_LINES.replace("NET/Socket : GPU Direct RDMA Disabled for HCA 0 'eth0'",
+                                           "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'")))
+    assert list(found) == ["nccl.gdr-disabled"] and found["nccl.gdr-disabled"].values["kind"] == "suspect"
+
+
+def test_a_required_verbs_symbol_missing_is_a_suspect_naming_rdma_core() -> None:
+    # LOAD_SYM (WARN): the verbs library is older than NCCL's IB path needs
+    found = acting(read("h:9:9 [0] NCCL WARN dlvsym failed on mlx5dv_is_supported - /usr/lib/libmlx5.so: undefined "
+                        "symbol: mlx5dv_is_supported, version MLX5_1.8\n"))
+    assert list(found) == ["nccl.verbs-symbol"] and "rdma-core" in found["nccl.verbs-symbol"].remediation

@@ -43,3 +43,21 @@ def test_nccl_jobs_log_init_and_net_only(monkeypatch):
     assert local.nccl_debug_env("nccl") == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     monkeypatch.setenv("NCCL_DEBUG", "TRACE")
     assert local.nccl_debug_env("nccl")["NCCL_DEBUG"] == "TRACE"
+
+
+def test_a_suspect_from_the_log_is_reported_but_drains_no_node(tmp_path):
+    """The drain list is run by an admin: only a verdict whose evidence decides names the node; a suspect (NCCL's IB
+    GPU Direct RDMA line, say) is reported with the command that confirms it."""
+    from helpers.allocation import operators
+
+    ranks = tmp_path / "s" / "ranks"
+    ranks.mkdir(parents=True)
+    (ranks / "rank0.stderr").write_text(
+        "gpu-07:578:578 [0] NCCL INFO NCCL version 2.27.5+cuda13.0\n"
+        "gpu-07:578:578 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'\n")
+    found = {c.id: c for c in local.nccl_checks("nccl", SimpleNamespace(job_dir=tmp_path / "s"))}
+    gdr = found["nccl.nccl.gdr-disabled"]
+    assert gdr.status == "WARN" and gdr.node == "gpu-07" and gdr.faulty == [] and gdr.values["not_drained"]
+    assert operators.drain_commands(found.values()) == []
+    cause = [c for c in local.nccl_checks("nccl", _job(tmp_path / "c", "single_node_net_ib.log")) if c.status == "FAIL"]
+    assert cause[0].values["kind"] == "cause" and cause[0].faulty and operators.drain_commands(cause)
