@@ -7,6 +7,8 @@ parsing: no subprocess.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from helpers import nccl_log as nl
@@ -237,19 +239,15 @@ def test_invalid_usage_and_port_in_use_are_suspects_naming_their_alternatives() 
 
 # ------------------------------------------------------------------ what a one-GPU H200 machine printed (make gpu-check)
 
-H200_LINES = (  # the lines runbook diagnose quoted as evidence on this project's H200 machine (NCCL 2.27, NET/Socket)
-    "vm:578:578 [0] NCCL INFO dlvsym failed on mlx5dv_get_data_direct_sysfs_path - /lib/x86_64-linux-gnu/libmlx5.so: "
-    "undefined symbol: mlx5dv_get_data_direct_sysfs_path, version MLX5_1.25 version MLX5_1.25\n"
-    "vm:578:578 [0] NCCL INFO dlvsym failed on mlx5dv_reg_dmabuf_mr - /lib/x86_64-linux-gnu/libmlx5.so: undefined "
-    "symbol: mlx5dv_reg_dmabuf_mr, version MLX5_1.25 version MLX5_1.25\n"
-    "vm:578:578 [0] NCCL INFO NET/Socket : GPU Direct RDMA Disabled for HCA 0 'eth0'\n")
+H200_LINES = (Path(__file__).resolve().parents[1] / "data" / "nccl" / "device" / "h200_one_gpu_env_job.log").read_text()
 
 
 def test_socket_transport_never_has_gdr_and_an_optional_symbol_is_no_finding() -> None:
     # src/transport/net_socket.cc: ptrSupport = NCCL_PTR_HOST, so topo.cc always prints Disabled for NET/Socket;
     # src/misc/mlx5dvsymbols.cc LOAD_SYM_VERSION: an optional symbol, INFO, NCCL carries on
-    assert acting(read(H200_LINES)) == {}
-    assert not any(k.endswith("sysfs-path") for k in read(H200_LINES))
+    found = read(H200_LINES)
+    assert acting(found) == {}, {k: v.title for k, v in acting(found).items()}
+    assert not any(k.endswith(("sysfs-path", "gdr-disabled", "verbs-symbol")) for k in found), sorted(found)
 
 
 def test_gdr_disabled_on_an_ib_hca_stays_a_suspect() -> None:

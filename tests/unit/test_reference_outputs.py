@@ -95,6 +95,17 @@ def test_stale_reference_skip_line_and_other_parameters_are_named(recorded, tmp_
     assert ro.compare(tmp_path / "rerun" / "99_none.ipynb", refs).skipped.startswith("no reference 99_none.json")
 
 
+def test_without_nbval_the_chapter_is_not_compared_and_says_why(recorded, tmp_path, monkeypatch):
+    """A GPU node's image has no nbval (seen on the H200 machine): make gpu-check's chapter run is not failed for it."""
+    import importlib.util
+
+    executed, refs = recorded
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nbval" else real(name, *a))
+    result = ro.compare(_rerun(tmp_path, CELLS), refs)
+    assert result.ok and result.skipped.startswith("nbval is not installed")
+
+
 def test_sanitizer_masks_what_changes_by_nature_only():
     shim = ro._Cell(ro.sanitize_patterns(host="vm-7"))
     masked = shim.sanitize(
