@@ -87,3 +87,11 @@ def test_one_slow_node_among_many_is_still_named_on_cpu():
     m = _matrix_from_medians({f"n{i}": 1.0 for i in range(7)} | {"n7": 0.1})
     c = straggler.checks_for_job({"speed": [_row(0, "n0", 10.0, 2.0), _row(1, "n7", 10.0, 2.0)]}, m)[1]
     assert c.status == "FAIL" and c.faulty == ["n7"]
+
+
+def test_one_rank_bandwidth_is_not_graded_and_not_a_warning():
+    """A one-GPU node (the H200 of make gpu-check) is healthy: one rank moves nothing over a link."""
+    data = {"world_size": 1, "backend": "nccl",
+            "sweep": [{"op": "all_reduce", "bytes": b, "time_s": 1e-5} for b in (2 ** 20, 2 ** 24)]}
+    check, _ = grades.grade_bandwidth(data)
+    assert check.status == "INFO" and "not graded" in check.title and "2 or more ranks" in check.remediation
