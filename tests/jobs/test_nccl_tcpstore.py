@@ -36,3 +36,19 @@ def test_tcpstore_failures_are_read() -> None:
     assert REAL_RUNS <= set(found), [v.line() for v in found.values()]
     assert all(found[i].status == "FAIL" and found[i].remediation for i in REAL_RUNS)
     assert "nc -zv MASTER_ADDR MASTER_PORT" in found["tcpstore-client-timeout"].remediation
+
+
+def test_an_unresolvable_store_host_is_named(capfd) -> None:
+    """A real client whose store host does not resolve (RFC 6761 .invalid): c10d's own warning (socket.cpp, written
+    to the process's stderr) is read as the cause, beside the timeout it ends in."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    with pytest.raises(Exception) as client:
+        TCPStore("no-such-host.invalid", 29999, 2, False, timeout=datetime.timedelta(seconds=0.1))
+    text = capfd.readouterr().err + "\n" + str(client.value)
+    found = {v.id: v for v in nl.interpret(nl.parse(text))}
+    host = found["rendezvous-host-unresolvable"]
+    assert host.status == "FAIL" and "getent hosts" in host.remediation, text[:2000]
+    assert "cannot be retrieved (gai error" in host.evidence[0]

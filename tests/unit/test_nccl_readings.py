@@ -261,3 +261,16 @@ def test_a_required_verbs_symbol_missing_is_a_suspect_naming_rdma_core() -> None
     found = acting(read("h:9:9 [0] NCCL WARN dlvsym failed on mlx5dv_is_supported - /usr/lib/libmlx5.so: undefined "
                         "symbol: mlx5dv_is_supported, version MLX5_1.8\n"))
     assert list(found) == ["nccl.verbs-symbol"] and "rdma-core" in found["nccl.verbs-symbol"].remediation
+
+
+# ------------------------------------------------------------------- blind set 5's lessons (tests/data/nccl/blind5)
+
+@pytest.mark.parametrize("log, expect", [
+    ("02_elastic31_tcpstore_host_not_found_hostname.log", "rendezvous-host-unresolvable"),  # getaddrinfo EAI_NONAME
+    ("09_awsdoeks51_gloo_ifname_nccl_exclusion_syntax.log", "gloo-ifname-not-found"),        # gloo device.cc
+    ("10_te1170_ub_ifname_prefix_not_interface.log", "te-ub-ifname"),                       # TE initialize_ub
+])
+def test_names_and_interfaces_that_do_not_exist_here(log: str, expect: str) -> None:
+    found = acting({v.id: v for v in nl.interpret(nl.parse_files([Path(__file__).resolve().parents[1] / "data" / "nccl"
+                                                                  / "blind5" / log]))})
+    assert list(found) == [expect] and found[expect].values["kind"] == "cause"
