@@ -61,14 +61,15 @@ lint-code: $(STAMP)
 
 # Two pytest processes at once (2 cores; a test's jobs spend much of their time waiting on their ranks): the tests
 # that build the network lab (marker `lab`: namespaces and SLURM daemons are global to the machine, so they run one
-# after the other) beside all the others; their log is printed when both are done.  The book's test reads the
+# after the other), with the tests marked `lab_process` (no lab needed: there to even out the two processes' time),
+# beside all the others; their log is printed when both are done.  The book's test reads the
 # chapters both executed, so it runs after them, alone.  Each writes its JUnit XML under build/.
 PYTEST := $(BIN)/python -m pytest -q
 test: lint-code
 	@mkdir -p build/tmp
-	@( $(PYTEST) -m "lab and not last" --basetemp=build/tmp/pytest-lab --junitxml=build/test-results-lab.xml tests \
+	@( $(PYTEST) -m "(lab or lab_process) and not last" --basetemp=build/tmp/pytest-lab --junitxml=build/test-results-lab.xml tests \
 	    > build/test-lab.log 2>&1; echo $$? > build/test-lab.rc ) & \
-	$(PYTEST) -m "not lab and not last" --basetemp=build/tmp/pytest-main --junitxml=build/test-results.xml tests; \
+	$(PYTEST) -m "not lab and not lab_process and not last" --basetemp=build/tmp/pytest-main --junitxml=build/test-results.xml tests; \
 	main=$$?; wait; echo "=== the lab tests, run beside the others (build/test-lab.log):"; cat build/test-lab.log; \
 	lab=$$(cat build/test-lab.rc); \
 	$(PYTEST) -m last --basetemp=build/tmp/pytest-book --junitxml=build/test-results-book.xml tests; book=$$?; \

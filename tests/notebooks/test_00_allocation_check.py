@@ -25,6 +25,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path
     return proc, dirs[0]
 
 
+@pytest.mark.lab_process  # ~3 min: make test runs it beside the lab tests (Makefile)
 def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
     proc, report_dir = _run(tmp_path)
     # the book's chapter 00 (and the reference comparison below): this run's executed copy, beside the other chapters'
@@ -60,6 +61,7 @@ def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
     assert notebook_outputs(ROOT / "notebooks" / "00_allocation_check.ipynb")[0] == []
 
 
+@pytest.mark.lab_process  # ~3 min: make test runs it beside the lab tests (Makefile)
 def test_a_corrupting_rank_makes_diagnose_exit_1(tmp_path, no_leftovers):
     proc, report_dir = _run(tmp_path, "--max-bytes", "65536", "-p", "RUN_SMOKE", '""', "-p", "CORRUPT_RANK", "1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
