@@ -88,7 +88,8 @@ def interfaces_from_sysfs(root: str | os.PathLike[str] = "/sys/class/net",
     ``carrier`` (the kernel computes IFF_RUNNING, so the sysfs ``flags`` file never shows it) and ``M-DOWN`` when the
     ``iflink`` device (a veth's peer) is down; ``kind`` is None (as ``ip`` without ``-d``).  One difference from ``ip``
     is possible: a peer in another namespace whose ifindex is also a down device here is marked ``M-DOWN`` (sysfs
-    does not say which namespace ``iflink`` is in); the checks read ``UP``, ``NO-CARRIER`` and ``LOOPBACK`` only.  Why not psutil alone: :func:`interfaces`' docstring.
+    does not say which namespace ``iflink`` is in); the checks read ``UP``, ``NO-CARRIER`` and ``LOOPBACK`` only.
+    Why not psutil alone: :func:`interfaces`' docstring.
 
     Args:
         root: the ``class/net`` folder (tests give a copy).
@@ -108,31 +109,31 @@ def interfaces_from_sysfs(root: str | os.PathLike[str] = "/sys/class/net",
         except (OSError, ValueError):  # carrier of a DOWN device: EINVAL
             return ""
 
-    def iff(d: Path) -> int:
+    def iff(flags: str) -> int:
         try:
-            return int(read(d, "flags") or "0", 16)
+            return int(flags or "0", 16)
         except ValueError:
             return 0
 
     addrs = psutil.net_if_addrs() if addrs is None else addrs
-    devices = sorted(Path(root).iterdir())
-    by_index = {read(d, "ifindex"): d for d in devices}
+    devices = {d: {k: read(d, k) for k in ("ifindex", "iflink", "flags", "operstate", "carrier", "mtu", "type")}
+               for d in sorted(Path(root).iterdir())}  # each file read once
+    flags_by_index = {a["ifindex"]: iff(a["flags"]) for a in devices.values()}
     rows = []
-    for d in devices:
-        idx, mtu, typ, link = read(d, "ifindex"), read(d, "mtu"), read(d, "type"), read(d, "iflink")
-        bits = iff(d)
-        state = (read(d, "operstate") or "unknown").upper()
-        carrier = read(d, "carrier") == "1"
+    for d, a in devices.items():
+        idx, mtu, typ, link, bits = a["ifindex"], a["mtu"], a["type"], a["iflink"], iff(a["flags"])
+        state = (a["operstate"] or "unknown").upper()
+        carrier = a["carrier"] == "1"
         flags = ["NO-CARRIER"] if bits & 0x1 and not carrier else []
         flags += [n for bit, n in _IFF_NAMES if bits & bit] + (["LOWER_UP"] if bits & 0x1 and carrier else [])
-        if link != idx and link in by_index and not iff(by_index[link]) & 0x1:
+        if link != idx and link in flags_by_index and not flags_by_index[link] & 0x1:
             flags.append("M-DOWN")  # ip's mark for a lower / peer device that is down (a peer in this namespace)
         v4, v6 = [], []
-        for a in addrs.get(d.name, ()):
-            if a.family == socket.AF_INET and a.netmask:
-                v4.append(f"{a.address}/{ipaddress.IPv4Network(f'0.0.0.0/{a.netmask}').prefixlen}")
-            elif a.family == socket.AF_INET6 and a.netmask:
-                v6.append(f"{a.address.split('%')[0]}/{bin(int(ipaddress.IPv6Address(a.netmask))).count('1')}")
+        for addr in addrs.get(d.name, ()):
+            if addr.family == socket.AF_INET and addr.netmask:
+                v4.append(f"{addr.address}/{ipaddress.IPv4Network(f'0.0.0.0/{addr.netmask}').prefixlen}")
+            elif addr.family == socket.AF_INET6 and addr.netmask:
+                v6.append(f"{addr.address.split('%')[0]}/{bin(int(ipaddress.IPv6Address(addr.netmask))).count('1')}")
         rows.append((int(idx) if idx.isdigit() else 1 << 30, {
             "name": d.name, "state": state, "mtu": int(mtu) if mtu.isdigit() else 0, "flags": flags,
             "link_type": _ARPHRD_NAMES.get(int(typ), typ) if typ.isdigit() else typ, "kind": None,

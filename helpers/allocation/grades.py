@@ -435,6 +435,9 @@ def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release:
     if nvcc_release.split(".")[0] != torch_cuda.split(".")[0]:
         return Check("toolchain.fused_adam", f"nvcc {nvcc_release} does not match torch's CUDA {torch_cuda}", "WARN",
                      values, f"point CUDA_HOME at a CUDA {torch_cuda.split('.')[0]}.x toolkit, " + avoid, source)
+    def failed_fix(log: Any) -> str:
+        return f"read {log}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid
+
     retry = (build or {}).get("retry")
     if build is not None and not build.get("ok") and retry:
         arch, plain = build.get("arch_list", ""), retry.get("arch_list", "")
@@ -448,13 +451,11 @@ def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release:
                          f"export TORCH_CUDA_ARCH_LIST='{plain}' where DeepSpeed builds its ops (job script, module "
                          f"file), or a DeepSpeed release with the fix, " + avoid, f"{cite}; {source}")
         return Check("toolchain.fused_adam", f"{why}; with TORCH_CUDA_ARCH_LIST={plain!r} it failed too: "
-                     f"{retry.get('error', '')[:120]}", "WARN", values,
-                     f"read {retry.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,
+                     f"{retry.get('error', '')[:120]}", "WARN", values, failed_fix(retry.get("log")),
                      f"{cite}; {source}")
     if build is not None and not build.get("ok"):
         return Check("toolchain.fused_adam", f"FusedAdam JIT build failed: {build.get('error', '')[:200]}", "WARN",
-                     values, f"read {build.get('log')}; check gcc/ninja and TORCH_EXTENSIONS_DIR (writable), " + avoid,
-                     source)
+                     values, failed_fix(build.get("log")), source)
     built = f", FusedAdam built in {build['wall_s']:.0f} s" if build else ""
     return Check("toolchain.fused_adam", f"nvcc {nvcc_release} matches torch CUDA {torch_cuda}{built}", "OK", values,
                  "", source)

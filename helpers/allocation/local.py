@@ -346,14 +346,15 @@ def strip_arch_suffixes(arch_list: str) -> str | None:
     this project's H200 machine; reported as https://github.com/deepspeedai/DeepSpeed/issues/7589, fixed by the open
     https://github.com/deepspeedai/DeepSpeed/pull/8619.  Separators as DeepSpeed reads them: ``;`` or whitespace.
     """
-    entries = [e for e in re.split(r"[;\s]+", arch_list.strip()) if e]
     plain: list[str] = []
-    for e in entries:
+    suffixed = False
+    for e in re.split(r"[;\s]+", arch_list.strip()):
         m = re.fullmatch(r"(\d+\.\d+)[a-z]+(\+PTX)?", e)
-        base = (m.group(1) + (m.group(2) or "")) if m else e
-        if base not in plain:
+        suffixed = suffixed or m is not None
+        base = m.group(1) + (m.group(2) or "") if m else e
+        if base and base not in plain:
             plain.append(base)
-    return ";".join(plain) if any(re.fullmatch(r"\d+\.\d+[a-z]+(\+PTX)?", e) for e in entries) else None
+    return ";".join(plain) if suffixed else None
 
 
 def gpu_checks(out_dir: Path | None = None, *, dcgm_level: int = 0,

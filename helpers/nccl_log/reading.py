@@ -429,9 +429,12 @@ class _Parser:
             # line reads a WARN site first (one format can be printed at both levels: mlx5dvsymbols.cc's "dlvsym
             # failed on %s" is a WARN for a required symbol, an INFO for an optional one)
             message = rel[1][:_SCAN_MAX]
-            entry = match_site(message, "INFO") if "NCCL INFO" in ckey else None
-            if "NCCL INFO" not in ckey:
-                entry = (match_site(message, "WARN") if "NCCL WARN" in ckey else None) or match_site(message)
+            if "NCCL INFO" in ckey:
+                entry = match_site(message, "INFO")
+            elif "NCCL WARN" in ckey:
+                entry = match_site(message, "WARN") or match_site(message)
+            else:
+                entry = match_site(message)
             site = entry["index"] if entry is not None else (-1 if rel[2] else None)
         bare = (_content_key(events), any(e[0] == "version" for e in events))
         memo = self._hits[ckey] = (hit, rel, events, site, rel is not None and rel[1][-5:] == "Using", bare,
