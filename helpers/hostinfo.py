@@ -303,6 +303,40 @@ def memcpy_gbps(nbytes: int = 64 << 20, repeats: int = 5) -> float:
     return nbytes / best / 1e9
 
 
+def cpu_pressure_us(path: str = "/proc/pressure/cpu") -> int | None:
+    """The kernel's CPU pressure stall counter: microseconds during which at least one runnable task waited for a CPU
+    (the ``some ... total=`` field of ``/proc/pressure/cpu``, Linux PSI, kernel 4.20+).
+
+    Two readings around a job give the share of its wall time the host's CPUs were contended
+    (:func:`cpu_contention`).  Read from the file, not through a library: psutil does not expose PSI.
+
+    Returns:
+        The counter (µs, monotonic since boot), or None where the kernel has no PSI (file absent or unreadable,
+        ``psi=0`` on the kernel command line).
+
+    Source: https://docs.kernel.org/accounting/psi.html
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    m = re.search(r"^some\b.*\btotal=(\d+)", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def cpu_contention(start_us: int | None, wall_s: float, path: str = "/proc/pressure/cpu") -> float | None:
+    """Share of the last ``wall_s`` seconds (0-1) during which some runnable task on this host waited for a CPU: the
+    PSI stall time since ``start_us`` (:func:`cpu_pressure_us`, read before) over the wall time.  None without PSI
+    or without a start reading.  It counts every task on the host, the measured job's own included.
+
+    Source: https://docs.kernel.org/accounting/psi.html ("some": at least one task stalled).
+    """
+    end = cpu_pressure_us(path)
+    if start_us is None or end is None or wall_s <= 0:
+        return None
+    return max(0.0, min(1.0, (end - start_us) / 1e6 / wall_s))
+
+
 def port_free(port: int, host: str = "0.0.0.0") -> bool:
     """Whether the c10d TCPStore could bind TCP ``port`` on ``host`` now.
 

@@ -170,13 +170,16 @@ def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float
     out = Path(out_dir) / "collectives.json"
     args = ["--out", str(out), "--backend", backend, "--timeout-s", str(timeout_s), "--min-bytes", str(min_bytes),
             "--max-bytes", str(max_bytes), "--check-elements", str(check_elements), "--corrupt-rank", str(corrupt_rank)]
+    psi0, t0 = hostinfo.cpu_pressure_us(), time.monotonic()
     job = jobs.run_job(SCENARIOS / "collectives.py", args, nproc=nproc, timeout_s=timeout_s * 4 + 60,
                        stall_s=timeout_s + 10, name="collectives", env=nccl_debug_env(backend))
+    contention = hostinfo.cpu_contention(psi0, time.monotonic() - t0)
     if job.hung or job.timed_out or not out.exists():
         return [job_failure("collectives.correctness", "collectives job did not finish", job,
                             sources.cite("Gilbreth 6.3"))], [], job
     data = json.loads(out.read_text())
-    bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps, expected=intra_expectation(backend))
+    expected = {**intra_expectation(backend), "cpu_contention": contention}
+    bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps, expected=expected)
     from helpers.allocation import straggler
 
     return [grade_correctness(data), bandwidth, *straggler.checks_for_job(data)], rows, job

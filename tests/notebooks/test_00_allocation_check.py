@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, assert_outputs_reproduce, notebook_outputs
 
+from helpers.allocation import grades
+
 RUNBOOK = [sys.executable, "-m", "helpers.cli", "diagnose"]
 EXPECTED = ["env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth", "straggler.ranks", "host.port",
             "host.shm", "host.interfaces", "host.socket_ifname", "host.jit_lock", "gpu.health", "smoke.01_single", "smoke.02_ddp",
@@ -37,9 +39,14 @@ def test_diagnose_on_cpu_writes_an_actionable_report(tmp_path, no_leftovers):
     data = json.loads((report_dir / "report.json").read_text())
     by_id = {c["id"]: c for c in data["checks"]}
     assert list(by_id) == EXPECTED
-    for cid in ("env.diff", "launcher.contract", "collectives.correctness", "collectives.bandwidth",
-                "smoke.01_single", "smoke.02_ddp", "smoke.03_deepspeed_zero1"):
+    for cid in ("env.diff", "launcher.contract", "collectives.correctness", "smoke.01_single", "smoke.02_ddp",
+                "smoke.03_deepspeed_zero1"):
         assert by_id[cid]["status"] == "OK", by_id[cid]
+    # gloo's bandwidth is graded unless this run's own PSI reading says the host's CPUs were contended (make test runs
+    # this beside other jobs on 2 cores): then INFO with the reading, never a WARN that is noise
+    bw = by_id["collectives.bandwidth"]
+    contended = (bw["values"]["cpu_contention"] or 0) > grades.CPU_CONTENDED
+    assert bw["status"] == "OK" or (bw["status"] == "INFO" and contended and "not_graded" in bw["values"]), bw
     assert all(c["status"] in ("OK", "INFO", "WARN", "FAIL") and c["source"] for c in data["checks"])
     # no GPU here: the GPU health check (NVML) says so as INFO, never a pretend result (issue 22)
     assert by_id["gpu.health"]["status"] == "INFO" and "no GPU on this node" in by_id["gpu.health"]["title"]

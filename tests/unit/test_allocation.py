@@ -216,3 +216,17 @@ def test_gpu_envelope_matches_the_exact_model_and_form_factor():
     unknown = _gpu_envelope("NVIDIA GB200", 20.0)  # not in the table: reported, not graded, never drained
     assert {c.status for c in unknown} == {"INFO"} and across.drain_list(unknown)["nodes"] == []
     assert "not in GPU_LINKS" in unknown[0].title
+
+
+def test_cpu_bandwidth_on_a_contended_host_is_not_graded():
+    """gloo's plateau below the OK ratio: WARN on a quiet host, INFO (not graded) when PSI says the CPUs were contended;
+    a figure at or above the OK ratio stays OK either way, and GPU figures never take the contention into account."""
+    low = 0.2 * 1.0  # 20 % of the expected 1 GB/s: below grades.CPU_GOOD_RATIO, above CPU_WARN_RATIO
+    quiet = grades.grade_expected("collectives.bandwidth", low, 1.0, "src", "intra-node", cpu=True, contention=0.1)
+    assert quiet.status == "WARN" and quiet.values["cpu_contention"] == 0.1
+    busy = grades.grade_expected("collectives.bandwidth", low, 1.0, "src", "intra-node", cpu=True, contention=0.6)
+    assert busy.status == "INFO" and "not graded" in busy.title and "60%" in busy.title and busy.values["not_graded"]
+    assert "psi" in busy.source and busy.remediation
+    assert grades.grade_expected("x", 0.05, 1.0, "s", "intra-node", cpu=True, contention=None).status == "FAIL"
+    assert grades.grade_expected("x", 0.9, 1.0, "s", "intra-node", cpu=True, contention=0.9).status == "OK"
+    assert grades.grade_expected("x", 0.5, 1.0, "s", "intra-node", cpu=False, contention=0.9).status == "FAIL"

@@ -276,3 +276,26 @@ def test_smoke_is_not_started_on_a_stale_lock(tmp_path, monkeypatch):
     assert rec.status == "FAIL" and rec.id == "smoke.03" and "not run" in rec.title and rec.evidence == [str(lock)]
     check, job = local.run_smoke("03", tmp_path, nproc=2, backend="gloo", steps=1, hidden=8, batch=2, timeout_s=5)
     assert job is None and check.status == "FAIL" and str(lock) in check.title
+
+
+def test_cpu_contention_reads_the_kernel_pressure_counter(tmp_path):
+    """PSI: a file in the kernel's format is parsed; without PSI, None; on this host, busy processes beyond the CPUs
+    raise the share of time a task waited for a CPU (measured, not assumed)."""
+    fake = tmp_path / "cpu"
+    fake.write_text("some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert hostinfo.cpu_pressure_us(str(fake)) == 123456
+    assert hostinfo.cpu_pressure_us(str(tmp_path / "absent")) is None
+    assert hostinfo.cpu_contention(None, 1.0, str(fake)) is None
+    assert hostinfo.cpu_contention(123456 - 500_000, 1.0, str(fake)) == 0.5
+    if hostinfo.cpu_pressure_us() is None:
+        pytest.skip("this kernel has no /proc/pressure/cpu")
+    busy = [subprocess.Popen(["python3", "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) * 2)]
+    try:
+        start, t0 = hostinfo.cpu_pressure_us(), time.monotonic()
+        time.sleep(1.5)
+        share = hostinfo.cpu_contention(start, time.monotonic() - t0)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert share is not None and share > 0.5, share
