@@ -13,7 +13,10 @@ node whose ranks never joined.  Rank 0 then writes ``<out_dir>/allocation_job.js
   ``[{"a", "b", "bytes", "time_s"}]``: busbw of a 2-rank all_reduce = algbw (nccl-tests factor 1);
 * ``speed``: every rank's matmul GFLOP/s and memory-copy GB/s (:func:`helpers.scenarios._speed.measure`), for the
   straggler score (:mod:`helpers.allocation.straggler`), with its host, local rank and GPU; measured by all ranks at
-  once on NCCL (each GPU is its own), one rank after the other on gloo (:func:`helpers.scenarios._speed.gather`).
+  once on NCCL (each GPU is its own), one rank after the other on gloo (:func:`helpers.scenarios._speed.gather`);
+* ``cpu_contention``: ``{host: share}``, the share (0-1) of the bandwidth sweeps' wall time during which some task on
+  that node waited for a CPU (Linux PSI, :func:`helpers.hostinfo.cpu_contention`; the highest of its ranks' readings,
+  None without PSI): on gloo a contended node is not graded (:data:`helpers.allocation.grades.CPU_CONTENDED`).
 
 Bandwidth rows are ``{"op": "all_reduce", "bytes", "time_s", "ranks"}``; the orchestrator applies the
 nccl-tests definitions (:mod:`helpers.busbw`).
@@ -33,6 +36,7 @@ import socket
 import sys
 import time
 
+from helpers import hostinfo
 from helpers.jobdir import JobDir
 from helpers.scenarios import _common, _speed, collectives, env_report
 
@@ -110,6 +114,7 @@ def main() -> int:
     speed = _speed.gather(args.speed, backend, device)
     correctness = collectives.check_correctness(args.check_elements, -1, device)
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    psi0, t0 = hostinfo.cpu_pressure_us(), time.monotonic()
     inter = [{"op": "all_reduce", "bytes": s, "ranks": world,
               "time_s": _max_over(_time_all_reduce(s, None, device, args.iters), None, device)} for s in sizes]
     hosts = list(dict.fromkeys(r["hostname"] for r in records))
@@ -120,8 +125,12 @@ def main() -> int:
     intra_local = [{"op": "all_reduce", "bytes": s, "ranks": len(node_ranks[here]),
                     "time_s": _max_over(_time_all_reduce(s, mine, device, args.iters), mine, device)}
                    for s in sizes] if len(node_ranks[here]) > 1 else []
+    contention = hostinfo.cpu_contention(psi0, time.monotonic() - t0)
     intra_all: list = [None] * world
-    dist.all_gather_object(intra_all, (here, intra_local))
+    dist.all_gather_object(intra_all, (here, intra_local, contention))
+    per_node: dict = {}
+    for h, _, c in intra_all:
+        per_node[h] = c if per_node.get(h) is None else max(per_node[h], c if c is not None else 0.0)
     leaders = [rs[0] for rs in node_ranks.values()]
     rounds = round_robin(len(hosts), args.max_rounds)
     pair_groups = {(a, b): dist.new_group([leaders[a], leaders[b]]) for rnd in rounds for a, b in rnd}
@@ -139,7 +148,7 @@ def main() -> int:
     if rank == 0:
         result = {"world_size": world, "backend": backend, "hosts": hosts, "records": records,
                   "correctness": correctness, "inter": inter,
-                  "intra": {h: rows for h, rows in intra_all if rows},
+                  "intra": {h: rows for h, rows, _ in intra_all if rows}, "cpu_contention": per_node,
                   "pairs": [p for ps in pairs_all for p in ps], "rounds": len(rounds), "speed": speed}
         _common.write_json_atomic(os.path.join(args.out_dir, "allocation_job.json"), result)
         _common.log(f"wrote {os.path.join(args.out_dir, 'allocation_job.json')}: {json.dumps(result['pairs'])}")

@@ -230,3 +230,20 @@ def test_cpu_bandwidth_on_a_contended_host_is_not_graded():
     assert grades.grade_expected("x", 0.05, 1.0, "s", "intra-node", cpu=True, contention=None).status == "FAIL"
     assert grades.grade_expected("x", 0.9, 1.0, "s", "intra-node", cpu=True, contention=0.9).status == "OK"
     assert grades.grade_expected("x", 0.5, 1.0, "s", "intra-node", cpu=False, contention=0.9).status == "FAIL"
+
+
+def test_cpu_envelope_does_not_grade_a_contended_node():
+    """Across nodes on gloo: each node's intra-node plateau is graded against its own memory copy unless the job's
+    PSI reading on that node says its CPUs were contended; the inter-node figure takes the busiest node's reading."""
+    sizes = [2 ** k for k in range(20, 28)]
+    rows = [{"op": "all_reduce", "bytes": b, "time_s": b / 0.2e9, "ranks": 2} for b in sizes]  # 0.2 GB/s plateau
+    data = {"records": [{"gpu": None}], "inter": rows, "intra": {"node0": rows, "node1": rows},
+            "cpu_contention": {"node0": 0.8, "node1": 0.05}}
+    reports = {n: {"nic_mbps": 10000, "memcpy_GBps": 10.0} for n in ("node0", "node1")}  # expected 1.17 GB/s intra
+    by_id = {c.id: c for c in grades.grade_envelope(data, reports)}
+    assert by_id["envelope.intra.node0"].status == "INFO" and by_id["envelope.intra.node0"].values["cpu_contention"] == 0.8
+    assert by_id["envelope.intra.node1"].status in ("WARN", "FAIL") and not by_id["envelope.intra.node1"].values.get(
+        "not_graded")
+    assert by_id["envelope.inter"].values["cpu_contention"] == 0.8
+    del data["cpu_contention"]  # a job from before the reading: graded as before
+    assert {c.status for c in grades.grade_envelope(data, reports) if c.id.startswith("envelope.intra")} <= {"WARN", "FAIL"}
