@@ -117,8 +117,9 @@ moves bytes with CPU threads, so on a contended host it measures the scheduler, 
 machine with the check's 2 ranks: idle, 0.13 (its own ranks; ratio 1.25); beside the job tests of ``make test``,
 0.33-0.64 (ratios 0.49-2.1); beside two or four busy loops, 0.70-0.86; this threshold is twice the idle figure.  A
 healthy node graded beside the whole of ``make test`` once fell to 0.25 of the expected figure: a WARN that was noise.
-A node capped by its cgroup (cpu.max) is not contended in this sense (throttled tasks are not runnable) and is still
-graded; the straggler score names it either way.  In the SLURM lab (2 nodes x 2 ranks on the 2 cores) the job across
+A node capped by its cgroup's CPU quota reads as contended too (one throttled busy loop at 5 % of a CPU alone read
+0.53 here, cgroup v1 CFS quota): its bandwidth is then not graded, and the straggler score, which compares the ranks
+with each other, is what names it (``straggler.ranks``).  In the SLURM lab (2 nodes x 2 ranks on the 2 cores) the job across
 nodes reads 0.96 even when healthy: there the envelope's CPU figures are graded only when they reach OK."""
 
 
