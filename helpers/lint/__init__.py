@@ -66,6 +66,8 @@ RULES: dict[str, str] = {
     "slurm-var-unknown": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     "slurm-env-misuse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     "barrier-every-step": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
+    "main-process-object-every-rank": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
+    "ds-manual-accumulation": "https://www.deepspeed.ai/getting-started/#training",
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",

@@ -1046,6 +1046,45 @@ def rule_barrier_every_step(lt: PythonLinter) -> None:
                "wait_for_everyone(); save on the main process)", _ACC)
 
 
+BLANK_TRACKER = frozenset({"finish", "log", "main_process_only", "start", "store_init_configuration"})
+"""What the stand-in tracker answers: ``Accelerator.get_tracker`` returns ``GeneralTracker(_blank=True)`` on every
+process that holds no tracker ("Handle tracker only made on main process", accelerate/accelerator.py get_tracker;
+W&B, TensorBoard, MLflow ... trackers are made on the main process only, ``main_process_only = True`` in
+accelerate/tracking.py); ``dir()`` of that object in accelerate 1.15 is this set."""
+
+
+def rule_tracker_on_every_rank(lt: PythonLinter) -> None:
+    """``accelerator.get_tracker("wandb").run`` (or ``.tracker``, ``.log_images`` ...) outside a main-process gate:
+    on the other processes ``get_tracker`` returns a blank ``GeneralTracker`` without the run, so they stop with
+    ``AttributeError: 'GeneralTracker' object has no attribute 'run'`` (allenai/open-instruct#1539 moved its
+    ``wandb_tracker.run.url`` reads under ``accelerator.is_main_process``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "get_tracker" not in lt.text:
+        return
+    tracker_names: set[str] = set()
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _call_name(node.value)[1] == "get_tracker":
+            tracker_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in lt.nodes:
+        if not isinstance(node, ast.Attribute) or node.attr in BLANK_TRACKER or node.attr.startswith("_"):
+            continue
+        v = node.value
+        direct = isinstance(v, ast.Call) and _call_name(v)[1] == "get_tracker"
+        if not (direct or isinstance(v, ast.Name) and v.id in tracker_names):
+            continue
+        if lt._rank_gate(node) is not None or lt._after_rank_exit(node):
+            continue
+        fn = lt._enclosing_function(node)
+        if fn is not None and lt._function_only_called_gated(fn):
+            continue
+        lt.add("main-process-object-every-rank", "error", node,
+               f"{ast.unparse(node)[:70]} runs on every process, but only the main process holds the tracker: the "
+               f"others get a blank GeneralTracker, which has no '{node.attr}' (AttributeError on every rank but 0)",
+               "read it under `if accelerator.is_main_process:` (or keep the value from the main process)",
+               _ACC + "#accelerate.Accelerator.get_tracker")
+
+
 def rule_undefined_attribute(lt: PythonLinter) -> None:
     """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
     assigns ``X`` nor defines it: AttributeError at run time."""
@@ -1100,6 +1139,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_world_size_from_device_count(lt)
     rule_slurm_env(lt)
     rule_barrier_every_step(lt)
+    rule_tracker_on_every_rank(lt)
     rule_undefined_attribute(lt)
     grad_sync_rules.run(lt)
     lt.facts.contract = sc

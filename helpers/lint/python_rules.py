@@ -69,6 +69,11 @@ TRACKER_RUNS = {("wandb", "init"), ("mlflow", "start_run"), ("neptune", "init_ru
 rank 0 calls wandb.init"; ``group=`` is its documented one-run-per-process method 2,
 https://docs.wandb.ai/guides/track/log/distributed-training/)."""
 FINISHING = (ast.Return, ast.Break, ast.Continue, ast.Raise)
+DELETES = {("shutil", "rmtree"), ("os", "remove"), ("os", "unlink"), ("os", "rmdir"), ("shutil", "move"),
+           ("os", "rename"), ("os", "replace")}
+"""Calls that remove or move a path: run by every rank on a shared output directory, N processes delete the same
+checkpoint folders at once (``FileNotFoundError`` on all but the first, or the wrong folders kept:
+huggingface/diffusers#5340 gated its checkpoint pruning on ``accelerator.is_main_process``)."""
 FILE_SAVES = {("torch", "save"), ("OmegaConf", "save")}
 """(receiver, call) pairs that write a file named by their second argument or ``f=``: ``torch.save(obj, f)``
 (https://docs.pytorch.org/docs/stable/generated/torch.save.html), ``OmegaConf.save(config, f, resolve=False)``
@@ -173,6 +178,23 @@ def _launch_check(test: ast.Compare) -> bool:
         vals += c.elts if isinstance(c, (ast.List, ast.Tuple, ast.Set)) else [c]
     return bool(vals) and all(isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) and
                               isinstance(v.operand, ast.Constant) and v.operand.value == 1 for v in vals)
+
+
+def _local_emptiness(test: ast.AST) -> bool:
+    """``x.numel() == 0``, ``len(x) == 0``, ``x.numel() < 1``, ``not x.numel()``: a test on how much of this rank's own
+    data there is (each rank holds a different shard, so it can hold on one rank and not on another)."""
+    def size(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and (
+            isinstance(node.func, ast.Attribute) and node.func.attr == "numel" and not node.args
+            or isinstance(node.func, ast.Name) and node.func.id == "len" and len(node.args) == 1)
+
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return size(test.operand)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and size(test.left) and \
+            isinstance(test.comparators[0], ast.Constant):
+        op, value = test.ops[0], test.comparators[0].value
+        return isinstance(op, (ast.Eq, ast.LtE)) and value == 0 or isinstance(op, ast.Lt) and value == 1
+    return False
 
 
 def _exits(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -647,6 +669,11 @@ class PythonLinter:
             gate = self._rank_gate(call)
             if gate is None or self._balanced(gate, coll):
                 continue
+            if coll.endswith(("save_state", "load_state")) and not re.search(r"(?i)deepspeed|fsdp", self.text):
+                # under DDP Accelerator.save_state gathers nothing (get_state_dict = state_dict; the accelerator state
+                # is written by the calling process): the diffusers pattern `if is_main_process: save_state()` is
+                # right there; it hangs only under DeepSpeed / FSDP, which a script that never names them does not use
+                continue
             if coll.endswith(("save_state", "load_state")) and \
                     re.search(r"DEEPSPEED|FSDP|is_fsdp|is_deepspeed", _src(getattr(gate, "test", gate))):
                 # Accelerator.save_state is a collective under DeepSpeed and FSDP (engine.save_checkpoint, sharded
@@ -673,7 +700,10 @@ class PythonLinter:
                 if not isinstance(block, list):
                     continue
                 for i, stmt in enumerate(block):
-                    if not (isinstance(stmt, ast.If) and self.taint.rank_test(stmt.test)):
+                    if not isinstance(stmt, ast.If):
+                        continue
+                    local = not self.taint.rank_test(stmt.test) and _local_emptiness(stmt.test)
+                    if not (local or self.taint.rank_test(stmt.test)):
                         continue
                     exits = _exits(stmt.body)
                     if not exits or isinstance(exits[0], ast.Raise):
@@ -683,6 +713,16 @@ class PythonLinter:
                         continue
                     for call in self._calls(rest):
                         coll = self.collective_name(call)
+                        if coll and self._rank_gate(call) is None and local:
+                            kind = type(exits[0]).__name__.lower()
+                            self.add("rank-early-exit-collective", "warning", call,
+                                     f"{coll} comes after an early {kind} taken when this rank's own data is empty "
+                                     f"(line {stmt.lineno}: `{_src(stmt.test)[:50]}`): each rank holds a different "
+                                     "batch, so a rank with nothing left leaves while the others wait in the "
+                                     "collective (hang)",
+                                     "let every rank reach the collective with an empty (or padded) tensor, or decide "
+                                     "the exit from a value all ranks share (all_reduce the count first)", "D21")
+                            break
                         if coll and self._rank_gate(call) is None:
                             kind = type(exits[0]).__name__.lower()
                             self.add("rank-early-exit-collective", "error", call,
@@ -825,10 +865,10 @@ class PythonLinter:
                     _src(node.value.func) in ("deepspeed.initialize", "initialize"):
                 t = node.targets[0]
                 elts = t.elts if isinstance(t, ast.Tuple) else [t]
-                if elts and isinstance(elts[0], ast.Name):
-                    engines.add(elts[0].id)
-                if len(elts) > 1 and isinstance(elts[1], ast.Name):
-                    optims.add(elts[1].id)
+                if elts and isinstance(elts[0], (ast.Name, ast.Attribute)):
+                    engines.add(_src(elts[0]))
+                if len(elts) > 1 and isinstance(elts[1], (ast.Name, ast.Attribute)):
+                    optims.add(_src(elts[1]))
                 for kw in node.value.keywords:
                     if kw.arg == "optimizer" and isinstance(kw.value, ast.Name):
                         optims.add(kw.value.id)
@@ -845,12 +885,39 @@ class PythonLinter:
                          "backward() was called directly' with fp16 under ZeRO; only ZeRO 1-3 without a loss scaler "
                          "runs it through the engine's hooks",
                          f"{min(engines)}.backward(loss); {min(engines)}.step()", "D18")
+            if name == "step" and recv in engines and self._accumulation_gate(call, recv):
+                gate = self._accumulation_gate(call, recv)
+                self.add("ds-manual-accumulation", "warning", call,
+                         f"{recv}.step() runs only when `{_src(gate.test)}` holds while {recv}.backward() runs on every "
+                         "micro-batch: the engine counts micro-steps itself and takes the accumulation boundary from "
+                         "gradient_accumulation_steps (engine.is_gradient_accumulation_boundary), so the steps it skips "
+                         "are not accumulated as intended (with gradient_accumulation_steps 1 every backward is a "
+                         "boundary: ZeRO reduces and clears the gradients each micro-batch)",
+                         f"call {recv}.backward(loss) and {recv}.step() on every micro-batch and set "
+                         "gradient_accumulation_steps in the DeepSpeed config to the accumulation count",
+                         "https://www.deepspeed.ai/getting-started/#training")
             if name == "step" and recv in optims and recv not in engines:
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.step() bypasses {min(engines)}.step(): the gradient accumulation boundary, "
                          "gradient clipping, the lr scheduler and the step counter live in the engine's step "
                          "(DeepSpeed runtime/engine.py step -> _take_model_step), so the weights update on every "
                          "micro-batch", f"{min(engines)}.step()", "D18")
+
+    def _accumulation_gate(self, step: ast.Call, engine: str) -> ast.If | None:
+        """The ``if <counter> % <n> ...:`` that holds ``engine.step()`` inside a loop whose body also calls
+        ``engine.backward(...)`` outside that ``if`` (manual gradient accumulation around a DeepSpeed engine)."""
+        node: ast.AST | None = self.parents.get(step)
+        gate = None
+        while node is not None and not isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef)):
+            if isinstance(node, ast.If) and gate is None and any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod)
+                                                                 for b in ast.walk(node.test)):
+                gate = node
+            node = self.parents.get(node)
+        if gate is None or not isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            return None
+        gated = {id(c) for c in self._calls(gate)}
+        backward = any(_call_name(c) == (engine, "backward") and id(c) not in gated for c in self._calls(node))
+        return gate if backward else None
 
     def rule_ddp_fsdp_options(self) -> None:
         """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""
@@ -978,10 +1045,18 @@ class PythonLinter:
 
     def _write_kind(self, call: ast.Call) -> str:
         """What ``call`` writes: ``"tracker"`` (starts an experiment-tracker run, :data:`TRACKER_RUNS`), ``"file"``
-        (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`) or ``""``."""
+        (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`), ``"delete"``
+        (:data:`DELETES`, not of a temporary path) or ``""``."""
         recv, name = _call_name(call)
         if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
             return "tracker"
+        if (recv, name) in DELETES:
+            return "" if call.args and re.search(r"te?mp", _src(call.args[0]), re.I) else "delete"
+        if name == "save_model" and (recv in self.module_aliases or recv.lower().endswith("trainer")):
+            # a project module's save_model (its body, not linted here, decides who writes: MAE's misc.save_model
+            # calls save_on_master) or transformers' Trainer.save_model, which every process must call and which
+            # writes from the main process only (Trainer.save_model: "Will only save from the main process")
+            return ""
         if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
                 (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
                  and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):
@@ -1070,6 +1145,12 @@ class PythonLinter:
                          f"call {recv}.{name} on rank 0 only, after init_process_group (or pass group= to log one run "
                          "per process on purpose: https://docs.wandb.ai/guides/track/log/distributed-training/)", "D23")
                 continue
+            if kind == "delete":
+                self.add("write-on-every-rank", "warning", call,
+                         f"{_src(call)[:60]} runs on every rank: N processes remove the same path at once "
+                         "(FileNotFoundError on all but the first, or the wrong checkpoints left)",
+                         "gate it: if <main process>: ... (then a barrier on every rank before the next save)", "D23")
+                continue
             self.add("write-on-every-rank", "warning", call,
                      f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
                      "truncated checkpoint, garbled log)",
@@ -1078,7 +1159,11 @@ class PythonLinter:
     def rule_ddp_wrapper_attribute(self) -> None:
         """An attribute stored on the model before ``DistributedDataParallel`` wrapped it, read through the wrapper:
         ``nn.Module.__getattr__`` finds only the wrapper's own parameters, buffers and submodules, so
-        ``AttributeError: 'DistributedDataParallel' object has no attribute 'names'`` (helpers.lint.wrappers)."""
+        ``AttributeError: 'DistributedDataParallel' object has no attribute 'names'`` (helpers.lint.wrappers).
+        Also a Hugging Face model returned by ``accelerator.prepare`` (:func:`helpers.lint.wrappers.prepared_models`):
+        any attribute DDP itself lacks (``unet.config``, ``model.generate``), read directly or by peft's
+        ``get_peft_model_state_dict``, fails under several processes."""
+        self._prepared_model_attributes()
         if not self.wrappers.w.stored:
             return
         for node in self.nodes:
@@ -1092,6 +1177,61 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def _prepared_model_attributes(self) -> None:
+        """:meth:`rule_ddp_wrapper_attribute` for the models ``accelerator.prepare`` returns (in the same function,
+        after the prepare line, before the name is bound again)."""
+        from helpers.lint.wrappers import DDP_PUBLIC, STATE_DICT_READERS, prepared_models
+
+        models = prepared_models(self.tree)
+        if not models:
+            return
+        binds: dict[str, list[int]] = {}
+        for node in self.nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in assign_targets(node):
+                    if isinstance(t, ast.Name):
+                        binds.setdefault(t.id, []).append(node.lineno)
+                    elif isinstance(t, ast.Tuple):
+                        for e in t.elts:
+                            if isinstance(e, ast.Name):
+                                binds.setdefault(e.id, []).append(node.lineno)
+
+        def through_wrapper(name: ast.Name) -> int:
+            for model, line in models:
+                if name.id == model and name.lineno > line and \
+                        not any(line < b < name.lineno for b in binds.get(model, ())) and \
+                        self._enclosing_function(name) is self._enclosing_function(self._line_node(line)):
+                    return line
+            return 0
+
+        for node in self.nodes:
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load) \
+                    and node.attr not in DDP_PUBLIC and not node.attr.startswith("_"):
+                line = through_wrapper(node.value)
+                if line:
+                    self.add("ddp-wrapper-attribute", "error", node,
+                             f"{_src(node)} reads '{node.attr}' on the model accelerator.prepare returned (line {line}): "
+                             "under several processes without DeepSpeed/FSDP that is a DistributedDataParallel "
+                             f"wrapper: 'AttributeError: 'DistributedDataParallel' object has no attribute "
+                             f"'{node.attr}''",
+                             f"accelerator.unwrap_model({node.value.id}).{node.attr}",
+                             "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
+            elif isinstance(node, ast.Call) and _call_name(node)[1] in STATE_DICT_READERS and node.args \
+                    and isinstance(node.args[0], ast.Name):
+                line = through_wrapper(node.args[0])
+                if line:
+                    attr = STATE_DICT_READERS[_call_name(node)[1]]
+                    self.add("ddp-wrapper-attribute", "error", node,
+                             f"{_src(node)[:60]} is given the model accelerator.prepare returned (line {line}); it "
+                             f"reads .{attr}, which the DistributedDataParallel wrapper does not have (AttributeError "
+                             "under several processes)",
+                             f"{_call_name(node)[1]}(accelerator.unwrap_model({node.args[0].id}))",
+                             "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
+
+    def _line_node(self, line: int) -> ast.AST:
+        """The first statement node that starts at ``line``."""
+        return next((n for n in self.nodes if isinstance(n, ast.stmt) and n.lineno == line), self.tree)
 
     def rule_unbound_after_ddp_branch(self) -> None:
         """A name bound only in the non-DDP branch of ``if ddp: model = DDP(model) else: ...`` and read after it:

@@ -41,6 +41,44 @@ WRAPPER_OWN = frozenset({"training", "device", "device_ids", "device_type", "out
 """Attributes a DistributedDataParallel instance has itself (torch/nn/parallel/distributed.py ``__init__``, and
 nn.Module's ``training``): set on the model or not, reading them through the wrapper does not fail."""
 
+DDP_PUBLIC = frozenset("""add_module apply bfloat16 broadcast_buffers buffers call_super_init children compile cpu cuda
+    double dump_patches eval extra_repr float forward gather get_buffer get_extra_state get_parameter get_submodule half
+    ipu join join_device join_hook join_process_group load_state_dict modules mtia named_buffers named_children
+    named_modules named_parameters no_sync parameters register_backward_hook register_buffer register_comm_hook
+    register_forward_hook register_forward_pre_hook register_full_backward_hook register_full_backward_pre_hook
+    register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module register_parameter
+    register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ scatter set_extra_state set_submodule
+    share_memory state_dict to to_empty to_kwargs train type will_sync_module_buffers xpu zero_grad""".split()) | WRAPPER_OWN
+"""Every public attribute a DistributedDataParallel instance answers (``dir(DistributedDataParallel)`` in torch 2.13,
+and :data:`WRAPPER_OWN`): any other name read through the wrapper raises AttributeError."""
+STATE_DICT_READERS = {"get_peft_model_state_dict": "peft_config"}
+"""Functions that read a model attribute DDP does not have: peft's ``get_peft_model_state_dict(model)`` starts with
+``config = model.peft_config[adapter_name]`` (peft/utils/save_and_load.py), so given the wrapper it raises
+AttributeError (huggingface/diffusers#6144 passed ``accelerator.unwrap_model(unet)`` instead)."""
+
+
+def prepared_models(tree: ast.AST) -> list[tuple[str, int]]:
+    """``(name, line)`` of each model name bound by ``... = accelerator.prepare(...)`` that holds a Hugging Face model
+    (the name is bound from ``X.from_pretrained(...)`` / ``X.from_config(...)`` in the file, or passed to
+    ``unwrap_model``).  Under several processes without DeepSpeed or FSDP, ``prepare`` returns the model wrapped in
+    DistributedDataParallel (accelerate/accelerator.py ``prepare_model``; "unwrap_model: unwraps the model from the
+    additional layer possible added by prepare()", https://huggingface.co/docs/accelerate/en/package_reference/accelerator),
+    and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not."""
+    hf: set[str] = set()
+    prepares: list[tuple[list[ast.expr], int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            fname = call_name(node.value)
+            if fname in ("from_pretrained", "from_config"):
+                hf.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            f = node.value.func
+            if isinstance(f, ast.Attribute) and f.attr == "prepare" and "accelerator" in ast.unparse(f.value).lower():
+                t = node.targets[0]
+                prepares.append((list(t.elts) if isinstance(t, ast.Tuple) else [t], node.lineno))
+        elif isinstance(node, ast.Call) and call_name(node) in UNWRAP_CALLS:
+            hf.update(a.id for a in node.args[:1] if isinstance(a, ast.Name))
+    return [(t.id, line) for targets, line in prepares for t in targets if isinstance(t, ast.Name) and t.id in hf]
+
 
 BUFFER_FREE_LAYERS = frozenset({
     "Linear", "Bilinear", "Embedding", "EmbeddingBag", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "Dropout1d",

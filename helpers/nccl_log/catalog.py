@@ -41,7 +41,7 @@ _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
                  "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
-                 "open files", "Unable to find address")
+                 "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated")
 
 
 def _yaml_loader(yaml: Any) -> type:

@@ -357,7 +357,8 @@ class _Parser:
         if not line:
             return _PLAN_SKIP
         first = line[0]
-        if first in "# \t" and (first == "#" or line.lstrip().startswith("#")):
+        if first in "# \t" and (first == "#" or line.lstrip().startswith("#")) and \
+                not line.startswith("# NCCL Tests compiled with NCCL"):  # the header's version line is read
             # nccl-tests' summary is not a comment
             return _PLAN_SUMMARY if line.startswith("# Avg bus bandwidth") else _PLAN_SKIP
         reconstructed = 0

@@ -343,6 +343,13 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[C
     stuck = [r for r in ranks if not r.completed]
     fix = ("on that host: systemctl status nvidia-fabricmanager (must be active, version = driver), nvidia-smi for "
            "GPU errors; restart the service or relaunch without that node (MN1)")
+    if done and stuck and "excerpt-elided" in log.catalog:
+        message = (f"suspect: {_who(stuck)} on {_names(_hosts(stuck)) or 'unknown host'} shows no Init COMPLETE while "
+                   f"{len(done)} rank(s) completed, but the log is an excerpt with lines left out: the line may only "
+                   "be missing from it")
+        return [verdict("init-incomplete", "WARN", message, [r.key for r in stuck], _hosts(stuck),
+                        _evidence([f"last line of {r.key}: {r.last_line}" for r in stuck]),
+                        "read the whole log of that rank first; " + fix, kind="suspect")]
     if done and stuck:
         stages = sorted({r.stage_name for r in stuck})
         message = (f"{_who(stuck)} on {_names(_hosts(stuck)) or 'unknown host'} stopped before Init COMPLETE "
@@ -591,11 +598,29 @@ def _check_catalog(log: NcclLog) -> list[Check]:
         elif reading:
             vid, kind, cause, fix = f"nccl.{reading[0]}", reading[1], reading[2], reading[3]
         count = hit.count + sum(h.count for h in extra)
+        sent = foreign_bytes(" ".join(hit.evidence)) if cid == "nccl-foreign-connection" else ""
+        if sent:
+            cause = f"the client sent {sent!r} where NCCL expects its magic: {cause}"
         message = f"{cause} ({count} line(s){where})"
         evidence = _evidence(hit.evidence + [line for h in extra for line in h.evidence])
         out.append(verdict(vid, e["status"], message, keys, hosts, evidence, fix, e["source"],
                            {"lines": count, "subsystem": e["subsystem"]}, kind=kind))
     return out
+
+
+_MAGIC = re.compile(r"wrong magic ([0-9a-fA-F]{1,16}) != ")
+
+
+def foreign_bytes(text: str) -> str:
+    """What a non-NCCL client sent, from ``socketFinalizeAccept: wrong magic <received> != <expected>``: NCCL prints
+    the 8 received bytes as one uint64 in hex (``%lx``, misc/socket.cc), so on a little-endian host the text the
+    client sent is that number's bytes, lowest first (``74656d2f20544547`` -> ``GET /met``).  "" when the line has no
+    such number or its bytes are not printable ASCII."""
+    m = _MAGIC.search(text)
+    if not m:
+        return ""
+    raw = int(m.group(1), 16).to_bytes(8, "little").rstrip(b"\0")
+    return raw.decode("ascii") if raw and all(32 <= b < 127 for b in raw) else ""
 
 
 _READ_CUDA = {"nccl-tests-cuda-failure"}
@@ -733,6 +758,11 @@ collective of each peer pair and algorithm (seconds), a checkpoint or an evaluat
 PyTorch's default is 10 minutes for NCCL (``init_process_group``'s ``timeout``,
 https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)."""
 
+CERTAIN_TIMEOUT_MS = 1_000
+"""Below this (ms) the timeout alone explains the abort: no collective fits in it with the first connection setup of
+its peers (NCCL connects lazily at the first collective: seconds).  From it up to :data:`SHORT_TIMEOUT_MS` the timeout
+is a suspect: short enough to abort an ordinary wait, but a collective one rank never calls ends the same way."""
+
 _WORK_TIMEOUT = re.compile(r"Timeout\(ms\)=(\d+)\).*?ran for (\d+) milliseconds")
 
 
@@ -751,14 +781,24 @@ def _check_short_timeout(log: NcclLog) -> list[Check]:
     if not found:
         return []
     timeout_ms, ran_ms, _ = min(found)
-    title = (f"the process group's collective timeout is {timeout_ms} ms (Timeout(ms)={timeout_ms}), far below "
-             f"PyTorch's default of 10 minutes: a collective that ran {ran_ms} ms was aborted by the watchdog; a "
-             f"timeout this short fails on ordinary waits (NCCL's first connection setup, a slower rank)")
     fix = ("confirm with grep -rn 'timeout' where the process group is created (init_process_group(timeout=...), "
            "Accelerate's InitProcessGroupKwargs(timeout=...), deepspeed.init_distributed(timeout=...), a launcher or config "
            "setting in seconds read as milliseconds); raise it to minutes (timedelta(minutes=10) is the NCCL default)")
-    return [verdict("short-collective-timeout", "FAIL", title, [], [], [line for *_, line in found][:2], fix,
-                    "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp",
+    src = "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+    if timeout_ms >= CERTAIN_TIMEOUT_MS:
+        # seconds: short enough to abort an ordinary wait, long enough that a real hang (a rank that never calls the
+        # collective) ends the same way: the line cannot tell which
+        title = (f"suspect: the process group's collective timeout is {timeout_ms} ms, far below PyTorch's default of "
+                 f"10 minutes: the watchdog aborts waits that would have ended (NCCL's first connection setup, a "
+                 f"slower rank) as well as a real hang; raise it to tell them apart")
+        return [verdict("short-collective-timeout", "WARN", title, [], [], [line for *_, line in found][:2],
+                        fix + "; if the collective still times out, read which rank never joined it (the desync "
+                        "report, the Flight Recorder dumps)", src, {"timeout_ms": timeout_ms, "ran_ms": ran_ms},
+                        kind="suspect")]
+    title = (f"the process group's collective timeout is {timeout_ms} ms (Timeout(ms)={timeout_ms}), far below "
+             f"PyTorch's default of 10 minutes: a collective that ran {ran_ms} ms was aborted by the watchdog; a "
+             f"timeout this short fails on ordinary waits (NCCL's first connection setup, a slower rank)")
+    return [verdict("short-collective-timeout", "FAIL", title, [], [], [line for *_, line in found][:2], fix, src,
                     {"timeout_ms": timeout_ms, "ran_ms": ran_ms})]
 
 

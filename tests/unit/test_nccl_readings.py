@@ -226,6 +226,9 @@ def test_short_collective_timeout_is_the_cause() -> None:
     assert short["short-collective-timeout"].values["ran_ms"] == 90
     default = acting(read(line.format(t=600000, r=600123)))
     assert list(default) == ["torch-watchdog-timeout"]
+    # seconds (blind6 pytorch#97191: 10 s around a mismatched all_reduce): a real hang ends the same way, a suspect
+    seconds = read(line.format(t=10000, r=10917))["short-collective-timeout"]
+    assert seconds.status == "WARN" and seconds.values["kind"] == "suspect" and "tell them apart" in seconds.title
 
 
 def test_invalid_usage_and_port_in_use_are_suspects_naming_their_alternatives() -> None:
@@ -235,6 +238,47 @@ def test_invalid_usage_and_port_in_use_are_suspects_naming_their_alternatives() 
     assert usage.values["kind"] == "suspect" and "version mismatch" in usage.title
     port = read("RuntimeError: Address already in use\n")["tcpstore-port-in-use"]
     assert port.values["kind"] == "suspect" and "RANK is 0" in port.title and "ss -ltnp" in port.remediation
+
+
+# ------------------------------------------------------------------- blind set 6's lessons (tests/data/nccl/blind6)
+def test_nccls_own_unix_socket_in_use_is_not_the_rendezvous_port() -> None:
+    """misc/ipcsocket.cc: the cuMem proxy's abstract Unix socket, not the TCPStore's port (nccl#1185)."""
+    found = read("h:33:10589 [2] misc/ipcsocket.cc:57 NCCL WARN UDS: Binding to socket /tmp/nccl-socket-2-e647f8d8e15809a1 "
+                 "failed : Address already in use (98)\n")
+    assert "tcpstore-port-in-use" not in found
+    uds = found["nccl-uds-bind"]
+    assert uds.values["kind"] == "suspect" and "2.20.5" in uds.title and "ss -xlp" in uds.remediation
+
+
+def test_a_foreign_client_on_nccls_port_names_the_accept_hang() -> None:
+    """socket.cc socketFinalizeAccept (<= 2.26): the 8 bytes 'GET /met' are an HTTP client; nccl#1808 fixed in 2.30.7."""
+    found = read("worker-9 >> [2025-08-12 01:37:03] :166:1226 [0] misc/socket.cc:484 NCCL WARN socketFinalizeAccept: "
+                 "wrong magic 74656d2f20544547 != 7970663b906d70b9\n")
+    assert found["nccl-foreign-connection"].values["kind"] == "suspect"
+    assert "the client sent 'GET /met'" in found["nccl-foreign-connection"].title  # decoded from this line's bytes
+    assert nl.rules.foreign_bytes("wrong magic 1234abcd5a5a5a5a != 7970663b906d70b9") == ""  # not text: nothing said
+    assert any("2.30.7" in v.title for k, v in found.items() if "magic" in k or "bug" in k), sorted(found)
+
+
+def test_nccl_tests_built_against_nccl_1_and_a_gpu_pair_without_p2p() -> None:
+    old = read("# NCCL Tests compiled with NCCL 1.0\nNCCL failure all_reduce.cu:95 'unhandled cuda error'\n")
+    assert old["nccl1-library"].status == "FAIL" and "NCCL 2" in old["nccl1-library"].remediation
+    assert "nccl1-library" not in read("# NCCL Tests compiled with NCCL 2.4\nNCCL failure all_reduce.cu:95 'unhandled "
+                                       "cuda error'\n")
+    p2p = read("Failed: Cuda error /home/runner/work/vllm/vllm/csrc/custom_all_reduce.cuh:307 'peer access is not "
+               "supported between these two devices'\n")
+    assert p2p["peer-access-unsupported"].values["kind"] == "cause" and "topo -p2p" in p2p[
+        "peer-access-unsupported"].remediation
+
+
+def test_a_missing_init_complete_in_an_excerpt_is_only_a_suspect() -> None:
+    ranks = ("h:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init START\n"
+             "h:2:2 [1] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 1 busId 2000 - Init START\n"
+             "h:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 commId 0x5 - Init COMPLETE\n")
+    whole = read(ranks)["init-incomplete"]
+    assert whole.status == "FAIL" and whole.values["kind"] == "cause"
+    cut = read(ranks + "[...]\n")
+    assert cut["init-incomplete"].values["kind"] == "suspect" and cut["excerpt-elided"].status == "INFO"
 
 
 # ------------------------------------------------------------------ what a one-GPU H200 machine printed (make gpu-check)
