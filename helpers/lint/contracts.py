@@ -240,6 +240,9 @@ CONTRACTS: tuple[Contract, ...] = (
     # ---------------------------------------------------------------- DeepSpeed engine
     _c("DeepSpeed engine", "The training step uses engine.backward(loss) and engine.step(), not loss.backward() / "
        "optimizer.step()", _DS_TRAIN, "deepspeed-raw-backward"),
+    _c("DeepSpeed engine", "engine.backward(loss) and engine.step() run on every micro-batch: the engine counts "
+       "micro-steps and takes the accumulation boundary from gradient_accumulation_steps (a step() skipped by the "
+       "script's own counter breaks it)", "https://www.deepspeed.ai/getting-started/#training", "ds-manual-accumulation"),
     _c("DeepSpeed engine", "save_checkpoint and load_checkpoint are called on every rank, not only rank 0",
        _DS_CKPT, "rank-gated-collective"),
     _c("DeepSpeed engine", "A raw deepspeed.initialize with ZeRO stage 1 or 2 gets an optimizer from the config or "
@@ -287,6 +290,12 @@ CONTRACTS: tuple[Contract, ...] = (
        "lr-steps-from-dataset-length"),
     _c("Accelerator", "With deepspeed_config_file, the accumulation/clipping/ZeRO/precision keys of the YAML are "
        "not set", _ACC_DS, "acc-ds-file-overrides"),
+    _c("Accelerator", "Trackers exist on the main process only: get_tracker() returns a blank GeneralTracker "
+       "elsewhere (no .run, no .tracker), so reading them needs an is_main_process gate",
+       _ACC + "#accelerate.Accelerator.get_tracker", "main-process-object-every-rank"),
+    _c("Accelerator", "prepare() wraps the model in DistributedDataParallel under several processes (without "
+       "DeepSpeed or FSDP): its own attributes (config, dtype, generate, peft_config) are read through "
+       "unwrap_model()", _ACC + "#accelerate.Accelerator.unwrap_model", "ddp-wrapper-attribute"),
     _c("Accelerator", "Code under is_main_process that calls a collective hangs the other processes", _ACC_EX,
        "rank-gated-collective"),
     # ---------------------------------------------------------------- FSDP / FSDP2 / DCP

@@ -75,6 +75,15 @@ CASES = [
     ("grad-accum-from-device-count",
      ("t.py", "init_process_group('nccl')\ngradient_accumulation_steps //= torch.cuda.device_count()\n"),
      ("t.py", "init_process_group('nccl')\ngradient_accumulation_steps //= int(os.environ['WORLD_SIZE'])\n")),
+    ("main-process-object-every-rank",
+     ("t.py", "acc = Accelerator(log_with='wandb')\nacc.init_trackers('p')\nurl = acc.get_tracker('wandb').run.url\n"),
+     ("t.py", "acc = Accelerator(log_with='wandb')\nacc.init_trackers('p')\nif acc.is_main_process:\n"
+              "    url = acc.get_tracker('wandb').run.url\nacc.get_tracker('wandb').log({'a': 1})\n")),
+    ("ds-manual-accumulation",
+     ("t.py", "engine, opt, _, _ = deepspeed.initialize(model=m, config=c)\nfor i, b in enumerate(dl):\n"
+              "    engine.backward(engine(b))\n    if (i + 1) % 4 == 0:\n        engine.step()\n"),
+     ("t.py", "engine, opt, _, _ = deepspeed.initialize(model=m, config=c)\nfor i, b in enumerate(dl):\n"
+              "    engine.backward(engine(b))\n    engine.step()\n    if (i + 1) % 100 == 0:\n        save(engine)\n")),
     ("undefined-attribute",
      ("t.py", "class T:\n    def __init__(self):\n        self.local_rank = 0\n    def load(self):\n"
               "        return f'cuda:{self.gpu_id}'\n"),

@@ -387,7 +387,11 @@ def test_a_fixed_set_device_under_a_launcher_of_several_ranks():
 
 
 def test_save_state_gated_so_that_deepspeed_and_fsdp_ranks_all_enter():
-    src = "from accelerate import Accelerator\naccelerator = Accelerator()\nif {gate}:\n    accelerator.save_state(p)\n"
+    src = ("from accelerate import Accelerator, DeepSpeedPlugin\naccelerator = Accelerator()\nif {gate}:\n"
+           "    accelerator.save_state(p)\n")
     assert "rank-gated-collective" in found(("t.py", src.format(gate="accelerator.is_main_process")))
+    # a script that never names DeepSpeed or FSDP runs under DDP, where save_state gathers nothing (diffusers' pattern)
+    ddp = src.replace(", DeepSpeedPlugin", "")
+    assert "rank-gated-collective" not in found(("t.py", ddp.format(gate="accelerator.is_main_process")))
     ok = "accelerator.is_main_process or accelerator.distributed_type == DistributedType.DEEPSPEED"
     assert "rank-gated-collective" not in found(("t.py", src.format(gate=ok)))
