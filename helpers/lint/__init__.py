@@ -68,6 +68,7 @@ RULES: dict[str, str] = {
     "barrier-every-step": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "main-process-object-every-rank": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "ds-manual-accumulation": "https://www.deepspeed.ai/getting-started/#training",
+    "master-port-random-per-node": "https://docs.pytorch.org/docs/stable/distributed.html#environment-variable-initialization",
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",
@@ -77,6 +78,7 @@ RULES: dict[str, str] = {
     "sync-flag-after-forward": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "no-sync-backward-only": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "no-sync-misaligned": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "ddp-bypassed": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "backward-through-all-reduce": "https://docs.pytorch.org/docs/stable/distributed.html#autograd-enabled-communication-primitives",
     # helpers.lint.cross_rules (launch line <-> script)
     "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
@@ -230,6 +232,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     for got, fact in _across_scripts(scripts):
         findings += got
         facts.append(fact)
+    findings += cross_rules.device_from_global_rank_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

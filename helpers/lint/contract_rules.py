@@ -1085,6 +1085,59 @@ def rule_tracker_on_every_rank(lt: PythonLinter) -> None:
                _ACC + "#accelerate.Accelerator.get_tracker")
 
 
+_MULTI_NODE = re.compile(r"\b(?:num_machines|machine_rank|node_rank|nnodes|num_nodes|NODE_RANK)\b")
+
+
+def rule_master_port_per_node(lt: PythonLinter) -> None:
+    """``MASTER_PORT`` set from a port this machine finds free (a function that binds port 0, or one named for it),
+    in a launcher that handles several machines, outside a ``machine_rank == 0`` branch: every node picks its own
+    port, but env:// needs the one port rank 0's store listens on, on every node ("MASTER_PORT - required; has to be
+    a free port on machine with rank 0", ``_DIST`` environment-variable initialization).  The other nodes connect to
+    a port nobody listens on and the rendezvous times out (Megvii-BaseDetection/YOLOX#240)."""
+    from helpers.lint.python_rules import _call_name, _dotted
+
+    if "MASTER_PORT" not in lt.text or not _MULTI_NODE.search(lt.text):
+        return
+    finders = {f.name for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+        "free_port" in f.name or any(isinstance(c, ast.Call) and _call_name(c)[1] == "bind" and c.args and
+                                     isinstance(c.args[0], ast.Tuple) and len(c.args[0].elts) == 2 and
+                                     isinstance(c.args[0].elts[1], ast.Constant) and c.args[0].elts[1].value == 0
+                                     for c in ast.walk(f)))}
+    if not finders:
+        return
+    picked: dict[str, int] = {}  # names assigned from a finder
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _call_name(node.value)[1] in finders:
+            picked.update({t.id: node.lineno for t in node.targets if isinstance(t, ast.Name)})
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                                                     and t.slice.value == "MASTER_PORT" for t in node.targets)):
+            continue
+        src = [n for n in ast.walk(node.value) if isinstance(n, ast.Name) and n.id in picked or
+               isinstance(n, ast.Call) and _call_name(n)[1] in finders]
+        fn = lt._enclosing_function(node)
+        if not src or fn is None or not _MULTI_NODE.search(ast.unparse(fn)):
+            continue
+        gated = any(isinstance(a, ast.If) and re.search(r"(machine|node)_rank\s*==\s*0", ast.unparse(a.test))
+                    for a in _ancestors(lt, node))
+        if gated:
+            continue
+        lt.add("master-port-random-per-node", "error", node,
+               f"MASTER_PORT comes from a port this machine finds free ({ast.unparse(node.value)[:40]}) in a launcher "
+               f"for several machines ({_dotted(node.targets[0].value)}): each node picks its own, the other nodes "
+               "connect to a port rank 0's store does not listen on (the rendezvous times out)",
+               "choose the port on machine 0 and give the same value to every node (a fixed --master-port, or share "
+               "it with the address)", _DIST + "#environment-variable-initialization")
+
+
+def _ancestors(lt: PythonLinter, node: ast.AST) -> list[ast.AST]:
+    out, p = [], lt.parents.get(node)
+    while p is not None:
+        out.append(p)
+        p = lt.parents.get(p)
+    return out
+
+
 def rule_undefined_attribute(lt: PythonLinter) -> None:
     """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
     assigns ``X`` nor defines it: AttributeError at run time."""
@@ -1140,6 +1193,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_slurm_env(lt)
     rule_barrier_every_step(lt)
     rule_tracker_on_every_rank(lt)
+    rule_master_port_per_node(lt)
     rule_undefined_attribute(lt)
     grad_sync_rules.run(lt)
     lt.facts.contract = sc

@@ -91,6 +91,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "DistributedDataParallel construction", _INIT, "collective-before-init"),
     _c("init_process_group", "The nccl backend needs a CUDA device per rank: on CPU-only nodes use gloo", _DIST +
        "#backends", "nccl-without-gpus"),
+    _c("init_process_group", "With env:// every node gives the same MASTER_PORT, the port rank 0's store listens on: "
+       "a port each machine finds free for itself differs per node", _DIST + "#environment-variable-initialization",
+       "master-port-random-per-node"),
     _c("init_process_group", "The rendezvous port is free on the master node and not shared by two jobs", _INIT,
        ("hardcoded-master-port", "default-port-shared"), note="whether another job holds the port on that node is "
        "known only there (runbook build --check-port checks this machine); a fixed port is flagged as a risk"),
@@ -128,6 +131,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedDataParallel", "The forward broadcasts the module's buffers from rank 0 (broadcast_buffers=True, "
        "the default): calling the wrapped model on some ranks only (a rank-0 evaluation) is a collective they alone "
        "join; evaluate model.module", _DDP, ("rank-gated-collective", "rank-early-exit-collective")),
+    _c("DistributedDataParallel", "The training forward goes through the wrapper: it arms the gradient all-reduce "
+       "in its own forward, so a loss computed on model.module / unwrap_model(model) is back-propagated without it",
+       _DDP, "ddp-bypassed"),
     _c("DistributedDataParallel", "The wrapper holds the model as .module: an attribute set on the model is not read "
        "through the wrapper (nn.Module.__getattr__ looks in parameters, buffers and submodules only)",
        "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html", "ddp-wrapper-attribute"),

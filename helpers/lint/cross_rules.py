@@ -371,3 +371,29 @@ def usage_contract(path: str, text: str) -> object | None:
                                     local_rank_arg=bool({"--local_rank", "--local-rank"} & options),
                                     extra={"script": m.group(1)})
     return facts
+
+
+def device_from_global_rank_across(facts: Sequence[object]) -> list[Check]:
+    """A call in one linted file that passes the global rank to a function of another linted file that uses that
+    parameter as the CUDA device (``set_device``, ``device_ids=[...]``, ``torch.device('cuda', i)``): on every node but
+    the first the rank exceeds the node's GPU count ("invalid device ordinal"), and ranks of one node do not map onto
+    its GPUs (torchrun's contract: LOCAL_RANK is the device index, RANK the global one,
+    https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables; ultralytics/yolov5#5114 passed RANK to
+    torch_distributed_zero_first(local_rank), whose barrier uses it as device_ids)."""
+    where: dict[str, tuple[str, set[int]]] = {}
+    for f in facts:
+        for name, pos in getattr(f, "device_params", {}).items():
+            where.setdefault(name, (f.path, pos))  # type: ignore[attr-defined]
+    out: list[Check] = []
+    for f in facts:
+        for name, pos, line, src in getattr(f, "global_rank_args", []):
+            hit = where.get(name)
+            if hit is None or hit[0] == f.path or pos not in hit[1]:  # type: ignore[attr-defined]
+                continue
+            out.append(finding("device-from-global-rank", "error", f.path, line,  # type: ignore[attr-defined]
+                               f"{name}(...) gets the global rank ({src}) as argument {pos + 1}, which "
+                               f"{os.path.basename(hit[0])} uses as the CUDA device: on a second node the rank exceeds "
+                               "the node's GPU count (invalid device ordinal)",
+                               f"pass the local rank (LOCAL_RANK) to {name}", "https://docs.pytorch.org/docs/stable/"
+                               "elastic/run.html#environment-variables"))
+    return out

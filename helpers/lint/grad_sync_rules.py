@@ -227,8 +227,72 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
                 break
 
 
+_LOSS_HOOKS = frozenset({"compute_loss", "training_step", "train_step", "forward_step", "compute_losses"})
+"""Methods whose ``model`` argument is the wrapped training model and whose result is back-propagated: the Hugging
+Face Trainer's ``compute_loss(model, inputs)`` (https://huggingface.co/docs/transformers/en/main_classes/trainer,
+"subclass and override compute_loss"), Lightning's ``training_step``, and the usual names of a hand-written step."""
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+
+
+def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
+    """A training-loss method (or a helper it hands ``model`` to) that runs the forward on the unwrapped model:
+    ``accelerator.unwrap_model(model)`` / ``model.module`` and whatever is taken from it (``.get_decoder()``, the
+    base model by ``getattr``).  DDP arms its reducer in its own forward (``_pre_forward`` /
+    ``prepare_for_backward``, the module docstring): a forward that bypasses the wrapper leaves the backward without
+    the all-reduce, so every rank trains its own copy (huggingface/trl#5934).  Calls under ``torch.no_grad()`` do not
+    count (evaluation)."""
+    hooks = [f for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name in _LOSS_HOOKS]
+    if not hooks or "unwrap_model" not in lt.text and ".module" not in lt.text:
+        return
+    funcs = {f.name: f for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    todo = [(f, "model") for f in hooks if "model" in [a.arg for a in f.args.args]]
+    for hook, _ in list(todo):  # a helper of the same file the hook passes its model to: self._liger_loss(model, x)
+        for c in _calls(hook):
+            callee = funcs.get(call_name(c))
+            if callee is not None and callee not in hooks and any(isinstance(a, ast.Name) and a.id == "model"
+                                                                  for a in c.args):
+                pos = [i for i, a in enumerate(c.args) if isinstance(a, ast.Name) and a.id == "model"][0]
+                params = [a.arg for a in callee.args.args if a.arg != "self"]
+                if pos < len(params):
+                    todo.append((callee, params[pos]))
+    seen: set[int] = set()
+    for fn, param in todo:
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        bare: set[str] = set()
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Assign):
+                continue
+            v = node.value
+            unwrapped = any((isinstance(n, ast.Call) and call_name(n) == "unwrap_model" and n.args
+                             and isinstance(n.args[0], ast.Name) and n.args[0].id == param) or
+                            (isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name)
+                             and n.value.id == param) for n in ast.walk(v))
+            derived = any(isinstance(n, ast.Name) and n.id in bare for n in ast.walk(v))
+            if unwrapped or derived:
+                bare.update(t.id for t in assign_targets(node) if isinstance(t, ast.Name))
+        for c in _calls(fn):
+            if not (isinstance(c.func, ast.Name) and c.func.id in bare):
+                continue
+            ctx = lt.parents.get(c)
+            while ctx is not None and ctx is not fn and not (isinstance(ctx, ast.With) and any(
+                    isinstance(i.context_expr, ast.Call) and call_name(i.context_expr) in _NO_GRAD for i in ctx.items)):
+                ctx = lt.parents.get(ctx)
+            if ctx is not fn:
+                continue  # under torch.no_grad(): no backward follows
+            lt.add("ddp-bypassed", "error", c,
+                   f"{c.func.id}(...) runs the forward on the model taken out of its DDP wrapper ({fn.name}'s "
+                   f"'{param}' unwrapped): DistributedDataParallel prepares its gradient all-reduce in its own forward, "
+                   "so this loss's backward is not synchronised across ranks (each rank drifts)",
+                   f"call the wrapped {param}(...) for the training forward (unwrap only to read attributes or to "
+                   "save), or compute the loss inside the wrapped module's forward", _DDP_DOC)
+            break
+
+
 def run(lt: PythonLinter) -> None:
     """Run the gradient-synchronisation rules on ``lt``."""
+    rule_forward_bypasses_ddp(lt)
     rule_sync_flag_after_forward(lt)
     rule_no_sync_backward_only(lt)
     rule_no_sync_misaligned(lt)

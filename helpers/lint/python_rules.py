@@ -104,6 +104,8 @@ class PyFacts:
     ddp_passed: dict[str, set[int]] = field(default_factory=dict)  # imported function -> args given a DDP module
     deferred: list[Check] = field(default_factory=list)        # findings that hold when another linted file wraps DDP
     saves_model: bool = False               # trainer.save_model / accelerator.get_state_dict / save_model
+    device_params: dict[str, set[int]] = field(default_factory=dict)  # function -> params used as a CUDA device
+    global_rank_args: list[tuple[str, int, int, str]] = field(default_factory=list)  # (imported fn, arg, line, src)
     saves_16bit: bool = False               # a DeepSpeed engine's save_16bit_model / save_fp16_model
     own_scheduler_line: int = 0             # a real LR scheduler built in code (not accelerate's DummyScheduler)
 
@@ -1421,6 +1423,7 @@ class PythonLinter:
                                          isinstance(n.value, ast.Call) and (_call_name(n.value)[1] == "get_scheduler"
                                                                             or _call_name(n.value)[0].endswith("lr_scheduler"))
                                          and any(isinstance(t, ast.Name) and t.id in prepared for t in n.targets)), 0)
+        self._device_facts()
         for call in self._calls():
             recv, name = _call_name(call)
             # deepspeed.initialize, imported bare, or reached through another name (self.ds.initialize): its
@@ -1440,6 +1443,39 @@ class PythonLinter:
             if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and not cast and \
                     not any(k.arg == "dtype" for k in call.keywords):
                 f.float_inputs.append(call.lineno)
+
+
+    def _device_facts(self) -> None:
+        """:attr:`PyFacts.device_params` (this file's module-level functions whose parameter becomes a CUDA device:
+        ``torch.cuda.set_device(p)``, ``device_ids=[p]``, ``torch.device("cuda", p)``) and
+        :attr:`PyFacts.global_rank_args` (calls of functions defined elsewhere given the global rank), for
+        :func:`helpers.lint.cross_rules.device_from_global_rank_across`."""
+        f = self.facts
+        for fn in getattr(self.tree, "body", []):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [a.arg for a in fn.args.args]
+            used: set[int] = set()
+            for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                recv, name = _call_name(c)
+                args: list[ast.AST] = []
+                if name == "set_device":
+                    args += c.args[:1]
+                if name == "device" and recv == "torch":
+                    args += c.args[1:2]
+                for k in c.keywords:
+                    if k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)):
+                        args += k.value.elts
+                used.update(params.index(a.id) for a in args if isinstance(a, ast.Name) and a.id in params)
+            if used:
+                f.device_params[fn.name] = used
+        for call in self._calls():
+            _recv, name = _call_name(call)
+            if name in self.functions or not name:
+                continue
+            for i, a in enumerate(call.args):
+                if self.taint.is_global_rank(a):
+                    f.global_rank_args.append((name, i, call.lineno, _src(a)))
 
 
 _MAX_REPAIRS = 200

@@ -84,6 +84,18 @@ CASES = [
               "    engine.backward(engine(b))\n    if (i + 1) % 4 == 0:\n        engine.step()\n"),
      ("t.py", "engine, opt, _, _ = deepspeed.initialize(model=m, config=c)\nfor i, b in enumerate(dl):\n"
               "    engine.backward(engine(b))\n    engine.step()\n    if (i + 1) % 100 == 0:\n        save(engine)\n")),
+    ("ddp-bypassed",
+     ("t.py", "class T(Trainer):\n    def compute_loss(self, model, inputs):\n"
+              "        base = self.accelerator.unwrap_model(model).get_decoder()\n        return base(**inputs).loss\n"),
+     ("t.py", "class T(Trainer):\n    def compute_loss(self, model, inputs):\n        out = model(**inputs)\n"
+              "        cfg = self.accelerator.unwrap_model(model).config\n        return out.loss\n")),
+    ("master-port-random-per-node",
+     ("t.py", "import os, socket\ndef free_port():\n    s = socket.socket()\n    s.bind(('', 0))\n"
+              "    return s.getsockname()[1]\ndef launch(num_machines, machine_rank):\n    env = dict(os.environ)\n"
+              "    env['MASTER_PORT'] = str(free_port())\n"),
+     ("t.py", "import os, socket\ndef free_port():\n    s = socket.socket()\n    s.bind(('', 0))\n"
+              "    return s.getsockname()[1]\ndef launch(num_machines, machine_rank):\n    env = dict(os.environ)\n"
+              "    if machine_rank == 0:\n        env['MASTER_PORT'] = str(free_port())\n")),
     ("undefined-attribute",
      ("t.py", "class T:\n    def __init__(self):\n        self.local_rank = 0\n    def load(self):\n"
               "        return f'cuda:{self.gpu_id}'\n"),

@@ -126,3 +126,24 @@ def test_a_deepspeed_step_behind_the_scripts_own_accumulation_counter():
     manual = "if (i + 1) % accumulation_steps == 0:\n                    self.model.step()"
     assert found(("t.py", src.format(step=manual)))["ds-manual-accumulation"] == ["WARN"]
     assert "ds-manual-accumulation" not in found(("t.py", src.format(step="self.model.step()")))
+
+
+def test_the_global_rank_handed_to_another_files_device_parameter():
+    """yolov5's torch_distributed_zero_first(local_rank) uses its argument in barrier(device_ids=[...])."""
+    utils = ("torch_utils.py", """
+    import torch.distributed as dist
+    def zero_first(local_rank):
+        if local_rank not in (-1, 0):
+            dist.barrier(device_ids=[local_rank])
+    """)
+    train = ("train.py", """
+    import os
+    from torch_utils import zero_first
+    RANK = int(os.getenv("RANK", -1))
+    LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+    with zero_first({arg}):
+        data = load()
+    """)
+    bad = found(utils, (train[0], train[1].format(arg="RANK")))
+    assert bad["device-from-global-rank"] == ["FAIL"]
+    assert "device-from-global-rank" not in found(utils, (train[0], train[1].format(arg="LOCAL_RANK")))
