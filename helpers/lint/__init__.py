@@ -68,6 +68,7 @@ RULES: dict[str, str] = {
     "barrier-every-step": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "main-process-object-every-rank": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "ds-manual-accumulation": "https://www.deepspeed.ai/getting-started/#training",
+    "rank-overwritten-on-resume": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
     "master-port-random-per-node": "https://docs.pytorch.org/docs/stable/distributed.html#environment-variable-initialization",
     # helpers.lint.python_rules with helpers.lint.wrappers (the DistributedDataParallel wrapper's data flow)
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",

@@ -1130,6 +1130,59 @@ def rule_master_port_per_node(lt: PythonLinter) -> None:
                "it with the address)", _DIST + "#environment-variable-initialization")
 
 
+_RANK_FIELDS = frozenset({"local_rank", "global_rank", "rank", "node_rank"})
+"""Per-process option fields (the world size is the same in every process: reloading it loses nothing of this one)."""
+
+
+def _attr_targets(node: ast.Assign, name: str) -> set[str]:
+    """``{attr}`` of every ``name.attr`` the assignment sets, tuple targets included."""
+    todo, out = list(node.targets), set()
+    while todo:
+        t = todo.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            todo.extend(t.elts)
+        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name:
+            out.add(t.attr)
+    return out
+_LOADERS = frozenset({"load", "safe_load", "full_load", "loads"})
+
+
+def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
+    """Options reloaded from a saved file (``opt = argparse.Namespace(**yaml.load(f))``, ``args = torch.load(...)
+    ["args"]``) after the process's rank was put in them, and the rank read again afterwards: the file was written
+    by one process (rank 0) of an earlier run, so every process now carries rank 0's ``local_rank``/``global_rank``
+    (torchrun sets RANK/LOCAL_RANK/WORLD_SIZE for each process at each start, ``_TORCHRUN`` environment variables;
+    ultralytics/yolov5#1810: after --resume every rank called set_device(0))."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"\b(?:local_rank|global_rank)\b", lt.text):
+        return
+    for fn in [lt.tree, *(n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        stmts = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and lt._enclosing_function(n) is (
+            None if fn is lt.tree else fn)]
+        for node in stmts:
+            if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                continue
+            name = node.targets[0].id
+            if not any(isinstance(c, ast.Call) and _call_name(c)[1] in _LOADERS for c in ast.walk(node.value)):
+                continue
+            before = {a for n in stmts if n.lineno < node.lineno for a in _attr_targets(n, name)} & _RANK_FIELDS
+            if not before:
+                continue  # the rank was never put in these options: nothing of this process is lost
+            again = {a for n in stmts if n.lineno > node.lineno for a in _attr_targets(n, name)}
+            reads = [a for a in ast.walk(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
+                     and isinstance(a.value, ast.Name) and a.value.id == name and a.attr in before - again
+                     and a.lineno > node.lineno]
+            if reads:
+                lt.add("rank-overwritten-on-resume", "error", node,
+                       f"{name} is replaced from a saved file here after this process's {', '.join(sorted(before))} "
+                       f"was put in it, and {name}.{reads[0].attr} is read again (line {reads[0].lineno}): the file "
+                       "holds the values of the process that wrote it (rank 0), so every process now has them",
+                       f"keep the process's own values across the reload (save {name}.local_rank and "
+                       f"{name}.global_rank before it and set them again after)", _TORCHRUN + "#environment-variables")
+                break
+
+
 def _ancestors(lt: PythonLinter, node: ast.AST) -> list[ast.AST]:
     out, p = [], lt.parents.get(node)
     while p is not None:
@@ -1194,6 +1247,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_barrier_every_step(lt)
     rule_tracker_on_every_rank(lt)
     rule_master_port_per_node(lt)
+    rule_rank_overwritten_on_resume(lt)
     rule_undefined_attribute(lt)
     grad_sync_rules.run(lt)
     lt.facts.contract = sc

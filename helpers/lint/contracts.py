@@ -91,6 +91,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "DistributedDataParallel construction", _INIT, "collective-before-init"),
     _c("init_process_group", "The nccl backend needs a CUDA device per rank: on CPU-only nodes use gloo", _DIST +
        "#backends", "nccl-without-gpus"),
+    _c("torchrun", "RANK, LOCAL_RANK and WORLD_SIZE are set for each process at each start: options reloaded from a "
+       "file one process saved (a resume) carry that process's ranks, not this one's", _TORCHRUN +
+       "#environment-variables", "rank-overwritten-on-resume"),
     _c("init_process_group", "With env:// every node gives the same MASTER_PORT, the port rank 0's store listens on: "
        "a port each machine finds free for itself differs per node", _DIST + "#environment-variable-initialization",
        "master-port-random-per-node"),

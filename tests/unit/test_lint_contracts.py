@@ -96,6 +96,12 @@ CASES = [
      ("t.py", "import os, socket\ndef free_port():\n    s = socket.socket()\n    s.bind(('', 0))\n"
               "    return s.getsockname()[1]\ndef launch(num_machines, machine_rank):\n    env = dict(os.environ)\n"
               "    if machine_rank == 0:\n        env['MASTER_PORT'] = str(free_port())\n")),
+    ("rank-overwritten-on-resume",
+     ("t.py", "opt = parser.parse_args()\nopt.global_rank = int(os.environ['RANK'])\nif opt.resume:\n"
+              "    opt = argparse.Namespace(**yaml.load(f))\ntorch.cuda.set_device(opt.global_rank % 8)\n"),
+     ("t.py", "opt = parser.parse_args()\nopt.global_rank = int(os.environ['RANK'])\nif opt.resume:\n"
+              "    keep = opt.global_rank\n    opt = argparse.Namespace(**yaml.load(f))\n    opt.global_rank = keep\n"
+              "torch.cuda.set_device(opt.global_rank % 8)\n")),
     ("undefined-attribute",
      ("t.py", "class T:\n    def __init__(self):\n        self.local_rank = 0\n    def load(self):\n"
               "        return f'cuda:{self.gpu_id}'\n"),
