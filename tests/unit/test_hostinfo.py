@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -289,13 +290,17 @@ def test_cpu_contention_reads_the_kernel_pressure_counter(tmp_path):
     assert hostinfo.cpu_contention(123456 - 500_000, 1.0, str(fake)) == 0.5
     if hostinfo.cpu_pressure_us() is None:
         pytest.skip("this kernel has no /proc/pressure/cpu")
-    busy = [subprocess.Popen(["python3", "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) * 2)]
-    try:
+    busy: list[subprocess.Popen] = []
+    try:  # started inside the try: a failed start still kills the ones already running
+        for _ in range((os.cpu_count() or 1) * 2):
+            busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True))
         start, t0 = hostinfo.cpu_pressure_us(), time.monotonic()
         time.sleep(1.5)
         share = hostinfo.cpu_contention(start, time.monotonic() - t0)
     finally:
         for p in busy:
             p.kill()
-            p.wait()
+        for p in busy:
+            p.wait(timeout=10)
+    assert all(p.returncode is not None for p in busy)
     assert share is not None and share > 0.5, share
