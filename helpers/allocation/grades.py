@@ -115,7 +115,7 @@ CPU_CONTENDED = 0.3
 waited for a CPU more than this share of the wall time (Linux PSI, :func:`helpers.hostinfo.cpu_contention`).  gloo
 moves bytes with CPU threads, so on a contended host it measures the scheduler, not the node.  Measured on the 2-core
 machine with the check's 2 ranks: idle, 0.13 (its own ranks; ratio 1.25); beside the job tests of ``make test``,
-0.33-0.64 (ratios 0.49-2.1); beside two or four busy loops, 0.70-0.86; this threshold is twice the idle figure.  A
+0.33-0.88 (ratios 0.43-2.1); beside two or four busy loops, 0.70-0.86; this threshold is twice the idle figure.  A
 healthy node graded beside the whole of ``make test`` once fell to 0.25 of the expected figure: a WARN that was noise.
 A node capped by its cgroup's CPU quota reads as contended too (one throttled busy loop at 5 % of a CPU alone read
 0.53 here, cgroup v1 CFS quota): its bandwidth is then not graded, and the straggler score, which compares the ranks

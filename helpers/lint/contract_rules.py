@@ -1105,10 +1105,8 @@ def rule_master_port_per_node(lt: PythonLinter) -> None:
                                      for c in ast.walk(f)))}
     if not finders:
         return
-    picked: dict[str, int] = {}  # names assigned from a finder
-    for node in lt.nodes:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _call_name(node.value)[1] in finders:
-            picked.update({t.id: node.lineno for t in node.targets if isinstance(t, ast.Name)})
+    picked = {t.id for node in lt.nodes if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+              and _call_name(node.value)[1] in finders for t in node.targets if isinstance(t, ast.Name)}
     for node in lt.nodes:
         if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
                                                      and t.slice.value == "MASTER_PORT" for t in node.targets)):
@@ -1144,6 +1142,8 @@ def _attr_targets(node: ast.Assign, name: str) -> set[str]:
         elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name:
             out.add(t.attr)
     return out
+
+
 _LOADERS = frozenset({"load", "safe_load", "full_load", "loads"})
 
 
@@ -1157,9 +1157,12 @@ def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
 
     if not re.search(r"\b(?:local_rank|global_rank)\b", lt.text):
         return
-    for fn in [lt.tree, *(n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
-        stmts = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and lt._enclosing_function(n) is (
-            None if fn is lt.tree else fn)]
+    by_scope: dict[ast.AST | None, list[ast.Assign]] = {}  # each function's own assignments (None: module level)
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign):
+            by_scope.setdefault(lt._enclosing_function(n), []).append(n)
+    for scope, stmts in by_scope.items():
+        fn = lt.tree if scope is None else scope
         for node in stmts:
             if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
                 continue
@@ -1184,6 +1187,7 @@ def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
 
 
 def _ancestors(lt: PythonLinter, node: ast.AST) -> list[ast.AST]:
+    """The nodes that hold ``node``, innermost first, up to the module."""
     out, p = [], lt.parents.get(node)
     while p is not None:
         out.append(p)

@@ -704,8 +704,8 @@ class PythonLinter:
                 for i, stmt in enumerate(block):
                     if not isinstance(stmt, ast.If):
                         continue
-                    local = not self.taint.rank_test(stmt.test) and _local_emptiness(stmt.test)
-                    if not (local or self.taint.rank_test(stmt.test)):
+                    local = not self.taint.rank_test(stmt.test)  # else a test on this rank's own data, or nothing
+                    if local and not _local_emptiness(stmt.test):
                         continue
                     exits = _exits(stmt.body)
                     if not exits or isinstance(exits[0], ast.Raise):
@@ -713,10 +713,12 @@ class PythonLinter:
                     rest = ast.Module(body=block[i + 1:], type_ignores=[])
                     if isinstance(exits[0], (ast.Break, ast.Continue)) and not self._in_loop(stmt):
                         continue
+                    kind = type(exits[0]).__name__.lower()
                     for call in self._calls(rest):
                         coll = self.collective_name(call)
-                        if coll and self._rank_gate(call) is None and local:
-                            kind = type(exits[0]).__name__.lower()
+                        if not coll or self._rank_gate(call) is not None:
+                            continue
+                        if local:
                             self.add("rank-early-exit-collective", "warning", call,
                                      f"{coll} comes after an early {kind} taken when this rank's own data is empty "
                                      f"(line {stmt.lineno}: `{_src(stmt.test)[:50]}`): each rank holds a different "
@@ -724,15 +726,13 @@ class PythonLinter:
                                      "collective (hang)",
                                      "let every rank reach the collective with an empty (or padded) tensor, or decide "
                                      "the exit from a value all ranks share (all_reduce the count first)", "D21")
-                            break
-                        if coll and self._rank_gate(call) is None:
-                            kind = type(exits[0]).__name__.lower()
+                        else:
                             self.add("rank-early-exit-collective", "error", call,
                                      f"{coll} comes after a rank-dependent early {kind} (line {stmt.lineno}): the ranks "
                                      f"that leave never reach it, the others hang in it",
                                      "let every rank reach the collective (move the exit after it, or make the exit "
                                      "condition the same on all ranks)", "D21")
-                            break
+                        break
 
     def _in_loop(self, node: ast.AST) -> bool:
         p = self.parents.get(node)
@@ -887,8 +887,7 @@ class PythonLinter:
                          "backward() was called directly' with fp16 under ZeRO; only ZeRO 1-3 without a loss scaler "
                          "runs it through the engine's hooks",
                          f"{min(engines)}.backward(loss); {min(engines)}.step()", "D18")
-            if name == "step" and recv in engines and self._accumulation_gate(call, recv):
-                gate = self._accumulation_gate(call, recv)
+            if name == "step" and recv in engines and (gate := self._accumulation_gate(call, recv)) is not None:
                 self.add("ds-manual-accumulation", "warning", call,
                          f"{recv}.step() runs only when `{_src(gate.test)}` holds while {recv}.backward() runs on every "
                          "micro-batch: the engine counts micro-steps itself and takes the accumulation boundary from "
@@ -1199,11 +1198,14 @@ class PythonLinter:
                             if isinstance(e, ast.Name):
                                 binds.setdefault(e.id, []).append(node.lineno)
 
+        scopes = {id(at): self._enclosing_function(at) for _model, at in models}
+
         def through_wrapper(name: ast.Name) -> int:
-            for model, line in models:
+            for model, at in models:
+                line = at.lineno
                 if name.id == model and name.lineno > line and \
                         not any(line < b < name.lineno for b in binds.get(model, ())) and \
-                        self._enclosing_function(name) is self._enclosing_function(self._line_node(line)):
+                        self._enclosing_function(name) is scopes[id(at)]:
                     return line
             return 0
 
@@ -1230,10 +1232,6 @@ class PythonLinter:
                              "under several processes)",
                              f"{_call_name(node)[1]}(accelerator.unwrap_model({node.args[0].id}))",
                              "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
-
-    def _line_node(self, line: int) -> ast.AST:
-        """The first statement node that starts at ``line``."""
-        return next((n for n in self.nodes if isinstance(n, ast.stmt) and n.lineno == line), self.tree)
 
     def rule_unbound_after_ddp_branch(self) -> None:
         """A name bound only in the non-DDP branch of ``if ddp: model = DDP(model) else: ...`` and read after it:
@@ -1443,7 +1441,6 @@ class PythonLinter:
             if recv == "torch" and name in ("randn", "rand", "zeros", "ones", "empty", "full") and not cast and \
                     not any(k.arg == "dtype" for k in call.keywords):
                 f.float_inputs.append(call.lineno)
-
 
     def _device_facts(self) -> None:
         """:attr:`PyFacts.device_params` (this file's module-level functions whose parameter becomes a CUDA device:

@@ -57,15 +57,15 @@ STATE_DICT_READERS = {"get_peft_model_state_dict": "peft_config"}
 AttributeError (huggingface/diffusers#6144 passed ``accelerator.unwrap_model(unet)`` instead)."""
 
 
-def prepared_models(tree: ast.AST) -> list[tuple[str, int]]:
-    """``(name, line)`` of each model name bound by ``... = accelerator.prepare(...)`` that holds a Hugging Face model
-    (the name is bound from ``X.from_pretrained(...)`` / ``X.from_config(...)`` in the file, or passed to
+def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
+    """``(name, statement)`` of each model name bound by a ``... = accelerator.prepare(...)`` statement that holds a
+    Hugging Face model (the name is bound from ``X.from_pretrained(...)`` / ``X.from_config(...)`` in the file, or passed to
     ``unwrap_model``).  Under several processes without DeepSpeed or FSDP, ``prepare`` returns the model wrapped in
     DistributedDataParallel (accelerate/accelerator.py ``prepare_model``; "unwrap_model: unwraps the model from the
     additional layer possible added by prepare()", https://huggingface.co/docs/accelerate/en/package_reference/accelerator),
     and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not."""
     hf: set[str] = set()
-    prepares: list[tuple[list[ast.expr], int]] = []
+    prepares: list[tuple[list[ast.expr], ast.Assign]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             fname = call_name(node.value)
@@ -74,10 +74,10 @@ def prepared_models(tree: ast.AST) -> list[tuple[str, int]]:
             f = node.value.func
             if isinstance(f, ast.Attribute) and f.attr == "prepare" and "accelerator" in ast.unparse(f.value).lower():
                 t = node.targets[0]
-                prepares.append((list(t.elts) if isinstance(t, ast.Tuple) else [t], node.lineno))
+                prepares.append((list(t.elts) if isinstance(t, ast.Tuple) else [t], node))
         elif isinstance(node, ast.Call) and call_name(node) in UNWRAP_CALLS:
             hf.update(a.id for a in node.args[:1] if isinstance(a, ast.Name))
-    return [(t.id, line) for targets, line in prepares for t in targets if isinstance(t, ast.Name) and t.id in hf]
+    return [(t.id, at) for targets, at in prepares for t in targets if isinstance(t, ast.Name) and t.id in hf]
 
 
 BUFFER_FREE_LAYERS = frozenset({

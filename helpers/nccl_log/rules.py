@@ -785,21 +785,20 @@ def _check_short_timeout(log: NcclLog) -> list[Check]:
            "Accelerate's InitProcessGroupKwargs(timeout=...), deepspeed.init_distributed(timeout=...), a launcher or config "
            "setting in seconds read as milliseconds); raise it to minutes (timedelta(minutes=10) is the NCCL default)")
     src = "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+    evidence, values = [line for *_, line in found][:2], {"timeout_ms": timeout_ms, "ran_ms": ran_ms}
     if timeout_ms >= CERTAIN_TIMEOUT_MS:
         # seconds: short enough to abort an ordinary wait, long enough that a real hang (a rank that never calls the
         # collective) ends the same way: the line cannot tell which
         title = (f"suspect: the process group's collective timeout is {timeout_ms} ms, far below PyTorch's default of "
                  f"10 minutes: the watchdog aborts waits that would have ended (NCCL's first connection setup, a "
                  f"slower rank) as well as a real hang; raise it to tell them apart")
-        return [verdict("short-collective-timeout", "WARN", title, [], [], [line for *_, line in found][:2],
+        return [verdict("short-collective-timeout", "WARN", title, [], [], evidence,
                         fix + "; if the collective still times out, read which rank never joined it (the desync "
-                        "report, the Flight Recorder dumps)", src, {"timeout_ms": timeout_ms, "ran_ms": ran_ms},
-                        kind="suspect")]
+                        "report, the Flight Recorder dumps)", src, values, kind="suspect")]
     title = (f"the process group's collective timeout is {timeout_ms} ms (Timeout(ms)={timeout_ms}), far below "
              f"PyTorch's default of 10 minutes: a collective that ran {ran_ms} ms was aborted by the watchdog; a "
              f"timeout this short fails on ordinary waits (NCCL's first connection setup, a slower rank)")
-    return [verdict("short-collective-timeout", "FAIL", title, [], [], [line for *_, line in found][:2], fix, src,
-                    {"timeout_ms": timeout_ms, "ran_ms": ran_ms})]
+    return [verdict("short-collective-timeout", "FAIL", title, [], [], evidence, fix, src, values)]
 
 
 def _check_known_bugs(log: NcclLog, verdicts: Sequence[Check] = ()) -> list[Check]:

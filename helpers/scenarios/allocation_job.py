@@ -128,9 +128,7 @@ def main() -> int:
     contention = hostinfo.cpu_contention(psi0, time.monotonic() - t0)
     intra_all: list = [None] * world
     dist.all_gather_object(intra_all, (here, intra_local, contention))
-    per_node: dict = {}
-    for h, _, c in intra_all:
-        per_node[h] = c if per_node.get(h) is None else max(per_node[h], c if c is not None else 0.0)
+    per_node = {h: max((c for h2, _, c in intra_all if h2 == h and c is not None), default=None) for h, _, _ in intra_all}
     leaders = [rs[0] for rs in node_ranks.values()]
     rounds = round_robin(len(hosts), args.max_rounds)
     pair_groups = {(a, b): dist.new_group([leaders[a], leaders[b]]) for rnd in rounds for a, b in rnd}
