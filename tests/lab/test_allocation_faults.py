@@ -18,7 +18,7 @@ import pytest
 from support import ROOT
 
 from helpers import netlab
-from helpers.allocation import across
+from helpers.allocation import across, grades
 from helpers.checks import faulty_nodes
 from helpers.netlab import slurmlab
 
@@ -66,9 +66,15 @@ def test_healthy_full_check_via_runbook_diagnose(tmp_path, no_leftovers):
     # the lab's nodes have no GPU: the GPU health check says so, as INFO, on every node (issue 22)
     assert by_id["node.gpu.health.node0"]["status"] == by_id["node.gpu.health.node1"]["status"] == "INFO"
     assert "no GPU on this node" in by_id["node.gpu.health.node1"]["title"]
-    for cid in ("node.versions", "job.contract", "job.env_diff", "job.correctness", "pairs.bandwidth", "envelope.inter",
-                "envelope.intra.node0", "envelope.intra.node1", "smoke.multinode", "net.mtu.node1"):
+    for cid in ("node.versions", "job.contract", "job.env_diff", "job.correctness", "pairs.bandwidth", "smoke.multinode",
+                "net.mtu.node1"):
         assert by_id[cid]["status"] == "OK", cid
+    # the CPU envelope is graded unless that node's own PSI reading says its CPUs were contended during the sweeps (the
+    # lab's 4 ranks share 2 cores, beside the rest of make test): then INFO with the reading, never a WARN that is noise
+    for cid in ("envelope.inter", "envelope.intra.node0", "envelope.intra.node1"):
+        c = by_id[cid]
+        contended = (c["values"].get("cpu_contention") or 0) > grades.CPU_CONTENDED
+        assert c["status"] == "OK" or (c["status"] == "INFO" and contended and "not_graded" in c["values"]), c
     assert by_id["job.contract"]["values"]["per_rank"][3]["WORLD_SIZE"] == "4"
     assert by_id["smoke.multinode"]["values"]["optimizer_state_files"] == 4
     matrix = data["allocation"]["matrix"]
