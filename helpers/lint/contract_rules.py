@@ -1134,14 +1134,10 @@ _RANK_FIELDS = frozenset({"local_rank", "global_rank", "rank", "node_rank"})
 
 def _attr_targets(node: ast.Assign, name: str) -> set[str]:
     """``{attr}`` of every ``name.attr`` the assignment sets, tuple targets included."""
-    todo, out = list(node.targets), set()
-    while todo:
-        t = todo.pop()
-        if isinstance(t, (ast.Tuple, ast.List)):
-            todo.extend(t.elts)
-        elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name:
-            out.add(t.attr)
-    return out
+    from helpers.lint.wrappers import flat_targets
+
+    return {t.attr for t in flat_targets(node)
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name}
 
 
 _LOADERS = frozenset({"load", "safe_load", "full_load", "loads"})

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
-from helpers.lint.wrappers import WrapperFlow, assign_targets, unbound_after_wrap
+from helpers.lint.wrappers import WrapperFlow, assign_targets, flat_targets, unbound_after_wrap
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -1190,13 +1190,9 @@ class PythonLinter:
         binds: dict[str, list[int]] = {}
         for node in self.nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                for t in assign_targets(node):
+                for t in flat_targets(node):
                     if isinstance(t, ast.Name):
                         binds.setdefault(t.id, []).append(node.lineno)
-                    elif isinstance(t, ast.Tuple):
-                        for e in t.elts:
-                            if isinstance(e, ast.Name):
-                                binds.setdefault(e.id, []).append(node.lineno)
 
         scopes = {id(at): self._enclosing_function(at) for _model, at in models}
 

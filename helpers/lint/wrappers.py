@@ -98,6 +98,21 @@ def assign_targets(node: ast.Assign | ast.AnnAssign | ast.AugAssign) -> list[ast
     return list(node.targets) if isinstance(node, ast.Assign) else [node.target]
 
 
+def flat_targets(node: ast.Assign | ast.AnnAssign | ast.AugAssign) -> list[ast.expr]:
+    """:func:`assign_targets` with tuple and list targets unpacked, nested ones too, and ``*rest`` read as ``rest``:
+    ``a``, ``self.b`` and ``c`` of ``a, (self.b, *c) = v``."""
+    todo, out = assign_targets(node)[::-1], []
+    while todo:
+        t = todo.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            todo.extend(t.elts[::-1])
+        elif isinstance(t, ast.Starred):
+            todo.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
 def call_name(call: ast.Call) -> str:
     """The called name: ``f`` of ``f(...)``, ``m`` of ``x.m(...)``, "" for anything else (a call of a call)."""
     f = call.func

@@ -236,3 +236,14 @@ def test_json_output_stays_json_when_deepspeed_is_imported(tmp_path, capsys):
                                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}))
     assert _run_cli([str(cfg), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"checks": []}
+
+
+def test_flat_targets_unpacks_nested_tuples_lists_and_starred():
+    """The one walk the rules share for the names and attributes an assignment binds."""
+    import ast
+
+    from helpers.lint.wrappers import flat_targets
+
+    node = ast.parse("a, [self.b, *c], (d, (e,)) = x = v").body[0]
+    assert [ast.unparse(t) for t in flat_targets(node)] == ["a", "self.b", "c", "d", "e", "x"]
+    assert [ast.unparse(t) for t in flat_targets(ast.parse("n += 1").body[0])] == ["n"]
