@@ -188,13 +188,54 @@ CAUSE_RULES5: dict[str, set[str]] = {
 by two sessions after blind4 had been used for tuning); written from its manifest's categories before its first
 scoring run."""
 
+CAUSE_RULES6: dict[str, set[str]] = {
+    # decidable before launch (a rule id that does not exist yet is the rule the contract calls for)
+    "rank0-only-model-modification": {"rank-gated-model-change"},
+    "ddp-wrapped-attribute-access": {"ddp-wrapper-attribute"},
+    "lr-scheduler-steps-vs-num-processes": {"lr-steps-from-dataset-length"},
+    "rank-divergent-control-flow-collective": {"rank-early-exit-collective", "rank-gated-collective"},
+    "barrier-without-device-ids": {"barrier-without-device-ids", "collective-before-set-device"},
+    "eval-sampler-not-distributed": {"sampler-not-distributed"},
+    "gather-duplicates-eval-metric": {"gather-duplicates-metric", "metric-not-reduced"},
+    "launch-script-broken-line-continuation": {"shell-broken-continuation"},
+    "env-var-contract-launcher": {"launcher-env-unset"},
+    "launch-script-undefined-variables": {"shell-default-expansion", "master-addr-missing"},
+    "rank0-only-collective-save": {"rank-gated-collective", "ds-zero3-save-without-gather"},
+    "every-rank-filesystem-writes": {"write-on-every-rank"},
+    "deepspeed-config-scheduler-override": {"ds-scheduler-overrides"},
+    "device-binding-quantized-model": {"quantized-model-no-device-map", "nccl-no-device-binding"},
+    "save-without-unwrap": {"ddp-wrapper-attribute"},
+    "save-on-local-rank-zero-multinode": {"local-rank-as-global-rank", "write-on-every-rank"},
+    "set-device-after-init-process-group": {"collective-before-set-device", "set-device-after-init"},
+    "checkpoint-saved-on-every-rank": {"write-on-every-rank"},
+    "rank-unguarded-file-write": {"write-on-every-rank"},
+    "launcher-master-addr-undefined": {"master-addr-missing", "shell-default-expansion"},
+    "no-sync-grad-accumulation-misuse": {"sync-flag-after-forward", "no-sync-misaligned"},
+    "gradient-normalization-world-size": {"grad-scale-world-size"},
+    "missing-set-device": {"nccl-no-device-binding", "collective-before-set-device"},
+    "torch-load-without-map-location": {"load-without-map-location"},
+    "fsdp-inference-mode": {"fsdp-inference-mode"},
+    # not decidable before launch (scored apart)
+    "barrier-device-binding": {"collective-before-set-device", "barrier-without-device-ids"},
+    "backend-mismatch-cpu-offload": {"nccl-cpu-tensor"},
+    "uneven-inputs-collective-hang": {"rank-early-exit-collective"},
+    "local-rank-env-contract": {"local-rank-arg-under-launcher"},
+    "init-process-group-ignores-launcher-env": {"init-ignores-launcher-env", "local-rank-as-global-rank",
+                                                "world-size-from-device-count"},
+}
+"""The same for the sixth blind set (tests/data/lint/blind6, 30 buggy cases and 20 clean files collected on 2026-11-26
+by two sessions after blind5 had been used for tuning); written from its manifest's categories before its first
+scoring run."""
+
+
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`)."""
-    table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5}.get(
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`)."""
+    table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
+             "blind6": CAUSE_RULES6}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
