@@ -653,7 +653,8 @@ def text_traps(text: str) -> list[Check]:
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
         hit.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(hit)
-    return out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text) + _expansion_traps(text)
+    return (out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text) + _expansion_traps(text)
+            + _broken_continuation_traps(text) + _unset_launcher_var_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -671,9 +672,7 @@ def _expansion_traps(text: str) -> list[Check]:
     and is left alone.
     """
     out: list[Check] = []
-    assigned = set(re.findall(r"(?:^|[\s;(])(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)=", text)) | \
-        set(re.findall(r"\bfor\s+([A-Za-z_]\w*)\s+in\b", text)) | set(re.findall(r"\bread\s+(?:-\w+\s+)*([\w ]+)", text))
-    assigned = {w for group in assigned for w in group.split()}
+    assigned = _assigned_names(text)
     for m in _OFFSET.finditer(text):
         line_start = text.rfind("\n", 0, m.start()) + 1
         if text[line_start:m.start()].lstrip().startswith("#"):
@@ -688,6 +687,88 @@ def _expansion_traps(text: str) -> list[Check]:
                    f"${{{var}:-{word}}} (the default-value operator is ':-')", _BASH_EXPANSION)
         hit.line_no = text.count("\n", 0, m.start()) + 1
         out.append(hit)
+    return out
+
+
+def _assigned_names(text: str) -> set[str]:
+    """The shell variables ``text`` assigns itself: ``NAME=``, ``export NAME=``, ``local``/``declare``, ``for NAME in``,
+    ``read NAME ...``."""
+    assigned = set(re.findall(r"(?:^|[\s;(])(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)=", text)) | \
+        set(re.findall(r"\bfor\s+([A-Za-z_]\w*)\s+in\b", text)) | set(re.findall(r"\bread\s+(?:-\w+\s+)*([\w ]+)", text))
+    return {w for group in assigned for w in group.split()}
+
+
+_SHELLCHECK_1101 = "https://www.shellcheck.net/wiki/SC1101"
+
+
+def _broken_continuation_traps(text: str) -> list[Check]:
+    """``shell-broken-continuation``: a line that ends in a backslash and then spaces or tabs, followed by more of the
+    command.  The bash manual (3.1.2.1 Escape Character): "If a \\newline pair appears ... it is treated as a line
+    continuation"; a backslash before a space escapes the space instead, so the command ends on that line and the
+    next lines run as commands of their own: the launcher starts without the options below it (ShellCheck SC1101,
+    :data:`_SHELLCHECK_1101`; huggingface/peft#1722)."""
+    out: list[Check] = []
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        m = re.search(r"(?<!\\)\\[ \t]+$", line)
+        if not m or line.lstrip().startswith("#") or number >= len(lines) or not lines[number].strip():
+            continue
+        hit = trap("shell-broken-continuation", "FAIL", "script",
+                   f"line {number} ends in a backslash followed by {len(line) - m.start() - 1} blank(s): the backslash "
+                   "escapes the blank, not the newline, so the command stops here and the lines below run as separate "
+                   "commands (their options never reach the launcher)",
+                   "delete the blanks after the backslash", f"{_SHELLCHECK_1101}; https://www.gnu.org/software/bash/"
+                   "manual/html_node/Escape-Character.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_VAR_FLAGS = {"--master_addr": "MASTER_ADDR", "--master-addr": "MASTER_ADDR", "--main_process_ip": "MASTER_ADDR",
+              "--master_port": "", "--master-port": "", "--main_process_port": "", "--nnodes": "", "--node_rank": "",
+              "--node-rank": "", "--machine_rank": "", "--num_machines": "", "--nproc_per_node": "",
+              "--nproc-per-node": "", "--num_processes": "", "--rdzv_endpoint": "", "--rdzv-endpoint": ""}
+"""Launcher options whose value a script often takes from a variable (``MASTER_ADDR``: the rendezvous address)."""
+_SET_BY_SCHEDULER = re.compile(r"(SLURM|PBS|OMPI|PMI|PMIX|LSB|FLUX|MV2|AZ_BATCH|KUBERNETES|PET|OCI|SM)_")
+_LAUNCH_WORDS = re.compile(r"\b(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate\s+launch)\b")
+
+
+def _unset_launcher_var_traps(text: str) -> list[Check]:
+    """A launcher option given ``$VAR`` where the script never assigns ``VAR`` (nor gives it a default, nor does a
+    scheduler set it): ``VAR`` is empty unless whoever runs the script exports it, and an unquoted empty expansion
+    disappears, so the option takes the next word as its value (``--nnodes --node_rank``) or the launcher its own
+    default.  ``--master_addr $MASTER_ADDR`` is ``master-addr-missing``; the others ``launcher-var-unset``
+    (open-mmlab/mmpose#1338, hiyouga/LLaMA-Factory ebab655: 'host not found').  A script that sources another file
+    (``source env.sh``) may get its variables there: not checked."""
+    if not _LAUNCH_WORDS.search(text) or re.search(r"^[ \t]*(?:source|\.)\s+\S", text, re.MULTILINE):
+        return []
+    assigned = _assigned_names(text)
+    out: list[Check] = []
+    seen: set[str] = set()
+    for number, line in _join_continuations(text):
+        if line.lstrip().startswith("#") or not _LAUNCH_WORDS.search(line):
+            continue
+        words = line.split()
+        for i, word in enumerate(words):
+            flag, _, value = word.partition("=")
+            if flag not in _VAR_FLAGS:
+                continue
+            value = value or (words[i + 1] if i + 1 < len(words) else "")
+            m = re.fullmatch(r"[\"']?\$\{?([A-Za-z_]\w*)\}?[\"']?", value)
+            if not m or m.group(1) in assigned or m.group(1) in seen or _SET_BY_SCHEDULER.match(m.group(1)):
+                continue
+            var = m.group(1)
+            seen.add(var)
+            said = (f"{flag} takes ${var}, which this script never sets: it is empty unless the caller exports it, "
+                    f"and an unquoted empty ${var} vanishes, so {flag} takes the next word (or its default)")
+            fix = f"set it in the script with a default, {var}=${{{var}:-...}}, or check it: ${{{var}:?set {var}}}"
+            if _VAR_FLAGS[flag] == "MASTER_ADDR":
+                hit = trap("master-addr-missing", "WARN", f"env.{var}", said + ": no rendezvous address ('host not "
+                           "found')", fix, _BASH_EXPANSION)
+            else:
+                hit = trap("launcher-var-unset", "WARN", f"env.{var}", said, fix, _BASH_EXPANSION)
+            hit.line_no = number
+            out.append(hit)
     return out
 
 

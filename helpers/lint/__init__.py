@@ -111,6 +111,8 @@ RULES: dict[str, str] = {
     "master-addr-not-exported": "Gilbreth 4.3",
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
+    "shell-broken-continuation": "https://www.shellcheck.net/wiki/SC1101",
+    "launcher-var-unset": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     # helpers.launch_traps.find_traps (sbatch/shell files and --command, through shell_rules.traps_as_findings)
     "standalone-multinode": "D2",
     "master-addr-missing": "D1",

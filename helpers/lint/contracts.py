@@ -231,6 +231,16 @@ CONTRACTS: tuple[Contract, ...] = (
        ("script-in-tmp", "args-in-tmp")),
     _c("sbatch", "The allocation requests the GPUs the launch uses (--gpus-per-node / --gres=gpu:N >= ranks per "
        "node)", _SBATCH, "nproc-exceeds-gpus"),
+    # ---------------------------------------------------------------- bash (launch and batch scripts)
+    _c("bash", "${VAR:-word} substitutes a default; ${VAR:word} is a substring (an offset), never a default",
+       "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html", "shell-default-expansion"),
+    _c("bash", "A backslash continues a line only right before the newline: a blank after it ends the command there "
+       "(ShellCheck SC1101)", "https://www.gnu.org/software/bash/manual/html_node/Escape-Character.html",
+       "shell-broken-continuation"),
+    _c("bash", "A variable the script reads in a launch option is set in the script (or given a default): an unset "
+       "one expands to nothing and the option takes the next word",
+       "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
+       ("launcher-var-unset", "master-addr-missing")),
     # ---------------------------------------------------------------- NCCL / gloo environment
     _c("NCCL_SOCKET_IFNAME", "Names (or prefixes) an interface every node has, not loopback or a bridge, "
        "for multi-node", _NCCL_ENV + "#nccl-socket-ifname",

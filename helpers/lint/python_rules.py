@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
-from helpers.lint.wrappers import WrapperFlow, assign_targets, flat_targets, unbound_after_wrap
+from helpers.lint.wrappers import WrapperFlow, accelerator_shards, assign_targets, flat_targets, unbound_after_wrap
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -387,6 +387,7 @@ class PythonLinter:
         self.nodes: list[ast.AST] = [self.tree]
         self._all_calls: list[ast.Call] | None = None
         self._gating: set[ast.AST | None] | None = None
+        self._shards_models = accelerator_shards(self.tree)
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -942,8 +943,10 @@ class PythonLinter:
                              f"MixedPrecision leaves {', '.join(missing)} unset: those tensors stay fp32 (buffers) or "
                              "reduce in a dtype you did not choose",
                              "set param_dtype, reduce_dtype and buffer_dtype explicitly", "D14")
-            if name == "FullStateDictConfig" and not all(isinstance(kws.get(k), ast.Constant) and kws[k].value is True
-                       for k in ("rank0_only", "offload_to_cpu")):
+            # an option left out defaults to False, one set at run time may be False; a literal False is the author's
+            # choice (accelerate's peak-memory example gathers on every rank on purpose) and is not flagged
+            if name == "FullStateDictConfig" and any(not isinstance(kws.get(k), ast.Constant) or kws[k].value is None
+                                                     for k in ("rank0_only", "offload_to_cpu")):
                 self.add("fsdp-full-state-dict-all-ranks", "warning", c,
                          "a full state dict without rank0_only=True, offload_to_cpu=True is gathered on every rank's "
                          "GPU: N copies of the whole model (OOM)",
@@ -1057,6 +1060,10 @@ class PythonLinter:
             # a project module's save_model (its body, not linted here, decides who writes: MAE's misc.save_model
             # calls save_on_master) or transformers' Trainer.save_model, which every process must call and which
             # writes from the main process only (Trainer.save_model: "Will only save from the main process")
+            return ""
+        if name == "save_pretrained" and self._shards_models:
+            # a model sharded by FSDP/DeepSpeed through Accelerate: save_pretrained gathers the shards (DTensor
+            # full_tensor, a collective), so every rank calls it (accelerate's nd_parallel example)
             return ""
         if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
                 (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)

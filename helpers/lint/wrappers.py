@@ -57,13 +57,36 @@ STATE_DICT_READERS = {"get_peft_model_state_dict": "peft_config"}
 AttributeError (huggingface/diffusers#6144 passed ``accelerator.unwrap_model(unet)`` instead)."""
 
 
+SHARDING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "ParallelismConfig"})
+"""Accelerate's plugins that make ``prepare`` shard the model (FSDP, FSDP2 with tensor/context parallelism, DeepSpeed)
+instead of wrapping it in DistributedDataParallel (accelerate/accelerator.py ``prepare_model``)."""
+
+
+def accelerator_shards(tree: ast.AST) -> bool:
+    """The file builds one of :data:`SHARDING_PLUGINS` or passes ``fsdp_plugin=`` / ``deepspeed_plugin=`` to
+    ``Accelerator``: its models are sharded by FSDP or DeepSpeed, whose wrappers forward unknown attributes to the
+    module and whose ``save_pretrained`` gathers the shards (a collective every rank calls)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = call_name(node)
+            if name in SHARDING_PLUGINS:
+                return True
+            if name == "Accelerator" and any(k.arg in ("fsdp_plugin", "deepspeed_plugin") and not (
+                    isinstance(k.value, ast.Constant) and k.value.value is None) for k in node.keywords):
+                return True
+    return False
+
+
 def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
     """``(name, statement)`` of each model name bound by a ``... = accelerator.prepare(...)`` statement that holds a
     Hugging Face model (the name is bound from ``X.from_pretrained(...)`` / ``X.from_config(...)`` in the file, or passed to
     ``unwrap_model``).  Under several processes without DeepSpeed or FSDP, ``prepare`` returns the model wrapped in
     DistributedDataParallel (accelerate/accelerator.py ``prepare_model``; "unwrap_model: unwraps the model from the
     additional layer possible added by prepare()", https://huggingface.co/docs/accelerate/en/package_reference/accelerator),
-    and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not."""
+    and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not: none in a file that shards
+    its models (:func:`accelerator_shards`)."""
+    if accelerator_shards(tree):
+        return []
     hf: set[str] = set()
     prepares: list[tuple[list[ast.expr], ast.Assign]] = []
     for node in ast.walk(tree):

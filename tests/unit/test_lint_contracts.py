@@ -107,6 +107,20 @@ CASES = [
               "        return f'cuda:{self.gpu_id}'\n"),
      ("t.py", "class T:\n    def __init__(self):\n        self.gpu_id = 0\n    def load(self):\n"
               "        return f'cuda:{self.gpu_id}', self.helper()\n")),
+    # bash launch scripts (lint blind6: huggingface/peft#1722, open-mmlab/mmpose#1338, LLaMA-Factory ebab655)
+    ("shell-broken-continuation",
+     ("run.sh", "torchrun --nproc-per-node 2 train.py \\ \n    --lr 0.1 \\\n    --epochs 3\n"),
+     ("run.sh", "torchrun --nproc-per-node 2 train.py \\\n    --lr 0.1 \\\n    --epochs 3\n")),
+    ("launcher-var-unset",
+     ("run.sh", "torchrun --nnodes $NNODES --node_rank $NODE_RANK --master_addr node0 --master_port 29500 "
+                "--nproc_per_node 2 train.py\n"),
+     ("run.sh", "NNODES=${NNODES:-1}\nNODE_RANK=${NODE_RANK:-0}\ntorchrun --nnodes $NNODES --node_rank $NODE_RANK "
+                "--master_addr node0 --master_port 29500 --nproc_per_node 2 train.py\n")),
+    ("master-addr-missing",
+     ("run.sh", "PORT=${PORT:-29500}\npython -m torch.distributed.launch --nnodes=2 --node_rank=0 "
+                "--master_addr=$MASTER_ADDR --nproc_per_node=2 --master_port=$PORT train.py\n"),
+     ("run.sh", "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}\nPORT=${PORT:-29500}\npython -m torch.distributed.launch "
+                "--nnodes=1 --node_rank=0 --master_addr=$MASTER_ADDR --nproc_per_node=2 --master_port=$PORT train.py\n")),
 ]
 
 

@@ -97,6 +97,9 @@ def test_fsdp_options():
     """
     assert sorted(rules(("f.py", src))) == ["fsdp-full-state-dict-all-ranks", "fsdp-no-wrap-policy",
                                             "fsdp-partial-mixed-precision"]
+    # both options written out, even as False, are a choice (accelerate's peak-memory example, lint blind6)
+    chosen = "from torch.distributed.fsdp import FullStateDictConfig\ncfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)\n"
+    assert "fsdp-full-state-dict-all-ranks" not in rules(("g.py", chosen))
 
 
 DS_SCRIPT = """
