@@ -36,6 +36,10 @@ IFNAME_VARS: dict[str, str] = {"NCCL_SOCKET_IFNAME": "nccl", "GLOO_SOCKET_IFNAME
 
 LOOPBACK = "loopback"
 """What :func:`node_local_reason` returns for ``lo``, 127.x and ``::1``."""
+LINK_LOCAL = "IPv4 link-local address, 169.254/16"
+"""What :func:`node_local_reason` returns for a 169.254.x.x address: RFC 3927 link-local, "not forwarded by routers"
+(https://www.rfc-editor.org/rfc/rfc3927), and often the same on every node (EKS Pod Identity's pod-id-link0 is
+169.254.170.23 everywhere: awslabs/aws-do-eks#54)."""
 
 # One pattern per kind of node-local interface, checked in order (MN2).
 _NODE_LOCAL = (
@@ -225,7 +229,8 @@ def select(var: str, value: str, ifaces: Sequence[Mapping[str, Any]]) -> dict[st
 def node_local_reason(name: str, ip: str = "") -> str | None:
     """Why the interface ``name`` (address ``ip``, optional) cannot carry traffic between nodes, or None.
 
-    Node-local interfaces: loopback (``lo``, any 127.x address, ``::1``: :data:`LOOPBACK`), Docker
+    Node-local interfaces: loopback (``lo``, any 127.x address, ``::1``: :data:`LOOPBACK`), an IPv4 link-local address
+    (169.254.x.x: :data:`LINK_LOCAL`), Docker
     bridges (``docker*``, ``br-<hex id>``), libvirt bridges (``virbr*``), Kubernetes CNI bridges
     (``cni*``) and container veth pairs (``veth*``).  Each carries the same address on every
     node, or none reachable from outside: NCCL/gloo bound to one hangs or fails multi-node (seed
@@ -233,11 +238,13 @@ def node_local_reason(name: str, ip: str = "") -> str | None:
     Names are matched case-insensitively; ``name`` may be an NCCL prefix (``docker``).
 
     Returns:
-        ``"loopback"``, ``"Docker bridge"``, ``"libvirt bridge"``, ``"CNI bridge (Kubernetes)"``,
+        ``"loopback"``, :data:`LINK_LOCAL`, ``"Docker bridge"``, ``"libvirt bridge"``, ``"CNI bridge (Kubernetes)"``,
         ``"container veth pair"``, or None when the name and address look routable.
     """
     if ip.startswith("127.") or ip == "::1":
         return LOOPBACK
+    if ip.startswith("169.254."):
+        return LINK_LOCAL
     for pattern, reason in _NODE_LOCAL:
         if pattern.fullmatch(name):
             return reason

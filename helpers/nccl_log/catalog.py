@@ -41,7 +41,8 @@ _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
                  "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
-                 "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated")
+                 "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated",
+                 "Unable to resolve", "gloo", "Gloo", "refused", "compute device")
 
 
 def _yaml_loader(yaml: Any) -> type:
@@ -368,6 +369,17 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "namespaces, P2P is not supported between these GPUs, or PCIe ACS/IOMMU blocks it",
      "nvidia-smi topo -p2p r; run the ranks' containers with --ipc=host --pid=host; NCCL_P2P_DISABLE=1 as a test",
      "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs"),
+    # src/include/alloc.h: ncclCudaCalloc/ncclCudaCallocAsync/ncclCudaMalloc WARN "Failed to CUDA calloc %ld bytes" when
+    # cudaMalloc (or cuMem) left the pointer null: the device allocation failed; NCCL allocates a communicator's
+    # buffers when torch creates it, at the first collective on each process group unless eagerly initialised.
+    ("cuda-alloc-failed", r"^Failed to CUDA (?:calloc|malloc|host alloc)", "", "FAIL", "suspect",
+     "NCCL could not allocate the device (or pinned host) memory for a communicator's buffers: the GPU was out of "
+     "memory at that moment, usually because the communicator was created lazily at its first collective, at the "
+     "training's memory peak (another CUDA error, when there is one, is on the 'Cuda failure' line before it)",
+     "confirm with torch.cuda.memory_summary() / nvidia-smi at that step (rerun with NCCL_DEBUG=WARN to see the CUDA "
+     "error); create the communicators before the peak (a warm-up collective on every process group, or "
+     "init_process_group(device_id=...) for eager init), or lower the memory per GPU",
+     "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/include/alloc.h"),
     ("cuda-failure", r"Cuda failure|CUDA failure|cuda\w* failed|CUDA error|cudaError|CUDA driver|cu\w+ failed|Cuda|CUDA", "", "FAIL", "suspect",
      "a CUDA call inside NCCL failed; the quoted CUDA error names the cause (out of memory, driver too old, a GPU "
      "fault, fabric manager...)",
@@ -548,8 +560,12 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
      "wheel ships (old NCCL < 2.13 with torch >= 2.3 fails this way)"),
     ("invalid device ordinal", "cause", "a rank asked for a GPU index that does not exist (LOCAL_RANK >= visible GPUs, or CUDA_VISIBLE_DEVICES too short)",
      "compare --nproc-per-node with nvidia-smi -L and CUDA_VISIBLE_DEVICES on that node"),
-    ("illegal memory access", "suspect", "a kernel accessed invalid memory; the error is sticky, so NCCL reports the previous kernel's fault (often the program's own kernel)",
-     "rerun with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer on one rank to find the faulting kernel"),
+    ("illegal memory access", "suspect", "a kernel accessed invalid memory (cudaErrorIllegalAddress, CUDA error 700): "
+     "a bug in a kernel or in the values it was given (indices, sizes, a weight layout), usually the program's own; the "
+     "error is sticky and asynchronous, so a later call (NCCL's, the watchdog's) reports it; more rarely a GPU fault",
+     "rerun with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer on one rank to find the faulting kernel; dmesg | grep -i "
+     "xid on that node (Xid 13/31: a fault; one node only: drain it); compare with the last revision of the code that "
+     "worked"),
     ("device-side assert", "cause", "a device-side assertion in the program's own kernels (an index out of range) fired; NCCL only reports it",
      "rerun with CUDA_LAUNCH_BLOCKING=1 to see the failing op"),
     ("uncorrectable ECC", "cause", "the GPU hit an uncorrectable ECC error (hardware)",
@@ -575,8 +591,15 @@ def cuda_reading(line: str) -> tuple[str, str, str, str] | None:
     low = line.lower()
     for words, kind, meaning, fix in CUDA_ERRORS:
         if words.lower() in low:
-            return "cuda-" + re.sub(r"\W+", "-", words.lower()).strip("-"), kind, meaning, fix
+            name = _CUDA_CLASS_NAMES.get(words) or re.sub(r"\W+", "-", words.lower()).strip("-")
+            return "cuda-" + name, kind, meaning, fix
     return None
+
+
+_CUDA_CLASS_NAMES = {"unsupported display driver / cuda driver combination": "system-driver-mismatch",
+                     "forward compatibility was attempted on non supported HW": "compat-not-supported-on-device"}
+"""Classes named after the CUDA enum (cudaErrorSystemDriverMismatch, cudaErrorCompatNotSupportedOnDevice) where CUDA's
+own words mislead: the "display driver" of error 803 is the kernel driver, not a display (X server) problem."""
 
 
 # ------------------------------------------------------------------------------------------- versions

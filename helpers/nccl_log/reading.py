@@ -53,6 +53,30 @@ _BARE_HEAD = re.compile(
 _PREFIX_ANY = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 _LABEL_RANK = re.compile(r"\[rank(\d+)\]:|\[rank (\d+)\]")
 _LABEL_LOCAL = re.compile(r"\[(default\d+)\]:")
+_JOINED = re.compile(r"(?:\S+:\d+:\d+ )?\[\d+\] NCCL (?:INFO|WARN) ")
+"""The head of an NCCL line (``host:pid:tid [0] NCCL INFO ``, or ``[0] NCCL INFO `` as some pastes show it): a second
+one inside a physical line starts another NCCL line (a log pasted where the newlines were lost, an issue comment
+rendered as one paragraph)."""
+
+
+def _unjoin(batch: list[str]) -> list[str]:
+    """``batch`` with each line that holds several NCCL lines (a second :data:`_JOINED` head) split before each head
+    after the first; the same list when none does (``str.count`` over the batch first: a few percent of the read)."""
+    if not any(line.count(" NCCL ") > 1 for line in batch):
+        return batch
+    out: list[str] = []
+    for line in batch:
+        starts = [m.start() for m in _JOINED.finditer(line)] if line.count(" NCCL ") > 1 else []
+        if len(starts) < 2:
+            out.append(line)
+            continue
+        cuts = [0, *starts[1:], len(line)]
+        out.extend(line[a:b].rstrip() for a, b in zip(cuts, cuts[1:]))
+    return out
+
+
+_QUOTE_LABEL = re.compile(r"^\s*\[(?:rank\s?\d+|default\d+)\]:\s*")
+"""torch's rank label before a line it prints (``[rank0]: ``), dropped from the message torch's ``Last error:`` quotes."""
 _LABEL_HOST = re.compile(r"(?:^|\s)([A-Za-z][\w.\-]*): *$")
 
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+[\w.]+)?)")
@@ -87,7 +111,7 @@ _MISMATCH = re.compile(r"Mismatched NCCL version detected : rank (\d+) version (
 _CONNECT_REASONS = ("Connection refused", "No route to host", "Network is unreachable", "Connection timed out",
                     "Software caused connection abort")
 _CONNECT_ANY = re.compile("|".join(re.escape(r) for r in _CONNECT_REASONS) + r"|[Cc]onnect to \S+ failed")
-_DIALED = re.compile(r"[Cc]onnect to (\S+?)<(\d+)>")
+_DIALED = re.compile(r"[Cc]onnect to (\S+?)<(\d+|[^>]{0,8})>")  # the port, or what an excerpt left of it (<...>)
 _NO_IFACE = re.compile(r"Socket creation failed : Address family not supported|Bootstrap ?: no socket interface found|NET/Socket ?: No usable listening interface found|"
                        r"NET/Socket ?: no interface found|No interface found in the same subnet")
 _IBVERBS = re.compile(r"Failed to open libibverbs")
@@ -186,7 +210,8 @@ class _Parser:
         catalog, sites = log.catalog, log.sites
         try:
             # a file's lines come a chunk at a time (Lines.batches: no per-line generator, no UCS-4 round trip)
-            stream = itertools.chain.from_iterable(lines.batches()) if isinstance(lines, inputs.Lines) else lines
+            batches = lines.batches() if isinstance(lines, inputs.Lines) else ([line] for line in lines)
+            stream = itertools.chain.from_iterable(map(_unjoin, batches))
             for seen, raw in enumerate(stream, 1):
                 if stop:
                     seen -= 1
@@ -306,7 +331,7 @@ class _Parser:
                     reconstructed += again
                     if last_error and site_none:
                         # the line after torch's "Last error:" is an NCCL message quoted without prefix or marker
-                        entry = match_site(ckey)
+                        entry = match_site(_QUOTE_LABEL.sub("", ckey, count=1))  # "[rank0]: Failed to CUDA calloc ..."
                         if entry is not None:
                             add_hit(sites, entry["index"], line, log.unattributed, base + seen)
                             count += 1

@@ -156,6 +156,11 @@ def _check_interfaces(log: NcclLog, topology: str, owners: Mapping[str, set[str]
     what = sorted({f"{role} on {iface.name} ({reason})" for _, role, iface, reason in found})
     envs = sorted({i.socket_ifname_env for i in infos if i.socket_ifname_env})
     severity = _by_topology(topology, "FAIL", "WARN", "INFO")
+    bad_ips = {iface.ip for _, _, iface, _ in found if iface.ip}
+    dialled_bad = [line for i in log.all_infos() for line in i.connect_errors
+                   if (m := _DIALED.search(line)) and m.group(1) in bad_ips]
+    if dialled_bad:
+        severity, topology = "FAIL", "multi-node"  # a rank dialled that address and failed: the evidence decides
     scope = {"multi-node": "this multi-node job cannot reach the other nodes through it",
              "unknown": "node-local: fine on one node, unreachable from other nodes",
              "single-node": "harmless on one node, but the same settings will fail across nodes"}[topology]
@@ -165,8 +170,8 @@ def _check_interfaces(log: NcclLog, topology: str, owners: Mapping[str, set[str]
     fix = (f"{env_note}export NCCL_SOCKET_IFNAME=<data-plane iface prefix, e.g. eth/ens/ib> or "
            f"NCCL_SOCKET_IFNAME=^docker0,lo identically on every node, then check each rank's Bootstrap/NET line "
            f"names that NIC (MN2)")
-    evidence = _evidence(line for i in infos for line in i.evidence_lines
-                         if "NCCL_SOCKET_IFNAME" in line or any(f"{n}:" in line for n in names))
+    evidence = _evidence([line for i in infos for line in i.evidence_lines
+                          if "NCCL_SOCKET_IFNAME" in line or any(f"{n}:" in line for n in names)] + dialled_bad[:2])
     return [verdict("bad-interface", severity, message, [i.key for i in infos], _hosts(infos), evidence, fix)]
 
 
@@ -282,6 +287,14 @@ def _check_connect(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Check]:
                 dialed.append(addr + note)
     hard = [i for i in infos if not i.completed or any(" NCCL WARN " in line for line in i.connect_errors)]
     severity = "FAIL" if hard or any(i.key == "?" for i in infos) else "WARN"
+    dialled_ips = [m.group(1) for line in lines if (m := _DIALED.search(line))]
+    if dialled_ips and all(ip in bad_ips for ip in dialled_ips):
+        # every address dialled is one bad-interface names: that verdict is the cause, this one its consequence
+        return [verdict("connect-failed", "INFO", f"{_who(infos)} could not connect to {', '.join(dialed[:3])} "
+                        f"({', '.join(reasons)}): the consequence of the node-local address NCCL chose (bad-interface)",
+                        [i.key for i in infos if i.key != "?"], _hosts(infos), _evidence(lines), "see bad-interface",
+                        "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname",
+                        kind="context")]
     transient = "" if severity == "FAIL" else " then connected (Init COMPLETE followed): transient"
     target = f" to {', '.join(dialed[:3])}" if dialed else ""
     suspects = []
@@ -623,10 +636,46 @@ def foreign_bytes(text: str) -> str:
     return raw.decode("ascii") if raw and all(32 <= b < 127 for b in raw) else ""
 
 
-_READ_CUDA = {"nccl-tests-cuda-failure"}
+_READ_CUDA = {"nccl-tests-cuda-failure", "torch-cuda-error"}
+"""Catalog entries whose line quotes a CUDA error string: read through :data:`helpers.nccl_log.catalog.CUDA_ERRORS`."""
 _CUDA_TO_CATALOG = {"cuda-system-not-yet-initialized": "cuda-802-fabric-manager"}
 """A CUDA error the hand-written catalog already reads: its entry is used."""
-"""Catalog entries whose line quotes a CUDA error string: read through :data:`helpers.nccl_log.catalog.CUDA_ERRORS`."""
+
+
+_GLOO_LOOPBACK_PEER = re.compile(r"(?:remote=|connect\s*)\[?(127\.\d+\.\d+\.\d+)\]?")
+_GLOO_DEVICE = "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/distributed/c10d/GlooDeviceFactory.cpp"
+
+
+def _check_gloo_loopback(log: NcclLog) -> list[Check]:
+    """A gloo pair that fails to connect to a peer at a loopback address (``remote=[127.0.0.1]``, ``connect
+    [127.0.1.1]:3210``), or after the warning that gloo bound the loopback address: the peer advertised its
+    hostname's address, which is loopback (Debian/Ubuntu map the hostname to 127.0.1.1 in /etc/hosts; a pod on the
+    host network can resolve it to 127.0.0.1), so ranks on other hosts connect to themselves and are refused.
+
+    PyTorch's gloo device takes the address the hostname resolves to, else loopback with the warning "Unable to
+    resolve hostname to a (local) address. Using the loopback address as fallback. Manually set the network
+    interface to bind to with GLOO_SOCKET_IFNAME." (:data:`_GLOO_DEVICE`, ``makeDeviceForHostname``)."""
+    failed = log.catalog.get("gloo-connect-failed")
+    if failed is None:
+        return []
+    text = " ".join(failed.evidence)
+    peer = _GLOO_LOOPBACK_PEER.search(text)
+    fallback = log.catalog.get("gloo-loopback-fallback")
+    if not peer and fallback is None:
+        return []
+    why = (f"a gloo rank connected to a peer at {peer.group(1)}, a loopback address" if peer else
+           "gloo bound the loopback address (its hostname resolved to no usable address) and a gloo pair then "
+           "failed to connect")
+    keys = [k for k in failed.keys + (fallback.keys if fallback else []) if k != "?"]
+    hosts = sorted(set(failed.hosts) | set(fallback.hosts if fallback else []))
+    evidence = _evidence((fallback.evidence[:1] if fallback else []) + failed.evidence)
+    return [verdict("gloo-loopback-address", "FAIL",
+                    f"{why}: the peer advertised the address its hostname resolves to, which is loopback (127.0.1.1 in "
+                    "Debian/Ubuntu's /etc/hosts, 127.0.0.1 in a host-network pod), so ranks on other hosts cannot "
+                    "reach it (Connection refused / timed out)", keys, hosts, evidence,
+                    "confirm with getent hosts $(hostname) on each node (a 127.x answer is the fault); set "
+                    "GLOO_SOCKET_IFNAME to the data interface (ip -br addr) on every node, or map the hostname to the "
+                    "node's data-plane address in /etc/hosts", _GLOO_DEVICE)]
 
 
 def _check_nvls_stall(log: NcclLog) -> list[Check]:
@@ -969,7 +1018,7 @@ def interpret(log: NcclLog) -> list[Check]:
                 _check_roce_gid(log) + _check_nccl_lists(log) + _check_gdr_unused(log, topology) +
                 _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
                 _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log) +
-                _check_short_timeout(log))
+                _check_short_timeout(log) + _check_gloo_loopback(log))
     explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
     verdicts += _check_sites(log, verdicts)

@@ -318,3 +318,76 @@ def test_names_and_interfaces_that_do_not_exist_here(log: str, expect: str) -> N
     found = acting({v.id: v for v in nl.interpret(nl.parse_files([Path(__file__).resolve().parents[1] / "data" / "nccl"
                                                                   / "blind5" / log]))})
     assert list(found) == [expect] and found[expect].values["kind"] == "cause"
+
+
+# ------------------------------------------------------------------- blind set 7's lessons (tests/data/nccl/blind7)
+GLOO_REFUSED = ("terminate called after throwing an instance of 'gloo::IoException'\n"
+                "  what():  [/opt/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:724] connect [127.0.1.1]:3210: "
+                "Connection refused\n")
+
+
+def test_a_gloo_peer_at_a_loopback_address_is_the_cause() -> None:
+    """GlooDeviceFactory.cpp: a hostname that resolves to no usable address makes gloo bind loopback; a rank on another
+    host then dials 127.x (pytorch#15592, Debian's 127.0.1.1)."""
+    found = read(GLOO_REFUSED)
+    assert found["gloo-loopback-address"].status == "FAIL" and "GLOO_SOCKET_IFNAME" in found["gloo-loopback-address"].remediation
+    elsewhere = read(GLOO_REFUSED.replace("127.0.1.1", "10.0.0.2"))  # a real address refused: not this cause
+    assert "gloo-loopback-address" not in elsewhere and elsewhere["gloo-connect-failed"].status == "INFO"
+    warned = read("[rank0]:[W ProcessGroupGloo.cpp:721] Warning: Unable to resolve hostname to a (local) address. Using "
+                  "the loopback address as fallback. Manually set the network interface to bind to with "
+                  "GLOO_SOCKET_IFNAME. (function operator())\n")
+    assert not acting(warned) and warned["gloo-loopback-fallback"].status == "INFO"  # one host: only worth knowing
+
+
+def test_a_link_local_socket_interface_and_its_refused_connection() -> None:
+    """169.254/16 (RFC 3927) is not routed: EKS Pod Identity's pod-id-link0 has the same address on every node."""
+    text = ("h:1:1 [0] NCCL INFO NET/Socket : Using [0]enp73s0:10.1.216.156<0> [1]pod-id-link0:169.254.170.23<0>\n"
+            "h:1:1 [0] NCCL INFO socketPollConnect: connect to 169.254.170.23<41234> returned Connection refused, "
+            "retrying (13/34)\n")
+    found = read(text)
+    assert found["bad-interface"].status == "FAIL" and "169.254/16" in found["bad-interface"].title
+    assert found["connect-failed"].status == "INFO"  # the consequence, not a second cause
+    routable = read(text.replace("169.254.170.23", "10.1.216.157"))
+    assert "bad-interface" not in routable and routable["connect-failed"].status == "FAIL"
+
+
+def test_nccl_lines_pasted_without_their_newlines_are_read_one_by_one() -> None:
+    joined = ("[0] NCCL INFO NCCL_IB_HCA set to mlx5_0:1 [0] NCCL INFO NET/IB : No device found. [0] NCCL INFO "
+              "NET/Socket : Using [0]eth0:10.47.14.218<0> [0] NCCL INFO Using network Socket\n")
+    log = nl.parse(joined)
+    assert log.nccl_lines == 4 and "ib-fallback-socket" in read(joined)
+    one = nl.parse("a:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin NCCL RDMA Plugin v8 (v8)\n")
+    assert one.nccl_lines == 1  # a second "NCCL" in the message is not a second line
+
+
+def test_torchs_quoted_last_error_and_the_cuda_errors_it_names() -> None:
+    """alloc.h WARN 'Failed to CUDA calloc async' behind torch's '[rank0]: Last error:' (ms-swift#6387); CUDA 803's
+    class is named after its enum, not CUDA's 'display driver' words; torch's own 'CUDA error: ...' is read too."""
+    calloc = read("[rank0]: torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, unhandled cuda error "
+                  "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n[rank0]: ncclUnhandledCudaError: Call to "
+                  "CUDA function failed.\n[rank0]: Last error:\n[rank0]: Failed to CUDA calloc async 136 bytes\n")
+    assert calloc["nccl.cuda-alloc-failed"].status == "FAIL" and "warm-up collective" in calloc[
+        "nccl.cuda-alloc-failed"].remediation
+    assert calloc["torch-nccl-cuda-error"].status == "INFO"  # explained by the specific reading
+    compat = read(" 7: ip-10-1-113-84: Test CUDA failure common.cu:894 'system has unsupported display driver / cuda "
+                  "driver combination'\n")
+    assert "nccl.cuda-system-driver-mismatch" in compat and "cuda-compat" in compat["nccl.cuda-system-driver-mismatch"].title
+    ima = read("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert "CUDA_LAUNCH_BLOCKING=1" in ima["nccl.cuda-illegal-memory-access"].remediation
+
+
+@pytest.mark.parametrize("line, entry", [
+    ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+     "dataloader-shm-bus-error"),
+    ("2023-11-18 03:39:16,283 WARNING services.py:1996 -- WARNING: The object store is using /tmp instead of /dev/shm "
+     "because /dev/shm has only 67108864 bytes available.", "dev-shm-small"),
+    ("rogpt1: TypeError: DSElasticAgent._set_master_addr_port() takes 3 positional arguments but 4 were given",
+     "elastic-agent-signature"),
+    ("RuntimeError: Invalid function argument. Expected parameter `tensor` of type torch.Tensor", "collective-not-a-tensor"),
+    ("RuntimeError: Split sizes doesn't match total dim 0 size", "split-sizes-mismatch"),
+    ("AssertionError: Expects tensor to be on the compute device cuda:0, was on cpu", "fsdp-param-not-on-device"),
+])
+def test_torch_and_launcher_messages_read_from_their_sources(line: str, entry: str) -> None:
+    """Each message as the source that prints it words it (torch v2.13.0, DeepSpeed#4985, Ray's services.py)."""
+    found = read(line + "\n")
+    assert found[entry].status in ("FAIL", "WARN") and found[entry].source.startswith("https://"), sorted(found)
