@@ -558,6 +558,47 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
                        "local-rank test for once-per-node work, under a name that says so)",
                        _TORCHRUN + "#environment-variables")
                 break
+    _local_gated_writes(lt, local)
+
+
+def _local_gated_writes(lt: PythonLinter, local: _Local) -> None:
+    """A file write (``torch.save``, a method of this file that writes) under ``if <local rank> == 0`` in a file that
+    also reads the global rank: the author had both and gated a job-wide write per node, so on several nodes every
+    node's local rank 0 writes the same path at once (pytorch/examples#1357: multinode.py saved its snapshot under
+    ``self.local_rank == 0``).  A per-node write to node-local disk is what the local gate is for: a warning that
+    says so."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(lt.taint.is_global_rank(n) for n in lt.nodes):
+        return
+    for node in lt.nodes:
+        if not isinstance(node, ast.If):
+            continue
+        tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else [node.test]
+        gate = next((t for t in tests if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
+                     and local.is_local(t.left) and isinstance(t.comparators[0], ast.Constant)
+                     and t.comparators[0].value in (0, "0")), None)
+        if gate is None:
+            continue
+        body = ast.Module(body=node.body, type_ignores=[])
+        writes = [c for c in lt._calls(body) if lt._write_kind(c) == "file"]
+        for c in lt._calls(body):  # a method of this file that writes (self._save_snapshot(epoch))
+            recv, name = _call_name(c)
+            fn = lt.functions.get(name) if recv in ("", "self", "cls") else None
+            if fn is not None:
+                writes += [w for w in lt._calls(fn) if lt._write_kind(w) == "file"]
+        if writes:
+            lt.add("local-rank-as-global-rank", "warning", gate,
+                   f"`{ast.unparse(gate)}` gates a write ({_src_short(writes[0])}) by the node-local rank while this "
+                   "file reads the global rank too: on several nodes each node's local rank 0 writes the same path at "
+                   "once (a shared filesystem: a corrupt or interleaved file)",
+                   "gate job-wide writes by the global rank (int(os.environ['RANK']) == 0 / dist.get_rank() == 0); keep "
+                   "the local-rank gate for what each node writes to its own disk", _TORCHRUN + "#environment-variables")
+
+
+def _src_short(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 50 else text[:47] + "..."
 
 
 def _node_rank(node: ast.AST) -> bool:

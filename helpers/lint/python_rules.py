@@ -675,7 +675,14 @@ class PythonLinter:
             if coll.endswith(("save_state", "load_state")) and not re.search(r"(?i)deepspeed|fsdp", self.text):
                 # under DDP Accelerator.save_state gathers nothing (get_state_dict = state_dict; the accelerator state
                 # is written by the calling process): the diffusers pattern `if is_main_process: save_state()` is
-                # right there; it hangs only under DeepSpeed / FSDP, which a script that never names them does not use
+                # right there; it hangs only under DeepSpeed / FSDP, which the accelerate config (not this file) picks:
+                # said as info (huggingface/diffusers#7917)
+                self.add("rank-gated-collective", "info", call,
+                         f"{coll} is reached only when `{_gate_text(gate)}` holds: fine under DDP (the calling process "
+                         "writes the state), a hang under a DeepSpeed or FSDP accelerate config, where save_state is a "
+                         "collective every process calls",
+                         "let every process call it when the config shards the model: `if accelerator.is_main_process "
+                         "or accelerator.distributed_type == DistributedType.DEEPSPEED:`", "D21")
                 continue
             if coll.endswith(("save_state", "load_state")) and \
                     re.search(r"DEEPSPEED|FSDP|is_fsdp|is_deepspeed", _src(getattr(gate, "test", gate))):

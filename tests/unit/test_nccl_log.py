@@ -135,8 +135,8 @@ def test_bridge_bootstrap_and_refused() -> None:
     bad = found["bad-interface"]
     assert "virbr0 (libvirt bridge)" in bad.title and bad.values["hosts"] == ["node-a", "node-b"]
     assert "NCCL_SOCKET_IFNAME=^docker0,lo" in bad.remediation and "MN2" in bad.remediation
-    conn = found["connect-failed"]
-    assert conn.status == "FAIL" and conn.values["ranks"] == ["node-b:7731[0]"]
+    conn = found["connect-failed"]  # it dialled the bridge's address: the consequence of bad-interface, now FAIL
+    assert bad.status == "FAIL" and conn.status == "INFO" and conn.values["ranks"] == ["node-b:7731[0]"]
     assert "192.168.122.1:35547" in conn.title and "Connection refused" in conn.title
     assert "ib-fallback-socket" not in found      # no line shows IB was expected (issue 15: no fallback note)
 
