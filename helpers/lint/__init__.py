@@ -112,6 +112,11 @@ RULES: dict[str, str] = {
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     "shell-broken-continuation": "https://www.shellcheck.net/wiki/SC1101",
+    "set-device-after-init": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+    "launcher-env-unset": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
+    "sampler-not-distributed": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "quantized-model-no-device-map": "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training",
+    "fsdp-inference-mode": "https://docs.pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html",
     "launcher-var-unset": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     # helpers.launch_traps.find_traps (sbatch/shell files and --command, through shell_rules.traps_as_findings)
     "standalone-multinode": "D2",

@@ -1265,6 +1265,175 @@ def rule_undefined_attribute(lt: PythonLinter) -> None:
                 break
 
 
+def rule_set_device_after_init(lt: PythonLinter) -> None:
+    """``init_process_group("nccl")`` without ``device_id``, then ``torch.cuda.set_device`` later in the same block:
+    the group is made while every rank's current device is still cuda:0, and what the group does before the
+    binding (an eager init, a barrier, which guesses the device from the rank when none was used: "using GPU N to
+    perform barrier as devices used by this process are currently unknown ... call init_process_group() with a
+    device_id", ProcessGroupNCCL) starts on the wrong GPU.  The docs ask for the binding first: "it is the user's
+    responsibility to ensure that this is set so that each rank has an individual GPU, via torch.cuda.set_device()"
+    (``_DIST``; pytorch/examples#1285 moved set_device before init_process_group).  Info: a script whose first use of
+    the group comes after the binding works."""
+    from helpers.lint.python_rules import _call_name
+
+    if "set_device" not in lt.text or "nccl" not in lt.text:
+        return
+    for node in lt.nodes:
+        block = getattr(node, "body", None)
+        if not isinstance(block, list):
+            continue
+        init = next(((i, c) for i, st in enumerate(block) if isinstance(st, (ast.Expr, ast.Assign))
+                     for c in lt._calls(st) if _call_name(c)[1] == "init_process_group"), None)
+        if init is None:
+            continue
+        i, call = init
+        kws = {k.arg for k in call.keywords}
+        backend = next((a for a in [*call.args[:1], *(k.value for k in call.keywords if k.arg == "backend")]), None)
+        if "device_id" in kws or not (isinstance(backend, ast.Constant) and backend.value == "nccl"):
+            continue
+        later = next((c for st in block[i + 1:] if isinstance(st, (ast.Expr, ast.Assign))
+                      for c in lt._calls(st) if _call_name(c)[1] == "set_device"), None)
+        if later is not None:
+            # info: with the lazy init (the default) nothing runs on the group before the binding in most scripts
+            # (nanoGPT, llm.c bind right after init_process_group and work)
+            lt.add("set-device-after-init", "info", later,
+                   f"torch.cuda.set_device comes after init_process_group('nccl') (line {call.lineno}), which has no "
+                   "device_id: the group is created while every rank's current device is cuda:0 (a barrier or an eager "
+                   "init before the binding runs on GPU 0)",
+                   "call torch.cuda.set_device(local_rank) before init_process_group (or pass "
+                   "device_id=torch.device('cuda', local_rank))", _DIST + "#torch.distributed.init_process_group")
+
+
+_LAUNCHER_SET = re.compile(r"^(?:ACCELERATE_\w+|FSDP_\w+|LOCAL_RANK|RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|"
+                           r"MASTER_ADDR|MASTER_PORT|TORCHELASTIC_\w+|SLURM_\w+|OMPI_COMM_WORLD_\w+|PMI_\w+)$")
+"""Variables a launcher sets for the processes it starts (torchrun's contract, ``accelerate launch``'s
+``ACCELERATE_*``/``FSDP_*`` from its config, srun's ``SLURM_*``): unset under another launcher, or none."""
+
+
+def rule_launcher_env_unset(lt: PythonLinter) -> None:
+    """``os.environ.get("ACCELERATE_USE_FSDP").lower()``: ``get`` without a default returns None when the variable is
+    unset, and a launcher sets its variables only for the processes it starts and the configurations that need them
+    (``accelerate launch`` exports ``ACCELERATE_USE_FSDP`` for an FSDP config only; torchrun's ``_TORCHRUN``
+    environment), so the method call raises ``AttributeError: 'NoneType' object has no attribute ...`` under any
+    other launch (huggingface/peft#2454)."""
+    from helpers.lint.python_rules import _env_key
+
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        got = node.func.value
+        if not (isinstance(got, ast.Call) and len(got.args) == 1 and not got.keywords):
+            continue
+        key = _env_key(got)
+        if key is None or not _LAUNCHER_SET.match(key) or isinstance(got.func, ast.Subscript):
+            continue
+        lt.add("launcher-env-unset", "warning", node,
+               f"{ast.unparse(got)}.{node.func.attr}(): {key} is set only by some launchers (and configurations); "
+               f"unset, get() returns None and .{node.func.attr}() raises AttributeError: 'NoneType' object has no "
+               f"attribute '{node.func.attr}'", f"give it a default: {ast.unparse(got)[:-1]}, \"...\").{node.func.attr}()",
+               _TORCHRUN + "#environment-variables")
+
+
+_PLAIN_SAMPLERS = frozenset({"SequentialSampler", "RandomSampler"})
+
+
+def rule_sampler_not_distributed(lt: PythonLinter) -> None:
+    """A sampler name given a ``DistributedSampler`` (in a branch) and then, unconditionally in the same block, a
+    ``SequentialSampler``/``RandomSampler`` before the DataLoader reads it: the distributed one is dead on every rank,
+    so each rank goes through the whole dataset (``DistributedSampler``: "restricts data loading to a subset of the
+    dataset", ``_DATA``; deepspeedai/DeepSpeedExamples#804: every rank evaluated the whole eval set)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text:
+        return
+    for node in lt.nodes:
+        for fld in ("body", "orelse"):
+            block = getattr(node, fld, None)
+            if not isinstance(block, list):
+                continue
+            distributed: dict[str, int] = {}
+            for stmt in block:
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) and \
+                        _call_name(stmt.value)[1] in _PLAIN_SAMPLERS:
+                    for t in (t for t in stmt.targets if isinstance(t, ast.Name) and t.id in distributed):
+                        lt.add("sampler-not-distributed", "warning", stmt,
+                               f"{t.id} = {_call_name(stmt.value)[1]}(...) replaces the DistributedSampler assigned at "
+                               f"line {distributed[t.id]} on every rank: each rank then loads the whole dataset "
+                               "(duplicated work, metrics over N copies)",
+                               "keep the distributed sampler (drop this assignment, or put it in the branch that "
+                               "runs without a process group)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+                        del distributed[t.id]
+                    continue
+                for n in ast.walk(stmt):
+                    if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
+                            _call_name(n.value)[1] == "DistributedSampler":
+                        distributed.update({t.id: n.lineno for t in n.targets if isinstance(t, ast.Name)})
+                    elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in distributed and \
+                            not isinstance(stmt, ast.If):
+                        distributed.pop(n.id, None)  # read before it is replaced: used as it was meant
+
+
+_QUANTIZED = ("load_in_4bit", "load_in_8bit", "quantization_config")
+_BNB_DEVICE = "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training"
+
+
+def rule_quantized_model_no_device_map(lt: PythonLinter) -> None:
+    """``from_pretrained(..., load_in_4bit=True / quantization_config=...)`` without ``device_map`` in a script that
+    runs on several processes, before anything binds the process's GPU (``set_device``, ``Accelerator()``,
+    ``PartialState()``): transformers then places the quantized weights on ``torch.cuda.current_device()`` (its
+    bitsandbytes quantizer: "The device_map was not initialized. Setting device_map to {'':
+    torch.cuda.current_device()}"), which is GPU 0 on every rank, and training refuses a quantized model on
+    another device.  TRL's multi-GPU recipe passes ``device_map={"": PartialState().process_index}`` (``_BNB_DEVICE``;
+    huggingface/trl#1353)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"load_in_4bit|load_in_8bit|BitsAndBytesConfig", lt.text) or not re.search(
+            r"Accelerator|PartialState|Trainer\(|accelerate|LOCAL_RANK|local_rank|init_process_group", lt.text):
+        return
+    binds = [c.lineno for c in lt._calls() if _call_name(c)[1] in ("set_device", "Accelerator", "PartialState")]
+    for c in lt._calls():
+        if _call_name(c)[1] != "from_pretrained":
+            continue
+        kws = {k.arg: k.value for k in c.keywords if k.arg}
+        if "device_map" in kws or None in {k.arg for k in c.keywords}:  # device_map given, or **kwargs may hold it
+            continue
+        q = next((k for k in _QUANTIZED if k in kws and not (isinstance(kws[k], ast.Constant) and kws[k].value in
+                                                               (False, None))), None)
+        if q is None or any(b < c.lineno for b in binds):
+            continue
+        lt.add("quantized-model-no-device-map", "warning", c,
+               f"from_pretrained(..., {q}=...) without device_map, before this process's GPU is bound: transformers "
+               "puts the quantized weights on torch.cuda.current_device(), GPU 0 on every rank ('You can't train a "
+               "model that has been loaded in 8-bit precision on a different device')",
+               "device_map={'': PartialState().process_index} (or Accelerator().local_process_index)", _BNB_DEVICE)
+
+
+_INFERENCE_MODE = "https://docs.pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"
+
+
+def rule_fsdp_inference_mode(lt: PythonLinter) -> None:
+    """A function under ``@torch.inference_mode()`` (or a ``with torch.inference_mode():`` block) in a file that trains
+    with FSDP: tensors made in inference mode "cannot be used in autograd later" (``_INFERENCE_MODE``), and FSDP
+    keeps the parameters it unshards during that forward, so the next training step fails
+    (Lightning-AI/litgpt#703 replaced it with torch.no_grad() for FSDP)."""
+    if not re.search(r"FSDPStrategy|FullyShardedDataParallel|fully_shard|strategy=[\"']fsdp", lt.text) or \
+            "inference_mode" not in lt.text:
+        return
+    for node in lt.nodes:
+        sites: list[ast.AST] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            sites = [d for d in node.decorator_list if "inference_mode" in ast.unparse(d)]
+        elif isinstance(node, ast.With):
+            sites = [i.context_expr for i in node.items if "inference_mode" in ast.unparse(i.context_expr)]
+        for site in sites[:1]:
+            if isinstance(site, ast.Call) and any(isinstance(a, ast.Constant) and a.value is False for a in site.args):
+                continue  # inference_mode(False): autograd on
+            lt.add("fsdp-inference-mode", "warning", site,
+                   "torch.inference_mode() around a model that FSDP shards: the parameters FSDP gathers there become "
+                   "inference tensors, which autograd refuses later ('Inference tensors cannot be saved for backward')",
+                   "use torch.no_grad() for evaluation under FSDP", _INFERENCE_MODE)
+
+
 def run(lt: PythonLinter) -> ScriptContract:
     """Run the single-file contract rules on ``lt``; return the script's :class:`ScriptContract`."""
     sc = script_contract(lt)
@@ -1290,6 +1459,11 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_master_port_per_node(lt)
     rule_rank_overwritten_on_resume(lt)
     rule_undefined_attribute(lt)
+    rule_sampler_not_distributed(lt)
+    rule_launcher_env_unset(lt)
+    rule_set_device_after_init(lt)
+    rule_quantized_model_no_device_map(lt)
+    rule_fsdp_inference_mode(lt)
     grad_sync_rules.run(lt)
     lt.facts.contract = sc
     return sc

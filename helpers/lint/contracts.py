@@ -89,8 +89,13 @@ CONTRACTS: tuple[Contract, ...] = (
        _INIT, "init-missing-rank-world-size"),
     _c("init_process_group", "The default process group is initialised before any collective, get_rank() or "
        "DistributedDataParallel construction", _INIT, "collective-before-init"),
+    _c("init_process_group", "Each rank's GPU is bound (torch.cuda.set_device or device_id=) before the group is "
+       "used: 'it is the user's responsibility to ensure that this is set so that each rank has an individual GPU'",
+       _INIT, ("set-device-after-init", "collective-before-set-device")),
     _c("init_process_group", "The nccl backend needs a CUDA device per rank: on CPU-only nodes use gloo", _DIST +
        "#backends", "nccl-without-gpus"),
+    _c("launchers' environment", "A variable a launcher sets (ACCELERATE_*, LOCAL_RANK, SLURM_*) is read with a "
+       "default: under another launcher it is unset", _TORCHRUN + "#environment-variables", "launcher-env-unset"),
     _c("torchrun", "RANK, LOCAL_RANK and WORLD_SIZE are set for each process at each start: options reloaded from a "
        "file one process saved (a resume) carry that process's ranks, not this one's", _TORCHRUN +
        "#environment-variables", "rank-overwritten-on-resume"),
@@ -162,6 +167,8 @@ CONTRACTS: tuple[Contract, ...] = (
     # ---------------------------------------------------------------- data
     _c("DistributedSampler", "set_epoch(epoch) is called at the start of each epoch, or every epoch shuffles the "
        "same way", _SAMPLER, "sampler-no-set-epoch"),
+    _c("DistributedSampler", "The DataLoader of every rank uses it: a plain sampler assigned over it on every rank "
+       "gives each rank the whole dataset", _SAMPLER, "sampler-not-distributed"),
     _c("DataLoader", "sampler and shuffle=True are mutually exclusive ('sampler option is mutually exclusive with "
        "shuffle')", _DATA + "#torch.utils.data.DataLoader", "dataloader-sampler-and-shuffle"),
     _c("DataLoader", "The workers' seeds derive from the generator= given to it: seeded alike on every rank, all ranks "
@@ -329,6 +336,10 @@ CONTRACTS: tuple[Contract, ...] = (
        ("rank-gated-collective", "fsdp-full-state-dict-all-ranks")),
     _c("FullyShardedDataParallel", "MixedPrecision sets param, reduce and buffer dtypes (an unset one stays "
        "fp32)", _FSDP + "#torch.distributed.fsdp.MixedPrecision", "fsdp-partial-mixed-precision"),
+    _c("FSDP and torch.inference_mode", "Evaluation of a model FSDP shards runs under torch.no_grad(), not "
+       "inference_mode: inference tensors 'cannot be used in autograd later'",
+       "https://docs.pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html",
+       "fsdp-inference-mode"),
     _c("fully_shard (FSDP2)", "The optimizer is built after fully_shard (parameters become DTensors)", _FSDP2,
        "fsdp-optimizer-before-wrap"),
     _c("fully_shard (FSDP2)", "'User should apply fully_shard in a bottom-up manner' (each block, then the root); "
@@ -351,6 +362,10 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("LightningModule.log", "self.log is called from every process unless rank_zero_only=True ('Improper use can "
        "lead to deadlocks')", "https://lightning.ai/docs/pytorch/stable/visualize/logging_advanced.html#rank-zero-only",
        "rank-gated-collective"),
+    # ---------------------------------------------------------------- transformers quantized models
+    _c("from_pretrained with bitsandbytes", "A quantized model is placed at load: on several processes each gets "
+       "device_map={'': its process index}, or all load onto torch.cuda.current_device() (GPU 0)",
+       "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training", "quantized-model-no-device-map"),
     # ---------------------------------------------------------------- experiment trackers
     _c("wandb.init", "One run per job: wandb.init on rank 0 only (group= for a run per process on purpose)",
        "https://docs.wandb.ai/guides/track/log/distributed-training/", "write-on-every-rank"),

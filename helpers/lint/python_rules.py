@@ -387,7 +387,7 @@ class PythonLinter:
         self.nodes: list[ast.AST] = [self.tree]
         self._all_calls: list[ast.Call] | None = None
         self._gating: set[ast.AST | None] | None = None
-        self._shards_models = accelerator_shards(self.tree)
+        self._shards_models = accelerator_shards(self.tree, text)
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -1198,7 +1198,7 @@ class PythonLinter:
         after the prepare line, before the name is bound again)."""
         from helpers.lint.wrappers import DDP_PUBLIC, STATE_DICT_READERS, prepared_models
 
-        models = prepared_models(self.tree)
+        models = prepared_models(self.tree, self._shards_models)
         if not models:
             return
         binds: dict[str, list[int]] = {}

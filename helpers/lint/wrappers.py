@@ -62,10 +62,16 @@ SHARDING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin
 instead of wrapping it in DistributedDataParallel (accelerate/accelerator.py ``prepare_model``)."""
 
 
-def accelerator_shards(tree: ast.AST) -> bool:
+_SHARDING_WORDS = re.compile(r"Plugin|ParallelismConfig|fsdp_plugin|deepspeed_plugin")
+
+
+def accelerator_shards(tree: ast.AST, text: str) -> bool:
     """The file builds one of :data:`SHARDING_PLUGINS` or passes ``fsdp_plugin=`` / ``deepspeed_plugin=`` to
     ``Accelerator``: its models are sharded by FSDP or DeepSpeed, whose wrappers forward unknown attributes to the
-    module and whose ``save_pretrained`` gathers the shards (a collective every rank calls)."""
+    module and whose ``save_pretrained`` gathers the shards (a collective every rank calls).  ``text`` (the file's
+    source) screens first: a file that names none of them is not walked."""
+    if not _SHARDING_WORDS.search(text):
+        return False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = call_name(node)
@@ -77,7 +83,7 @@ def accelerator_shards(tree: ast.AST) -> bool:
     return False
 
 
-def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
+def prepared_models(tree: ast.AST, shards: bool = False) -> list[tuple[str, ast.Assign]]:
     """``(name, statement)`` of each model name bound by a ``... = accelerator.prepare(...)`` statement that holds a
     Hugging Face model (the name is bound from ``X.from_pretrained(...)`` / ``X.from_config(...)`` in the file, or passed to
     ``unwrap_model``).  Under several processes without DeepSpeed or FSDP, ``prepare`` returns the model wrapped in
@@ -85,7 +91,7 @@ def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
     additional layer possible added by prepare()", https://huggingface.co/docs/accelerate/en/package_reference/accelerator),
     and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not: none in a file that shards
     its models (:func:`accelerator_shards`)."""
-    if accelerator_shards(tree):
+    if shards:  # the caller's accelerator_shards(tree, text)
         return []
     hf: set[str] = set()
     prepares: list[tuple[list[ast.expr], ast.Assign]] = []

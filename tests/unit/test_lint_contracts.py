@@ -107,6 +107,30 @@ CASES = [
               "        return f'cuda:{self.gpu_id}'\n"),
      ("t.py", "class T:\n    def __init__(self):\n        self.gpu_id = 0\n    def load(self):\n"
               "        return f'cuda:{self.gpu_id}', self.helper()\n")),
+    # lint blind6: DeepSpeedExamples#804, pytorch/examples#1285, peft#2454, trl#1353, litgpt#703
+    ("sampler-not-distributed",
+     ("t.py", "def main(args):\n    if args.local_rank == -1:\n        s = SequentialSampler(ds)\n    else:\n"
+              "        s = DistributedSampler(ds)\n    s = SequentialSampler(ds)\n    dl = DataLoader(ds, sampler=s)\n"),
+     ("t.py", "def main(args):\n    s = SequentialSampler(ds)\n    if args.local_rank != -1:\n"
+              "        s = DistributedSampler(ds)\n    dl = DataLoader(ds, sampler=s)\n")),
+    ("set-device-after-init",
+     ("t.py", "import os, torch\nfrom torch.distributed import init_process_group\ndef setup():\n"
+              "    init_process_group(backend='nccl')\n    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"),
+     ("t.py", "import os, torch\nfrom torch.distributed import init_process_group\ndef setup():\n"
+              "    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n    init_process_group(backend='nccl')\n")),
+    ("launcher-env-unset",
+     ("t.py", "import os\nuse_fsdp = os.environ.get('ACCELERATE_USE_FSDP').lower() == 'true'\n"),
+     ("t.py", "import os\nuse_fsdp = os.environ.get('ACCELERATE_USE_FSDP', 'false').lower() == 'true'\n")),
+    ("quantized-model-no-device-map",
+     ("t.py", "from trl import DPOTrainer\nmodel = AutoModelForCausalLM.from_pretrained('m', load_in_4bit=True)\n"
+              "trainer = DPOTrainer(model)\n"),
+     ("t.py", "from accelerate import PartialState\nfrom trl import DPOTrainer\nmodel = AutoModelForCausalLM.from_pretrained"
+              "('m', load_in_4bit=True, device_map={'': PartialState().process_index})\ntrainer = DPOTrainer(model)\n")),
+    ("fsdp-inference-mode",
+     ("t.py", "import torch\nfrom lightning.fabric.strategies import FSDPStrategy\n@torch.inference_mode()\n"
+              "def validate(model, x):\n    return model(x)\n"),
+     ("t.py", "import torch\nfrom lightning.fabric.strategies import FSDPStrategy\n@torch.no_grad()\n"
+              "def validate(model, x):\n    return model(x)\n")),
     # bash launch scripts (lint blind6: huggingface/peft#1722, open-mmlab/mmpose#1338, LLaMA-Factory ebab655)
     ("shell-broken-continuation",
      ("run.sh", "torchrun --nproc-per-node 2 train.py \\ \n    --lr 0.1 \\\n    --epochs 3\n"),
