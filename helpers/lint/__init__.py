@@ -114,6 +114,7 @@ RULES: dict[str, str] = {
     "shell-broken-continuation": "https://www.shellcheck.net/wiki/SC1101",
     "set-device-after-init": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
     "launcher-env-unset": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
+    "rank-gated-model-change": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "sampler-not-distributed": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "quantized-model-no-device-map": "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training",
     "fsdp-inference-mode": "https://docs.pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html",

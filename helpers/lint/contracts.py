@@ -162,6 +162,8 @@ CONTRACTS: tuple[Contract, ...] = (
        "world-size-from-device-count"),
     _c("DistributedDataParallel", "BatchNorm statistics are per process unless the model is converted with "
        "SyncBatchNorm.convert_sync_batchnorm before wrapping", _SYNCBN, "batchnorm-without-syncbn"),
+    _c("DistributedDataParallel", "Every rank wraps the same model ('DDP expects same model across all ranks'): a "
+       "layer replaced under a rank gate before wrapping differs", _DDP, "rank-gated-model-change"),
     _c("DistributedDataParallel", "Each process's forward runs the same module structure (no rank-dependent "
        "layers)", _DDP_NOTE, note="module structure built from data or config read at run time"),
     # ---------------------------------------------------------------- data

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from helpers.checks import Check
 from helpers.inputs import InputError
 from helpers.lint.findings import finding
-from helpers.lint.wrappers import WrapperFlow, accelerator_shards, assign_targets, flat_targets, unbound_after_wrap
+from helpers.lint.wrappers import BUFFER_FREE_LAYERS, WrapperFlow, accelerator_shards, assign_targets, flat_targets, unbound_after_wrap
 
 RANK_ENV = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "GLOBAL_RANK", "SLURM_NODEID"}
@@ -62,6 +62,8 @@ WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "l
 WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*accelerator|self\.accelerator|hvd|dcp|"
                             r"dist_cp|torch\.distributed\.checkpoint|FSDP|FullyShardedDataParallel|trainer|"
                             r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.IGNORECASE)
+_MODEL_ATTR = re.compile(r"(?:^|_)(?:model|unet|text_encoder|transformer|policy|critic)(?:_|$)")
+"""``self`` attributes that hold a model (``model``, ``ref_model``, ``unet``, ``text_encoder_one``...)."""
 WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes"}
 TRACKER_RUNS = {("wandb", "init"), ("mlflow", "start_run"), ("neptune", "init_run"), ("Task", "init"),
                 ("comet_ml", "Experiment")}
@@ -636,6 +638,7 @@ class PythonLinter:
         self.rule_amp_initialize_after_ddp()
         self.rule_unbound_after_ddp_branch()
         self.rule_metric_not_reduced()
+        self.rule_rank_gated_model_change()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -1179,6 +1182,7 @@ class PythonLinter:
         any attribute DDP itself lacks (``unet.config``, ``model.generate``), read directly or by peft's
         ``get_peft_model_state_dict``, fails under several processes."""
         self._prepared_model_attributes()
+        self._prepared_self_models()
         if not self.wrappers.w.stored:
             return
         for node in self.nodes:
@@ -1192,6 +1196,92 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def rule_rank_gated_model_change(self) -> None:
+        """A module replaced on a model under a rank gate (``if accelerator.is_main_process: unet.conv_in =
+        nn.Conv2d(8, ...)``) before the model is wrapped (``DistributedDataParallel(...)`` / ``accelerator.prepare``):
+        the ranks build different models, and DDP's constructor checks that they match ("DDP expects same model
+        across all ranks", ``_verify_param_shape_across_processes``; huggingface/diffusers#2978)."""
+        wraps = [c for c in self._calls() if _call_name(c)[1] in ("DistributedDataParallel", "DDP", "prepare")]
+        if not wraps:
+            return
+
+        layers: set[str] = set()
+
+        def layer(value: ast.AST) -> bool:
+            if isinstance(value, ast.Call):
+                recv, name = _call_name(value)
+                return recv in ("nn", "torch.nn") or name in BUFFER_FREE_LAYERS
+            return isinstance(value, ast.Name) and value.id in layers
+
+        layers.update(t.id for n in self.nodes if isinstance(n, ast.Assign) and layer(n.value)
+                      for t in n.targets if isinstance(t, ast.Name))
+        for node in self.nodes:
+            if not (isinstance(node, ast.Assign) and layer(node.value)):
+                continue
+            for t in node.targets:
+                if not (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)):
+                    continue
+                model = t.value.id
+                gate = self._rank_gate(node)
+                if gate is None:
+                    continue
+                later = next((c for c in wraps if c.lineno > node.lineno and any(
+                    isinstance(a, ast.Name) and a.id == model for a in c.args)), None)
+                if later is not None:
+                    self.add("rank-gated-model-change", "error", node,
+                             f"{_src(t)} is replaced only when `{_gate_text(gate)}` holds, and {model} is wrapped on "
+                             f"every rank at line {later.lineno}: the ranks hold different models (DDP: 'DDP expects "
+                             "same model across all ranks'; the other ranks keep the old layer)",
+                             "change the model on every rank (gate only the logging), before it is wrapped",
+                             "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html")
+                    break
+
+    def _prepared_self_models(self) -> None:
+        """:meth:`_prepared_model_attributes` for a model kept on ``self``: ``(self.model, ...) =
+        self.accelerator.prepare(self.model, ...)`` in one method, ``self.model.save_pretrained(...)`` in another
+        (huggingface/trl#157).  Only names that hold a model (:data:`_MODEL_ATTR`), in a class that never binds
+        them again after the prepare, and never where the file shards its models (:func:`accelerator_shards`)."""
+        from helpers.lint.wrappers import DDP_PUBLIC
+
+        if self._shards_models or "prepare(" not in self.text:
+            return
+        for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)):
+            prepared: dict[str, ast.Assign] = {}
+            for n in ast.walk(cls):
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
+                        isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "prepare" and \
+                        "accelerator" in ast.unparse(n.value.func.value).lower():
+                    for t in flat_targets(n):
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                                and _MODEL_ATTR.search(t.attr):
+                            prepared[t.attr] = n
+            if not prepared:
+                continue
+            for n in ast.walk(cls):  # bound again after the prepare (unwrapped, replaced): not followed
+                if isinstance(n, (ast.Assign, ast.AnnAssign)) and n not in prepared.values():
+                    for t in flat_targets(n):
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                                and t.attr in prepared and n.lineno > prepared[t.attr].lineno:
+                            prepared.pop(t.attr)
+            said: set[tuple[str, str]] = set()
+            for n in ast.walk(cls):
+                if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Attribute)
+                        and isinstance(n.value.value, ast.Name) and n.value.value.id == "self"):
+                    continue
+                name, attr = n.value.attr, n.attr
+                at = prepared.get(name)
+                if at is None or attr in DDP_PUBLIC or attr.startswith("_") or (name, attr) in said:
+                    continue
+                if self._enclosing_function(n) is self._enclosing_function(at) and n.lineno <= at.lineno:
+                    continue  # before the prepare, in the method that prepares
+                said.add((name, attr))
+                self.add("ddp-wrapper-attribute", "error", n,
+                         f"self.{name}.{attr} on the model accelerator.prepare returned (line {at.lineno}): under several "
+                         "processes without DeepSpeed/FSDP that is a DistributedDataParallel wrapper: 'AttributeError: "
+                         f"'DistributedDataParallel' object has no attribute '{attr}''",
+                         f"self.accelerator.unwrap_model(self.{name}).{attr}",
+                         "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
 
     def _prepared_model_attributes(self) -> None:
         """:meth:`rule_ddp_wrapper_attribute` for the models ``accelerator.prepare`` returns (in the same function,

@@ -108,6 +108,11 @@ CASES = [
      ("t.py", "class T:\n    def __init__(self):\n        self.gpu_id = 0\n    def load(self):\n"
               "        return f'cuda:{self.gpu_id}', self.helper()\n")),
     # lint blind6: DeepSpeedExamples#804, pytorch/examples#1285, peft#2454, trl#1353, litgpt#703
+    ("rank-gated-model-change",
+     ("t.py", "acc = Accelerator()\nif acc.is_main_process:\n    conv = nn.Conv2d(8, 4, 3)\n    unet.conv_in = conv\n"
+              "unet, opt = acc.prepare(unet, opt)\n"),
+     ("t.py", "acc = Accelerator()\nconv = nn.Conv2d(8, 4, 3)\nunet.conv_in = conv\nif acc.is_main_process:\n"
+              "    print('replaced conv_in')\nunet, opt = acc.prepare(unet, opt)\n")),
     ("sampler-not-distributed",
      ("t.py", "def main(args):\n    if args.local_rank == -1:\n        s = SequentialSampler(ds)\n    else:\n"
               "        s = DistributedSampler(ds)\n    s = SequentialSampler(ds)\n    dl = DataLoader(ds, sampler=s)\n"),

@@ -55,3 +55,23 @@ def test_a_model_sharded_through_accelerates_plugin_is_not_a_ddp_wrapper():
     assert "ddp-wrapper-attribute" in plain and "write-on-every-rank" in plain
     sharded = found(("t.py", SHARDED.replace("{plugin}", "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)")))
     assert "ddp-wrapper-attribute" not in sharded and "write-on-every-rank" not in sharded
+
+
+SELF_PREPARED = """
+class PPOTrainer:
+    def __init__(self, model, optimizer):
+        self.accelerator = Accelerator()
+        self.model = model
+        (self.model, self.optimizer) = self.accelerator.prepare(self.model, optimizer)
+    def _save_pretrained(self, save_directory):
+        {save}
+"""
+
+
+def test_a_model_prepared_on_self_and_saved_in_another_method():
+    """huggingface/trl#157: save_pretrained on the DDP wrapper that prepare() returned in __init__."""
+    bad = found(("t.py", SELF_PREPARED.replace("{save}", "self.model.save_pretrained(save_directory)")))
+    assert bad["ddp-wrapper-attribute"] == ["FAIL"]
+    fixed = SELF_PREPARED.replace("{save}", "self.accelerator.unwrap_model(self.model).save_pretrained(save_directory)")
+    assert "ddp-wrapper-attribute" not in found(("t.py", fixed))
+    assert "ddp-wrapper-attribute" not in found(("t.py", SELF_PREPARED.replace("{save}", "self.model.train()")))
