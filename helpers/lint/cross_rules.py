@@ -353,6 +353,22 @@ def ds_scheduler_overrides(launches: Sequence[tuple[str, str, LaunchSpec | None]
                 "scheduler: 'ValueError: You cannot specify a scheduler in the config file and in the code at the same "
                 "time'", "accelerate.utils.DummyScheduler(optimizer, ...) in the code, or remove the JSON's scheduler",
                 "https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed"))
+    if out:
+        return out  # the scheduler is already placed against the launch line or the code that names one
+    launched = {os.path.basename(_cli(spec.script_args).get("deepspeed", "")) for _p, _t, spec in launches if spec}
+    for path, text, data in with_scheduler:
+        params = data["scheduler"].get("params") or {}
+        if os.path.basename(path) in launched or not (
+                isinstance(params, dict) and "auto" in params.values()):
+            continue  # a linted launch of this config sets no lr_scheduler_type: nothing is overridden
+        # "auto" values are filled by the HF integration (Trainer, Accelerate): a config made for it, whose schedule
+        # then replaces the one the Trainer's own settings name (--lr_scheduler_type, axolotl's lr_scheduler)
+        out.append(finding(
+            "ds-scheduler-overrides", "info", path, _line_of(text, r'"scheduler"\s*:'),
+            f"this config (its 'auto' values are for the HF Trainer / Accelerate integration) defines a "
+            f"{data['scheduler'].get('type', '')} scheduler: the Trainer then builds none, so any lr_scheduler_type set "
+            "elsewhere (launch line, a training YAML) is ignored", 'remove "scheduler" from the JSON to let the '
+            "Trainer's lr_scheduler_type decide", "https://huggingface.co/docs/transformers/en/deepspeed#scheduler"))
     return out
 
 

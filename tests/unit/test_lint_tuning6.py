@@ -75,3 +75,11 @@ def test_a_model_prepared_on_self_and_saved_in_another_method():
     fixed = SELF_PREPARED.replace("{save}", "self.accelerator.unwrap_model(self.model).save_pretrained(save_directory)")
     assert "ddp-wrapper-attribute" not in found(("t.py", fixed))
     assert "ddp-wrapper-attribute" not in found(("t.py", SELF_PREPARED.replace("{save}", "self.model.train()")))
+
+
+def test_a_config_made_for_the_hf_integration_whose_scheduler_replaces_the_trainers():
+    """axolotl#909: zero1/2/3.json carried a WarmupDecayLR with 'auto' params; the Trainer then builds no scheduler."""
+    cfg = ('{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}, '
+           '"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": %s, "warmup_max_lr": %s}}}')
+    assert found(("zero2.json", cfg % ('"auto"', '"auto"')))["ds-scheduler-overrides"] == ["INFO"]
+    assert "ds-scheduler-overrides" not in found(("zero2.json", cfg % ("0", "0.001")))  # a plain DeepSpeed config
