@@ -250,6 +250,7 @@ def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
     proc = client.popen(cmd, log)
     expected = {(n, r) for n in nodes for r in range(nproc)}
     stopped = ""
+    at_stop: tuple[set[str], set[tuple[str, int]], set[tuple[str, int]]] | None = None
     while proc.poll() is None:
         elapsed = time.monotonic() - t0
         if markers and elapsed > join_timeout_s and not expected <= jd.node_markers("joined"):
@@ -257,16 +258,17 @@ def run_job_across(client: SlurmClient, tag: str, nodes: Sequence[str], out_dir:
         elif elapsed > timeout_s:
             stopped = f"no result within {timeout_s:g} s"
         if stopped:
+            # the markers as they stood at the deadline: a task stuck before its marker (a node profile that blocks)
+            # writes it while it is being killed, and must not look as if it had started
+            at_stop = (jd.task_markers(), jd.node_markers("started"), jd.node_markers("joined"))
             stop_session(proc)
             break
         time.sleep(0.5)
     proc.wait()
-    joined = jd.node_markers("joined")
     text = log.read_text(errors="replace") if log.exists() else ""
     data_path = out_dir / result
     data = json.loads(data_path.read_text()) if data_path.exists() else None
-    started = jd.node_markers("started")
-    tasks = jd.task_markers()
+    tasks, started, joined = at_stop or (jd.task_markers(), jd.node_markers("started"), jd.node_markers("joined"))
     missing = culprits(nodes, nproc, tasks, started, joined) if markers and not expected <= joined else []
     return {"ok": proc.returncode == 0 and data is not None and not stopped, "data": data, "missing": missing,
             "joined": sorted(f"{n}/{r}" for n, r in joined), "started": sorted(f"{n}/{r}" for n, r in started), "wall_s": round(time.monotonic() - t0, 1),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import subprocess
+from pathlib import Path
 
 import pytest
 from support import ROOT, SCENARIOS
@@ -247,3 +248,27 @@ def test_cpu_envelope_does_not_grade_a_contended_node():
     assert by_id["envelope.inter"].values["cpu_contention"] == 0.8
     del data["cpu_contention"]  # a job from before the reading: graded as before
     assert {c.status for c in grades.grade_envelope(data, reports) if c.id.startswith("envelope.intra")} <= {"WARN", "FAIL"}
+
+
+class _BlockedNodeClient:
+    """A SlurmClient stand-in whose 'job' is a shell: node0's task leaves its marker, node1's is blocked (a node
+    profile that sleeps) and writes its marker only while it is being killed, as bash did in a loaded CI run."""
+
+    in_allocation = True
+
+    def __init__(self, ranks: Path) -> None:
+        self.ranks = ranks
+
+    def popen(self, argv, log, env=None):
+        script = (f"touch {self.ranks}/task-node0; trap 'touch {self.ranks}/task-node1; exit 143' TERM; "
+                  "sleep 30 & wait")
+        with open(log, "w") as fh:
+            return subprocess.Popen(["bash", "-c", script], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_the_node_blamed_is_the_one_without_a_marker_at_the_deadline(tmp_path):
+    """A marker written during the teardown does not make a blocked node look started (across.run_job_across)."""
+    out = tmp_path / "job"
+    run = across.run_job_across(_BlockedNodeClient(out / "ranks"), "t", ["node0", "node1"], out, join_timeout_s=1.0)
+    assert (out / "ranks" / "task-node1").exists()  # written while it was killed
+    assert run["stopped"].startswith("not every node joined") and run["missing"] == ["node1"], run
