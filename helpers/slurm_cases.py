@@ -218,10 +218,15 @@ def run_jobs(client: slurm.SlurmClient, work: str | os.PathLike[str], scripts: M
 
 
 def show(states: Mapping[str, slurm.JobState], grep: str = r"rror|can't open|srun: |Unable|address") -> None:
-    """Print each job's summary, which output files exist, and the lines of its stderr that match ``grep``."""
+    """Print each job's summary, which output files exist, and, for a job that did not complete with exit 0, the lines
+    of its stderr that match ``grep``.  A completed job's stderr is not shown: torchrun's agents may log a failed exit
+    barrier after every rank succeeded ("Error waiting on exit barrier", torch/distributed/elastic/agent/server/api.py,
+    when the store's host left first), noise that differs from run to run."""
     for name, s in states.items():
         files = ", ".join(f"{Path(p).name}{'' if ok else ' (missing)'}" for p, ok in s.files().items())
         print(f"{name}: {s.summary()} | files: {files}")
+        if s.state == "COMPLETED" and s.exit_code == "0:0":
+            continue
         for line in [ln for ln in s.err().splitlines() if re.search(grep, ln)][:6]:
             print("    " + line[:220])
 
