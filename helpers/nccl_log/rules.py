@@ -272,13 +272,14 @@ def _check_connect(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Check]:
         return []
     lines = [line for i in infos for line in i.connect_errors]
     reasons = [r for r in _CONNECT_REASONS if any(r in line for line in lines)] or ["connect failed"]
-    bad_ips = {iface.ip for info in log.all_infos()
-               for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else [])
-               if bad_interface_reason(iface) or len(owners.get(iface.ip, ())) > 1}
-    dialed = []
+    used = [iface for info in log.all_infos() for iface in info.bootstrap + info.socket_ifaces + ([info.oob] if info.oob else [])]
+    node_local = {iface.ip for iface in used if bad_interface_reason(iface)}
+    bad_ips = node_local | {iface.ip for iface in used if len(owners.get(iface.ip, ())) > 1}
+    dialed, dialled_ips = [], []
     for line in lines:
         m = _DIALED.search(line)
         if m:
+            dialled_ips.append(m.group(1))
             addr = f"{m.group(1)}:{m.group(2)}"
             hosts = sorted(owners.get(m.group(1), ()))
             note = f" (advertised by {' and '.join(hosts)})" if hosts else ""
@@ -287,9 +288,9 @@ def _check_connect(log: NcclLog, owners: Mapping[str, set[str]]) -> list[Check]:
                 dialed.append(addr + note)
     hard = [i for i in infos if not i.completed or any(" NCCL WARN " in line for line in i.connect_errors)]
     severity = "FAIL" if hard or any(i.key == "?" for i in infos) else "WARN"
-    dialled_ips = [m.group(1) for line in lines if (m := _DIALED.search(line))]
-    if dialled_ips and all(ip in bad_ips for ip in dialled_ips):
+    if dialled_ips and all(ip in node_local for ip in dialled_ips):
         # every address dialled is one bad-interface names: that verdict is the cause, this one its consequence
+        # (an address several hosts announce is only context there, containers-share-host: not folded)
         return [verdict("connect-failed", "INFO", f"{_who(infos)} could not connect to {', '.join(dialed[:3])} "
                         f"({', '.join(reasons)}): the consequence of the node-local address NCCL chose (bad-interface)",
                         [i.key for i in infos if i.key != "?"], _hosts(infos), _evidence(lines), "see bad-interface",

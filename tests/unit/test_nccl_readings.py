@@ -391,3 +391,13 @@ def test_torch_and_launcher_messages_read_from_their_sources(line: str, entry: s
     """Each message as the source that prints it words it (torch v2.13.0, DeepSpeed#4985, Ray's services.py)."""
     found = read(line + "\n")
     assert found[entry].status in ("FAIL", "WARN") and found[entry].source.startswith("https://"), sorted(found)
+
+
+def test_a_refused_dial_of_an_address_two_hosts_announce_stays_a_failure() -> None:
+    """Only a node-local address (what bad-interface names) folds connect-failed into context; an address several
+    hosts announce is context itself (containers-share-host), so the refused connection keeps its own verdict."""
+    text = ("a:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>\n"
+            "b:2:2 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>\n"
+            "b:2:2 [0] NCCL INFO socketPollConnect: connect to 10.0.0.5<41234> returned Connection refused, retrying\n")
+    found = read(text)
+    assert "bad-interface" not in found and found["connect-failed"].status == "FAIL", sorted(found)
