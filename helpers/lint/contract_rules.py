@@ -567,7 +567,7 @@ def _local_gated_writes(lt: PythonLinter, local: _Local) -> None:
     node's local rank 0 writes the same path at once (pytorch/examples#1357: multinode.py saved its snapshot under
     ``self.local_rank == 0``).  A per-node write to node-local disk is what the local gate is for: a warning that
     says so."""
-    from helpers.lint.python_rules import _call_name
+    from helpers.lint.python_rules import _call_name, _src
 
     if not any(lt.taint.is_global_rank(n) for n in lt.nodes):
         return
@@ -580,25 +580,22 @@ def _local_gated_writes(lt: PythonLinter, local: _Local) -> None:
                      and t.comparators[0].value in (0, "0")), None)
         if gate is None:
             continue
-        body = ast.Module(body=node.body, type_ignores=[])
-        writes = [c for c in lt._calls(body) if lt._write_kind(c) == "file"]
-        for c in lt._calls(body):  # a method of this file that writes (self._save_snapshot(epoch))
+        writes: list[ast.Call] = []
+        for c in lt._calls(ast.Module(body=node.body, type_ignores=[])):
             recv, name = _call_name(c)
             fn = lt.functions.get(name) if recv in ("", "self", "cls") else None
-            if fn is not None:
+            if lt._write_kind(c) == "file":
+                writes.append(c)
+            elif fn is not None:  # a method of this file that writes (self._save_snapshot(epoch))
                 writes += [w for w in lt._calls(fn) if lt._write_kind(w) == "file"]
         if writes:
             lt.add("local-rank-as-global-rank", "warning", gate,
-                   f"`{ast.unparse(gate)}` gates a write ({_src_short(writes[0])}) by the node-local rank while this "
+                   f"`{ast.unparse(gate)}` gates a write ({_src(writes[0])[:50]}) by the node-local rank while this "
                    "file reads the global rank too: on several nodes each node's local rank 0 writes the same path at "
                    "once (a shared filesystem: a corrupt or interleaved file)",
                    "gate job-wide writes by the global rank (int(os.environ['RANK']) == 0 / dist.get_rank() == 0); keep "
                    "the local-rank gate for what each node writes to its own disk", _TORCHRUN + "#environment-variables")
 
-
-def _src_short(node: ast.AST) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= 50 else text[:47] + "..."
 
 
 def _node_rank(node: ast.AST) -> bool:

@@ -1242,16 +1242,14 @@ class PythonLinter:
         self.accelerator.prepare(self.model, ...)`` in one method, ``self.model.save_pretrained(...)`` in another
         (huggingface/trl#157).  Only names that hold a model (:data:`_MODEL_ATTR`), in a class that never binds
         them again after the prepare, and never where the file shards its models (:func:`accelerator_shards`)."""
-        from helpers.lint.wrappers import DDP_PUBLIC
+        from helpers.lint.wrappers import DDP_PUBLIC, accelerator_prepare
 
         if self._shards_models or "prepare(" not in self.text:
             return
         for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)):
             prepared: dict[str, ast.Assign] = {}
             for n in ast.walk(cls):
-                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
-                        isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "prepare" and \
-                        "accelerator" in ast.unparse(n.value.func.value).lower():
+                if accelerator_prepare(n):
                     for t in flat_targets(n):
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
                                 and _MODEL_ATTR.search(t.attr):
@@ -1288,7 +1286,7 @@ class PythonLinter:
         after the prepare line, before the name is bound again)."""
         from helpers.lint.wrappers import DDP_PUBLIC, STATE_DICT_READERS, prepared_models
 
-        models = prepared_models(self.tree, self._shards_models)
+        models = [] if self._shards_models else prepared_models(self.tree)
         if not models:
             return
         binds: dict[str, list[int]] = {}

@@ -83,16 +83,23 @@ def accelerator_shards(tree: ast.AST, text: str) -> bool:
     return False
 
 
-def prepared_models(tree: ast.AST, shards: bool = False) -> list[tuple[str, ast.Assign]]:
+def accelerator_prepare(node: ast.AST) -> bool:
+    """``node`` is an assignment from ``<accelerator>.prepare(...)`` (any receiver whose source names an accelerator:
+    ``accelerator``, ``self.accelerator``)."""
+    if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+        return False
+    f = node.value.func
+    return isinstance(f, ast.Attribute) and f.attr == "prepare" and "accelerator" in ast.unparse(f.value).lower()
+
+
+def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
     """``(name, statement)`` of each model name bound by a ``... = accelerator.prepare(...)`` statement that holds a
     Hugging Face model (the name is bound from ``X.from_pretrained(...)`` / ``X.from_config(...)`` in the file, or passed to
     ``unwrap_model``).  Under several processes without DeepSpeed or FSDP, ``prepare`` returns the model wrapped in
     DistributedDataParallel (accelerate/accelerator.py ``prepare_model``; "unwrap_model: unwraps the model from the
     additional layer possible added by prepare()", https://huggingface.co/docs/accelerate/en/package_reference/accelerator),
-    and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not: none in a file that shards
-    its models (:func:`accelerator_shards`)."""
-    if shards:  # the caller's accelerator_shards(tree, text)
-        return []
+    and DeepSpeed's engine and FSDP forward unknown attributes to the module, DDP does not (the caller skips a file that
+    shards its models: :func:`accelerator_shards`)."""
     hf: set[str] = set()
     prepares: list[tuple[list[ast.expr], ast.Assign]] = []
     for node in ast.walk(tree):
@@ -100,8 +107,7 @@ def prepared_models(tree: ast.AST, shards: bool = False) -> list[tuple[str, ast.
             fname = call_name(node.value)
             if fname in ("from_pretrained", "from_config"):
                 hf.update(t.id for t in node.targets if isinstance(t, ast.Name))
-            f = node.value.func
-            if isinstance(f, ast.Attribute) and f.attr == "prepare" and "accelerator" in ast.unparse(f.value).lower():
+            if accelerator_prepare(node):
                 t = node.targets[0]
                 prepares.append((list(t.elts) if isinstance(t, ast.Tuple) else [t], node))
         elif isinstance(node, ast.Call) and call_name(node) in UNWRAP_CALLS:
