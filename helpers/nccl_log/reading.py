@@ -103,7 +103,7 @@ _OLD_SIDEBAND = re.compile(r"^NET/IB ?: Using interface (\S+) for sideband")
 _OLD_NET_IFACE = re.compile(r"^NET ?: Using interface (\S+)")
 _OLD_INTERNAL = re.compile(r"^Using internal Network (\w+)")
 _PLUGIN_OK = re.compile(r"^NET/Plugin ?: ?(?:Loaded|Plugin loaded|Using) (?!internal)|^Using network (?:IBext|AWS|Libfabric|COLLNET)")
-_PLUGIN_NONE = re.compile(r"^NET/Plugin ?: ?(?:No plugin found|Plugin load \(?\S*\)? ?returned|Failed to find|dlerror)")
+_PLUGIN_NONE = re.compile(r"^NET/Plugin ?: ?(?:No plugin found|Plugin load \(?\S*\)? ?returned|Failed to find|dlerror|Could not find:)")
 _IB_NODEV = re.compile(r"^NET/IB ?: No device found")
 _NETWORK = re.compile(r"^Using network (\S+)")
 _IFACE = re.compile(r"(?<!\S)(?:\[(?P<idx>\d+)\])?(?P<name>[^\s:\[\];]+):(?P<addr>\S+)")
@@ -629,6 +629,8 @@ class _Parser:
                 info.stage = _S_BOOTSTRAP
         elif kind == "plugin":
             info.net_plugin = bool(info.net_plugin) or event[1]
+        elif kind == "plugin_none_line":
+            _keep(info.evidence_lines, cut)
         elif kind == "driver":
             info.cuda_driver = event[1]
         elif kind == "connect":
@@ -798,6 +800,7 @@ def _classify(msg: str) -> list[tuple]:
         events.append(("plugin", True))
     elif _PLUGIN_NONE.search(msg):
         events.append(("plugin", False))
+        events.append(("plugin_none_line",))
     if _IB_NODEV.match(msg):
         events.append(("ib_nodev",))
     if m := _NETWORK.match(msg):

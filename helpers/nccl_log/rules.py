@@ -389,12 +389,76 @@ def _check_init(log: NcclLog, explained_hosts: set[str] = frozenset()) -> list[C
                    f"other hosts reached {high}: the host whose log stops first is the suspect (MN1)")
         evidence = _evidence(f"last line of {r.key}: {r.last_line}" for r in culprits)
         return [verdict("init-incomplete", "WARN", message, [r.key for r in culprits], first, evidence, fix)]
+    absent = _ranks_never_started(ranks)
+    if absent:
+        return [absent]
     return [verdict("no-init-complete", "INFO",
                     f"no rank printed Init COMPLETE ({len(ranks)} rank(s) seen): the log is cut short, or every rank "
                     f"stopped in init (see the other verdicts)", [r.key for r in ranks], _hosts(ranks),
                     _evidence(f"last line of {r.key}: {r.last_line}" for r in ranks[:3]),
                     "check for 'Init COMPLETE' per rank (Gilbreth 9.3, Gilbreth 9.4); rerun with NCCL_DEBUG=INFO "
                     "to the end of init")]
+
+
+def _ranks_never_started(ranks: Sequence[RankInfo]) -> Check | None:
+    """Ranks of a communicator that never printed ``Init START`` while the others wait in it (a dead or late rank).
+
+    ``ncclCommInitRank`` cannot pass its bootstrap until every rank of the communicator has called it
+    (src/bootstrap.cc: the root gathers one address per rank), so ranks that printed ``Init START ... nranks N``
+    and nothing later wait for the ranks missing from that line's count.  Reported when every rank seen stopped at
+    ``Init START``, all for communicators of one size N, and fewer than N distinct ranks printed it.  A rank that
+    reached the topology or channel lines got past the bootstrap, so every rank had joined: no verdict then.  The
+    missing ranks' output may only be absent from the log (another node's file), so it is a suspect.
+    """
+    started = [r for r in ranks if r.init_starts and r.rank is not None]
+    sizes = {r.nranks for r in started}
+    if (not started or len(started) != len(ranks) or len(sizes) != 1
+            or any(r.stage > STAGES.index("init-start") for r in started)):
+        return None
+    size = sizes.pop() or 0
+    seen = sorted({r.rank for r in started if r.rank is not None})
+    missing = [k for k in range(size) if k not in seen]
+    if not missing or len(seen) >= size:
+        return None
+    shown = ", ".join(str(k) for k in missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+    message = (f"suspect: a communicator of {size} ranks: rank(s) {', '.join(str(k) for k in seen[:8])} printed Init "
+               f"START and wait in NCCL's bootstrap, while rank(s) {shown} never appear: they did not reach "
+               f"init_process_group (crashed or stuck before it, or started late), or their output is not in this "
+               f"log; a blocking NCCL init waits for them without a time limit")
+    fix = ("find the missing ranks' own output first (their node's log, the launcher's 'exitcode' lines, dmesg for an "
+           "OOM kill); py-spy dump --pid on a missing rank that is still alive shows where it stands; a waiting rank "
+           "shows only ncclCommInitRank")
+    # the waiting ranks and their hosts are not at fault: no ranks or hosts, so no node is named faulty
+    return verdict("ranks-never-started", "WARN", message, [], [],
+                   _evidence(f"last line of {r.key}: {r.last_line}" for r in started[:3]), fix,
+                   "https://github.com/NVIDIA/nccl/blob/v2.28.9-1/src/bootstrap.cc", values={"missing_ranks": missing[:_VERDICT_LIST_MAX], "missing_total": len(missing),
+                           "waiting_ranks": seen[:_VERDICT_LIST_MAX]}, kind="suspect")
+
+
+def _check_requested_plugin(log: NcclLog) -> list[Check]:
+    """``NCCL_NET_PLUGIN`` names a plugin that no library on the host provides, so NCCL runs its internal transports.
+
+    NCCL tries ``<name>`` and ``libnccl-net-<name>.so`` and prints ``NET/Plugin: Could not find: ...`` (2.2x-2.28:
+    ``No plugin found`` / ``Plugin load returned``) before falling back to its internal IB and Socket code
+    (src/plugin/plugin_open.cc, src/plugin/net.cc).  On a fabric that needs the plugin (AWS EFA through aws-ofi-nccl,
+    Google's TCPX/TCPXO/gIB) that fallback is the slow path or a failure, and the user asked for the plugin: WARN.
+    ``NCCL_NET_PLUGIN=none`` (no plugin wanted) and the default name are left alone.
+    """
+    infos = [i for i in log.all_infos() if i.net_plugin is False
+             and i.env.get("NCCL_NET_PLUGIN", "none").strip().lower() not in ("", "none", "libnccl-net.so")]
+    if not infos:
+        return []
+    names = sorted({i.env["NCCL_NET_PLUGIN"] for i in infos})
+    message = (f"NCCL_NET_PLUGIN={','.join(names)} was not found on {_names(_hosts(infos)) or 'this host'}: NCCL runs "
+               f"its internal IB/Socket transports instead of the plugin asked for (on EFA or TCPX fabrics, the slow "
+               f"path or a failure)")
+    evidence = _evidence([line for i in infos for line in i.evidence_lines
+                          if "NCCL_NET_PLUGIN" in line or "Plugin" in line])
+    fix = ("confirm with ldconfig -p | grep nccl-net and ls $(dirname of the plugin)/libnccl-net-*.so beside "
+           "echo $LD_LIBRARY_PATH on that node; install the plugin built for this NCCL, add its folder to "
+           "LD_LIBRARY_PATH, or unset NCCL_NET_PLUGIN (none) where no plugin is wanted")
+    return [verdict("net-plugin-not-found", "WARN", message, [i.key for i in infos if i.key != "?"], _hosts(infos),
+                    evidence, fix, "https://github.com/NVIDIA/nccl/blob/v2.28.9-1/src/plugin/plugin_open.cc")]
 
 
 def _check_versions(log: NcclLog) -> list[Check]:
@@ -443,6 +507,7 @@ def _message(line: str) -> str:
 
 
 _NOT_EXPLAINING = {"init-incomplete", "connect-failed", "no-init-complete", "torch-async-abort", "torch-dump-signal",
+                   "torch-dump-self",
                    "torch-desync-seq", "gdr-not-used", "nccl-ib-hca-syntax", "nccl-socket-ifname-syntax"}
 """Verdicts that say where a job stopped but not why: the site readings keep their status next to them."""
 
@@ -993,13 +1058,27 @@ def _demote_generic(verdicts: list[Check]) -> list[Check]:
                    for v in verdicts)
     if not specific:
         return verdicts
+    named = [v.id for v in verdicts if v.status in NOT_OK and v.id not in _GENERIC | _NOT_EXPLAINING]
     out = []
     for v in verdicts:
         if v.id in _GENERIC and v.status in NOT_OK:
-            v = dataclasses.replace(v, status="INFO", faulty=[], values={**v.values, "kind": "context",
-                                                                        "explained_by_other_verdicts": True})
+            title = v.title
+            if v.id in _GENERIC_SHORT:
+                title = f"{_GENERIC_SHORT[v.id]}: the failure {', '.join(named[:3])} names above"
+            v = dataclasses.replace(v, status="INFO", faulty=[], title=title,
+                                    values={**v.values, "kind": "context", "explained_by_other_verdicts": True})
         out.append(v)
     return out
+
+
+_GENERIC_SHORT = {"torch-nccl-system-error": "NCCL returned ncclSystemError",
+                  "torch-nccl-cuda-error": "NCCL returned ncclUnhandledCudaError",
+                  "torch-nccl-invalid-usage": "NCCL returned ncclInvalidUsage",
+                  "torch-nccl-remote-error": "NCCL returned ncclRemoteError",
+                  "torch-watchdog-timeout": "a collective timed out",
+                  "torch-heartbeat-timeout": "the watchdog stopped making progress"}
+"""What a :data:`_GENERIC` verdict reports, in a few words: its title once another verdict names the failure (the
+long reading of the code is for a log that holds nothing else)."""
 
 
 def interpret(log: NcclLog) -> list[Check]:
@@ -1019,7 +1098,7 @@ def interpret(log: NcclLog) -> list[Check]:
                 _check_roce_gid(log) + _check_nccl_lists(log) + _check_gdr_unused(log, topology) +
                 _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
                 _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log) +
-                _check_short_timeout(log) + _check_gloo_loopback(log))
+                _check_short_timeout(log) + _check_gloo_loopback(log) + _check_requested_plugin(log))
     explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
     verdicts += _check_sites(log, verdicts)

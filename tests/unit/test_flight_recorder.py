@@ -140,3 +140,16 @@ def test_stack_tie_decided_by_call_site_counts():
     v = doctor.diagnose(stacks, traces)
     assert v.diverged == [1] and v.evidence == "call-site count", v.text
     assert doctor.diagnose(stacks).evidence == "undecided"
+
+
+def test_a_real_nccl_dump_from_a_gpu_reads_like_the_gloo_ones():
+    """tests/data/fr/nccl_h100_timeout: the dump torch 2.11 (NCCL 2.28.9, one H100) wrote when its watchdog timed out
+    the second all_reduce (tests/data/nccl/device/h100_watchdog_timeout.log is that run's output)."""
+    d = fr.load_dump(DATA / "nccl_h100_timeout" / "nccl_trace_rank_0")
+    assert d["version"] == "2.10" and d["pg_config"]
+    ops = fr.entries_by_group(d)["0"]
+    assert [(e.seq, e.op) for e in ops] == [(1, "nccl:all_reduce"), (2, "nccl:all_reduce")]
+    states = [raw["state"] for raw in d["entries"]]
+    assert states == ["completed", "scheduled"] and d["entries"][1]["timeout_ms"] == 8000
+    g = fr.align(fr.load_dir(DATA / "nccl_h100_timeout"))[0]
+    assert g.members == [0] and g.last == {0: 2} and g.diverge_seq is None

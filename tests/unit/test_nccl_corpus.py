@@ -60,6 +60,22 @@ BLIND4 = DATA / "blind4"
 BLIND5 = DATA / "blind5"
 BLIND6 = DATA / "blind6"
 BLIND7 = DATA / "blind7"
+DEVICE = DATA / "device"
+DEVICE_MANIFEST = yaml.safe_load((DEVICE / "manifest.yaml").read_text())
+
+
+def test_device_manifest_lists_every_log() -> None:
+    assert sorted(e["file"] for e in DEVICE_MANIFEST) == sorted(p.name for p in DEVICE.glob("*.log"))
+
+
+@pytest.mark.parametrize("entry", DEVICE_MANIFEST, ids=[e["file"] for e in DEVICE_MANIFEST])
+def test_our_own_gpu_runs_get_their_verdict(entry: dict) -> None:
+    """Each failure was built on a lent GPU (so its cause is known); the reader must name it and nothing else."""
+    verdicts = nl.interpret(nl.parse_files([DEVICE / entry["file"]]))
+    acting = sorted(v.id for v in verdicts if v.status in ("FAIL", "WARN"))
+    assert acting == ([] if entry["expect"] == "none" else [entry["expect"]]), [v.line() for v in verdicts]
+
+
 # PyTorch messages read from torch's sources that no real log of ours shows yet (named, so the list can only shrink).
 PENDING = {"torch-dump-signal", "torch-no-gpu", "torch-sigkill",
            "torch-cuda-oom"}
@@ -69,7 +85,7 @@ def test_catalog_entries_all_exercised_and_name_a_command() -> None:
     catalog = nl.load_catalog()
     real = sorted(REAL.glob("*.log")) + sorted(BLIND.glob("*.log")) + sorted(BLIND2.glob("*.log")) + sorted(BLIND3.glob("*.log"))
     real += sorted(BLIND4.glob("*.log")) + sorted(BLIND5.glob("*.log")) + sorted(BLIND6.glob("*.log"))
-    real += sorted(BLIND7.glob("*.log"))
+    real += sorted(BLIND7.glob("*.log")) + sorted(DEVICE.glob("*.log"))
     shown = set(nl.parse_files(real, problems=[]).catalog) | REAL_RUNS
     assert not PENDING & shown, PENDING & shown          # exercised now: take it off the list
     for entry in catalog:
