@@ -16,10 +16,11 @@ from the confirmed cause) and ``reject`` regexes (the classic wrong diagnosis of
 ``tests/data/nccl/blind3/`` (10 logs, one more collector session, after blind2 had been used for tuning), has the same
 keys, and so have ``tests/data/nccl/blind4/`` (9 logs, collected on 2026-11-26 after blind3 had been used
 for tuning) ``tests/data/nccl/blind5/`` (10 logs, collected later that day, after blind4 had been used), ``tests/data/nccl/blind6/`` (29 logs from
-five collector sessions on the next day, after blind5 had been used) and ``tests/data/nccl/blind7/`` (30 logs from twelve
-collector sessions later that day, after blind6 had been used).  For those sets a wrong cause is a FAIL/WARN ``cause`` verdict that matches a ``reject`` regex or no ``accept`` regex.
+five collector sessions on the next day, after blind5 had been used), ``tests/data/nccl/blind7/`` (30 logs from twelve
+collector sessions later that day, after blind6 had been used) and ``tests/data/nccl/blind8/`` (10 logs from eight
+collector sessions on the same day, after blind7 had been used).  For those sets a wrong cause is a FAIL/WARN ``cause`` verdict that matches a ``reject`` regex or no ``accept`` regex.
 
-Usage: ``python benchmarks/bench_nccl_blind.py [--set blind|blind2|blind3|blind4|blind5|blind6|blind7] [--record first|after]``: prints one row per
+Usage: ``python benchmarks/bench_nccl_blind.py [--set blind|blind2|blind3|blind4|blind5|blind6|blind7|blind8] [--record first|after]``: prints one row per
 case and the total; ``--record`` appends the rows and the total to the set's ``scores.md`` under a heading
 (``first`` refuses to run when a first score is already recorded: the first score is taken once, before any
 tuning).
@@ -151,7 +152,7 @@ def run(where: Path = BLIND) -> tuple[list[str], str]:
 def main(argv: list[str] | None = None) -> int:
     """Print (and with ``--record``, append to scores.md) the per-case table and the total."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", default="blind", choices=("blind", "blind2", "blind3", "blind4", "blind5", "blind6", "blind7"), help="which blind set (default blind)")
+    p.add_argument("--set", default="blind", choices=("blind", "blind2", "blind3", "blind4", "blind5", "blind6", "blind7", "blind8"), help="which blind set (default blind)")
     p.add_argument("--record", choices=("first", "after"))
     args = p.parse_args(argv)
     where = DATA / args.set
