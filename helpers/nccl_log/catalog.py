@@ -35,14 +35,14 @@ VERSIONS_PATH = DATA / "nccl_versions.yaml"
 """Known NCCL bugs by affected and fixing release (package data, YAML)."""
 
 _CATALOG_FIELDS = ("id", "status", "pattern", "cause", "fix", "source")
-_CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl", "explained_by": ""}
+_CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl", "explained_by": "", "last_resort": ""}
 # Cheap substring filter: a line is matched against the catalog only if it holds one of these.
 _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
                  "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
                  "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated",
-                 "Unable to resolve", "gloo", "Gloo", "refused", "compute device", "signal dumping", "No CUDA GPUs")
+                 "Unable to resolve", "gloo", "Gloo", "refused", "compute device", "signal dumping", "No CUDA GPUs", "xception", "envoy", "istio-proxy", "pilot-agent")
 
 
 def _yaml_loader(yaml: Any) -> type:
@@ -60,7 +60,8 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
     Returns:
         A tuple of dicts with the keys ``id, status, kind, subsystem, explained_by, pattern, cause, fix, source``
         (``kind`` defaults to ``cause``, ``subsystem`` to ``nccl``; ``explained_by``: comma-separated ids of the entries
-        whose lines name the failing call this entry's line only reports, default "").
+        whose lines name the failing call this entry's line only reports, default ""; ``last_resort``: "True" for an
+        entry that reads a line only when no other entry matches it anywhere, default "").
     Raises:
         ValueError: the file is not a list of entries with those keys, a status is not one of
             :data:`SEVERITIES`, a kind is not cause/suspect/context, a pattern does not compile, or an id repeats
@@ -100,9 +101,14 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, str], ...]:
 
 
 @lru_cache(maxsize=4)
-def _catalog_regex(path: str | None = None) -> re.Pattern[str]:
-    """All catalog patterns as one alternation; the named group that matched is ``g<index>``."""
-    return re.compile("|".join(f"(?P<g{i}>{e['pattern']})" for i, e in enumerate(load_catalog(path))))
+def _catalog_regex(path: str | None = None, last_resort: bool = True) -> re.Pattern[str]:
+    """All catalog patterns as one alternation; the named group that matched is ``g<index>`` (the index in
+    :func:`load_catalog`).  The leftmost match wins, so an entry marked ``last_resort`` (a pattern that matches from the
+    line's start, such as a Python exception line) would hide a specific entry that matches later in the same line:
+    ``last_resort=False`` leaves those entries out, for the second search :meth:`_Parser._memo` makes when a
+    last-resort entry matched."""
+    return re.compile("|".join(f"(?P<g{i}>{e['pattern']})" for i, e in enumerate(load_catalog(path))
+                               if last_resort or not e["last_resort"]))
 
 
 KINDS = ("cause", "suspect", "context")

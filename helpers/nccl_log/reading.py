@@ -458,7 +458,11 @@ class _Parser:
         hit = None
         if any(word in ckey for word in _CATALOG_KEYS):
             m = catalog.search(ckey)
-            hit = load_catalog()[int(m.lastgroup[1:])]["id"] if m and m.lastgroup else None
+            entry = load_catalog()[int(m.lastgroup[1:])] if m and m.lastgroup else None
+            if entry is not None and entry["last_resort"]:
+                m = _catalog_regex(last_resort=False).search(ckey)
+                entry = load_catalog()[int(m.lastgroup[1:])] if m and m.lastgroup else entry
+            hit = entry["id"] if entry is not None else None
         rel = None
         if "NCCL" in ckey or "WARN " in ckey or _BARE_HEAD.search(ckey[:600]):
             rel = self._split(ckey)

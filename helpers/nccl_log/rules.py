@@ -680,6 +680,10 @@ def _check_catalog(log: NcclLog) -> list[Check]:
         sent = foreign_bytes(" ".join(hit.evidence)) if cid == "nccl-foreign-connection" else ""
         if sent:
             cause = f"the client sent {sent!r} where NCCL expects its magic: {cause}"
+        raised = _EXCEPTION.match(hit.evidence[0]) if cid == "rank-python-exception" and hit.evidence else None
+        if raised:
+            who = f"rank {raised['rank']}" if raised["rank"] else "a rank"
+            cause = f"{who} raised {raised['what'][:200]}: {cause}"
         message = f"{cause} ({count} line(s){where})"
         evidence = _evidence(hit.evidence + [line for h in extra for line in h.evidence])
         out.append(verdict(vid, e["status"], message, keys, hosts, evidence, fix, e["source"],
@@ -688,6 +692,7 @@ def _check_catalog(log: NcclLog) -> list[Check]:
 
 
 _MAGIC = re.compile(r"wrong magic ([0-9a-fA-F]{1,16}) != ")
+_EXCEPTION = re.compile(r"^(?:\[(?:rank|default)(?P<rank>\d+)\]:\s*)?(?P<what>\S.*)$")
 
 
 def foreign_bytes(text: str) -> str:
@@ -1071,6 +1076,16 @@ def _demote_generic(verdicts: list[Check]) -> list[Check]:
     return out
 
 
+def _demote_exception(verdicts: list[Check]) -> list[Check]:
+    """A rank's own Python exception (``rank-python-exception``) becomes INFO context when another FAIL verdict names
+    a specific failure (an NCCL, CUDA or network cause): the exception is then more likely its consequence."""
+    if not any(v.status == "FAIL" and v.id != "rank-python-exception" and v.id not in _GENERIC | _NOT_EXPLAINING
+               for v in verdicts):
+        return verdicts
+    return [dataclasses.replace(v, status="INFO", faulty=[], values={**v.values, "kind": "context"})
+            if v.id == "rank-python-exception" and v.status in NOT_OK else v for v in verdicts]
+
+
 _GENERIC_SHORT = {"torch-nccl-system-error": "NCCL returned ncclSystemError",
                   "torch-nccl-cuda-error": "NCCL returned ncclUnhandledCudaError",
                   "torch-nccl-invalid-usage": "NCCL returned ncclInvalidUsage",
@@ -1109,7 +1124,7 @@ def interpret(log: NcclLog) -> list[Check]:
     if not any(v.status in NOT_OK for v in verdicts):
         verdicts += _check_ipoib_bootstrap_stall(log)
     verdicts += _check_known_bugs(log, verdicts)
-    verdicts = _demote_generic(_explained_by_bugs(verdicts))
+    verdicts = _demote_generic(_demote_exception(_explained_by_bugs(verdicts)))
     return sorted(verdicts, key=lambda v: SEVERITIES.index(v.status))
 
 

@@ -401,3 +401,51 @@ def test_a_refused_dial_of_an_address_two_hosts_announce_stays_a_failure() -> No
             "b:2:2 [0] NCCL INFO socketPollConnect: connect to 10.0.0.5<41234> returned Connection refused, retrying\n")
     found = read(text)
     assert "bad-interface" not in found and found["connect-failed"].status == "FAIL", sorted(found)
+
+
+# ------------------------------------------------------------------- blind set 8's lessons (tests/data/nccl/blind8)
+
+def read_any(text: str) -> dict[str, Check]:
+    """:func:`read`, or no verdict for a text the reader finds nothing in (it raises ValueError then)."""
+    try:
+        return read(text)
+    except ValueError:
+        return {}
+
+
+def test_a_ranks_own_python_exception_is_the_cause_unless_a_specific_failure_is_named() -> None:
+    """The last line of a rank's traceback names why it stopped; the others' watchdog errors follow from it.  It is
+    read only where no other catalog entry reads the line (last_resort), and becomes context beside a named failure."""
+    watchdog = ("[rank0]:[E1031 11:33:14.593046631 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 0] Exception (either "
+                "an error or timeout) detected by watchdog at work: 438, last enqueued NCCL work: 451, last completed "
+                "NCCL work: 437.\n")
+    found = acting(read("[rank3]: KeyError: 'labels'\n" + watchdog))
+    assert list(found) == ["rank-python-exception"] and found["rank-python-exception"].title.startswith(
+        "rank 3 raised KeyError: 'labels'"), sorted(found)
+    beside = read("[rank3]: KeyError: 'labels'\nh:1:1 [0] NCCL WARN Error: failed to extend /dev/shm/nccl-x to "
+                  "9637892 bytes, error: No space left on device\n")
+    assert beside["rank-python-exception"].status == "INFO" and acting(beside).keys() == {"shm-full"}
+    for consequence in ("[rank0]: torch.distributed.DistBackendError: NCCL error in: x.cpp:1, remote process exited",
+                        "RuntimeError: Engine core initialization failed. See root cause above.",
+                        "subprocess.CalledProcessError: Command '['python', 'train.py']' returned non-zero exit status 1."):
+        assert "rank-python-exception" not in read_any(consequence + "\n"), consequence
+
+
+@pytest.mark.parametrize("line, entry", [
+    # misc/strongstream.cc (2.19.3): CUDART_VERSION < 11030 or driver < 11030 while the stream is being captured
+    ("NCCL WARN NCCL cannot be captured in a graph if either it wasn't built with CUDA runtime >= 11.3 or if the "
+     "installed CUDA driver < R465.", "nccl-graph-capture-old-build"),
+    # TE userbuffers-host.cpp: cuMulticastGetGranularity / cuMulticastCreate through NVTE_CALL_CHECK_CUDA_DRIVER
+    ("RuntimeError: /te/transformer_engine/pytorch/csrc/userbuffers/userbuffers-host.cpp:208 in function "
+     "create_communicator_grouped2: CUDA Error: operation not supported", "te-ub-multicast-unsupported"),
+    ("2022-07-19T18:01:59.173796Z\tdebug\tenvoy connection\t[C72] remote early close", "service-mesh-sidecar"),
+])
+def test_messages_of_graph_capture_multicast_and_a_mesh_sidecar(line: str, entry: str) -> None:
+    found = acting(read(line + "\n"))
+    assert list(found) == [entry], sorted(found)
+
+
+def test_other_userbuffers_errors_and_envoy_words_in_prose_are_not_those_readings() -> None:
+    other = read_any("RuntimeError: userbuffers-host.cpp:208 in function create_communicator_grouped2: CUDA Error: out of memory\n")
+    assert "te-ub-multicast-unsupported" not in other
+    assert "service-mesh-sidecar" not in read_any("INFO: we deploy envoy-free pods; envoyconnection pooling off\n")
