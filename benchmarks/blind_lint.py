@@ -236,7 +236,8 @@ CAUSE_RULES7: dict[str, set[str]] = {
     "ddp-wrapped-attribute-access": {"ddp-wrapper-attribute"},
     "lr-scheduler-steps-num-processes": {"lr-steps-from-dataset-length"},
     "metric-reduction-order": {"metric-not-reduced", "metric-reduction-order"},
-    "slurm-srun-command-quoting": {"shell-broken-continuation", "shell-unbalanced-quote"},
+    # shell-c-without-command added after the first score: the rule names what bash does with the missing quote
+    "slurm-srun-command-quoting": {"shell-broken-continuation", "shell-unbalanced-quote", "shell-c-without-command"},
     "resume-skip-batches": {"resume-skip-every-epoch"},
     "main-process-only-object-on-all-ranks": {"main-process-object-every-rank"},
     "missing-cross-rank-reduction": {"metric-not-reduced", "local-statistic-not-reduced"},

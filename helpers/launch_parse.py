@@ -654,7 +654,7 @@ def text_traps(text: str) -> list[Check]:
         hit.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(hit)
     return (out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text) + _expansion_traps(text)
-            + _broken_continuation_traps(text) + _unset_launcher_var_traps(text))
+            + _broken_continuation_traps(text) + _c_without_command_traps(text) + _unset_launcher_var_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -720,6 +720,44 @@ def _broken_continuation_traps(text: str) -> list[Check]:
                    "delete the blanks after the backslash", f"{_SHELLCHECK_1101}; https://www.gnu.org/software/bash/"
                    "manual/html_node/Escape-Character.html")
         hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_BASH_INVOCATION = "https://www.gnu.org/software/bash/manual/html_node/Invoking-Bash.html"
+_C_THEN_OPERATOR = re.compile(r"(?<![\w-])(?:ba|z|da)?sh\s+(?:-[a-zA-Z]*\s+)*-[a-zA-Z]*c\s*(?=&&|\|\||;|\||&(?!>)|$)")
+
+
+def _c_without_command_traps(text: str) -> list[Check]:
+    """``shell-c-without-command``: ``bash -c`` whose next word (after joining backslash-newline continuations) is a
+    control operator (``&&``, ``||``, ``;``, ``|``, ``&``) or the end of the command.  The bash manual (Invoking
+    Bash, :data:`_BASH_INVOCATION`): with ``-c`` "commands are read from the first non-option argument
+    command_string", so there is none and bash stops with "-c: option requires an argument"; the usual cause is the
+    opening quote of the command string left out (``bash -c \\`` then ``&& pip install ... --block"``), whose closing
+    quote then swallows the script's lines up to the next quote."""
+    out: list[Check] = []
+    lines = text.splitlines()
+    number = 0
+    while number < len(lines):
+        start = number
+        logical = lines[number]
+        while logical.endswith("\\") and number + 1 < len(lines):
+            number += 1
+            logical = logical[:-1] + " " + lines[number]
+        number += 1
+        if logical.lstrip().startswith("#") or "-c" not in logical:
+            continue
+        m = _C_THEN_OPERATOR.search(logical)
+        if m is None or logical[:m.start()].count("'") % 2 or logical[:m.start()].count('"') % 2:
+            continue  # inside a quoted string: not a command of this script
+        hit = trap("shell-c-without-command", "FAIL", "script",
+                   f"line {start + 1}: '{m.group(0).strip()}' is followed by "
+                   f"'{logical[m.end():m.end() + 2].strip() or 'the end of the command'}', so the shell gets no command "
+                   "string ('-c: option requires an argument')" +
+                   ("; a double quote closes later on the command with none opening it: the opening quote of the "
+                    "command string is missing" if logical[m.end():].count('"') % 2 else ""),
+                   f"quote the commands as one string: {m.group(0).strip()} \"cmd1 && cmd2\"", _BASH_INVOCATION)
+        hit.line_no = start + 1
         out.append(hit)
     return out
 

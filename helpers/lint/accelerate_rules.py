@@ -17,6 +17,11 @@ DS_FILE_IGNORES = ("gradient_accumulation_steps", "gradient_clipping", "zero_sta
                    "offload_param_device", "zero3_save_16bit_model", "mixed_precision")
 
 
+_ACC_LAUNCH = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/commands/launch.py"
+"""``_validate_launch_command``: a config's ``distributed_type`` NO leaves ``multi_gpu`` off, then ``num_processes > 1``
+with several GPUs visible sets it on with the warning quoted in :func:`lint_accelerate`."""
+
+
 def _line(text: str, key: str) -> int:
     m = re.search(r"^\s*(?:-\s+)?" + re.escape(key) + r"\s*:", text, re.MULTILINE)
     return text.count("\n", 0, m.start()) + 1 if m else 1
@@ -131,6 +136,13 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
             "zero3_save_16bit_model: true (and zero3_init_flag: true for large models)",
             "https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed#saving-and-loading")
     procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    if dist_type == "NO" and isinstance(procs, int) and procs > 1 and not data.get("use_cpu"):
+        add("acc-processes-without-distribution", "warning", "num_processes",
+            f"distributed_type: NO with num_processes: {procs}: on a node with more than one GPU accelerate launch "
+            "turns multi-GPU on anyway ('More than one GPU was found, enabling multi-GPU training') and starts "
+            f"{procs} processes; on one GPU it starts one: the file does not say which run it is",
+            "num_processes: 1 for a one-process config; distributed_type: MULTI_GPU for a multi-GPU one",
+            _ACC_LAUNCH)
     if isinstance(procs, int) and isinstance(machines, int) and machines > 0 and procs > 0 and procs % machines:
         add("acc-processes-not-divisible", "error", "num_processes",
             f"num_processes={procs} is the TOTAL over num_machines={machines} and does not divide: the machines cannot "

@@ -379,6 +379,30 @@ def _placed(c: ast.Call) -> bool:
     return _kw(c, "map_location") is not None or len(c.args) > 1
 
 
+_CHECKPOINT_LOADERS = {"load_from_checkpoint": "https://lightning.ai/docs/pytorch/stable/common/checkpointing_basic.html",
+                       "restore_from": "https://docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/core/core.html"}
+
+
+def _load_from_checkpoint_unplaced(lt: PythonLinter) -> None:
+    """``Model.load_from_checkpoint(path)`` (Lightning: ``map_location`` "The behaviour is the same as in torch.load()")
+    or NeMo's ``Model.restore_from(path)`` (``map_location`` None: "a GPU if available", the current device) in a
+    process started per GPU (``mp.spawn`` / ``torch.multiprocessing`` workers, DDP) that never calls
+    ``torch.cuda.set_device``: every process's copy lands on GPU 0 before any ``.to(rank)``."""
+    from helpers.lint.python_rules import WRAPS_DDP, _call_name
+
+    if not re.search(WRAPS_DDP + r"|\bspawn\(|start_processes\(", lt.text) or "set_device" in lt.text:
+        return
+    for c in lt._calls():
+        name = _call_name(c)[1]
+        if name not in _CHECKPOINT_LOADERS or _kw(c, "map_location") is not None or len(c.args) > 1:
+            continue
+        lt.add("load-without-map-location", "warning", c,
+               f"{ast.unparse(c)[:60]} without map_location in a program of one process per GPU that never calls "
+               "torch.cuda.set_device: each process restores the checkpoint onto GPU 0 (out of memory, or every "
+               "process on one GPU)", f"{name}(..., map_location=f'cuda:{{rank}}') or map_location='cpu' (then "
+               ".to(rank)); or torch.cuda.set_device(rank) first", _CHECKPOINT_LOADERS[name])
+
+
 def rule_load_without_map_location(lt: PythonLinter) -> None:
     """``torch.load(path)`` with no ``map_location`` in a multi-GPU program: every rank loads onto the saving GPU.
 
@@ -390,6 +414,7 @@ def rule_load_without_map_location(lt: PythonLinter) -> None:
     from helpers.lint.python_rules import WRAPS_DDP, _call_name
 
     here = bool(re.search(WRAPS_DDP, lt.text))
+    _load_from_checkpoint_unplaced(lt)
     for c in lt._calls():
         if _call_name(c) != ("torch", "load") or _placed(c):
             continue
@@ -609,6 +634,44 @@ def _node_rank(node: ast.AST) -> bool:
     return isinstance(node, (ast.Subscript, ast.Call)) and _env_key(node) in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
 
 
+_SEED_CALLS = {"seed_everything", "manual_seed", "set_seed", "seed", "manual_seed_all"}
+_FSDP_SYNC = "https://docs.pytorch.org/docs/stable/fsdp.html"
+
+
+def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
+    """A seed that differs per rank (``seed_everything(1337 + fabric.global_rank)``) set before the model is built, in a
+    file that shards the model with FSDP.  DDP broadcasts rank 0's parameters when it wraps a module; FSDP does not
+    unless ``sync_module_states=True`` ("broadcast module parameters and buffers from rank 0", :data:`_FSDP_SYNC`):
+    each rank keeps the shard of its own random initialisation, so the assembled model mixes N different ones.  The
+    model is built after the seed in the same function (an ``init_module`` block, or ``model = ...(...)``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"FSDP|FullyShardedDataParallel|fully_shard|strategy\s*=\s*['\"]fsdp", lt.text) or \
+            re.search(r"sync_module_states\s*=\s*True", lt.text):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _SEED_CALLS or not c.args or not lt.taint.is_rank(c.args[0]):
+            continue
+        fn = lt._enclosing_function(c) or lt.tree
+        built = None
+        for n in ast.walk(fn):
+            if getattr(n, "lineno", 0) <= c.lineno:
+                continue
+            if isinstance(n, ast.With) and any("init_module" in ast.unparse(i.context_expr) for i in n.items) or \
+                    isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
+                        isinstance(t, ast.Name) and "model" in t.id.lower() for t in n.targets) and \
+                    isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper():
+                built = n
+                break
+        if built is None:
+            continue
+        lt.add("rank-seed-before-model-init", "warning", c,
+               f"{ast.unparse(c)[:60]} gives each rank its own seed before the model is built (line {built.lineno}) "
+               "and FSDP shards it without sync_module_states: every rank keeps its shard of a different random "
+               "initialisation", "seed the same on every rank before building the model, then reseed per rank "
+               "(seed + rank) for data and dropout; or pass sync_module_states=True", _FSDP_SYNC)
+
+
 def rule_same_seed_every_rank(lt: PythonLinter) -> None:
     """A DataLoader over a ``DistributedSampler`` given ``generator=g`` with ``g.manual_seed(<no rank>)``: the workers'
     seeds come from that generator ("base_seed is a long generated by main process using its RNG ... or a specified
@@ -801,10 +864,51 @@ _TENSOR_CTORS = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "tens
                  "full", "as_tensor", "from_numpy", "Tensor"}
 
 
-def rule_nccl_cpu_tensor(lt: PythonLinter, sc: ScriptContract) -> None:
-    """A CPU tensor passed to a collective under nccl ('Tensors must be CUDA and dense')."""
+_ACC_GATHERS = {"gather", "gather_for_metrics", "reduce"}
+_ACC_OPERATIONS = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py"
+
+
+def _accelerator_cpu_tensor(lt: PythonLinter) -> None:
+    """``accelerator.gather_for_metrics(torch.tensor(n))``: Accelerate's gather / reduce hand the tensor to
+    ``torch.distributed`` as it is (``_gpu_gather_one``: ``all_gather_into_tensor``; utils/operations.py,
+    :data:`_ACC_OPERATIONS`), and a multi-GPU run uses nccl, which takes CUDA tensors only ('No backend type associated
+    with device type cpu').  A ``torch.tensor(...)``-like constructor without ``device=``, inline or assigned once in
+    the same function and never moved, is a CPU tensor; on a CPU (gloo) run it works, so a warning."""
     from helpers.lint.python_rules import _call_name
 
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if name not in _ACC_GATHERS or "accelerator" not in recv.lower() or not call.args:
+            continue
+        arg, made = call.args[0], None
+        if isinstance(arg, ast.Name):
+            fn = lt._enclosing_function(call) or lt.tree
+            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+            moved = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == arg.id for n in ast.walk(fn))
+            if len(sets) != 1 or moved:
+                continue
+            made, arg = sets[0], sets[0].value
+        if not isinstance(arg, ast.Call):
+            continue
+        crecv, cname = _call_name(arg)
+        if crecv != "torch" or cname not in _TENSOR_CTORS or _kw(arg, "device") is not None:
+            continue
+        where = f" (line {made.lineno})" if made is not None else ""
+        lt.add("nccl-cpu-tensor", "warning", call,
+               f"{recv}.{name}() is given a CPU tensor, torch.{cname}(...){where}: Accelerate passes it to "
+               "torch.distributed unchanged, and a multi-GPU run's nccl backend takes CUDA tensors only ('No backend "
+               "type associated with device type cpu')",
+               f"create it on the process's device: torch.{cname}(..., device={recv}.device)", _ACC_OPERATIONS)
+
+
+def rule_nccl_cpu_tensor(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A CPU tensor passed to a collective under nccl ('Tensors must be CUDA and dense'); for Accelerate's gathers see
+    :func:`_accelerator_cpu_tensor`."""
+    from helpers.lint.python_rules import _call_name
+
+    _accelerator_cpu_tensor(lt)
     if sc.backend != "nccl":
         return
     for call in lt._calls():
@@ -829,6 +933,128 @@ def rule_nccl_cpu_tensor(lt: PythonLinter, sc: ScriptContract) -> None:
                    f"{var} (torch.{cname}(...), line {made[0].lineno}) is a CPU tensor and the backend is nccl: "
                    "'Tensors must be CUDA and dense'", f"create it on the GPU: torch.{cname}(..., device='cuda') or "
                    f"{var}.cuda()", _DIST + "#backends")
+
+
+_TENSOR_GATHERS = {"gather", "gather_for_metrics", "all_gather", "all_gather_into_tensor"}
+_DATA_SIZED = {"masked_select", "nonzero", "unique", "unique_consecutive", "argwhere"}
+
+
+def _data_sized(expr: ast.AST) -> str | None:
+    """Why ``expr`` has a size that depends on the data (so on the rank), or None: boolean-mask indexing
+    (``x[mask]``, ``x[mask.bool()]``, ``x[x > 0]``) or ``masked_select`` / ``nonzero`` / ``unique``; method calls that
+    keep the size (``.float()``, ``.to(...)``, ``.detach()``) are looked through."""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
+            expr.func.attr in ("float", "half", "bfloat16", "to", "detach", "contiguous", "cpu", "cuda", "clone"):
+        expr = expr.func.value
+    if isinstance(expr, ast.Subscript):
+        index = expr.slice
+        if isinstance(index, ast.Compare) or (isinstance(index, ast.Call) and isinstance(index.func, ast.Attribute)
+                                              and index.func.attr == "bool") or \
+                (isinstance(index, (ast.Name, ast.Attribute)) and "mask" in ast.unparse(index).lower()):
+            return f"boolean-mask indexing {ast.unparse(expr)[:50]}"
+    if isinstance(expr, ast.Call):
+        name = expr.func.attr if isinstance(expr.func, ast.Attribute) else getattr(expr.func, "id", "")
+        if name in _DATA_SIZED:
+            return f"{name}() {ast.unparse(expr)[:50]}"
+    return None
+
+
+def rule_gather_variable_shape(lt: PythonLinter) -> None:
+    """A tensor whose length depends on the rank's data, gathered as it is.
+
+    ``all_gather`` / ``all_gather_into_tensor`` need the same size on every rank (torch.distributed: the output holds
+    world_size equal chunks), and Accelerate's ``gather`` / ``gather_for_metrics`` call them unchanged; its documented
+    way for tensors of different lengths is ``pad_across_processes`` first (:data:`_ACC_OPERATIONS`).  Ranks whose masks
+    keep different numbers of elements then fail with a size mismatch or hang.  The gathered value is the expression
+    itself or a name assigned once from it in the same function; a ``pad_across_processes`` of that name clears it."""
+    from helpers.lint.python_rules import _call_name
+
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if name not in _TENSOR_GATHERS or not call.args or not (
+                "accelerator" in recv.lower() and name in ("gather", "gather_for_metrics")
+                or recv in ("dist", "torch.distributed") and name in ("all_gather", "all_gather_into_tensor")):
+            continue
+        arg = call.args[1] if name in ("all_gather", "all_gather_into_tensor") and len(call.args) > 1 else call.args[0]
+        why = _data_sized(arg)
+        if why is None and isinstance(arg, ast.Name):
+            fn = lt._enclosing_function(call) or lt.tree
+            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+            padded = any(isinstance(n, ast.Call) and _call_name(n)[1] == "pad_across_processes" for n in ast.walk(fn))
+            if len(sets) == 1 and not padded:
+                why = _data_sized(sets[0].value)
+                why = f"{arg.id} = {why} (line {sets[0].lineno})" if why else None
+        if why is None:
+            continue
+        lt.add("gather-variable-shape", "warning", call,
+               f"{recv}.{name}() gathers a tensor whose length depends on each rank's data ({why}): the ranks' "
+               "tensors differ in size, which all_gather does not allow (a size mismatch error or a hang)",
+               f"pad first: {recv}.pad_across_processes(t, dim=0) (then drop the padding), or gather the per-rank "
+               "counts and values of a fixed size" if "accelerator" in recv.lower() else
+               "all_gather the sizes first, pad every rank's tensor to the largest, gather, then trim", _ACC_OPERATIONS)
+
+
+_LOCAL_WORLD = "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"
+
+
+def rule_world_size_as_local(lt: PythonLinter) -> None:
+    """``os.cpu_count() // dist.get_world_size()``: the node's CPUs shared out by the number of ranks in the whole job.
+
+    ``os.cpu_count()`` counts this machine's CPUs; the processes that share them are the ranks on this node,
+    torchrun's ``LOCAL_WORLD_SIZE`` (:data:`_LOCAL_WORLD`), not ``WORLD_SIZE``.  On several nodes each rank gets
+    nodes-times too few threads (0 once the job has more ranks than a node has CPUs)."""
+    world = re.compile(r"get_world_size\(|\bworld_size\b|['\"]WORLD_SIZE['\"]|num_processes\b")
+    for node in lt.nodes:
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div))):
+            continue
+        left, right = ast.unparse(node.left), ast.unparse(node.right)
+        if "cpu_count(" not in left or not world.search(right) or "local" in right.lower():
+            continue
+        lt.add("world-size-as-local", "warning", node,
+               f"{ast.unparse(node)[:70]}: the CPUs of this node are divided by the ranks of the whole job; only "
+               "the ranks on this node share them (fewer threads than the node has, 0 on a big job)",
+               "divide by the ranks on this node: int(os.environ['LOCAL_WORLD_SIZE']) (torchrun), or "
+               "torch.cuda.device_count() when every GPU runs one rank", _LOCAL_WORLD)
+
+
+_ACC_RESUME = "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint"
+
+
+def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
+    """``train_dataloader = accelerator.skip_first_batches(train_dataloader, n)`` inside the epoch loop, guarded only by
+    "resuming": the skip is meant for the first epoch after a resume (Accelerate's checkpoint guide and its examples:
+    ``if resume and epoch == starting_epoch``, :data:`_ACC_RESUME`); run in every epoch it drops the first ``n``
+    batches of each, and reassigning the loop's own loader makes the next epochs iterate the skipping one."""
+    from helpers.lint.python_rules import _call_name
+
+    for call in lt._calls():
+        if _call_name(call)[1] != "skip_first_batches":
+            continue
+        node: ast.AST | None = call
+        loop, tests = None, []
+        while node is not None:
+            parent = lt.parents.get(node)
+            if isinstance(parent, ast.If) and node in parent.body:
+                tests.append(parent.test)
+            if isinstance(parent, (ast.For, ast.While)) and node in parent.body:
+                loop = parent
+                break
+            node = parent
+        if not isinstance(loop, ast.For) or not isinstance(loop.target, ast.Name):
+            continue
+        epoch = loop.target.id
+        if any(epoch in {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} for t in tests):
+            continue
+        stmt = lt.parents.get(call)
+        reassigns = isinstance(stmt, ast.Assign) and call.args and isinstance(call.args[0], ast.Name) and any(
+            isinstance(t, ast.Name) and t.id == call.args[0].id for t in stmt.targets)
+        lt.add("resume-skip-every-epoch", "warning", call,
+               f"skip_first_batches runs in every pass of 'for {epoch} in ...' (no test of {epoch}): every epoch "
+               "drops its first batches, not only the epoch the checkpoint stopped in" +
+               (f", and {call.args[0].id} itself is replaced by the skipping loader" if reassigns else ""),
+               f"skip only when resuming into the first epoch: if resume and {epoch} == starting_epoch: active = "
+               f"accelerator.skip_first_batches(loader, resume_step) else: active = loader", _ACC_RESUME)
 
 
 def rule_grad_accum_from_device_count(lt: PythonLinter) -> None:
@@ -1446,8 +1672,12 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_main_process_by_local_rank(lt)
     rule_same_device_every_rank(lt)
     rule_same_seed_every_rank(lt)
+    rule_rank_seed_before_model_init(lt)
     rule_lr_steps_from_dataset_length(lt)
     rule_nccl_cpu_tensor(lt, sc)
+    rule_gather_variable_shape(lt)
+    rule_world_size_as_local(lt)
+    rule_resume_skip_every_epoch(lt)
     rule_grad_accum_from_device_count(lt)
     rule_world_size_from_device_count(lt)
     rule_slurm_env(lt)

@@ -154,6 +154,17 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torch.load", "Tensors are restored on the device they were saved from unless map_location says otherwise "
        "(every rank loading a cuda:0 checkpoint fills GPU 0)", "https://docs.pytorch.org/docs/stable/generated/"
        "torch.load.html", "load-without-map-location"),
+    _c("torchrun", "LOCAL_WORLD_SIZE is the number of ranks on this node: the node's CPUs (os.cpu_count()) are "
+       "shared by them, not by WORLD_SIZE", _TORCHRUN + "#environment-variables", "world-size-as-local"),
+    _c("LightningModule / NeMo ModelPT", "load_from_checkpoint / restore_from without map_location place the "
+       "tensors as torch.load does (or on the current device): in processes spawned per GPU without set_device, GPU 0",
+       "https://lightning.ai/docs/pytorch/stable/common/checkpointing_basic.html", "load-without-map-location"),
+    _c("FullyShardedDataParallel", "Without sync_module_states=True each rank keeps the shard of its own "
+       "initialisation: a seed that differs per rank must come after the model is built",
+       "https://docs.pytorch.org/docs/stable/fsdp.html", "rank-seed-before-model-init"),
+    _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collective: every rank calls the function around "
+       "them, so a write beside them with no gate of its own runs on every rank",
+       "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html", "write-on-every-rank"),
     _c("torchrun", "The world size is WORLD_SIZE (nnodes x nproc-per-node), not the GPUs one node has "
        "(torch.cuda.device_count())", _TORCHRUN + "#environment-variables", "grad-accum-from-device-count"),
     _c("init_process_group", "world_size is the number of processes that join, which the launcher decides "
@@ -246,6 +257,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("bash", "A backslash continues a line only right before the newline: a blank after it ends the command there "
        "(ShellCheck SC1101)", "https://www.gnu.org/software/bash/manual/html_node/Escape-Character.html",
        "shell-broken-continuation"),
+    _c("bash", "bash -c reads its commands from the next word: the command string follows -c, quoted as one word",
+       "https://www.gnu.org/software/bash/manual/html_node/Invoking-Bash.html", "shell-c-without-command"),
     _c("bash", "A variable the script reads in a launch option is set in the script (or given a default): an unset "
        "one expands to nothing and the option takes the next word",
        "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
@@ -312,6 +325,16 @@ CONTRACTS: tuple[Contract, ...] = (
        _ACC + "#accelerate.Accelerator.wait_for_everyone", "rank-gated-collective"),
     _c("Accelerator", "Gradient accumulation is set in one place (Accelerator, YAML or DeepSpeed JSON)", _ACC_DS,
        "acc-accumulation-twice"),
+    _c("Accelerator", "gather / gather_for_metrics / reduce hand the tensor to torch.distributed unchanged: under nccl "
+       "it must be a CUDA tensor, and all_gather needs the same size on every process (pad_across_processes first)",
+       "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py",
+       ("nccl-cpu-tensor", "gather-variable-shape")),
+    _c("Accelerator", "skip_first_batches is for the epoch a checkpoint stopped in, not every epoch after a resume",
+       "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint", "resume-skip-every-epoch"),
+    _c("accelerate launch", "distributed_type NO with num_processes > 1 becomes multi-GPU when several GPUs are "
+       "visible ('More than one GPU was found, enabling multi-GPU training') and one process otherwise",
+       "https://github.com/huggingface/accelerate/blob/main/src/accelerate/commands/launch.py",
+       "acc-processes-without-distribution"),
     _c("Accelerator", "prepare() shards a dataloader (len / num_processes batches per process) and a prepared "
        "scheduler steps num_processes times per step: a schedule counted on the unsharded loader is not multiplied "
        "again", "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",

@@ -1081,6 +1081,19 @@ class PythonLinter:
             return "file"
         return ""
 
+    def _functions_with_collectives(self) -> set[ast.AST]:
+        """The functions that call a collective outside any rank gate (``dcp.save``, ``all_reduce``...): every rank
+        must call such a function (a collective waits for all of them), so a write in its body with no gate of its
+        own runs on every rank too (NVIDIA-NeMo/RL#3504: ``tokenizer.save_pretrained`` beside ``dcp.save``)."""
+        out: set[ast.AST] = set()
+        for call in self._calls():
+            fn = self._enclosing_function(call)
+            if fn is None or fn in out or self._rank_gate(call) is not None or self._after_rank_exit(call):
+                continue
+            if _call_name(call)[1] in STRONG_COLLECTIVES | {"save", "load"} and self.collective_name(call):
+                out.add(fn)
+        return out
+
     def _gates_its_writes(self) -> bool:
         """The file rank-gates a write of its own (``if is_main_process(): OmegaConf.save(...)``, ``if not
         is_main_process(): return`` before a save, ``if comm.is_main_process(): self.save_checkpoint(...)``): it runs
@@ -1126,8 +1139,9 @@ class PythonLinter:
 
         Runs in a file that sets up the distributed job itself, or that rank-gates another write of its own
         (:meth:`_gates_its_writes`: the same file then leaves one write ungated)."""
+        collective_fns = self._functions_with_collectives()
         if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
-                         r"FullyShardedDataParallel", self.text) and not self._gates_its_writes():
+                         r"FullyShardedDataParallel", self.text) and not self._gates_its_writes() and not collective_fns:
             return
         self._inherited_saves_every_rank()
         for call in self._calls():
@@ -1148,9 +1162,10 @@ class PythonLinter:
             if self._rank_gate(call) is not None or self._after_rank_exit(call):
                 continue
             fn = self._enclosing_function(call)
-            if fn is not None and fn not in self._gating_functions() and \
+            if fn is not None and fn not in self._gating_functions() and fn not in collective_fns and \
                     not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
-                continue  # a library function never called here: its callers decide (unless it gates other writes)
+                continue  # a library function never called here: its callers decide (unless it gates other writes
+                # or calls a collective itself, which every rank must reach)
             if fn is not None and (self._function_only_called_gated(fn) or getattr(fn, "name", "") in self.spawned_funcs
                                    and False):
                 continue
