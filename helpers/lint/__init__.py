@@ -57,6 +57,7 @@ RULES: dict[str, str] = {
     "load-without-map-location": "https://docs.pytorch.org/docs/stable/generated/torch.load.html",
     "nccl-cpu-tensor": "https://docs.pytorch.org/docs/stable/distributed.html",
     "gather-variable-shape": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py",
+    "rank-zero-falsy": "https://docs.python.org/3/library/stdtypes.html#truth-value-testing",
     "rank-seed-before-model-init": "https://docs.pytorch.org/docs/stable/fsdp.html",
     "world-size-as-local": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
     "resume-skip-every-epoch": "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint",
@@ -87,6 +88,7 @@ RULES: dict[str, str] = {
     "backward-through-all-reduce": "https://docs.pytorch.org/docs/stable/distributed.html#autograd-enabled-communication-primitives",
     # helpers.lint.cross_rules (launch line <-> script)
     "env-init-without-launcher": "https://docs.pytorch.org/docs/stable/distributed.html",
+    "rank-before-init": "https://docs.pytorch.org/docs/stable/distributed.html",
     "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "script-arg-unknown": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "nccl-without-gpus": "https://docs.pytorch.org/docs/stable/distributed.html",
@@ -248,6 +250,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         findings += got
         facts.append(fact)
     findings += cross_rules.device_from_global_rank_across(facts)
+    findings += cross_rules.rank_before_init_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

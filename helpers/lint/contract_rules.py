@@ -635,6 +635,17 @@ def _node_rank(node: ast.AST) -> bool:
 
 
 _SEED_CALLS = {"seed_everything", "manual_seed", "set_seed", "seed", "manual_seed_all"}
+_WEIGHTS_LOADED = {"load_state_dict", "from_pretrained", "load_checkpoint", "load_model", "load"}
+
+
+def _under_if(lt: PythonLinter, node: ast.AST, top: ast.AST) -> bool:
+    """``node`` sits in an ``if`` (or its ``else``) below ``top``: it runs only on some paths (``if resume:``)."""
+    p = lt.parents.get(node)
+    while p is not None and p is not top:
+        if isinstance(p, ast.If):
+            return True
+        p = lt.parents.get(p)
+    return False
 _FSDP_SYNC = "https://docs.pytorch.org/docs/stable/fsdp.html"
 
 
@@ -660,11 +671,14 @@ def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
             if isinstance(n, ast.With) and any("init_module" in ast.unparse(i.context_expr) for i in n.items) or \
                     isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
                         isinstance(t, ast.Name) and "model" in t.id.lower() for t in n.targets) and \
-                    isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper():
+                    isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper() and \
+                    n.value.func.id not in ("FSDP", "DDP", "FullyShardedDataParallel", "DistributedDataParallel"):
                 built = n
                 break
-        if built is None:
-            continue
+        if built is None or any(isinstance(n, ast.Call) and _call_name(n)[1] in _WEIGHTS_LOADED and
+                                getattr(n, "lineno", 0) > built.lineno and not _under_if(lt, n, fn)
+                                for n in ast.walk(fn)):
+            continue  # no model built here, or its initialisation is always replaced by loaded weights
         lt.add("rank-seed-before-model-init", "warning", c,
                f"{ast.unparse(c)[:60]} gives each rank its own seed before the model is built (line {built.lineno}) "
                "and FSDP shards it without sync_module_states: every rank keeps its shard of a different random "
@@ -993,6 +1007,42 @@ def rule_gather_variable_shape(lt: PythonLinter) -> None:
                f"pad first: {recv}.pad_across_processes(t, dim=0) (then drop the padding), or gather the per-rank "
                "counts and values of a fixed size" if "accelerator" in recv.lower() else
                "all_gather the sizes first, pad every rank's tensor to the largest, gather, then trim", _ACC_OPERATIONS)
+
+
+_RANK_ENV = re.compile(r"['\"](?:RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|SLURM_PROCID|SLURM_NODEID|SLURM_LOCALID|"
+                       r"OMPI_COMM_WORLD_RANK|OMPI_COMM_WORLD_LOCAL_RANK|PMI_RANK)['\"]")
+_TRUTH = "https://docs.python.org/3/library/stdtypes.html#truth-value-testing"
+
+
+def rule_rank_zero_falsy(lt: PythonLinter) -> None:
+    """``rank = get_envint("RANK", None)`` then ``if rank:`` as "is RANK set": an integer 0 is false (Python's truth
+    value testing, :data:`_TRUTH`), so the main process (rank 0) takes the "not set" path; ``return rank == 0`` inside
+    ``if rank:`` can never be true (NVIDIA/NeMo#3374).  The value must be an integer read of a rank variable (a call
+    whose name says int, or ``int(...)``): ``os.environ.get("RANK")`` is the string "0", which is true."""
+    for node in lt.nodes:
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
+        if not isinstance(test, ast.Name):
+            continue
+        fn = lt._enclosing_function(node) or lt.tree
+        sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < node.lineno and any(
+            isinstance(t, ast.Name) and t.id == test.id for t in n.targets)]
+        if len(sets) != 1 or not isinstance(sets[0].value, ast.Call):
+            continue
+        value = sets[0].value
+        called = ast.unparse(value.func).lower()
+        if "int" not in called or not _RANK_ENV.search(ast.unparse(value)) or \
+                not any(isinstance(b, ast.Return) for b in node.body):
+            continue  # only "if rank: return <from it>": the other paths may fall back to the same 0
+        dead = any(isinstance(c, ast.Compare) and isinstance(c.left, ast.Name) and c.left.id == test.id and
+                   len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq) and isinstance(c.comparators[0], ast.Constant) and
+                   c.comparators[0].value == 0 for b in node.body for c in ast.walk(b)) and test is node.test
+        lt.add("rank-zero-falsy", "warning", node,
+               f"'if {ast.unparse(node.test)}:' tests {test.id} (line {sets[0].lineno}: {ast.unparse(value)[:50]}) for "
+               f"truth: rank 0 is false, so the main process reads as 'not set'" +
+               (f"; '{test.id} == 0' inside it can never be true" if dead else ""),
+               f"if {test.id} is not None:", _TRUTH)
 
 
 _LOCAL_WORLD = "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"
@@ -1677,6 +1727,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_nccl_cpu_tensor(lt, sc)
     rule_gather_variable_shape(lt)
     rule_world_size_as_local(lt)
+    rule_rank_zero_falsy(lt)
     rule_resume_skip_every_epoch(lt)
     rule_grad_accum_from_device_count(lt)
     rule_world_size_from_device_count(lt)

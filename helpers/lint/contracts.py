@@ -154,6 +154,11 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torch.load", "Tensors are restored on the device they were saved from unless map_location says otherwise "
        "(every rank loading a cuda:0 checkpoint fills GPU 0)", "https://docs.pytorch.org/docs/stable/generated/"
        "torch.load.html", "load-without-map-location"),
+    _c("init_process_group", "get_rank needs the default process group: a helper that answers rank 0 while "
+       "is_initialized() is False gives every process rank 0 when called before the group is created",
+       "https://docs.pytorch.org/docs/stable/distributed.html", "rank-before-init"),
+    _c("Python", "An integer rank of 0 is false: 'if rank:' does not test whether RANK was set",
+       "https://docs.python.org/3/library/stdtypes.html#truth-value-testing", "rank-zero-falsy"),
     _c("torchrun", "LOCAL_WORLD_SIZE is the number of ranks on this node: the node's CPUs (os.cpu_count()) are "
        "shared by them, not by WORLD_SIZE", _TORCHRUN + "#environment-variables", "world-size-as-local"),
     _c("LightningModule / NeMo ModelPT", "load_from_checkpoint / restore_from without map_location place the "

@@ -413,3 +413,28 @@ def device_from_global_rank_across(facts: Sequence[object]) -> list[Check]:
                                f"pass the local rank (LOCAL_RANK) to {name}", "https://docs.pytorch.org/docs/stable/"
                                "elastic/run.html#environment-variables"))
     return out
+
+
+def rank_before_init_across(facts: Sequence[object]) -> list[Check]:
+    """A rank taken from a function that answers rank 0 until the process group exists, before the process group is
+    created: ``world_size, rank = get_world_size_and_rank()`` then ``init_from_env()`` (meta-pytorch/torchtune#193).
+    ``torch.distributed.get_rank`` needs an initialised default group (is_initialized(),
+    https://docs.pytorch.org/docs/stable/distributed.html), so helpers guard it with ``if not is_initialized(): return
+    1, 0``: called first, every process gets rank 0 (the same seed, the same shard, every process "the main one").
+    The helper may be defined in the same file or in another linted file (:attr:`PyFacts.uninit_rank_funcs`)."""
+    helpers: dict[str, str] = {}
+    for f in facts:
+        for name in getattr(f, "uninit_rank_funcs", set()):
+            helpers.setdefault(name, f.path)  # type: ignore[attr-defined]
+    out: list[Check] = []
+    for f in facts:
+        for name, line, init_line, init_src in getattr(f, "rank_before_init", []):
+            if name not in helpers:
+                continue
+            out.append(finding("rank-before-init", "error", f.path, line,  # type: ignore[attr-defined]
+                               f"{name}() is called before the process group exists ({init_src}, line {init_line}), "
+                               f"and {os.path.basename(helpers[name])} makes it return rank 0 while "
+                               "torch.distributed is not initialised: every process gets rank 0 here",
+                               f"initialise first ({init_src.split('(')[0]}), then call {name}(); or read RANK from "
+                               "the environment the launcher sets", "https://docs.pytorch.org/docs/stable/distributed.html"))
+    return out

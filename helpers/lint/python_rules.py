@@ -108,6 +108,8 @@ class PyFacts:
     saves_model: bool = False               # trainer.save_model / accelerator.get_state_dict / save_model
     device_params: dict[str, set[int]] = field(default_factory=dict)  # function -> params used as a CUDA device
     global_rank_args: list[tuple[str, int, int, str]] = field(default_factory=list)  # (imported fn, arg, line, src)
+    uninit_rank_funcs: set[str] = field(default_factory=set)  # functions that answer rank 0 before init (cross_rules)
+    rank_before_init: list[tuple[str, int, int, str]] = field(default_factory=list)  # (fn, line, init line, init call)
     saves_16bit: bool = False               # a DeepSpeed engine's save_16bit_model / save_fp16_model
     own_scheduler_line: int = 0             # a real LR scheduler built in code (not accelerate's DummyScheduler)
 
@@ -1586,7 +1588,41 @@ class PythonLinter:
             for i, a in enumerate(call.args):
                 if self.taint.is_global_rank(a):
                     f.global_rank_args.append((name, i, call.lineno, _src(a)))
+        self._rank_init_facts()
 
+    def _rank_init_facts(self) -> None:
+        """:attr:`PyFacts.uninit_rank_funcs` (module-level functions that return constants while
+        ``torch.distributed.is_initialized()`` is False and ``get_rank()`` after) and :attr:`PyFacts.rank_before_init`
+        (a rank taken from a function call, then the process group initialised later in the same function), for
+        :func:`helpers.lint.cross_rules.rank_before_init_across`."""
+        f = self.facts
+        for fn in getattr(self.tree, "body", []):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = ast.unparse(fn)
+            if "is_initialized()" in body and "get_rank()" in body and any(
+                    isinstance(n, ast.If) and "is_initialized()" in ast.unparse(n.test) and
+                    any(isinstance(r, ast.Return) and r.value is not None and all(
+                        isinstance(e, ast.Constant) for e in (r.value.elts if isinstance(r.value, ast.Tuple) else [r.value]))
+                        for r in n.body) for n in ast.walk(fn)):
+                f.uninit_rank_funcs.add(fn.name)
+        for fn in self.functions.values():
+            inits = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _PG_INIT.search(_call_name(c)[1] or "")]
+            if not inits:
+                continue
+            first = min(inits, key=lambda c: c.lineno)
+            for node in ast.walk(fn):
+                if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)) or node.lineno >= first.lineno:
+                    continue
+                names = [t.id for t in flat_targets(node) if isinstance(t, ast.Name)]
+                if any("rank" in n.lower() for n in names):
+                    f.rank_before_init.append((_call_name(node.value)[1], node.lineno, first.lineno, _src(first)[:60]))
+
+
+_PG_INIT = re.compile(r"^(?:init_process_group|init_from_env|init_distributed\w*|initialize_distributed|"
+                      r"setup_distributed|init_dist\w*|setup_ddp|ddp_setup|dist_init)$")
+"""Calls that create the default process group (``torch.distributed.init_process_group`` and the usual wrappers:
+torchtune's ``init_from_env``, ``init_distributed_mode``, ``setup_ddp``...)."""
 
 _MAX_REPAIRS = 200
 

@@ -161,3 +161,35 @@ def test_a_per_rank_seed_before_an_fsdp_model_is_built():
     ddp = FABRIC.replace("{rank}", " + fabric.global_rank").replace("FSDPStrategy()", "'ddp'").replace(
         "from lightning.fabric.strategies import FSDPStrategy\n", "")
     assert "rank-seed-before-model-init" not in found(("p.py", ddp))
+
+
+FALSY = """
+from nemo.utils.env_var_parsing import get_envint
+def is_global_rank_zero():
+    rank = get_envint("RANK", None)
+    if {test}:
+        return rank == 0
+    return get_envint("SLURM_NODEID", 0) == 0 and get_envint("LOCAL_RANK", 0) == 0
+"""
+
+
+def test_a_rank_tested_for_truth():
+    """NVIDIA/NeMo#3374: RANK=0 is false, so rank 0 took the SLURM path; os.environ.get gives the string "0"."""
+    assert found(("g.py", FALSY.replace("{test}", "rank")))["rank-zero-falsy"] == ["WARN"]
+    assert "rank-zero-falsy" not in found(("g.py", FALSY.replace("{test}", "rank is not None")))
+    as_text = FALSY.replace('get_envint("RANK", None)', 'os.environ.get("RANK")').replace("{test}", "rank")
+    assert "rank-zero-falsy" not in found(("g.py", "import os\n" + as_text))
+
+
+def test_a_rank_taken_before_the_process_group_exists():
+    """meta-pytorch/torchtune#193: the helper answers (1, 0) until init_process_group; called first, every rank is 0."""
+    env = ("import torch\ndef get_world_size_and_rank():\n    if not torch.distributed.is_initialized():\n"
+           "        return 1, 0\n    return torch.distributed.get_world_size(), torch.distributed.get_rank()\n")
+    recipe = ("from env import get_world_size_and_rank, init_from_env, seed\ndef recipe(cfg):\n"
+              "    {first}\n    {second}\n    seed(cfg.seed + rank)\n")
+    before = recipe.replace("{first}", "world_size, rank = get_world_size_and_rank()").replace(
+        "{second}", "device = init_from_env()")
+    after = recipe.replace("{first}", "device = init_from_env()").replace(
+        "{second}", "world_size, rank = get_world_size_and_rank()")
+    assert found(("env.py", env), ("recipe.py", before))["rank-before-init"] == ["FAIL"]
+    assert "rank-before-init" not in found(("env.py", env), ("recipe.py", after))
