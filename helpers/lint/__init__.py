@@ -31,6 +31,7 @@ RULES: dict[str, str] = {
     # helpers.lint.python_rules
     "rank-gated-collective": "D21; Gilbreth 7.5",
     "rank-early-exit-collective": "D21",
+    "rank-gated-object-used": "D21",
     "device-from-global-rank": "D3",
     "sampler-no-set-epoch": "D22",
     "rank-sliced-data": "D9, D22",
@@ -43,6 +44,7 @@ RULES: dict[str, str] = {
     "write-on-every-rank": "D23",
     "hardcoded-master-port": "D4",
     "init-without-timeout": "MN3",
+    "init-timeout-short": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
     # cross-file (lint_texts)
     "half-config-float32-inputs": "Gilbreth 7.5",
     # helpers.lint.contract_rules (the APIs' documented preconditions, helpers.lint.contracts)
@@ -57,6 +59,7 @@ RULES: dict[str, str] = {
     "load-without-map-location": "https://docs.pytorch.org/docs/stable/generated/torch.load.html",
     "nccl-cpu-tensor": "https://docs.pytorch.org/docs/stable/distributed.html",
     "gather-variable-shape": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py",
+    "environ-getattr": "https://docs.python.org/3/library/os.html#os.environ",
     "rank-zero-falsy": "https://docs.python.org/3/library/stdtypes.html#truth-value-testing",
     "rank-seed-before-model-init": "https://docs.pytorch.org/docs/stable/fsdp.html",
     "world-size-as-local": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
@@ -251,6 +254,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         facts.append(fact)
     findings += cross_rules.device_from_global_rank_across(facts)
     findings += cross_rules.rank_before_init_across(facts)
+    findings += cross_rules.cpu_tensor_to_collective_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

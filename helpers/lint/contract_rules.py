@@ -136,6 +136,7 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
         sc.backend = defaults[str(sc.extra["backend_attr"])].lower()  # backend=args.dist_backend, default 'nccl'
     sc.extra["sets_visible_devices"] = "CUDA_VISIBLE_DEVICES" in text
     sc.local_rank_arg = bool({"--local_rank", "--local-rank"} & options)
+    sc.extra["literal_options"] = frozenset(options)  # the option strings written out, even where others are added
     if plain_argparse and sc.options_line and not dynamic:
         sc.options = options
     sc.reads_local_rank_env = bool(re.search(r"['\"](LOCAL_RANK|SLURM_LOCALID|OMPI_COMM_WORLD_LOCAL_RANK|MPI_LOCALRANKID)"
@@ -1045,6 +1046,48 @@ def rule_rank_zero_falsy(lt: PythonLinter) -> None:
                f"if {test.id} is not None:", _TRUTH)
 
 
+_ENVIRON = "https://docs.python.org/3/library/os.html#os.environ"
+
+
+def rule_environ_getattr(lt: PythonLinter) -> None:
+    """``getattr(os.environ, "WORLD_SIZE", 1)``: ``os.environ`` is a mapping (:data:`_ENVIRON`); its keys are not
+    attributes, so the default comes back whatever the launcher set: world size 1 and rank -1 on every process
+    (ultralytics/yolov5#3680: ``os.environ.get`` was meant)."""
+    from helpers.lint.python_rules import _call_name
+
+    for c in lt._calls():
+        if _call_name(c) != ("", "getattr") or len(c.args) < 2 or _src_of(c.args[0]) not in ("os.environ", "environ"):
+            continue
+        key = c.args[1].value if isinstance(c.args[1], ast.Constant) else _src_of(c.args[1])
+        lt.add("environ-getattr", "error", c,
+               f"getattr(os.environ, {key!r}, ...) looks for an attribute of the os.environ mapping, not the "
+               f"variable: it always returns the default, whatever {key} the launcher set",
+               f"os.environ.get({key!r}, ...)", _ENVIRON)
+
+
+def _src_of(node: ast.AST) -> str:
+    return ast.unparse(node)
+
+
+_DS_ARGS = "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/launcher/launch.py"
+
+
+def rule_deepspeed_local_rank_spelling(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A script made for the deepspeed launcher (it calls ``deepspeed.add_config_arguments``) whose parser defines
+    ``--local-rank`` but not ``--local_rank``: the launcher appends ``--local_rank={local_rank}`` to every worker's
+    command (deepspeed/launcher/launch.py, unless ``--no_local_rank``), and argparse matches option strings exactly,
+    so every worker stops with 'unrecognized arguments: --local_rank=0' (deepspeedai/Megatron-DeepSpeed#192)."""
+    written = sc.extra.get("literal_options") or frozenset()
+    if "add_config_arguments" not in lt.text or "--local-rank" not in written or "--local_rank" in written:
+        return
+    where = next((c.lineno for c in lt._calls() if c.args and isinstance(c.args[0], ast.Constant)
+                  and c.args[0].value == "--local-rank"), sc.options_line or 1)
+    lt.add("local-rank-arg-under-launcher", "error", where,
+           "the parser defines --local-rank but not --local_rank, and this script is made for the deepspeed launcher "
+           "(deepspeed.add_config_arguments), which passes --local_rank=N: 'error: unrecognized arguments: "
+           "--local_rank=0'", 'add_argument("--local-rank", "--local_rank", dest="local_rank", type=int)', _DS_ARGS)
+
+
 _LOCAL_WORLD = "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"
 
 
@@ -1727,6 +1770,8 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_nccl_cpu_tensor(lt, sc)
     rule_gather_variable_shape(lt)
     rule_world_size_as_local(lt)
+    rule_environ_getattr(lt)
+    rule_deepspeed_local_rank_spelling(lt, sc)
     rule_rank_zero_falsy(lt)
     rule_resume_skip_every_epoch(lt)
     rule_grad_accum_from_device_count(lt)

@@ -157,6 +157,21 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("init_process_group", "get_rank needs the default process group: a helper that answers rank 0 while "
        "is_initialized() is False gives every process rank 0 when called before the group is created",
        "https://docs.pytorch.org/docs/stable/distributed.html", "rank-before-init"),
+    _c("Python", "os.environ is a mapping: getattr(os.environ, 'RANK', d) returns d whatever the launcher set",
+       "https://docs.python.org/3/library/os.html#os.environ", "environ-getattr"),
+    _c("DistributedDataParallel", "A DDP instance answers only its own attributes and nn.Module's: any attribute of "
+       "the wrapped model is read through .module", "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
+       "ddp-wrapper-attribute"),
+    _c("init_process_group", "timeout bounds every wait in a collective: a timeout of a minute or less is shorter "
+       "than the work one rank does while the others wait (evaluation, download, checkpoint)",
+       "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+       "init-timeout-short"),
+    _c("deepspeed launcher", "The launcher appends --local_rank=N to the script's arguments (unless --no_local_rank); "
+       "argparse matches option strings exactly, so --local-rank alone does not accept it",
+       "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/launcher/launch.py",
+       "local-rank-arg-under-launcher"),
+    _c("Python", "An object made only under a rank gate (None elsewhere) is used only under the same gate",
+       "https://docs.python.org/3/library/exceptions.html#AttributeError", "rank-gated-object-used"),
     _c("Python", "An integer rank of 0 is false: 'if rank:' does not test whether RANK was set",
        "https://docs.python.org/3/library/stdtypes.html#truth-value-testing", "rank-zero-falsy"),
     _c("torchrun", "LOCAL_WORLD_SIZE is the number of ranks on this node: the node's CPUs (os.cpu_count()) are "

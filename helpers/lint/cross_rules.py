@@ -438,3 +438,30 @@ def rank_before_init_across(facts: Sequence[object]) -> list[Check]:
                                f"initialise first ({init_src.split('(')[0]}), then call {name}(); or read RANK from "
                                "the environment the launcher sets", "https://docs.pytorch.org/docs/stable/distributed.html"))
     return out
+
+
+def cpu_tensor_to_collective_across(facts: Sequence[object]) -> list[Check]:
+    """``ddp_all_reduce(torch.tensor(count), ReduceOp.SUM)`` where ``ddp_all_reduce`` (another linted file) hands its
+    first parameter to ``torch.distributed.all_reduce``: the tensor is made on the CPU (no ``device=``), and the nccl
+    backend takes CUDA tensors only ('No backend type associated with device type cpu' / 'Tensors must be CUDA and
+    dense', https://docs.pytorch.org/docs/stable/distributed.html#backends; speechbrain/speechbrain#2934).  Reported
+    where one of the linted files names nccl."""
+    if not any(getattr(f, "mentions_nccl", False) for f in facts):
+        return []
+    where: dict[str, tuple[str, set[int]]] = {}
+    for f in facts:
+        for name, pos in getattr(f, "collective_params", {}).items():
+            where.setdefault(name, (f.path, pos))  # type: ignore[attr-defined]
+    out: list[Check] = []
+    for f in facts:
+        for name, pos, line, src in getattr(f, "cpu_tensor_args", []):
+            hit = where.get(name)
+            if hit is None or hit[0] == f.path or pos not in hit[1]:  # type: ignore[attr-defined]
+                continue
+            out.append(finding("nccl-cpu-tensor", "warning", f.path, line,  # type: ignore[attr-defined]
+                               f"{name}(...) gets {src} (a CPU tensor) as argument {pos + 1}, which "
+                               f"{os.path.basename(hit[0])} hands to a torch.distributed collective: under nccl "
+                               "('No backend type associated with device type cpu')",
+                               f"make it on the process's GPU: {src.split('(')[0]}(..., device=<this rank's device>)",
+                               "https://docs.pytorch.org/docs/stable/distributed.html#backends"))
+    return out

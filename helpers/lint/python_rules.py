@@ -110,6 +110,9 @@ class PyFacts:
     global_rank_args: list[tuple[str, int, int, str]] = field(default_factory=list)  # (imported fn, arg, line, src)
     uninit_rank_funcs: set[str] = field(default_factory=set)  # functions that answer rank 0 before init (cross_rules)
     rank_before_init: list[tuple[str, int, int, str]] = field(default_factory=list)  # (fn, line, init line, init call)
+    collective_params: dict[str, set[int]] = field(default_factory=dict)  # function -> params handed to a collective
+    cpu_tensor_args: list[tuple[str, int, int, str]] = field(default_factory=list)  # (imported fn, arg, line, src)
+    mentions_nccl: bool = False
     saves_16bit: bool = False               # a DeepSpeed engine's save_16bit_model / save_fp16_model
     own_scheduler_line: int = 0             # a real LR scheduler built in code (not accelerate's DummyScheduler)
 
@@ -391,6 +394,7 @@ class PythonLinter:
         self.nodes: list[ast.AST] = [self.tree]
         self._all_calls: list[ast.Call] | None = None
         self._gating: set[ast.AST | None] | None = None
+        self._single_flags: set[str] | None = None
         self._shards_models = accelerator_shards(self.tree, text)
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
@@ -414,6 +418,9 @@ class PythonLinter:
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, node)
+        # a bare call f(...) never reaches a method (a class body is no enclosing scope of its methods' code)
+        self.plain_functions = {n.name for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                and not isinstance(self.parents.get(n), ast.ClassDef)}
         self._learn_across_functions()
         self.wrappers = WrapperFlow(self.tree, text, self.parents, self.functions, ddp_params)
         self.lightning = bool(re.search(r"LightningModule", text))
@@ -527,13 +534,19 @@ class PythonLinter:
                 not any(k.arg == "rank_zero_only" and isinstance(k.value, ast.Constant) and k.value.value is True
                         for k in call.keywords):
             return f"self.{name} (Lightning: called from every process unless rank_zero_only=True)"
-        if (not recv or recv in ("self", "cls")) and name in self.functions:
+        if not recv and name in self.functions and name not in self.plain_functions:
+            # a method's name called bare: an imported function of that name (mmengine's FSDPStrategy.save_checkpoint
+            # calls mmengine.runner.checkpoint.save_checkpoint, a file writer); an engine's save/load_checkpoint
+            # collective is a method call, never a bare one here
+            if name in ("save_checkpoint", "load_checkpoint"):
+                return None
+        elif (not recv or recv in ("self", "cls")) and name in self.functions:
             if name in self.collective_funcs and depth < 3:
                 return f"{name}() -> {self.collective_funcs[name]}"
             return None
         if name in ("save_checkpoint", "load_checkpoint") and recv in self.module_aliases and recv != "deepspeed":
             return None  # a module's own save_checkpoint function, not an engine method
-        if name in STRONG_COLLECTIVES and not (not recv and name in self.functions):
+        if name in STRONG_COLLECTIVES and not (not recv and name in self.plain_functions):
             return f"{recv + '.' if recv else ''}{name}"
         if name in WEAK_COLLECTIVES:
             if name == "compute":
@@ -551,7 +564,7 @@ class PythonLinter:
         if name == "state_dict" and self.uses_fsdp and self._under_full_state_dict_ctx(call):
             return f"{recv}.state_dict (FULL_STATE_DICT gather)"
         target = None
-        if not recv and name in self.functions or recv in ("self", "cls") and name in self.functions:
+        if not recv and name in self.plain_functions or recv in ("self", "cls") and name in self.functions:
             target = name
         if target and target in self.collective_funcs and depth < 3:
             return f"{target}() -> {self.collective_funcs[target]}"
@@ -641,6 +654,7 @@ class PythonLinter:
         self.rule_unbound_after_ddp_branch()
         self.rule_metric_not_reduced()
         self.rule_rank_gated_model_change()
+        self.rule_rank_gated_object_used()
         for rule in extra_rules:
             rule(self)
         self.collect_facts()
@@ -707,6 +721,16 @@ class PythonLinter:
                      f"{coll} is reached only when `{_gate_text(gate)}` holds: the ranks that skip it "
                      f"never join, the others wait in it forever (hang)", fix, seed)
 
+    def _mapping_tested(self, stmt: ast.If) -> bool:
+        """The emptiness test reads a mapping (``len(data) == 0`` where the function calls ``data.values()`` /
+        ``.keys()`` / ``.items()``): a dict of named statistics has the same keys on every rank (fairseq's
+        ``all_reduce_dict``), unlike a shard of the batch, so its emptiness is not this rank's own."""
+        names = {n.id for n in ast.walk(stmt.test) if isinstance(n, ast.Name) and n.id != "len"}
+        scope = self._enclosing_function(stmt) or self.tree
+        return bool(names) and any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("values", "keys", "items")
+            and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in ast.walk(scope))
+
     def rule_rank_early_exit(self) -> None:
         """D21/D20: ``if rank ...: return/break/continue`` before a collective in the same block."""
         for node in self.nodes:
@@ -718,7 +742,7 @@ class PythonLinter:
                     if not isinstance(stmt, ast.If):
                         continue
                     local = not self.taint.rank_test(stmt.test)  # else a test on this rank's own data, or nothing
-                    if local and not _local_emptiness(stmt.test):
+                    if local and (not _local_emptiness(stmt.test) or self._mapping_tested(stmt)):
                         continue
                     exits = _exits(stmt.body)
                     if not exits or isinstance(exits[0], ast.Raise):
@@ -933,6 +957,20 @@ class PythonLinter:
         backward = any(_call_name(c) == (engine, "backward") and id(c) not in gated for c in self._calls(node))
         return gate if backward else None
 
+    def _loads_only_under(self, ctx: ast.Call) -> bool:
+        """``with FSDP.state_dict_type(model, FULL_STATE_DICT):`` whose body only loads (``optim_state_dict_to_load``,
+        ``load_state_dict``): nothing is gathered there, the config's rank0_only/offload_to_cpu concern
+        ``state_dict()`` (mmengine's FSDPStrategy converts a loaded optimizer state this way)."""
+        w = self.parents.get(ctx)
+        if not isinstance(w, ast.withitem):
+            w = self.parents.get(w) if w is not None else None
+        block = self.parents.get(w) if isinstance(w, ast.withitem) else w
+        if not isinstance(block, (ast.With, ast.AsyncWith)):
+            return False
+        names = {_call_name(n)[1] for st in block.body for n in ast.walk(st) if isinstance(n, ast.Call)}
+        return bool(names & {"optim_state_dict_to_load", "load_state_dict"}) and not (
+            names & {"state_dict", "optim_state_dict", "full_optim_state_dict", "get_state_dict"})
+
     def rule_ddp_fsdp_options(self) -> None:
         """D8, D10, D12, D14, D15: DDP/FSDP constructor options."""
         calls = self._calls()
@@ -971,7 +1009,7 @@ class PythonLinter:
                              "StateDictOptions(full_state_dict=True) without cpu_offload=True gathers the whole model "
                              "on every GPU", "add cpu_offload=True", "D15")
             if name == "state_dict_type" and any("FULL_STATE_DICT" in _src(a) for a in c.args) and len(c.args) < 3 \
-                    and "state_dict_config" not in kws:
+                    and "state_dict_config" not in kws and not self._loads_only_under(c):
                 self.add("fsdp-full-state-dict-all-ranks", "warning", c,
                          "FULL_STATE_DICT with the default config gathers the whole model on every rank's GPU",
                          "pass FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
@@ -1066,7 +1104,9 @@ class PythonLinter:
         recv, name = _call_name(call)
         if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
             return "tracker"
-        if (recv, name) in DELETES:
+        if (recv, name) in DELETES or name in ("remove", "rmtree", "unlink", "delete") and call.args and \
+                re.search(r"(?:^|[._])(?:file_client|backend|storage|fs|filesystem)$", recv):
+            # a storage client's remove (mmengine's FileClient / get_file_backend: the same path on every rank)
             return "" if call.args and re.search(r"te?mp", _src(call.args[0]), re.I) else "delete"
         if name == "save_model" and (recv in self.module_aliases or recv.lower().endswith("trainer")):
             # a project module's save_model (its body, not linted here, decides who writes: MAE's misc.save_model
@@ -1082,6 +1122,32 @@ class PythonLinter:
                  and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):
             return "file"
         return ""
+
+    def _single_process_only(self, node: ast.AST) -> bool:
+        """``node`` runs only on a path the file forbids in a distributed run: yolov5's ``if LOCAL_RANK != -1: assert
+        not opt.evolve`` makes everything under ``opt.evolve`` (``else`` of ``if not opt.evolve``) a one-process path.
+        The flags are the ``assert not <flag>`` statements under an ``if`` whose test reads a rank or the world size."""
+        if self._single_flags is None:
+            flags: set[str] = set()
+            for a in self.nodes:
+                if isinstance(a, ast.Assert) and isinstance(a.test, ast.UnaryOp) and isinstance(a.test.op, ast.Not):
+                    p = self.parents.get(a)
+                    while p is not None and not isinstance(p, ast.If):
+                        p = self.parents.get(p)
+                    if p is not None and re.search(r"RANK|WORLD_SIZE|rank|world_size|distributed", _src(p.test)):
+                        flags.add(_src(a.test.operand))
+            self._single_flags = flags
+        if not self._single_flags:
+            return False
+        child, p = node, self.parents.get(node)
+        while p is not None:
+            if isinstance(p, ast.If):
+                test = p.test
+                if child in p.body and _src(test) in self._single_flags or child in p.orelse and isinstance(
+                        test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _src(test.operand) in self._single_flags:
+                    return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _functions_with_collectives(self) -> set[ast.AST]:
         """The functions that call a collective outside any rank gate (``dcp.save``, ``all_reduce``...): every rank
@@ -1161,7 +1227,7 @@ class PythonLinter:
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
             if name == "open" and self._truncate_only(call):
                 continue  # `with open(log, "w"): pass` empties the file: every rank leaves the same empty file
-            if self._rank_gate(call) is not None or self._after_rank_exit(call):
+            if self._rank_gate(call) is not None or self._after_rank_exit(call) or self._single_process_only(call):
                 continue
             fn = self._enclosing_function(call)
             if fn is not None and fn not in self._gating_functions() and fn not in collective_fns and \
@@ -1200,10 +1266,11 @@ class PythonLinter:
         ``get_peft_model_state_dict``, fails under several processes."""
         self._prepared_model_attributes()
         self._prepared_self_models()
+        flagged = self._ddp_foreign_attributes()
         if not self.wrappers.w.stored:
             return
         for node in self.nodes:
-            if not isinstance(node, ast.Attribute):
+            if not isinstance(node, ast.Attribute) or id(node) in flagged:
                 continue
             stored = self.wrappers.wrapper_attribute(node)
             if stored:
@@ -1297,6 +1364,118 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{attr}''",
                          f"self.accelerator.unwrap_model(self.{name}).{attr}",
                          "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
+
+    def rule_rank_gated_object_used(self) -> None:
+        """An object made only on some ranks, used on all of them: ``ema = ModelEMA(model) if rank in [-1, 0] else
+        None`` then ``ema.updates = ...`` (ultralytics/yolov5#775), or ``wandb_logger = WandbLogger(...)`` inside ``if
+        rank in [-1, 0]:`` then ``wandb_logger.wandb`` outside it (#2574): the other ranks hold None
+        (``AttributeError: 'NoneType' object has no attribute ...``) or nothing (NameError).  A use counts when it
+        reads an attribute of the name (or calls a method) outside any rank gate, after the assignment, in the same
+        function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
+        made: dict[tuple[ast.AST | None, str], tuple[int, str]] = {}
+        plain: set[tuple[ast.AST | None, str]] = set()
+        for node in self.nodes:
+            if not isinstance(node, ast.Assign):
+                continue
+            scope = self._enclosing_function(node)
+            for t in node.targets:
+                if not isinstance(t, ast.Name):
+                    continue
+                v = node.value
+                if isinstance(v, ast.IfExp) and self.taint.rank_test(v.test) and any(
+                        isinstance(b, ast.Constant) and b.value is None for b in (v.body, v.orelse)):
+                    made[(scope, t.id)] = (node.lineno, f"{_src(v)[:60]}")
+                elif (gate := self._rank_gate(node)) is not None and not (isinstance(v, ast.Constant) and v.value is None):
+                    both = isinstance(gate, ast.If) and all(
+                        any(isinstance(a, ast.Assign) and any(isinstance(x, ast.Name) and x.id == t.id for x in a.targets)
+                            for st in branch for a in ast.walk(st)) for branch in (gate.body, gate.orelse))
+                    if both:  # made on the gated ranks and, in the else branch, on the others
+                        plain.add((scope, t.id))
+                    else:
+                        made.setdefault((scope, t.id), (node.lineno, f"only under `{_gate_text(gate)}`"))
+                else:
+                    plain.add((scope, t.id))
+        made = {k: v for k, v in made.items() if k not in plain or " if " in v[1]}
+        if not made:
+            return
+        seen: set[tuple[ast.AST | None, str]] = set()
+        for node in self.nodes:
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+                continue
+            key = (self._enclosing_function(node), node.value.id)
+            if key not in made or key in seen or node.lineno <= made[key][0] or self._rank_gate(node) is not None:
+                continue
+            p, guarded = self.parents.get(node), False
+            while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not guarded:
+                test = p.test if isinstance(p, (ast.If, ast.IfExp, ast.While)) else p if isinstance(p, ast.BoolOp) else None
+                guarded = test is not None and (any(isinstance(n, ast.Name) and n.id == node.value.id
+                                                    for n in ast.walk(test)) or re.search(r"(?i)rank", _src(test)))
+                p = self.parents.get(p)
+            if guarded:
+                continue
+            seen.add(key)
+            line, how = made[key]
+            self.add("rank-gated-object-used", "error", node,
+                     f"{_src(node)[:50]} runs on every rank, but {node.value.id} is made only on some (line {line}: "
+                     f"{how}): on the others it is None or unset ('NoneType' object has no attribute "
+                     f"'{node.attr}', or NameError)",
+                     f"gate the use like the creation (if {node.value.id} is not None: / if <main rank>:), or make it "
+                     "on every rank", "D21")
+
+    def _ddp_foreign_attributes(self) -> set[int]:
+        """A name bound to ``DistributedDataParallel(model)`` read for an attribute a DDP instance does not have
+        (:data:`helpers.lint.wrappers.DDP_PUBLIC`: its class's public names and what its ``__init__`` sets):
+        ``nn.Module.__getattr__`` looks only in the wrapper's own parameters, buffers and submodules (just
+        ``module``), so ``model.stride`` / ``model.model[-1]`` raise AttributeError under DDP, whatever the inner
+        model holds (ultralytics/yolov5#683, #5332).  A read under an ``if`` / conditional expression whose test names
+        the same variable (``model.module.stride if is_parallel(model) else model.stride``) is the author's own
+        dispatch and is left alone.  Returns the ids of the nodes reported, so the stored-attribute reading does not
+        report them twice."""
+        from helpers.lint.wrappers import DDP_PUBLIC
+
+        out: set[int] = set()
+        if not re.search(r"DistributedDataParallel|\bDDP\(", self.text):
+            return out
+        for node in self.nodes:
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and
+                    isinstance(node.ctx, ast.Load)) or node.attr in DDP_PUBLIC or node.attr.startswith("_"):
+                continue
+            if node.value.id in ("self", "cls") or not self.wrappers.state(node.value, node)[0]:
+                continue
+            p, dispatch = self.parents.get(node), False
+            while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not dispatch:
+                if isinstance(p, (ast.If, ast.IfExp, ast.While)):
+                    dispatch = any(isinstance(n, ast.Name) and n.id == node.value.id for n in ast.walk(p.test))
+                p = self.parents.get(p)
+            if dispatch or self._other_branch_wraps(node):
+                continue
+            out.add(id(node))
+            self.add("ddp-wrapper-attribute", "error", node,
+                     f"{_src(node)} reads '{node.attr}' on {node.value.id}, which holds the DistributedDataParallel "
+                     f"wrapper here: a DDP instance has no '{node.attr}' of its own, and nn.Module.__getattr__ looks only "
+                     f"in the wrapper's parameters, buffers and submodules ('AttributeError: 'DistributedDataParallel' "
+                     f"object has no attribute '{node.attr}'')",
+                     f"{node.value.id}.module.{node.attr} (or read it from the model before wrapping)",
+                     "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+        return out
+
+    def _other_branch_wraps(self, node: ast.Attribute) -> bool:
+        """The DDP wrap of ``node``'s variable sits in another branch of an ``if`` that holds ``node`` (``if
+        distributed: model = DDP(model)`` / ``elif cuda: model.features ...``): the two never run together."""
+        from helpers.lint.wrappers import DDP_CTOR
+
+        name = node.value.id  # type: ignore[attr-defined]
+        child, p = node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, ast.If):
+                other = p.orelse if child in p.body else p.body if child in p.orelse else []
+                if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and
+                       DDP_CTOR.match(_call_name(a.value)[1] or "") and
+                       any(isinstance(t, ast.Name) and t.id == name for t in a.targets)
+                       for stmt in other for a in ast.walk(stmt)):
+                    return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _prepared_model_attributes(self) -> None:
         """:meth:`rule_ddp_wrapper_attribute` for the models ``accelerator.prepare`` returns (in the same function,
@@ -1469,6 +1648,18 @@ class PythonLinter:
                         self.add("hardcoded-master-port", "warning", call,
                                  f"init_method={kw.value.value} fixes the rendezvous port: a second job on the node "
                                  "fails with EADDRINUSE", "init_method='env://' under torchrun", "D4")
+                given = next((k.value for k in call.keywords if k.arg == "timeout"), None)
+                seconds = _timedelta_seconds(given) if given is not None else None
+                if seconds is not None and seconds <= SHORT_INIT_TIMEOUT_S:
+                    waits = self._rank_first_section() if waits is None else waits
+                    if waits:
+                        self.add("init-timeout-short", "warning", call,
+                                 f"{waits}, and init_process_group's timeout is {seconds:g} s (the default is 10 "
+                                 "minutes): the ranks that wait are aborted once the first rank's step (evaluation, "
+                                 "download, dataset check) runs longer ('Watchdog caught collective operation timeout')",
+                                 "raise the timeout above the longest first-rank step (or leave the default), e.g. "
+                                 "timeout=datetime.timedelta(minutes=30)",
+                                 "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group")
                 if not any(k.arg == "timeout" or k.arg is None for k in call.keywords):
                     waits = self._rank_first_section() if waits is None else waits
                     if waits:
@@ -1589,6 +1780,35 @@ class PythonLinter:
                 if self.taint.is_global_rank(a):
                     f.global_rank_args.append((name, i, call.lineno, _src(a)))
         self._rank_init_facts()
+        self._cpu_tensor_facts()
+
+    def _cpu_tensor_facts(self) -> None:
+        """:attr:`PyFacts.collective_params` (module-level functions that pass a parameter as the tensor of
+        ``dist.all_reduce`` / ``all_gather`` / ``broadcast`` / ``reduce``), :attr:`PyFacts.cpu_tensor_args` (calls of
+        functions defined elsewhere given an inline ``torch.tensor(...)`` without ``device=``: a CPU tensor) and
+        :attr:`PyFacts.mentions_nccl`, for :func:`helpers.lint.cross_rules.cpu_tensor_to_collective_across`."""
+        from helpers.lint.contract_rules import _TENSOR_CTORS
+
+        f = self.facts
+        f.mentions_nccl = "nccl" in self.text
+        for fn in getattr(self.tree, "body", []):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [a.arg for a in fn.args.args]
+            used = {params.index(c.args[0].id) for c in ast.walk(fn) if isinstance(c, ast.Call)
+                    and _call_name(c)[0] in ("dist", "torch.distributed") and _call_name(c)[1] in
+                    ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor") and c.args
+                    and isinstance(c.args[0], ast.Name) and c.args[0].id in params}
+            if used:
+                f.collective_params[fn.name] = used
+        for call in self._calls():
+            recv, name = _call_name(call)
+            if recv or name in self.functions or not name:
+                continue
+            for i, a in enumerate(call.args):
+                if isinstance(a, ast.Call) and _call_name(a)[0] == "torch" and _call_name(a)[1] in _TENSOR_CTORS and \
+                        not any(k.arg == "device" for k in a.keywords):
+                    f.cpu_tensor_args.append((name, i, call.lineno, _src(a)[:50]))
 
     def _rank_init_facts(self) -> None:
         """:attr:`PyFacts.uninit_rank_funcs` (module-level functions that return constants while
@@ -1617,6 +1837,29 @@ class PythonLinter:
                 names = [t.id for t in flat_targets(node) if isinstance(t, ast.Name)]
                 if any("rank" in n.lower() for n in names):
                     f.rank_before_init.append((_call_name(node.value)[1], node.lineno, first.lineno, _src(first)[:60]))
+
+
+SHORT_INIT_TIMEOUT_S = 60.0
+"""A process-group timeout of at most this many seconds is shorter than the work one rank does while the others wait
+(an evaluation, a download, a checkpoint take minutes; NCCL also connects lazily at the first collective), the same
+bound the NCCL log reader uses for a watchdog timeout (``helpers.nccl_log.rules.SHORT_TIMEOUT_MS``); PyTorch's default
+is 10 minutes for nccl (https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)."""
+_TIMEDELTA_UNITS = {"days": 86400.0, "seconds": 1.0, "microseconds": 1e-6, "milliseconds": 1e-3, "minutes": 60.0,
+                    "hours": 3600.0, "weeks": 604800.0}
+
+
+def _timedelta_seconds(expr: ast.AST) -> float | None:
+    """Seconds of ``timedelta(seconds=60)`` / ``datetime.timedelta(minutes=5)`` / ``timedelta(0, 60)`` written with
+    numbers only, else None (a value computed at run time)."""
+    if not (isinstance(expr, ast.Call) and _call_name(expr)[1] == "timedelta"):
+        return None
+    total = 0.0
+    order = ("days", "seconds", "microseconds", "milliseconds", "minutes", "hours", "weeks")
+    for unit, arg in [*zip(order, expr.args), *((k.arg, k.value) for k in expr.keywords)]:
+        if unit not in _TIMEDELTA_UNITS or not (isinstance(arg, ast.Constant) and isinstance(arg.value, (int, float))):
+            return None
+        total += _TIMEDELTA_UNITS[unit] * arg.value
+    return total
 
 
 _PG_INIT = re.compile(r"^(?:init_process_group|init_from_env|init_distributed\w*|initialize_distributed|"
