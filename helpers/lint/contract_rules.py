@@ -1150,6 +1150,35 @@ def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
                f"accelerator.skip_first_batches(loader, resume_step) else: active = loader", _ACC_RESUME)
 
 
+def collect_cpu_tensor_facts(lt: PythonLinter) -> None:
+    """:attr:`PyFacts.collective_params` (module-level functions that pass a parameter as the tensor of
+    ``dist.all_reduce`` / ``all_gather`` / ``broadcast`` / ``reduce``), :attr:`PyFacts.cpu_tensor_args` (calls of
+    functions defined elsewhere given an inline ``torch.tensor(...)`` without ``device=``: a CPU tensor) and
+    :attr:`PyFacts.mentions_nccl`, for :func:`helpers.lint.cross_rules.cpu_tensor_to_collective_across`."""
+    from helpers.lint.python_rules import _call_name, _src
+
+    f = lt.facts
+    f.mentions_nccl = "nccl" in lt.text
+    for fn in getattr(lt.tree, "body", []):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        params = [a.arg for a in fn.args.args]
+        used = {params.index(c.args[0].id) for c in ast.walk(fn) if isinstance(c, ast.Call)
+                and _call_name(c)[0] in ("dist", "torch.distributed") and _call_name(c)[1] in
+                ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor") and c.args
+                and isinstance(c.args[0], ast.Name) and c.args[0].id in params}
+        if used:
+            f.collective_params[fn.name] = used
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if recv or name in lt.functions or not name:
+            continue
+        for i, a in enumerate(call.args):
+            if isinstance(a, ast.Call) and _call_name(a)[0] == "torch" and _call_name(a)[1] in _TENSOR_CTORS and \
+                    not any(k.arg == "device" for k in a.keywords):
+                f.cpu_tensor_args.append((name, i, call.lineno, _src(a)[:50]))
+
+
 def rule_grad_accum_from_device_count(lt: PythonLinter) -> None:
     """Accumulation or batch split by ``torch.cuda.device_count()`` (GPUs on this node) instead of the world size."""
     if "init_process_group" not in lt.text:
@@ -1788,6 +1817,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_quantized_model_no_device_map(lt)
     rule_fsdp_inference_mode(lt)
     grad_sync_rules.run(lt)
+    collect_cpu_tensor_facts(lt)
     lt.facts.contract = sc
     return sc
 

@@ -1780,35 +1780,6 @@ class PythonLinter:
                 if self.taint.is_global_rank(a):
                     f.global_rank_args.append((name, i, call.lineno, _src(a)))
         self._rank_init_facts()
-        self._cpu_tensor_facts()
-
-    def _cpu_tensor_facts(self) -> None:
-        """:attr:`PyFacts.collective_params` (module-level functions that pass a parameter as the tensor of
-        ``dist.all_reduce`` / ``all_gather`` / ``broadcast`` / ``reduce``), :attr:`PyFacts.cpu_tensor_args` (calls of
-        functions defined elsewhere given an inline ``torch.tensor(...)`` without ``device=``: a CPU tensor) and
-        :attr:`PyFacts.mentions_nccl`, for :func:`helpers.lint.cross_rules.cpu_tensor_to_collective_across`."""
-        from helpers.lint.contract_rules import _TENSOR_CTORS
-
-        f = self.facts
-        f.mentions_nccl = "nccl" in self.text
-        for fn in getattr(self.tree, "body", []):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            params = [a.arg for a in fn.args.args]
-            used = {params.index(c.args[0].id) for c in ast.walk(fn) if isinstance(c, ast.Call)
-                    and _call_name(c)[0] in ("dist", "torch.distributed") and _call_name(c)[1] in
-                    ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor") and c.args
-                    and isinstance(c.args[0], ast.Name) and c.args[0].id in params}
-            if used:
-                f.collective_params[fn.name] = used
-        for call in self._calls():
-            recv, name = _call_name(call)
-            if recv or name in self.functions or not name:
-                continue
-            for i, a in enumerate(call.args):
-                if isinstance(a, ast.Call) and _call_name(a)[0] == "torch" and _call_name(a)[1] in _TENSOR_CTORS and \
-                        not any(k.arg == "device" for k in a.keywords):
-                    f.cpu_tensor_args.append((name, i, call.lineno, _src(a)[:50]))
 
     def _rank_init_facts(self) -> None:
         """:attr:`PyFacts.uninit_rank_funcs` (module-level functions that return constants while
