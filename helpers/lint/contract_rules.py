@@ -883,6 +883,33 @@ _ACC_GATHERS = {"gather", "gather_for_metrics", "reduce"}
 _ACC_OPERATIONS = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py"
 
 
+def _assigned_once(lt: PythonLinter, name: str, at: ast.AST, before: int | None = None) -> ast.Assign | None:
+    """The one assignment to ``name`` in the function holding ``at`` (the module for module-level code), or None when
+    there is none or more than one; ``before``: count only assignments above that line."""
+    fn = lt._enclosing_function(at) or lt.tree
+    sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and (before is None or n.lineno < before)
+            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    return sets[0] if len(sets) == 1 else None
+
+
+def _moved(lt: PythonLinter, name: str, at: ast.AST) -> bool:
+    """``name.cuda()`` or ``name.to(...)`` is called in the function holding ``at``."""
+    fn = lt._enclosing_function(at) or lt.tree
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == name for n in ast.walk(fn))
+
+
+def _cpu_ctor(expr: ast.AST) -> str | None:
+    """The constructor's name when ``expr`` is ``torch.<ctor>(...)`` (:data:`_TENSOR_CTORS`) without ``device=``: a
+    tensor made on the CPU."""
+    from helpers.lint.python_rules import _call_name
+
+    if not isinstance(expr, ast.Call):
+        return None
+    crecv, cname = _call_name(expr)
+    return cname if crecv == "torch" and cname in _TENSOR_CTORS and _kw(expr, "device") is None else None
+
+
 def _accelerator_cpu_tensor(lt: PythonLinter) -> None:
     """``accelerator.gather_for_metrics(torch.tensor(n))``: Accelerate's gather / reduce hand the tensor to
     ``torch.distributed`` as it is (``_gpu_gather_one``: ``all_gather_into_tensor``; utils/operations.py,
@@ -897,18 +924,12 @@ def _accelerator_cpu_tensor(lt: PythonLinter) -> None:
             continue
         arg, made = call.args[0], None
         if isinstance(arg, ast.Name):
-            fn = lt._enclosing_function(call) or lt.tree
-            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
-            moved = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
-                        and isinstance(n.func.value, ast.Name) and n.func.value.id == arg.id for n in ast.walk(fn))
-            if len(sets) != 1 or moved:
+            made = _assigned_once(lt, arg.id, call)
+            if made is None or _moved(lt, arg.id, call):
                 continue
-            made, arg = sets[0], sets[0].value
-        if not isinstance(arg, ast.Call):
-            continue
-        crecv, cname = _call_name(arg)
-        if crecv != "torch" or cname not in _TENSOR_CTORS or _kw(arg, "device") is not None:
+            arg = made.value
+        cname = _cpu_ctor(arg)
+        if cname is None:
             continue
         where = f" (line {made.lineno})" if made is not None else ""
         lt.add("nccl-cpu-tensor", "warning", call,
@@ -932,20 +953,13 @@ def rule_nccl_cpu_tensor(lt: PythonLinter, sc: ScriptContract) -> None:
                 recv not in ("dist", "torch.distributed") or not call.args or not isinstance(call.args[0], ast.Name):
             continue
         var = call.args[0].id
-        fn = lt._enclosing_function(call) or lt.tree
-        made = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var
-                                                                             for t in n.targets)]
-        if len(made) != 1 or not isinstance(made[0].value, ast.Call):
+        made = _assigned_once(lt, var, call)
+        if made is None:
             continue
-        ctor = made[0].value
-        crecv, cname = _call_name(ctor)
-        if crecv != "torch" or cname not in _TENSOR_CTORS or _kw(ctor, "device") is not None:
-            continue
-        moved = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
-                    and isinstance(n.func.value, ast.Name) and n.func.value.id == var for n in ast.walk(fn))
-        if not moved:
+        cname = _cpu_ctor(made.value)
+        if cname is not None and not _moved(lt, var, call):
             lt.add("nccl-cpu-tensor", "error", call,
-                   f"{var} (torch.{cname}(...), line {made[0].lineno}) is a CPU tensor and the backend is nccl: "
+                   f"{var} (torch.{cname}(...), line {made.lineno}) is a CPU tensor and the backend is nccl: "
                    "'Tensors must be CUDA and dense'", f"create it on the GPU: torch.{cname}(..., device='cuda') or "
                    f"{var}.cuda()", _DIST + "#backends")
 
@@ -994,12 +1008,11 @@ def rule_gather_variable_shape(lt: PythonLinter) -> None:
         why = _data_sized(arg)
         if why is None and isinstance(arg, ast.Name):
             fn = lt._enclosing_function(call) or lt.tree
-            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+            made = _assigned_once(lt, arg.id, call)
             padded = any(isinstance(n, ast.Call) and _call_name(n)[1] == "pad_across_processes" for n in ast.walk(fn))
-            if len(sets) == 1 and not padded:
-                why = _data_sized(sets[0].value)
-                why = f"{arg.id} = {why} (line {sets[0].lineno})" if why else None
+            if made is not None and not padded:
+                why = _data_sized(made.value)
+                why = f"{arg.id} = {why} (line {made.lineno})" if why else None
         if why is None:
             continue
         lt.add("gather-variable-shape", "warning", call,
@@ -1026,12 +1039,10 @@ def rule_rank_zero_falsy(lt: PythonLinter) -> None:
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
         if not isinstance(test, ast.Name):
             continue
-        fn = lt._enclosing_function(node) or lt.tree
-        sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < node.lineno and any(
-            isinstance(t, ast.Name) and t.id == test.id for t in n.targets)]
-        if len(sets) != 1 or not isinstance(sets[0].value, ast.Call):
+        made = _assigned_once(lt, test.id, node, before=node.lineno)
+        if made is None or not isinstance(made.value, ast.Call):
             continue
-        value = sets[0].value
+        value = made.value
         called = ast.unparse(value.func).lower()
         if "int" not in called or not _RANK_ENV.search(ast.unparse(value)) or \
                 not any(isinstance(b, ast.Return) for b in node.body):
@@ -1040,7 +1051,7 @@ def rule_rank_zero_falsy(lt: PythonLinter) -> None:
                    len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq) and isinstance(c.comparators[0], ast.Constant) and
                    c.comparators[0].value == 0 for b in node.body for c in ast.walk(b)) and test is node.test
         lt.add("rank-zero-falsy", "warning", node,
-               f"'if {ast.unparse(node.test)}:' tests {test.id} (line {sets[0].lineno}: {ast.unparse(value)[:50]}) for "
+               f"'if {ast.unparse(node.test)}:' tests {test.id} (line {made.lineno}: {ast.unparse(value)[:50]}) for "
                f"truth: rank 0 is false, so the main process reads as 'not set'" +
                (f"; '{test.id} == 0' inside it can never be true" if dead else ""),
                f"if {test.id} is not None:", _TRUTH)
@@ -1174,8 +1185,7 @@ def collect_cpu_tensor_facts(lt: PythonLinter) -> None:
         if recv or name in lt.functions or not name:
             continue
         for i, a in enumerate(call.args):
-            if isinstance(a, ast.Call) and _call_name(a)[0] == "torch" and _call_name(a)[1] in _TENSOR_CTORS and \
-                    not any(k.arg == "device" for k in a.keywords):
+            if _cpu_ctor(a) is not None:
                 f.cpu_tensor_args.append((name, i, call.lineno, _src(a)[:50]))
 
 

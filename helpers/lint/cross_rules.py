@@ -389,6 +389,24 @@ def usage_contract(path: str, text: str) -> object | None:
     return facts
 
 
+def _arguments_reaching(facts: Sequence[object], params: str, args: str) -> list[tuple[object, str, int, int, str, str]]:
+    """Calls recorded in one linted file (the facts' ``args`` list: ``(function, argument index, line, source)``) whose
+    argument lands on a parameter that another linted file's function of that name uses in a given way (the facts'
+    ``params`` mapping: ``function -> parameter indexes``).  Returns ``(facts of the calling file, function, argument
+    index, line, source, path of the defining file)``; the first file that defines a name wins."""
+    where: dict[str, tuple[str, set[int]]] = {}
+    for f in facts:
+        for name, pos in getattr(f, params, {}).items():
+            where.setdefault(name, (f.path, pos))  # type: ignore[attr-defined]
+    out = []
+    for f in facts:
+        for name, pos, line, src in getattr(f, args, []):
+            hit = where.get(name)
+            if hit is not None and hit[0] != f.path and pos in hit[1]:  # type: ignore[attr-defined]
+                out.append((f, name, pos, line, src, hit[0]))
+    return out
+
+
 def device_from_global_rank_across(facts: Sequence[object]) -> list[Check]:
     """A call in one linted file that passes the global rank to a function of another linted file that uses that
     parameter as the CUDA device (``set_device``, ``device_ids=[...]``, ``torch.device('cuda', i)``): on every node but
@@ -396,23 +414,13 @@ def device_from_global_rank_across(facts: Sequence[object]) -> list[Check]:
     its GPUs (torchrun's contract: LOCAL_RANK is the device index, RANK the global one,
     https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables; ultralytics/yolov5#5114 passed RANK to
     torch_distributed_zero_first(local_rank), whose barrier uses it as device_ids)."""
-    where: dict[str, tuple[str, set[int]]] = {}
-    for f in facts:
-        for name, pos in getattr(f, "device_params", {}).items():
-            where.setdefault(name, (f.path, pos))  # type: ignore[attr-defined]
-    out: list[Check] = []
-    for f in facts:
-        for name, pos, line, src in getattr(f, "global_rank_args", []):
-            hit = where.get(name)
-            if hit is None or hit[0] == f.path or pos not in hit[1]:  # type: ignore[attr-defined]
-                continue
-            out.append(finding("device-from-global-rank", "error", f.path, line,  # type: ignore[attr-defined]
-                               f"{name}(...) gets the global rank ({src}) as argument {pos + 1}, which "
-                               f"{os.path.basename(hit[0])} uses as the CUDA device: on a second node the rank exceeds "
-                               "the node's GPU count (invalid device ordinal)",
-                               f"pass the local rank (LOCAL_RANK) to {name}", "https://docs.pytorch.org/docs/stable/"
-                               "elastic/run.html#environment-variables"))
-    return out
+    return [finding("device-from-global-rank", "error", f.path, line,  # type: ignore[attr-defined]
+                    f"{name}(...) gets the global rank ({src}) as argument {pos + 1}, which "
+                    f"{os.path.basename(defined)} uses as the CUDA device: on a second node the rank exceeds "
+                    "the node's GPU count (invalid device ordinal)",
+                    f"pass the local rank (LOCAL_RANK) to {name}", "https://docs.pytorch.org/docs/stable/"
+                    "elastic/run.html#environment-variables")
+            for f, name, pos, line, src, defined in _arguments_reaching(facts, "device_params", "global_rank_args")]
 
 
 def rank_before_init_across(facts: Sequence[object]) -> list[Check]:
@@ -448,20 +456,10 @@ def cpu_tensor_to_collective_across(facts: Sequence[object]) -> list[Check]:
     where one of the linted files names nccl."""
     if not any(getattr(f, "mentions_nccl", False) for f in facts):
         return []
-    where: dict[str, tuple[str, set[int]]] = {}
-    for f in facts:
-        for name, pos in getattr(f, "collective_params", {}).items():
-            where.setdefault(name, (f.path, pos))  # type: ignore[attr-defined]
-    out: list[Check] = []
-    for f in facts:
-        for name, pos, line, src in getattr(f, "cpu_tensor_args", []):
-            hit = where.get(name)
-            if hit is None or hit[0] == f.path or pos not in hit[1]:  # type: ignore[attr-defined]
-                continue
-            out.append(finding("nccl-cpu-tensor", "warning", f.path, line,  # type: ignore[attr-defined]
-                               f"{name}(...) gets {src} (a CPU tensor) as argument {pos + 1}, which "
-                               f"{os.path.basename(hit[0])} hands to a torch.distributed collective: under nccl "
-                               "('No backend type associated with device type cpu')",
-                               f"make it on the process's GPU: {src.split('(')[0]}(..., device=<this rank's device>)",
-                               "https://docs.pytorch.org/docs/stable/distributed.html#backends"))
-    return out
+    return [finding("nccl-cpu-tensor", "warning", f.path, line,  # type: ignore[attr-defined]
+                    f"{name}(...) gets {src} (a CPU tensor) as argument {pos + 1}, which "
+                    f"{os.path.basename(defined)} hands to a torch.distributed collective: under nccl "
+                    "('No backend type associated with device type cpu')",
+                    f"make it on the process's GPU: {src.split('(')[0]}(..., device=<this rank's device>)",
+                    "https://docs.pytorch.org/docs/stable/distributed.html#backends")
+            for f, name, pos, line, src, defined in _arguments_reaching(facts, "collective_params", "cpu_tensor_args")]

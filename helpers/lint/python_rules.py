@@ -1372,7 +1372,7 @@ class PythonLinter:
         (``AttributeError: 'NoneType' object has no attribute ...``) or nothing (NameError).  A use counts when it
         reads an attribute of the name (or calls a method) outside any rank gate, after the assignment, in the same
         function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
-        made: dict[tuple[ast.AST | None, str], tuple[int, str]] = {}
+        made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]] = {}  # (line, how, a conditional expression)
         plain: set[tuple[ast.AST | None, str]] = set()
         for node in self.nodes:
             if not isinstance(node, ast.Assign):
@@ -1384,7 +1384,7 @@ class PythonLinter:
                 v = node.value
                 if isinstance(v, ast.IfExp) and self.taint.rank_test(v.test) and any(
                         isinstance(b, ast.Constant) and b.value is None for b in (v.body, v.orelse)):
-                    made[(scope, t.id)] = (node.lineno, f"{_src(v)[:60]}")
+                    made[(scope, t.id)] = (node.lineno, f"{_src(v)[:60]}", True)
                 elif (gate := self._rank_gate(node)) is not None and not (isinstance(v, ast.Constant) and v.value is None):
                     both = isinstance(gate, ast.If) and all(
                         any(isinstance(a, ast.Assign) and any(isinstance(x, ast.Name) and x.id == t.id for x in a.targets)
@@ -1392,10 +1392,12 @@ class PythonLinter:
                     if both:  # made on the gated ranks and, in the else branch, on the others
                         plain.add((scope, t.id))
                     else:
-                        made.setdefault((scope, t.id), (node.lineno, f"only under `{_gate_text(gate)}`"))
+                        made.setdefault((scope, t.id), (node.lineno, f"only under `{_gate_text(gate)}`", False))
                 else:
                     plain.add((scope, t.id))
-        made = {k: v for k, v in made.items() if k not in plain or " if " in v[1]}
+        # a name also bound on every rank elsewhere is made everywhere, unless its rank-only value is the
+        # `x if rank... else None` of one assignment (that assignment overrides the others on the ranks it gives None)
+        made = {k: v for k, v in made.items() if k not in plain or v[2]}
         if not made:
             return
         seen: set[tuple[ast.AST | None, str]] = set()
@@ -1414,7 +1416,7 @@ class PythonLinter:
             if guarded:
                 continue
             seen.add(key)
-            line, how = made[key]
+            line, how, _ = made[key]
             self.add("rank-gated-object-used", "error", node,
                      f"{_src(node)[:50]} runs on every rank, but {node.value.id} is made only on some (line {line}: "
                      f"{how}): on the others it is None or unset ('NoneType' object has no attribute "
