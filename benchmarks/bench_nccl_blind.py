@@ -20,7 +20,7 @@ five collector sessions on the next day, after blind5 had been used), ``tests/da
 collector sessions later that day, after blind6 had been used) and ``tests/data/nccl/blind8/`` (10 logs from eight
 collector sessions on the same day, after blind7 had been used).  For those sets a wrong cause is a FAIL/WARN ``cause`` verdict that matches a ``reject`` regex or no ``accept`` regex.
 
-Usage: ``python benchmarks/bench_nccl_blind.py [--set blind|blind2|blind3|blind4|blind5|blind6|blind7|blind8] [--record first|after]``: prints one row per
+Usage: ``python benchmarks/bench_nccl_blind.py [--set blind|blind2|...|blindN] [--record first|after]`` (any folder ``tests/data/nccl/blind*`` with a manifest): prints one row per
 case and the total; ``--record`` appends the rows and the total to the set's ``scores.md`` under a heading
 (``first`` refuses to run when a first score is already recorded: the first score is taken once, before any
 tuning).
@@ -152,7 +152,8 @@ def run(where: Path = BLIND) -> tuple[list[str], str]:
 def main(argv: list[str] | None = None) -> int:
     """Print (and with ``--record``, append to scores.md) the per-case table and the total."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", default="blind", choices=("blind", "blind2", "blind3", "blind4", "blind5", "blind6", "blind7", "blind8"), help="which blind set (default blind)")
+    sets = sorted((d.name for d in DATA.glob("blind*") if (d / "manifest.yaml").is_file()), key=lambda n: (len(n), n))
+    p.add_argument("--set", default="blind", choices=sets, help="which blind set: a folder tests/data/nccl/blind* (default blind)")
     p.add_argument("--record", choices=("first", "after"))
     args = p.parse_args(argv)
     where = DATA / args.set
