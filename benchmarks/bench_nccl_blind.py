@@ -98,10 +98,13 @@ def score(entry: dict, where: Path = BLIND) -> tuple[str, list[str], list[str]]:
         verdicts = nl.interpret(log)
     except ValueError:
         verdicts = []
-    accept = entry.get("accept")
+    # a collector's regex may start with its own (?i): the alternation below is case-blind already, and Python
+    # refuses a global flag that is not at the start of the whole pattern
+    accept = [re.sub(r"^\(\?i\)", "", a) for a in entry.get("accept") or []]
     rx = re.compile("|".join(f"(?:{a})" for a in accept) if accept else NAMES[entry["cause_category"]], re.IGNORECASE
                     if accept else 0)
-    reject = re.compile("|".join(f"(?:{r})" for r in entry.get("reject") or []) or r"(?!)", re.IGNORECASE)
+    reject = re.compile("|".join(f"(?:{re.sub(r'^[(][?]i[)]', '', r)})" for r in entry.get("reject") or [])
+                        or r"(?!)", re.IGNORECASE)
     naming, wrong = [], []
     for v in verdicts:
         kind = v.values.get("kind", "cause")
