@@ -42,7 +42,8 @@ _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
                  "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
                  "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated",
-                 "Unable to resolve", "gloo", "Gloo", "refused", "compute device", "signal dumping", "No CUDA GPUs", "xception", "envoy", "istio-proxy", "pilot-agent")
+                 "Unable to resolve", "gloo", "Gloo", "refused", "compute device", "signal dumping", "No CUDA GPUs", "xception", "envoy", "istio-proxy", "pilot-agent",
+                 "MEMBER: ", "processes registered", "main_process_first")
 
 
 def _yaml_loader(yaml: Any) -> type:

@@ -435,6 +435,45 @@ def _ranks_never_started(ranks: Sequence[RankInfo]) -> Check | None:
                            "waiting_ranks": seen[:_VERDICT_LIST_MAX]}, kind="suspect")
 
 
+_MEMBER = re.compile(r"GLOBAL_RANK: (\d+), MEMBER: (\d+)/(\d+)")
+
+
+def _check_lightning_members(log: NcclLog) -> list[Check]:
+    """Fewer Lightning processes announced themselves than the world size, and none got further.
+
+    Lightning's ``_init_dist_connection`` (lightning/fabric/utilities/distributed.py) logs ``Initializing distributed:
+    GLOBAL_RANK: r, MEMBER: r+1/N`` in each process just before ``init_process_group``, and rank 0 logs ``All
+    distributed processes registered. Starting with N processes`` once that call returns on every rank.  A log with
+    k < N MEMBER lines, no such line and no rank past NCCL's init shows ranks waiting for N - k processes that never
+    called it: under SLURM, the usual reason is a job started without ``srun`` or with fewer tasks than
+    ``num_nodes x devices`` (Lightning's SLURM contract,
+    https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html).  A suspect: another node's log may hold
+    the missing lines.
+    """
+    hit = log.catalog.get("lightning-member")
+    if hit is None or "lightning-all-registered" in log.catalog:
+        return []
+    found = [m for m in map(_MEMBER.search, hit.evidence) if m]
+    sizes = {int(m.group(3)) for m in found}
+    if len(sizes) != 1 or any(i.completed or i.channels for i in log.all_infos()):
+        return []
+    size = sizes.pop()
+    ranks = sorted({int(m.group(1)) for m in found})
+    count = len(ranks) if len(hit.evidence) < _EVIDENCE_MAX else hit.count
+    if count >= size:
+        return []
+    shown = ", ".join(map(str, ranks)) + (" ..." if count > len(ranks) else "")
+    message = (f"suspect: {count} of {size} Lightning processes announced themselves (MEMBER lines of rank(s) {shown}) "
+               f"and no rank got past init_process_group: the others never started, so the ones that did wait for "
+               f"them (or their lines are in another node's log)")
+    fix = ("under SLURM start the script with srun and one task per device (#SBATCH --ntasks-per-node equal to "
+           "Trainer(devices=...), --nodes equal to num_nodes); with torchrun, --nnodes x --nproc-per-node must equal "
+           "num_nodes x devices; confirm with each node's log: one MEMBER line per rank")
+    return [verdict("lightning-ranks-missing", "WARN", message, [], [], hit.evidence[:3], fix,
+                    "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html",
+                    values={"announced": count, "world_size": size}, kind="suspect")]
+
+
 def _check_requested_plugin(log: NcclLog) -> list[Check]:
     """``NCCL_NET_PLUGIN`` names a plugin that no library on the host provides, so NCCL runs its internal transports.
 
@@ -1113,7 +1152,8 @@ def interpret(log: NcclLog) -> list[Check]:
                 _check_roce_gid(log) + _check_nccl_lists(log) + _check_gdr_unused(log, topology) +
                 _check_interfaces(log, topology, owners) + _check_no_interface(log) + _check_connect(log, owners) +
                 _check_single_node_net(log, topology) + _check_ib_fallback(log, topology) + _check_versions(log) +
-                _check_short_timeout(log) + _check_gloo_loopback(log) + _check_requested_plugin(log))
+                _check_short_timeout(log) + _check_gloo_loopback(log) + _check_requested_plugin(log) +
+                _check_lightning_members(log))
     explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
     verdicts += _check_sites(log, verdicts)

@@ -449,3 +449,33 @@ def test_other_userbuffers_errors_and_envoy_words_in_prose_are_not_those_reading
     other = read_any("RuntimeError: userbuffers-host.cpp:208 in function create_communicator_grouped2: CUDA Error: out of memory\n")
     assert "te-ub-multicast-unsupported" not in other
     assert "service-mesh-sidecar" not in read_any("INFO: we deploy envoy-free pods; envoyconnection pooling off\n")
+
+
+# ------------------------------------------------------------------- blind set 9's lessons (tests/data/nccl/blind9)
+
+_MEMBERS = "".join(f"initializing ddp: GLOBAL_RANK: {r}, MEMBER: {r + 1}/8\n" for r in (1, 2, 0, 3))
+
+
+def test_fewer_lightning_members_than_the_world_size_names_the_ranks_that_never_started() -> None:
+    """Lightning logs MEMBER k/N in each process before init_process_group; 4 of 8 and nothing later: a suspect."""
+    found = acting(read("GPU available: True, used: True\n" + _MEMBERS))
+    v = found["lightning-ranks-missing"]
+    assert v.status == "WARN" and v.values["kind"] == "suspect" and not v.values.get("faulty"), v.line()
+    assert v.values["announced"] == 4 and v.values["world_size"] == 8 and "srun" in v.remediation
+
+
+@pytest.mark.parametrize("after", [
+    "All distributed processes registered. Starting with 8 processes\n",          # rank 0: every rank joined
+    "".join(f"initializing ddp: GLOBAL_RANK: {r}, MEMBER: {r + 1}/8\n" for r in range(4, 8)),   # the other node's lines
+])
+def test_lightning_members_that_all_joined_say_nothing(after: str) -> None:
+    assert "lightning-ranks-missing" not in read(_MEMBERS + after)
+
+
+def test_a_rank_that_failed_inside_main_process_first_waited_for_the_main_process() -> None:
+    """transformers' main_process_first: the replicas wait in a barrier while the main process preprocesses."""
+    text = ('  File "run_clm.py", line 414, in main\n'
+            '    with training_args.main_process_first(desc="dataset map tokenization"):\n'
+            '  File "/usr/lib/python3.8/contextlib.py", line 113, in __enter__\n')
+    v = read(text)["main-process-first-wait"]
+    assert v.status == "WARN" and "ddp_timeout" in v.remediation and "barrier" in v.title
