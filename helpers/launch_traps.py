@@ -305,7 +305,12 @@ def find_traps(spec: LaunchSpec, *, check_port: bool = False) -> list[Check]:
                       "such parameter is NCCL_NET_DISABLE_INTRA)",
                       "remove it; on one node keep NCCL_IB_DISABLE=1 NCCL_P2P_LEVEL=NVL NCCL_SHM_DISABLE=0 "
                       "(configs/nccl_single_node.env)", sources.cite("Gilbreth 4.1")))
-    if multi and env.get("NCCL_IB_DISABLE") == "1":
+    # on AWS EFA the inter-node transport is the aws-ofi-nccl network plugin (libfabric), not NCCL's IB verbs: there
+    # NCCL_IB_DISABLE=1 is the usual setting and costs nothing
+    # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html)
+    other_net = any(k.startswith(("FI_", "OFI_NCCL")) or k in ("NCCL_NET", "NCCL_NET_PLUGIN") for k in env) or any(
+        re.search(r"amazon/efa|aws-ofi-nccl|libfabric", str(v)) for v in env.values())
+    if multi and env.get("NCCL_IB_DISABLE") == "1" and not other_net:
         t.append(trap("multinode-ib-disabled", "WARN", "env.NCCL_IB_DISABLE",
                       "NCCL_IB_DISABLE=1 on a multi-node job: NCCL falls back to TCP sockets between the nodes without an "
                       "error (only NCCL_DEBUG=INFO's `Using network Socket` shows it), at a fraction of InfiniBand's speed",

@@ -62,6 +62,7 @@ RULES: dict[str, str] = {
     "environ-getattr": "https://docs.python.org/3/library/os.html#os.environ",
     "rank-zero-falsy": "https://docs.python.org/3/library/stdtypes.html#truth-value-testing",
     "rank-seed-before-model-init": "https://docs.pytorch.org/docs/stable/fsdp.html",
+    "fsdp-mesh-without-group": "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html",
     "world-size-as-local": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
     "resume-skip-every-epoch": "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint",
     "grad-accum-from-device-count": "https://docs.pytorch.org/docs/stable/elastic/run.html",

@@ -107,6 +107,9 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
         elif name == "init_process_group":
             sc.init_line = sc.init_line or c.lineno
             backend = _kw(c, "backend") or (c.args[0] if c.args else None)
+            if isinstance(backend, ast.Name):  # backend = 'nccl' once at the top (nanoGPT's config block)
+                one = _assigned_once(lt, backend.id, c)
+                backend = one.value if one is not None else backend
             if isinstance(_const(backend), str):
                 sc.backend = str(_const(backend)).lower()
             method = _const(_kw(c, "init_method"))
@@ -253,6 +256,20 @@ def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
         return  # the device is bound (or a framework binds it)
     bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
                      r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)
+    per_rank = re.search(r"f['\"]cuda:\{[^}]*local_rank[^}]*\}['\"]|torch\.device\(\s*['\"]cuda['\"]\s*,\s*\w*local_rank",
+                         text)
+    if per_rank:  # 'cuda' elsewhere is then the one-process default the rank's device replaces
+        # the tensors go to cuda:<local_rank>, the current device stays cuda:0: what NCCL runs on the current
+        # device (barrier, the object collectives, which move their pickles to torch.cuda.current_device())
+        # runs on GPU 0 from every rank of the node (karpathy/nanoGPT#116 added the set_device)
+        lt.add("nccl-no-device-binding", "warning", text.count("\n", 0, per_rank.start()) + 1,
+               f"'{per_rank.group(0)}' places the tensors, but nothing sets the current CUDA device "
+               "(torch.cuda.set_device / device_id=): under nccl, barrier() and the object collectives "
+               "(all_gather_object, broadcast_object_list) use torch.cuda.current_device(), which is cuda:0 on "
+               "every rank of a node",
+               "torch.cuda.set_device(device) right after choosing it, before init_process_group (or "
+               "init_process_group(..., device_id=device))", _DIST + "#torch.distributed.all_gather_object")
+        return
     if not bare:
         return
     lt.add("nccl-no-device-binding", "error", text.count("\n", 0, bare.start()) + 1,
@@ -1789,6 +1806,143 @@ def rule_fsdp_inference_mode(lt: PythonLinter) -> None:
                    "use torch.no_grad() for evaluation under FSDP", _INFERENCE_MODE)
 
 
+_WRITES_TO = {"save": 1, "open": 0, "save_pretrained": 0, "to_csv": 0, "savez": 0, "write_text": -1, "write_bytes": -1}
+"""Calls that write a file, and which argument holds its path (-1: the receiver, ``Path(...).write_text``)."""
+
+
+def rule_rank_gated_directory(lt: PythonLinter) -> None:
+    """A directory created under a rank gate (``if rank == 0: os.makedirs(ckpt_dir)``) and written into on every
+    rank later in the same function, with no barrier between: the other ranks may get there before rank 0 made it,
+    or run on a node that never makes it (a node-local disk), and fail with FileNotFoundError
+    (karpathy/nanochat: every rank saves its optimizer shard into the directory rank 0 creates).  ``os.makedirs``'s
+    ``exist_ok=True`` makes it safe on every rank (https://docs.python.org/3/library/os.html#os.makedirs)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "makedirs" not in lt.text and "mkdir" not in lt.text:
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in ("makedirs", "mkdir") or lt._rank_gate(c) is None:
+            continue
+        target = c.args[0] if c.args and name == "makedirs" else c.func.value if isinstance(c.func, ast.Attribute) \
+            and recv not in ("os",) else None
+        if not isinstance(target, ast.Name):
+            continue
+        fn = lt._enclosing_function(c) or lt.tree
+        names = {target.id}
+        for n in ast.walk(fn):  # paths built from it: p = os.path.join(d, ...), d / "x", f"{d}/x"
+            if isinstance(n, ast.Assign) and n.lineno > c.lineno and any(
+                    isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
+                names.update(t.id for t in n.targets if isinstance(t, ast.Name))
+        later = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n, "lineno", 0) > c.lineno),
+                       key=lambda n: n.lineno)
+        if any(_call_name(n)[1] in ("makedirs", "mkdir") and lt._rank_gate(n) is None for n in ast.walk(fn)
+               if isinstance(n, ast.Call)):
+            continue  # made on every rank too
+        for w in later:
+            wname = _call_name(w)[1]
+            if wname == "barrier":
+                break
+            at = _WRITES_TO.get(wname)
+            if at is None or lt._rank_gate(w) is not None:
+                continue
+            if wname == "open" and not any(isinstance(a, ast.Constant) and isinstance(a.value, str) and
+                                           a.value[:1] in "wax" for a in w.args[1:2]):
+                continue
+            arg = (w.func.value if isinstance(w.func, ast.Attribute) else None) if at == -1 else \
+                (w.args[at] if len(w.args) > at else None)
+            if arg is None or not any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(arg)):
+                continue
+            lt.add("rank-gated-object-used", "warning", w,
+                   f"{ast.unparse(w)[:60]} runs on every rank and writes into {target.id}, which only "
+                   f"`{ast.unparse(getattr(lt._rank_gate(c), 'test', c))[:40]}` creates (line {c.lineno}), with no "
+                   "barrier between: another rank can get there first, or run on a node where it was never made "
+                   "(FileNotFoundError)",
+                   f"create it on every rank (os.makedirs({target.id}, exist_ok=True) is safe to repeat), or "
+                   "barrier() after rank 0 creates it", "https://docs.python.org/3/library/os.html#os.makedirs")
+            break
+
+
+def rule_save_hook_every_rank(lt: PythonLinter) -> None:
+    """A function registered with ``accelerator.register_save_state_pre_hook`` that writes (``save_pretrained``,
+    ``torch.save``) with no main-process test: Accelerate calls the hook from ``save_state`` in every process that
+    calls it, and under DeepSpeed or FSDP every process must (``save_state`` gathers the sharded state), so each
+    writes the same files (huggingface/diffusers#4929 put the hooks' writes under ``accelerator.is_main_process``;
+    https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.register_save_state_pre_hook)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "register_save_state_pre_hook" not in lt.text:
+        return
+    hooks = {c.args[0].id for c in lt._calls() if _call_name(c)[1] == "register_save_state_pre_hook" and c.args
+             and isinstance(c.args[0], ast.Name)}
+    for node in lt.nodes:
+        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in hooks):
+            continue
+        for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            recv, name = _call_name(c)
+            if not (name == "save_pretrained" or name == "save" and recv in ("torch", "safetensors.torch")):
+                continue
+            if lt._rank_gate(c) is not None or lt._after_rank_exit(c):
+                break
+            lt.add("write-on-every-rank", "warning", c,
+                   f"{ast.unparse(c)[:60]} in the save_state hook {node.name} runs in every process that calls "
+                   "save_state, which under DeepSpeed or FSDP is every process: N processes write the same files",
+                   "write under `if accelerator.is_main_process:` inside the hook (still pop the weights on every "
+                   "process)", _ACC + "#accelerate.Accelerator.register_save_state_pre_hook")
+            break
+
+
+_TP_TUTORIAL = "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html"
+
+
+def _two_dim_mesh(node: ast.AST) -> bool:
+    """``init_device_mesh("cuda", (dp, tp), ...)`` / ``DeviceMesh("cuda", torch.arange(n).view(-1, tp))``: a mesh
+    of two (or more) dimensions."""
+    from helpers.lint.python_rules import _call_name
+
+    if not isinstance(node, ast.Call):
+        return False
+    name = _call_name(node)[1]
+    if name == "init_device_mesh":
+        shape = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mesh_shape"),
+                                                              None)
+        return isinstance(shape, (ast.Tuple, ast.List)) and len(shape.elts) >= 2
+    if name == "DeviceMesh" and len(node.args) > 1:
+        return any(isinstance(c, ast.Call) and _call_name(c)[1] in ("view", "reshape") and len(c.args) >= 2
+                   for c in ast.walk(node.args[1]))
+    return False
+
+
+def rule_fsdp_mesh_without_group(lt: PythonLinter) -> None:
+    """FSDP wraps a model that tensor parallelism already split over one dimension of a 2-D device mesh, without
+    being told the other dimension (``device_mesh=mesh["dp"]`` / ``process_group=`` / ``fully_shard(mesh=...)``): it
+    shards and reduces over the whole world, TP peers included, instead of over the data-parallel ranks only
+    (pytorch/examples#1160 passed the data-parallel group; the 2-D recipe in :data:`_TP_TUTORIAL` gives FSDP the
+    ``dp`` sub-mesh).  Reported for a function that builds a 2-D mesh, calls ``parallelize_module`` and then wraps."""
+    from helpers.lint.python_rules import _call_name
+
+    if "parallelize_module" not in lt.text:
+        return
+    for fn in [n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [lt.tree]:
+        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+        if not any(_two_dim_mesh(c) for c in calls) or not any(_call_name(c)[1] == "parallelize_module" for c in calls):
+            continue
+        for c in calls:
+            name = _call_name(c)[1]
+            if name not in ("FSDP", "FullyShardedDataParallel", "fully_shard"):
+                continue
+            if any(k.arg in ("device_mesh", "process_group", "mesh") or k.arg is None for k in c.keywords) or \
+                    (name == "fully_shard" and len(c.args) > 1):
+                continue
+            lt.add("fsdp-mesh-without-group", "warning", c,
+                   f"{ast.unparse(c)[:60]} wraps a model that parallelize_module split over a 2-D device mesh, but "
+                   "names no mesh or group: FSDP shards and all-reduces over the whole world, the tensor-parallel "
+                   "peers included, not over the data-parallel dimension",
+                   f"pass the data-parallel part: {name}(model, device_mesh=mesh['dp'])"
+                   if name != "fully_shard" else "fully_shard(model, mesh=mesh['dp'])", _TP_TUTORIAL)
+            break
+
+
 def run(lt: PythonLinter) -> ScriptContract:
     """Run the single-file contract rules on ``lt``; return the script's :class:`ScriptContract`."""
     sc = script_contract(lt)
@@ -1805,6 +1959,9 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_same_device_every_rank(lt)
     rule_same_seed_every_rank(lt)
     rule_rank_seed_before_model_init(lt)
+    rule_fsdp_mesh_without_group(lt)
+    rule_rank_gated_directory(lt)
+    rule_save_hook_every_rank(lt)
     rule_lr_steps_from_dataset_length(lt)
     rule_nccl_cpu_tensor(lt, sc)
     rule_gather_variable_shape(lt)

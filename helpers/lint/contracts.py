@@ -182,6 +182,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("FullyShardedDataParallel", "Without sync_module_states=True each rank keeps the shard of its own "
        "initialisation: a seed that differs per rank must come after the model is built",
        "https://docs.pytorch.org/docs/stable/fsdp.html", "rank-seed-before-model-init"),
+    _c("FullyShardedDataParallel / fully_shard", "With tensor parallelism on one dimension of a 2-D device mesh, FSDP "
+       "is given the data-parallel dimension (device_mesh=mesh['dp']); without it, it shards over the whole world",
+       "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html", "fsdp-mesh-without-group"),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collective: every rank calls the function around "
        "them, so a write beside them with no gate of its own runs on every rank",
        "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html", "write-on-every-rank"),

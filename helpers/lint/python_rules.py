@@ -227,6 +227,39 @@ def _exits(body: list[ast.stmt]) -> list[ast.stmt]:
     return direct + sorted((s for s in found if s not in direct), key=lambda s: (s.lineno, s.col_offset))
 
 
+def _literals(test: ast.expr, holds: bool) -> set[tuple[str, bool]]:
+    """The conditions ``test`` being ``holds`` implies, as ``(source, polarity)`` pairs: ``a and not b`` holding
+    gives ``{("a", True), ("b", False)}``; a test that is not a conjunction is one literal."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _literals(test.operand, not holds)
+    if holds and isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return set().union(*(_literals(v, True) for v in test.values))
+    if not holds and isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return set().union(*(_literals(v, False) for v in test.values))
+    return {(_src(test), holds)}
+
+
+def _error_exit(stmt: ast.stmt, parents: dict[ast.AST, ast.AST]) -> bool:
+    """``stmt`` (an early ``return``) ends an error path: its block reports an error (``print("Error ...")``,
+    ``logger.error(...)``) or it returns a negative status.  The run is stopping there with a message, which is what
+    the author meant; the rank that leaves is not skipping a collective it should have joined."""
+    if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.UnaryOp) and isinstance(stmt.value.op, ast.USub):
+        return True
+    block = parents.get(stmt)
+    body = next((getattr(block, f) for f in ("body", "orelse", "handlers", "finalbody")
+                 if stmt in getattr(block, f, ())), [])
+    for s in body:
+        for c in ast.walk(s):
+            if isinstance(c, ast.Call):
+                recv, name = _call_name(c)
+                if name in ("error", "critical", "fatal", "exception") and recv:
+                    return True
+                if name == "print" and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and
+                                           re.match(r"\s*(error|fatal)\b", a.value, re.I) for a in c.args):
+                    return True
+    return False
+
+
 class _Taint:
     """Names that hold rank-dependent values (any rank) and global-rank values (for D3)."""
 
@@ -709,6 +742,14 @@ class PythonLinter:
                 # state dicts; accelerate/accelerator.py save_state): a gate that lets every rank in for those types
                 # (`is_main_process or distributed_type == DistributedType.DEEPSPEED`) is the documented fix
                 continue
+            if self._sharded_lets_all_in(gate):
+                # `if fsdp_enabled or is_master: save_checkpoint(...)`: every rank enters under the sharded setup,
+                # where gathering a state dict is a collective; under DDP only the writer needs the state dict
+                continue
+            if self._init_in_same_branch(gate, call):
+                # `if is_ddp: init_process_group(); barrier()`: the ranks that skip the branch have no process
+                # group at all, so there is nobody for them to leave waiting
+                continue
             seed = "Gilbreth 7.5" if "->" not in coll and coll.endswith(("save_checkpoint", "load_checkpoint")) else "D21"
             fix = "call the collective on every rank; gate only the side effect (print, file write) on rank 0"
             if "rank_zero_only=True" in coll:
@@ -720,6 +761,37 @@ class PythonLinter:
             self.add("rank-gated-collective", "error", call,
                      f"{coll} is reached only when `{_gate_text(gate)}` holds: the ranks that skip it "
                      f"never join, the others wait in it forever (hang)", fix, seed)
+
+    def _sharded_lets_all_in(self, gate: ast.AST) -> bool:
+        """The gate is an ``or`` with an operand that is not rank-dependent and names a sharded setup (FSDP,
+        DeepSpeed, ZeRO): every rank passes it whenever the model is sharded."""
+        test = getattr(gate, "test", None)
+        if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)):
+            return False
+        return any(not self.taint.rank_test(v) and re.search(r"(?i)fsdp|deepspeed|zero_?3|sharded", _src(v))
+                   for v in test.values)
+
+    def _init_in_same_branch(self, gate: ast.AST, call: ast.Call) -> bool:
+        """``init_process_group`` is called, before ``call``, in the branch of ``gate`` that holds ``call``."""
+        if not isinstance(gate, ast.If):
+            return False
+        branch = gate.body if any(call in ast.walk(s) for s in gate.body) else gate.orelse
+        return any(isinstance(c, ast.Call) and _call_name(c)[1] == "init_process_group" and c.lineno <= call.lineno
+                   for st in branch for c in ast.walk(st))
+
+    def _exclusive_paths(self, exit_test: ast.expr, call: ast.AST, stop: ast.AST) -> bool:
+        """The early exit's condition and the branches around ``call`` (up to ``stop``) cannot both hold: the exit
+        needs ``not use_fsdp_eval and not is_rank0`` and the collective sits under ``if use_fsdp_eval:``."""
+        need = _literals(exit_test, True)
+        p, child = self.parents.get(call), call
+        while p is not None and p is not stop:
+            if isinstance(p, ast.If) and child is not p.test:
+                holds = child in p.body
+                if holds or not (isinstance(p.test, ast.BoolOp) and isinstance(p.test.op, ast.And)):
+                    if any((src, not pol) in need for src, pol in _literals(p.test, holds)):
+                        return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _mapping_tested(self, stmt: ast.If) -> bool:
         """The emptiness test reads a mapping (``len(data) == 0`` where the function calls ``data.values()`` /
@@ -745,7 +817,7 @@ class PythonLinter:
                     if local and (not _local_emptiness(stmt.test) or self._mapping_tested(stmt)):
                         continue
                     exits = _exits(stmt.body)
-                    if not exits or isinstance(exits[0], ast.Raise):
+                    if not exits or isinstance(exits[0], ast.Raise) or _error_exit(exits[0], self.parents):
                         continue
                     rest = ast.Module(body=block[i + 1:], type_ignores=[])
                     if isinstance(exits[0], (ast.Break, ast.Continue)) and not self._in_loop(stmt):
@@ -753,7 +825,8 @@ class PythonLinter:
                     kind = type(exits[0]).__name__.lower()
                     for call in self._calls(rest):
                         coll = self.collective_name(call)
-                        if not coll or self._rank_gate(call) is not None:
+                        if not coll or self._rank_gate(call) is not None or \
+                                self._exclusive_paths(stmt.test, call, node):
                             continue
                         if local:
                             self.add("rank-early-exit-collective", "warning", call,
@@ -1003,7 +1076,10 @@ class PythonLinter:
                          "FullStateDictConfig(offload_to_cpu=True, rank0_only=True)", "D15")
             if name == "StateDictOptions":
                 fsd = kws.get("full_state_dict")
-                if isinstance(fsd, ast.Constant) and fsd.value is True and not (
+                # broadcast_from_rank0=True makes the options a load's (rank 0 holds the full state dict and
+                # broadcasts it; torch.distributed.checkpoint.state_dict.StateDictOptions): nothing is gathered
+                loads = isinstance(kws.get("broadcast_from_rank0"), ast.Constant) and kws["broadcast_from_rank0"].value
+                if isinstance(fsd, ast.Constant) and fsd.value is True and not loads and not (
                         isinstance(kws.get("cpu_offload"), ast.Constant) and kws["cpu_offload"].value is True):
                     self.add("fsdp-full-state-dict-all-ranks", "warning", c,
                              "StateDictOptions(full_state_dict=True) without cpu_offload=True gathers the whole model "
@@ -1221,7 +1297,8 @@ class PythonLinter:
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
                 continue
             path_args = call.args[1:] if name in ("save", "dump") else call.args[:1]
-            if any(self.taint.is_rank(a) for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
+            if any(self.taint.is_rank(a) or self._rank_in_name(a, call)
+                   for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
                 continue  # a per-rank file name
             if path_args and self._in_memory(path_args[0], call):
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
@@ -1256,6 +1333,18 @@ class PythonLinter:
                      f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
                      "truncated checkpoint, garbled log)",
                      "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
+
+    def _rank_in_name(self, arg: ast.AST, at: ast.AST) -> bool:
+        """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), directly or through the
+        one assignment of the name passed: each rank writes its own file."""
+        value = arg
+        if isinstance(arg, ast.Name):
+            fn = self._enclosing_function(at) or self.tree
+            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno
+                    and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+            value = sets[-1].value if sets else arg
+        return any(isinstance(f, ast.FormattedValue) and re.search(r"(?i)rank", _src(f.value))
+                   for f in ast.walk(value))
 
     def rule_ddp_wrapper_attribute(self) -> None:
         """An attribute stored on the model before ``DistributedDataParallel`` wrapped it, read through the wrapper:
