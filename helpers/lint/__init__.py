@@ -63,6 +63,8 @@ RULES: dict[str, str] = {
     "rank-zero-falsy": "https://docs.python.org/3/library/stdtypes.html#truth-value-testing",
     "rank-seed-before-model-init": "https://docs.pytorch.org/docs/stable/fsdp.html",
     "fsdp-mesh-without-group": "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html",
+    "visible-devices-as-ordinal": "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables",
+    "collective-result-discarded": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "world-size-as-local": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
     "resume-skip-every-epoch": "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint",
     "grad-accum-from-device-count": "https://docs.pytorch.org/docs/stable/elastic/run.html",

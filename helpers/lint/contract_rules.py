@@ -1892,6 +1892,77 @@ def rule_save_hook_every_rank(lt: PythonLinter) -> None:
             break
 
 
+_CUDA_ENV = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables"
+_LEGACY_LAUNCH = "https://docs.pytorch.org/docs/stable/distributed.html#launch-utility"
+
+
+def rule_visible_devices_as_ordinal(lt: PythonLinter) -> None:
+    """A GPU number read from ``CUDA_VISIBLE_DEVICES`` used as this process's device index (``device_id =
+    visible[local_rank]``): CUDA makes only the listed GPUs visible and numbers them from 0 in the listed order
+    (:data:`_CUDA_ENV`), so with ``CUDA_VISIBLE_DEVICES=4,5,6,7`` rank 0 asks for device 4 of four ('invalid device
+    ordinal'), or lands on another rank's GPU (plemeri/InSPyReNet#6 used ``local_rank`` itself)."""
+    if "CUDA_VISIBLE_DEVICES" not in lt.text:
+        return
+    lists: set[str] = set()
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and "CUDA_VISIBLE_DEVICES" in ast.unparse(n.value) and "split" in ast.unparse(n.value):
+            lists.update(t.id for t in n.targets if isinstance(t, ast.Name))
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript) and isinstance(n.value.value, ast.Name)
+                and n.value.value.id in lists):
+            continue
+        names = [ast.unparse(t) for t in n.targets]
+        if not any(re.search(r"(?i)device|gpu", t) for t in names) or not lt.taint.is_rank(n.value.slice):
+            continue
+        lt.add("visible-devices-as-ordinal", "error", n,
+               f"{ast.unparse(n)[:60]} takes a GPU number from CUDA_VISIBLE_DEVICES as this process's device index, "
+               "but CUDA renumbers the visible GPUs from 0: with CUDA_VISIBLE_DEVICES=4,5,6,7 rank 0 asks for "
+               "device 4 of 4 ('invalid device ordinal') or takes another rank's GPU",
+               f"use the local rank itself as the index: {names[0]} = local_rank", _CUDA_ENV)
+
+
+_GATHERS_RETURNING = {"gather_for_metrics", "collect_results", "collect_results_gpu", "collect_results_cpu",
+                      "pad_across_processes"}
+"""Collectives that return what they gathered (Accelerate's ``gather_for_metrics`` / ``pad_across_processes``,
+mmengine's ``collect_results``), unlike ``torch.distributed.all_gather``, which fills the list it is given."""
+
+
+def rule_collective_result_discarded(lt: PythonLinter) -> None:
+    """A gathering call whose result is thrown away (an expression statement): every rank joins the collective and
+    then keeps its own unmerged data (open-mmlab/mmengine#1208: ``collect_results(self.results, size, 'gpu')`` on a
+    line of its own).  ``accelerator.gather`` / ``accelerator.reduce`` count too (they return the result:
+    :data:`_ACC`)."""
+    from helpers.lint.python_rules import _call_name
+
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)):
+            continue
+        recv, name = _call_name(n.value)
+        if not (name in _GATHERS_RETURNING or name in ("gather", "reduce") and recv.endswith("accelerator")):
+            continue
+        lt.add("collective-result-discarded", "error", n,
+               f"{ast.unparse(n)[:60]}: the gathered result is thrown away; every rank joins the collective and "
+               "then goes on with its own part only",
+               f"keep it: results = {ast.unparse(n.value)[:50]}", _ACC + "#accelerate.Accelerator.gather_for_metrics")
+
+
+def rule_legacy_launch_local_rank_spelling(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A script made for ``python -m torch.distributed.launch`` (it says so) whose parser defines ``--local_rank`` but
+    not ``--local-rank``: since PyTorch 2.0 that launcher passes ``--local-rank=N`` (:data:`_LEGACY_LAUNCH`:
+    "Changed in version 2.0.0: The launcher will pass the --local-rank=<rank> argument to your script"), and
+    argparse matches option strings exactly: 'unrecognized arguments: --local-rank=0' (speechbrain#1951)."""
+    written = sc.extra.get("literal_options") or frozenset()
+    if "--local_rank" not in written or "--local-rank" in written or "add_config_arguments" in lt.text or \
+            not re.search(r"torch\.distributed\.launch\b", lt.text):
+        return
+    where = next((c.lineno for c in lt._calls() if c.args and isinstance(c.args[0], ast.Constant)
+                  and c.args[0].value == "--local_rank"), sc.options_line or 1)
+    lt.add("local-rank-arg-under-launcher", "error", where,
+           "the parser defines --local_rank but not --local-rank, for torch.distributed.launch, which since PyTorch "
+           "2.0 passes --local-rank=N: 'error: unrecognized arguments: --local-rank=0'",
+           'add_argument("--local-rank", "--local_rank", dest="local_rank", type=int)', _LEGACY_LAUNCH)
+
+
 _TP_TUTORIAL = "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html"
 
 
@@ -1962,6 +2033,9 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_fsdp_mesh_without_group(lt)
     rule_rank_gated_directory(lt)
     rule_save_hook_every_rank(lt)
+    rule_visible_devices_as_ordinal(lt)
+    rule_collective_result_discarded(lt)
+    rule_legacy_launch_local_rank_spelling(lt, sc)
     rule_lr_steps_from_dataset_length(lt)
     rule_nccl_cpu_tensor(lt, sc)
     rule_gather_variable_shape(lt)

@@ -185,6 +185,15 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("FullyShardedDataParallel / fully_shard", "With tensor parallelism on one dimension of a 2-D device mesh, FSDP "
        "is given the data-parallel dimension (device_mesh=mesh['dp']); without it, it shards over the whole world",
        "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html", "fsdp-mesh-without-group"),
+    _c("CUDA_VISIBLE_DEVICES", "Only the listed GPUs are visible, numbered from 0 in the listed order: a number read "
+       "from the variable is not a device index inside the process",
+       "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables",
+       "visible-devices-as-ordinal"),
+    _c("Accelerator.gather / gather_for_metrics, mmengine collect_results", "They return what they gathered: a call "
+       "whose result is not kept leaves each rank with its own part only", _ACC + "#accelerate.Accelerator.gather_for_metrics",
+       "collective-result-discarded"),
+    _c("torch.distributed.launch", "Since PyTorch 2.0 it passes --local-rank=N: a script's parser must accept that "
+       "spelling", _LAUNCH, "local-rank-arg-under-launcher"),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collective: every rank calls the function around "
        "them, so a write beside them with no gate of its own runs on every rank",
        "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html", "write-on-every-rank"),

@@ -260,6 +260,10 @@ def _error_exit(stmt: ast.stmt, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
+_CONFIG_NAME = re.compile(r"(?i)(args|cfg|config|conf|params|hparams|opt|options)")
+"""Names of a run's configuration object (what a script dumps beside its checkpoints)."""
+
+
 class _Taint:
     """Names that hold rank-dependent values (any rank) and global-rank values (for D3)."""
 
@@ -1300,6 +1304,11 @@ class PythonLinter:
             if any(self.taint.is_rank(a) or self._rank_in_name(a, call)
                    for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
                 continue  # a per-rank file name
+            if path_args and isinstance(path_args[0], ast.Name) and self._opened_per_rank(path_args[0], call):
+                continue  # torch.save(data, f) into `with open(f"{name}.{rankstr()}.pth", "wb") as f`
+            if name == "dump" and call.args and _CONFIG_NAME.fullmatch(_src(call.args[0])) or \
+                    name == "open" and self._config_dump_only(call):
+                continue  # the run's configuration dumped: the same bytes from every rank, the last leaves the same file
             if path_args and self._in_memory(path_args[0], call):
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
             if name == "open" and self._truncate_only(call):
@@ -1334,17 +1343,41 @@ class PythonLinter:
                      "truncated checkpoint, garbled log)",
                      "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
 
+    def _config_dump_only(self, call: ast.Call) -> bool:
+        """``with open(path, "w") as f: yaml.dump(args, f)``: the block only dumps the run's configuration."""
+        w = self.parents.get(self.parents.get(call))
+        if not isinstance(w, ast.With) or not w.body:
+            return False
+        return all(isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and _call_name(st.value)[1] == "dump"
+                   and st.value.args and _CONFIG_NAME.fullmatch(_src(st.value.args[0])) for st in w.body)
+
+    def _opened_per_rank(self, handle: ast.Name, at: ast.AST) -> bool:
+        """``handle`` is the ``as`` target of a ``with ...open(path, ...)`` around ``at`` whose path is per rank."""
+        p = self.parents.get(at)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, (ast.With, ast.AsyncWith)):
+                for item in p.items:
+                    if isinstance(item.optional_vars, ast.Name) and item.optional_vars.id == handle.id and \
+                            isinstance(item.context_expr, ast.Call) and item.context_expr.args:
+                        return self._rank_in_name(item.context_expr.args[0], at)
+            p = self.parents.get(p)
+        return False
+
     def _rank_in_name(self, arg: ast.AST, at: ast.AST) -> bool:
         """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), directly or through the
         one assignment of the name passed: each rank writes its own file."""
-        value = arg
-        if isinstance(arg, ast.Name):
-            fn = self._enclosing_function(at) or self.tree
-            sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno
-                    and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
-            value = sets[-1].value if sets else arg
-        return any(isinstance(f, ast.FormattedValue) and re.search(r"(?i)rank", _src(f.value))
-                   for f in ast.walk(value))
+        fn = self._enclosing_function(at) or self.tree
+        todo, seen = [arg], set()
+        while todo and len(seen) < 8:  # through a few assignments: save_file = join(dir, basename); basename = f"..."
+            value = todo.pop()
+            if any(isinstance(f, ast.FormattedValue) and re.search(r"(?i)rank", _src(f.value)) for f in ast.walk(value)):
+                return True
+            for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - seen:
+                seen.add(name)
+                sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno
+                        and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+                todo.extend(st.value for st in sets[-1:])
+        return False
 
     def rule_ddp_wrapper_attribute(self) -> None:
         """An attribute stored on the model before ``DistributedDataParallel`` wrapped it, read through the wrapper:
@@ -1489,6 +1522,7 @@ class PythonLinter:
         made = {k: v for k, v in made.items() if k not in plain or v[2]}
         if not made:
             return
+        self._made_on_main_used_on_local_main(made)
         seen: set[tuple[ast.AST | None, str]] = set()
         for node in self.nodes:
             if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
@@ -1512,6 +1546,38 @@ class PythonLinter:
                      f"'{node.attr}', or NameError)",
                      f"gate the use like the creation (if {node.value.id} is not None: / if <main rank>:), or make it "
                      "on every rank", "D21")
+
+    def _made_on_main_used_on_local_main(self, made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]]) -> None:
+        """A name made only on the main process (``if accelerator.is_main_process:``, ``rank == 0``) and read under
+        a local-main test (``is_local_main_process``, ``local_rank == 0``): that test holds on the first process of
+        every node, so on the other nodes it reads a name never assigned (NameError), or None
+        (crowsonkb/k-diffusion: the metrics file opened on the main process, written on each node's local main;
+        https://huggingface.co/docs/accelerate/en/package_reference/state#accelerate.PartialState.is_local_main_process)."""
+        local = re.compile(r"(?i)is_local_main_process|local_rank\s*==\s*0|LOCAL_RANK|is_local_master|local_process_index\s*==\s*0")
+        seen: set[tuple[ast.AST | None, str]] = set()
+        for node in self.nodes:
+            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+                continue
+            scope: ast.AST | None = self._enclosing_function(node)
+            key = (scope, node.id)
+            while key not in made and scope is not None and not any(  # a closure reads its outer function's name
+                    isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)
+                    for a in ast.walk(scope)):
+                scope = self._enclosing_function(scope)
+                key = (scope, node.id)
+            entry = made.get(key)
+            if entry is None or key in seen or node.lineno <= entry[0] or entry[2] or local.search(entry[1]):
+                continue
+            gate = self._rank_gate(node)
+            if gate is None or not local.search(_gate_text(gate)):
+                continue
+            seen.add(key)
+            self.add("rank-gated-object-used", "error", node,
+                     f"{node.id} is read under `{_gate_text(gate)}`, which holds on the first process of every node, "
+                     f"but it is made only {entry[1]} (line {entry[0]}), on one process of the job: on the other "
+                     "nodes it was never assigned (NameError)",
+                     "gate both the same way (is_main_process for one file per job, is_local_main_process for one "
+                     "per node)", "https://huggingface.co/docs/accelerate/en/package_reference/state")
 
     def _ddp_foreign_attributes(self) -> set[int]:
         """A name bound to ``DistributedDataParallel(model)`` read for an attribute a DDP instance does not have
