@@ -1806,10 +1806,6 @@ def rule_fsdp_inference_mode(lt: PythonLinter) -> None:
                    "use torch.no_grad() for evaluation under FSDP", _INFERENCE_MODE)
 
 
-_WRITES_TO = {"save": 1, "open": 0, "save_pretrained": 0, "to_csv": 0, "savez": 0, "write_text": -1, "write_bytes": -1}
-"""Calls that write a file, and which argument holds its path (-1: the receiver, ``Path(...).write_text``)."""
-
-
 def rule_rank_gated_directory(lt: PythonLinter) -> None:
     """A directory created under a rank gate (``if rank == 0: os.makedirs(ckpt_dir)``) and written into on every
     rank later in the same function, with no barrier between: the other ranks may get there before rank 0 made it,
@@ -1843,15 +1839,10 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
             wname = _call_name(w)[1]
             if wname == "barrier":
                 break
-            at = _WRITES_TO.get(wname)
-            if at is None or lt._rank_gate(w) is not None:
-                continue
-            if wname == "open" and not any(isinstance(a, ast.Constant) and isinstance(a.value, str) and
-                                           a.value[:1] in "wax" for a in w.args[1:2]):
-                continue
-            arg = (w.func.value if isinstance(w.func, ast.Attribute) else None) if at == -1 else \
-                (w.args[at] if len(w.args) > at else None)
-            if arg is None or not any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(arg)):
+            if lt._write_kind(w) != "file" or lt._rank_gate(w) is not None:
+                continue  # what writes a file: the one list of python_rules (torch.save, open(p, "w"), ...)
+            paths = w.args[1:] if wname in ("save", "dump") else w.args[:1]
+            if not any(isinstance(x, ast.Name) and x.id in names for a in paths for x in ast.walk(a)):
                 continue
             lt.add("rank-gated-object-used", "warning", w,
                    f"{ast.unparse(w)[:60]} runs on every rank and writes into {target.id}, which only "
