@@ -479,3 +479,20 @@ def test_a_rank_that_failed_inside_main_process_first_waited_for_the_main_proces
             '  File "/usr/lib/python3.8/contextlib.py", line 113, in __enter__\n')
     v = read(text)["main-process-first-wait"]
     assert v.status == "WARN" and "ddp_timeout" in v.remediation and "barrier" in v.title
+
+
+# ------------------------------------------------------------------- blind set 10's lessons (tests/data/nccl/blind10)
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: cuda runtime error (10) : invalid device ordinal at /pytorch/torch/csrc/cuda/Module.cpp:33",
+    "[rank3]: torch.AcceleratorError: CUDA error: invalid device ordinal",
+])
+def test_an_invalid_device_ordinal_from_torch_names_too_many_processes_per_node(line: str) -> None:
+    """HRNet-Semantic-Segmentation#171: --nproc_per_node above the node's GPUs; set_device(local_rank) fails."""
+    v = read(line + "\n")["torch-invalid-device-ordinal"]
+    assert v.status == "FAIL" and "LOCAL_RANK" in v.remediation and "nvidia-smi -L" in v.remediation
+
+
+def test_nccls_own_cuda_failure_line_is_not_read_as_torchs() -> None:
+    found = read_any("h:1:1 [0] NCCL WARN Cuda failure 'invalid device ordinal'\n")
+    assert "torch-invalid-device-ordinal" not in found
