@@ -653,8 +653,9 @@ def text_traps(text: str) -> list[Check]:
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
         hit.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(hit)
-    return (out + _nnodes_traps(text) + _submit_host_traps(text) + _direct_task_traps(text) + _expansion_traps(text)
-            + _broken_continuation_traps(text) + _c_without_command_traps(text) + _unset_launcher_var_traps(text))
+    return (out + _nnodes_traps(text) + _first_node_only_traps(text) + _submit_host_traps(text)
+            + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
+            + _c_without_command_traps(text) + _unset_launcher_var_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -940,6 +941,36 @@ def _direct_task_traps(text: str) -> list[Check]:
         hit.line_no = number
         out.append(hit)
     return out
+
+
+_REMOTE_STARTERS = re.compile(r"\b(?:srun|mpirun|mpiexec|pdsh|clush|ssh|pssh|deepspeed|jsrun|aprun|flux\s+run)\b")
+"""What starts processes on the other nodes of an allocation (the batch script itself runs on the first node only)."""
+
+
+def _first_node_only_traps(text: str) -> list[Check]:
+    """``nnodes-mismatch``: a batch script for several nodes (``#SBATCH --nodes=N``, N > 1) that starts torchrun /
+    ``accelerate launch`` itself and nothing on the other nodes (no ``srun``, ``mpirun``, ``pdsh``, ``ssh``...):
+    "Slurm runs a single copy of the batch script on the first node in the set of allocated nodes"
+    (https://slurm.schedmd.com/sbatch.html), so the launcher waits for N - 1 nodes that never start
+    (Lumi-supercomputer/LUMI-AI-Guide: ``srun`` added in front of the container's torchrun)."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    nodes = int(alloc.split("-")[0]) if re.fullmatch(r"\d{1,6}(?:-\d{1,6})?", alloc) else None
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    if not nodes or nodes < 2 or _REMOTE_STARTERS.search(body):
+        return []
+    for number, line in _join_continuations(text):
+        run = re.search(r"\btorchrun\b|torch\.distributed\.(?:run|launch)\b|\baccelerate\s+launch\b", line)
+        if not run or line.lstrip().startswith("#"):
+            continue
+        hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                   f"the allocation has {nodes} nodes, but this script starts the launcher itself, and a batch script "
+                   f"runs on the first node only: nothing starts on the other {nodes - 1}, so the rendezvous waits "
+                   "for them (or the job trains on one node)",
+                   "start it on every node: srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES ... (one "
+                   "launcher per node)", "https://slurm.schedmd.com/sbatch.html")
+        hit.line_no = number
+        return [hit]
+    return []
 
 
 def _nnodes_traps(text: str) -> list[Check]:

@@ -306,7 +306,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     ds_gas = next(((p, d.get("gradient_accumulation_steps")) for p, _, d in ds_files), None)
     for path, text, data in acc_files:
         try:
-            findings += accelerate_rules.lint_accelerate(path, text, data, accelerator_grad_accum=accel, ds_gas=ds_gas)
+            findings += accelerate_rules.lint_accelerate(path, text, data, accelerator_grad_accum=accel, ds_gas=ds_gas,
+                                                         saved_by=saved_by)
         except (ValueError, RecursionError, MemoryError) as exc:
             findings.append(_unreadable(path, exc))
     return sorted((_advice(f) for f in findings), key=lambda f: (f.file, f.line_no, f.id))

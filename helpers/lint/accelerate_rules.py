@@ -67,12 +67,14 @@ def is_accelerate_config(data: dict[str, Any]) -> bool:
 
 
 def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_grad_accum: tuple[str, int, str] | None,
-                    ds_gas: tuple[str, Any] | None) -> list[Check]:
+                    ds_gas: tuple[str, Any] | None, saved_by: str = "") -> list[Check]:
     """Lint one Accelerate config.
 
     Args:
         accelerator_grad_accum: ``(file, line, value)`` of ``Accelerator(gradient_accumulation_steps=...)`` in a script.
         ds_gas: ``(file, value)`` of ``gradient_accumulation_steps`` in a linted DeepSpeed JSON.
+        saved_by: what saves the whole model in a linted script (as for :func:`helpers.lint.deepspeed_rules.lint_deepspeed`);
+            empty when no linted script does, or none was given: then an unsaved ZeRO-3 gather is info, not a warning.
     """
     out: list[Check] = []
 
@@ -127,9 +129,12 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
         # DeepSpeedPlugin.zero3_save_16bit_model defaults to false (ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL) and
         # becomes stage3_gather_16bit_weights_on_model_save; Accelerator.get_state_dict then raises 'Cannot get
         # 16bit model weights because ...' and Trainer.save_model writes only the sharded DeepSpeed checkpoint
-        add("ds-zero3-save-without-gather", "warning",
+        # a warning when a linted script saves the whole model; alone, the config says nothing of how the model is
+        # saved (a trainer that writes DeepSpeed's own checkpoint and converts it later is fine): info
+        add("ds-zero3-save-without-gather", "warning" if saved_by else "info",
             "zero3_save_16bit_model" if "zero3_save_16bit_model" in ds else "zero_stage",
-            f"ZeRO stage 3 with zero3_save_16bit_model {ds.get('zero3_save_16bit_model', 'unset (false)')}: the "
+            f"ZeRO stage 3 with zero3_save_16bit_model {ds.get('zero3_save_16bit_model', 'unset (false)')}"
+            f"{' and the model saved by ' + saved_by if saved_by else ''}: the "
             "weights stay partitioned at save time, so accelerator.get_state_dict / save_model raise 'Cannot get "
             "16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed config is False' "
             "and Trainer.save_model writes only the DeepSpeed shards (no loadable model without zero_to_fp32.py)",

@@ -436,6 +436,8 @@ def rule_load_without_map_location(lt: PythonLinter) -> None:
     for c in lt._calls():
         if _call_name(c) != ("torch", "load") or _placed(c):
             continue
+        if c.args and lt._rank_in_name(c.args[0], c):
+            continue  # f"model_rank_{rank}.pt": each rank reads back what it saved from its own device
         p, child, chosen = lt.parents.get(c), c, False
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not chosen:
             if isinstance(p, ast.If):
@@ -1854,6 +1856,66 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
             break
 
 
+_READS_PATH = {"from_pretrained": None, "load": 0, "open": 0, "read_csv": 0, "read_json": 0, "load_file": 0}
+"""Calls that read a file or directory, and which argument names it (None: any argument, as in
+``PeftModel.from_pretrained(base, adapter_dir)``); ``open`` only without a write mode."""
+
+
+def rule_rank_gated_file_read(lt: PythonLinter) -> None:
+    """A file written under a rank gate (``if is_main_process: model.save_pretrained(adapter_dir)``) and read right
+    after on every rank, with no barrier between: the other ranks may read before rank 0 has written it (an older
+    copy, or FileNotFoundError), the race ``dist.barrier()`` after the gated write removes (openvla/openvla: every
+    rank loaded the LoRA adapter rank 0 was still saving).  The write and the read are in the same block."""
+    from helpers.lint.python_rules import _call_name
+
+    for node in lt.nodes:
+        for fld in ("body", "orelse"):
+            block = getattr(node, fld, None)
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                if not (isinstance(stmt, ast.If) and lt.taint.rank_test(stmt.test)):
+                    continue
+                names: set[str] = set()
+                for c in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Call)):
+                    if lt._write_kind(c) == "file":
+                        paths = c.args[1:] if _call_name(c)[1] in ("save", "dump") else c.args[:1]
+                        names.update(x.id for a in paths for x in ast.walk(a) if isinstance(x, ast.Name))
+                for a in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Assign)):
+                    if any(isinstance(t, ast.Name) and t.id in names for t in a.targets):
+                        names.update(x.id for x in ast.walk(a.value) if isinstance(x, ast.Name))
+                if not names:
+                    continue
+                hit = None
+                for later in block[i + 1:]:
+                    for c in (n for n in ast.walk(later) if isinstance(n, ast.Call)):
+                        recv, name = _call_name(c)
+                        if name == "barrier" or name == "wait_for_everyone":
+                            hit = False
+                            break
+                        if name not in _READS_PATH or lt._rank_gate(c) is not None:
+                            continue
+                        if name == "open" and any(isinstance(m, ast.Constant) and isinstance(m.value, str) and
+                                                  set(m.value) & set("wax") for m in c.args[1:2]):
+                            continue
+                        if name == "load" and recv not in ("torch", "json", "yaml", "np", "numpy", "pickle"):
+                            continue
+                        at = _READS_PATH[name]
+                        args = c.args if at is None else c.args[at:at + 1]
+                        if any(isinstance(x, ast.Name) and x.id in names for a in args for x in ast.walk(a)):
+                            hit = c
+                            break
+                    if hit is not None:
+                        break
+                if hit:
+                    lt.add("rank-gated-object-used", "warning", hit,
+                           f"{ast.unparse(hit)[:60]} runs on every rank and reads what only `"
+                           f"{ast.unparse(stmt.test)[:40]}` writes (line {stmt.lineno}), with no barrier between: "
+                           "the other ranks can read it before it is written (an old copy, or FileNotFoundError)",
+                           "call dist.barrier() (accelerator.wait_for_everyone()) after the gated write, before "
+                           "the read", _DIST + "#torch.distributed.barrier")
+
+
 def rule_save_hook_every_rank(lt: PythonLinter) -> None:
     """A function registered with ``accelerator.register_save_state_pre_hook`` that writes (``save_pretrained``,
     ``torch.save``) with no main-process test: Accelerate calls the hook from ``save_state`` in every process that
@@ -2023,6 +2085,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_rank_seed_before_model_init(lt)
     rule_fsdp_mesh_without_group(lt)
     rule_rank_gated_directory(lt)
+    rule_rank_gated_file_read(lt)
     rule_save_hook_every_rank(lt)
     rule_visible_devices_as_ordinal(lt)
     rule_collective_result_discarded(lt)

@@ -264,6 +264,15 @@ _CONFIG_NAME = re.compile(r"(?i)(args|cfg|config|conf|params|hparams|opt|options
 """Names of a run's configuration object (what a script dumps beside its checkpoints)."""
 
 
+def _hf_process_flag(node: ast.Attribute) -> bool:
+    """``args.should_save`` / ``training_args.should_log``: transformers' ``TrainingArguments`` properties that hold on
+    the main process only (the local main with ``save_on_each_node`` / ``log_on_each_node``;
+    https://huggingface.co/docs/transformers/en/main_classes/trainer#transformers.TrainingArguments.should_save).  Only
+    on a receiver named for the arguments: a trainer's own ``should_save`` may be a step test."""
+    return node.attr in ("should_save", "should_log") and bool(re.search(r"(?:^|[._])(?:training_)?args$",
+                                                                           _src(node.value)))
+
+
 class _Taint:
     """Names that hold rank-dependent values (any rank) and global-rank values (for D3)."""
 
@@ -307,7 +316,8 @@ class _Taint:
             if isinstance(sub, ast.Name) and (sub.id in RANK_NAMES or sub.id in self.rank and not self._late(sub)):
                 return True
             if isinstance(sub, ast.Attribute) and (sub.attr in RANK_ATTRS or sub.attr in self.rank_attrs
-                                                   or sub.attr.lstrip("_") in RANK_ATTRS or MAIN_ATTR.match(sub.attr)):
+                                                   or sub.attr.lstrip("_") in RANK_ATTRS or MAIN_ATTR.match(sub.attr)
+                                                   or _hf_process_flag(sub)):
                 return True
             if isinstance(sub, ast.Call):
                 _, name = _call_name(sub)
@@ -331,7 +341,7 @@ class _Taint:
                 continue
             if isinstance(node, ast.Attribute):
                 if (node.attr in RANK_ATTRS or node.attr in self.rank_attrs or node.attr.lstrip("_") in RANK_ATTRS
-                        or MAIN_ATTR.match(node.attr)):
+                        or MAIN_ATTR.match(node.attr) or _hf_process_flag(node)):
                     return True
                 continue
             key = _env_key(node)

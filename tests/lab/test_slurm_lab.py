@@ -106,7 +106,14 @@ def test_srun_gives_each_node_its_identity_and_a_local_tmp(cluster):
     assert cluster.run(0, ["cat", "/tmp/mark"]).stdout.strip() == "node0"  # each node's /tmp is its own
     assert cluster.run(1, ["cat", "/tmp/mark"]).stdout.strip() == "node1"
     assert cluster.run("head", ["test", "-e", "/tmp/mark"]).returncode == 1  # nor on the head node
-    assert cluster.slurm(["sinfo", "-h", "-o", "%D %T"]).stdout.split() == ["2", "idle"]
+    # the step's end leaves the nodes COMPLETING while slurmd cleans up (srun(1) returns first): idle within seconds
+    deadline, nodes = time.monotonic() + 20, []
+    while time.monotonic() < deadline:
+        nodes = cluster.slurm(["sinfo", "-h", "-o", "%D %T"]).stdout.split()
+        if nodes != ["2", "completing"]:
+            break
+        time.sleep(0.3)
+    assert nodes == ["2", "idle"]
 
 
 def test_an_outer_slurm_job_does_not_leak_into_the_lab(cluster, monkeypatch):
