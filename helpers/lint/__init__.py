@@ -14,6 +14,7 @@ See docs/lint.md.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 from helpers import inputs
@@ -316,9 +317,12 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
 def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list[tuple[list[Check], object]]:
     """Each script's ``(findings, facts)``, after the facts one script gives another: a file that another linted
     file calls with a DistributedDataParallel-wrapped model (``evaluate(model)``, ``evaluate`` defined here) is linted
-    again knowing which parameter holds the wrapper (helpers.lint.wrappers); a finding that holds only in a
-    distributed program (:attr:`helpers.lint.python_rules.PyFacts.deferred`) is kept when some linted file sets up
-    data parallelism."""
+    again knowing which parameter holds the wrapper (helpers.lint.wrappers); a file that calls another file's function
+    returning a rank value, or whose functions and classes another file calls with one, is linted again knowing it
+    (:meth:`helpers.lint.python_rules.PythonLinter._seed_rank_from_other_files`; two rounds, so a rank test made in
+    ``dist.py``, passed by ``train.py`` to a constructor in ``trainer.py``, reaches ``trainer.py``); a finding that
+    holds only in a distributed program (:attr:`helpers.lint.python_rules.PyFacts.deferred`) is kept when some linted
+    file sets up data parallelism."""
     from helpers.lint import contract_rules, python_rules
 
     passed: dict[str, set[int]] = {}
@@ -326,16 +330,37 @@ def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list
         for name, positions in fact.ddp_passed.items():  # type: ignore[attr-defined]
             passed.setdefault(name, set()).update(positions)
     wraps = any(fact.wraps_ddp for _t, _g, fact in scripts.values())  # type: ignore[attr-defined]
-    out = []
-    for path, (text, got, fact) in scripts.items():
-        mine = {name: pos for name, pos in passed.items() if name in fact.defines}  # type: ignore[attr-defined]
-        if mine:
+    state = {path: (got, fact) for path, (_text, got, fact) in scripts.items()}
+    used: dict[str, str] = {path: "" for path in scripts}
+    for _round in range(2):
+        facts = [f for _g, f in state.values()]
+        funcs = set().union(*(f.rank_funcs for f in facts))  # type: ignore[attr-defined]
+        colls = {k: v for f in facts for k, v in f.collective_funcs.items()}  # type: ignore[attr-defined]
+        for path, (text, _got, _fact) in scripts.items():
+            fact = state[path][1]
+            mine = {name: pos for name, pos in passed.items() if name in fact.defines}  # type: ignore[attr-defined]
+            theirs = {n for n in funcs - fact.defines if re.search(rf"\b{re.escape(n)}\s*\(", text)}  # type: ignore[attr-defined]
+            given: dict[str, set[str | int]] = {}
+            for other in facts:
+                if other is fact:
+                    continue
+                for name, which in other.rank_passed.items():  # type: ignore[attr-defined]
+                    if name in fact.defines | fact.classes:  # type: ignore[attr-defined]
+                        given.setdefault(name, set()).update(which)
+            called = {k: v for k, v in colls.items() if k not in fact.defines  # type: ignore[attr-defined]
+                      and re.search(rf"\.{re.escape(k)}\s*\(", text)}
+            seeds = (theirs, given, called) if theirs or given or called else None
+            key = repr((sorted(mine.items()), sorted(theirs), sorted((k, sorted(map(str, v))) for k, v in given.items()),
+                        sorted(called)))
+            if (not mine and seeds is None) or key == used[path]:
+                continue
+            used[path] = key
             try:
-                got, fact = python_rules.lint_python(path, text, (contract_rules.run,), ddp_params=mine)
+                state[path] = python_rules.lint_python(path, text, (contract_rules.run,), ddp_params=mine or None,
+                                                       rank_seeds=seeds)
             except (ValueError, RecursionError, MemoryError) as exc:
-                got = [_unreadable(path, exc)]
-        out.append((got + (fact.deferred if wraps else []), fact))  # type: ignore[attr-defined]
-    return out
+                state[path] = ([_unreadable(path, exc)], fact)
+    return [(got + (fact.deferred if wraps else []), fact) for got, fact in state.values()]  # type: ignore[attr-defined]
 
 
 def _advice(check: Check) -> Check:

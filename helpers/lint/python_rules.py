@@ -87,6 +87,12 @@ WRAPS_DDP = r"DistributedDataParallel|\bDDP\(|init_process_group|FullyShardedDat
 """A file that sets up data parallelism itself (a library file next to it runs on every rank too)."""
 
 
+RankSeeds = tuple[set[str], dict[str, set["str | int"]], dict[str, str]]
+"""What other linted files tell one file (``helpers.lint._across_scripts``): their functions that return a rank value,
+the parameters of this file's functions and classes they pass one to (name -> positions / keywords), and their
+functions that call a collective (name -> the collective)."""
+
+
 @dataclass
 class PyFacts:
     """What a script says that the config rules need (cross-file checks)."""
@@ -104,6 +110,10 @@ class PyFacts:
     wraps_ddp: bool = False                 # the file builds DDP/FSDP or calls init_process_group itself
     defines: set[str] = field(default_factory=set)              # module-level functions of the file
     ddp_passed: dict[str, set[int]] = field(default_factory=dict)  # imported function -> args given a DDP module
+    rank_funcs: set[str] = field(default_factory=set)           # module-level functions that return a rank value
+    rank_passed: dict[str, set[str | int]] = field(default_factory=dict)  # callee not defined here -> rank args
+    classes: set[str] = field(default_factory=set)              # module-level classes of the file
+    collective_funcs: dict[str, str] = field(default_factory=dict)  # module-level function -> the collective it calls
     deferred: list[Check] = field(default_factory=list)        # findings that hold when another linted file wraps DDP
     saves_model: bool = False               # trainer.save_model / accelerator.get_state_dict / save_model
     device_params: dict[str, set[int]] = field(default_factory=dict)  # function -> params used as a CUDA device
@@ -397,6 +407,17 @@ class _Taint:
         for _ in range(3):
             for n in assigns:
                 targets = assign_targets(n)
+                if len(targets) == 1 and isinstance(targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and \
+                        len(targets[0].elts) == len(n.value.elts):
+                    # `rank, world = dist.get_rank(), dist.get_world_size()`: element by element
+                    for t, v in zip(targets[0].elts, n.value.elts):
+                        if isinstance(t, ast.Name) and self.is_rank_value(v):
+                            self.rank.add(t.id)
+                            if n not in self.sites.setdefault(t.id, []):
+                                self.sites[t.id].append(n)
+                        if isinstance(t, ast.Name) and self.is_global_rank(v):
+                            self.global_rank.add(t.id)
+                    continue
                 names = [t.id for t in targets if isinstance(t, ast.Name)]
                 attrs = [t.attr for t in targets if isinstance(t, ast.Attribute)]
                 if attrs and self.is_rank_value(n.value):
@@ -426,7 +447,8 @@ class _Taint:
 class PythonLinter:
     """Lint one Python file: :meth:`run` returns the findings; :attr:`facts` the cross-file facts."""
 
-    def __init__(self, path: str, text: str, ddp_params: dict[str, set[int]] | None = None):
+    def __init__(self, path: str, text: str, ddp_params: dict[str, set[int]] | None = None,
+                 rank_seeds: RankSeeds | None = None):
         """``ddp_params``: functions of this file that another linted file calls with a DDP-wrapped module, and at
         which argument positions (:attr:`PyFacts.ddp_passed` of that file)."""
         self.path, self.text = path, text
@@ -468,12 +490,37 @@ class PythonLinter:
         # a bare call f(...) never reaches a method (a class body is no enclosing scope of its methods' code)
         self.plain_functions = {n.name for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                                 and not isinstance(self.parents.get(n), ast.ClassDef)}
+        self._seed_rank_from_other_files(rank_seeds)
         self._learn_across_functions()
         self.wrappers = WrapperFlow(self.tree, text, self.parents, self.functions, ddp_params)
         self.lightning = bool(re.search(r"LightningModule", text))
         self.collective_funcs: dict[str, str] = {}
         self._find_collective_functions()
         self.suppressed = self._suppressions()
+
+    def _seed_rank_from_other_files(self, seeds: RankSeeds | None) -> None:
+        """What other linted files say of rank values (``helpers.lint._across_scripts``): functions of theirs that
+        return one (``dist.is_visualizer()`` when ``dist.py`` says ``return __rank == 0``), and the parameters of this
+        file's functions and classes they call with one (``VARTrainer(is_visualizer=dist.is_visualizer())`` makes
+        ``__init__``'s ``is_visualizer`` rank-dependent, and ``self.is_visualizer`` with it)."""
+        self.imported_collectives: dict[str, str] = {}
+        if not seeds:
+            return
+        funcs, passed, collectives = seeds
+        self.imported_collectives = dict(collectives)
+        self.taint.rank_funcs.update(funcs)
+        for name, which in passed.items():
+            target = self.functions.get(name) if name in self.plain_functions else next(
+                (m for c in self.nodes if isinstance(c, ast.ClassDef) and c.name == name for m in c.body
+                 if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+            if target is None:
+                continue
+            params = [a.arg for a in target.args.args if a.arg not in ("self", "cls")]
+            for w in which:
+                if isinstance(w, int) and w < len(params):
+                    self.taint.rank.add(params[w])
+                elif isinstance(w, str) and w in params + [a.arg for a in target.args.kwonlyargs]:
+                    self.taint.rank.add(w)
 
     def _learn_across_functions(self) -> None:
         """Rank taint through assignments and across the file's functions (a few rounds, to a fixed point):
@@ -577,6 +624,8 @@ class PythonLinter:
             return None
         if self.wrappers.forward(call):
             return f"{_src(call.func)}(...) (the DistributedDataParallel forward broadcasts the module's buffers)"
+        if recv in self.module_aliases and name in self.imported_collectives:
+            return f"{recv}.{name}() -> {self.imported_collectives[name]}"  # another linted file's helper
         if self.lightning and recv == "self" and name in ("log", "log_dict") and name not in self.functions and \
                 not any(k.arg == "rank_zero_only" and isinstance(k.value, ast.Constant) and k.value.value is True
                         for k in call.keywords):
@@ -1882,6 +1931,17 @@ class PythonLinter:
         f.wraps_ddp = bool(re.search(WRAPS_DDP, self.text))
         f.defines = {n.name for n in getattr(self.tree, "body", []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         f.ddp_passed = self.wrappers.w.passed_out
+        f.classes = {n.name for n in getattr(self.tree, "body", []) if isinstance(n, ast.ClassDef)}
+        f.rank_funcs = self.taint.rank_funcs & f.defines
+        f.collective_funcs = {k: v for k, v in self.collective_funcs.items() if k in f.defines}
+        for c in self._calls():
+            recv, name = _call_name(c)
+            if not name or name in self.functions or name in f.classes or recv in ("self", "cls"):
+                continue
+            which: set[str | int] = {i for i, a in enumerate(c.args) if self.taint.is_rank_value(a)}
+            which |= {k.arg for k in c.keywords if k.arg and self.taint.is_rank_value(k.value)}
+            if which:
+                f.rank_passed.setdefault(name, set()).update(which)
         f.uses_accelerate = "Accelerator(" in self.text
         f.uses_hf_trainer = bool(re.search(r"\bTrainer\(|SFTTrainer|Seq2SeqTrainer|TrainingArguments", self.text))
         f.saves_model = bool(re.search(r"\.save_model\(|\.get_state_dict\(", self.text)) and \
@@ -2086,9 +2146,10 @@ def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
 
 
 def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLinter], None]] = (),
-                ddp_params: dict[str, set[int]] | None = None) -> tuple[list[Check], PyFacts]:
-    """Lint one Python file (``extra_rules``: see :meth:`PythonLinter.run`; ``ddp_params``: see
-    :class:`PythonLinter`).
+                ddp_params: dict[str, set[int]] | None = None,
+                rank_seeds: RankSeeds | None = None) -> tuple[list[Check], PyFacts]:
+    """Lint one Python file (``extra_rules``: see :meth:`PythonLinter.run`; ``ddp_params``, ``rank_seeds``: see
+    :class:`PythonLinter` and :meth:`PythonLinter._seed_rank_from_other_files`).
 
     Returns:
         ``(findings, facts)``; a file that does not parse gives one ``python-syntax`` error finding.
@@ -2099,13 +2160,13 @@ def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLint
     """
     try:
         try:
-            linter = PythonLinter(path, text, ddp_params)
+            linter = PythonLinter(path, text, ddp_params, rank_seeds)
             return linter.run(extra_rules), linter.facts
         except SyntaxError as exc:
             if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
                 raise
             fixed, changed = repair(text)
-            linter = PythonLinter(path, fixed, ddp_params)
+            linter = PythonLinter(path, fixed, ddp_params, rank_seeds)
             linter.text = text  # the regex-based checks read the user's text
             note = finding("python-syntax", "error", path, exc.lineno or 0,
                            f"cannot parse: {exc.msg}; {len(changed)} line(s) re-indented or skipped to analyse the "

@@ -86,3 +86,53 @@ def test_torch_load_of_a_per_rank_file_needs_no_map_location():
     """
     assert "load-without-map-location" not in found(("t.py", text.replace("{name}", 'f"model_rank_{self.rank}.pt"')))
     assert found(("t.py", text.replace("{name}", '"model.pt"')))["load-without-map-location"] == ["WARN"]
+
+
+VAR_DIST = """
+import torch.distributed as tdist
+__rank, __world_size = 0, 1
+def initialize():
+    global __rank, __world_size
+    __rank, __world_size = tdist.get_rank(), tdist.get_world_size()
+def is_visualizer():
+    return __rank == 0
+def allreduce(t):
+    tdist.all_reduce(t)
+"""
+VAR_TRAIN = """
+import dist
+from trainer import VARTrainer
+dist.initialize()
+trainer = VARTrainer(is_visualizer={flag}, device="cuda")
+"""
+VAR_TRAINER = """
+import dist
+class VARTrainer:
+    def __init__(self, is_visualizer, device):
+        self.is_visualizer = is_visualizer
+    def train_step(self, g_it, counts):
+        if g_it % 500 == 0 and self.is_visualizer:
+            dist.allreduce(counts)
+"""
+
+
+def test_a_rank_test_made_in_one_file_passed_through_another_to_a_collective_in_a_third():
+    """FoundationVision/VAR: dist.is_visualizer() (rank 0) -> VARTrainer(is_visualizer=...) -> dist.allreduce under it."""
+    files = [("dist.py", VAR_DIST), ("train.py", VAR_TRAIN.replace("{flag}", "dist.is_visualizer()")),
+             ("trainer.py", VAR_TRAINER)]
+    assert found(*files)["rank-gated-collective"] == ["FAIL"]
+    same = [("dist.py", VAR_DIST), ("train.py", VAR_TRAIN.replace("{flag}", "True")), ("trainer.py", VAR_TRAINER)]
+    assert "rank-gated-collective" not in found(*same)
+
+
+def test_a_tuple_assignment_taints_element_by_element():
+    """`rank, world = get_rank(), get_world_size()`: the world size is the same on every rank."""
+    text = """
+    import torch.distributed as dist
+    def step(t):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if {test}:
+            dist.all_reduce(t)
+    """
+    assert "rank-gated-collective" not in found(("t.py", text.replace("{test}", "world > 1")))
+    assert found(("t.py", text.replace("{test}", "rank == 0")))["rank-gated-collective"] == ["FAIL"]
