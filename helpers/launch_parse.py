@@ -75,12 +75,25 @@ whitespace instead (Linux caps one argument at 128 KiB, MAX_ARG_STRLEN, so no re
 
 
 def _split(line: str) -> list[str]:
-    if len(line) > _SHLEX_MAX or not re.search(r"[\"'\\#]", line):
-        return line.split()  # nothing to unquote (or too long to unquote in bounded time)
-    try:
-        return shlex.split(line, comments=True)
-    except ValueError:
-        return line.split()
+    """The words of a shell line: quotes removed, comments dropped, and a command substitution ``$(...)`` kept whole
+    with its word (``$(dirname "$0")/train.py`` is one word, as bash splits it; shlex alone does not know ``$(``)."""
+    subs: list[str] = []
+
+    def hold(m: re.Match[str]) -> str:
+        subs.append(m.group(0))
+        return f"\x00{len(subs) - 1}\x00"
+
+    held = re.sub(r"\$\([^()]*\)", hold, line) if "$(" in line else line
+    if len(held) > _SHLEX_MAX or not re.search(r"[\"'\\#]", held):
+        words = held.split()  # nothing to unquote (or too long to unquote in bounded time)
+    else:
+        try:
+            words = shlex.split(held, comments=True)
+        except ValueError:
+            words = held.split()
+    if not subs:
+        return words
+    return [re.sub(r"\x00(\d+)\x00", lambda m: subs[int(m.group(1))], w) for w in words]
 
 
 def _opt(args: list[str], i: int, names: tuple[str, ...]) -> tuple[str | None, int]:

@@ -136,3 +136,14 @@ def test_a_tuple_assignment_taints_element_by_element():
     """
     assert "rank-gated-collective" not in found(("t.py", text.replace("{test}", "world > 1")))
     assert found(("t.py", text.replace("{test}", "rank == 0")))["rank-gated-collective"] == ["FAIL"]
+
+
+def test_a_launch_line_whose_script_path_is_a_command_substitution():
+    """open-mmlab/mmdetection3d: `$(dirname "$0")/train.py $CONFIG --seed 0`, and train.py has no --seed."""
+    launch = ('#!/usr/bin/env bash\nCONFIG=$1\nGPUS=$2\n'
+              'python -m torch.distributed.launch --nproc_per_node=$GPUS $(dirname "$0")/train.py $CONFIG --seed 0\n')
+    script = ("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('config')\n"
+              "parser.add_argument('--local-rank', '--local_rank', type=int, default=0)\n{seed}args = parser.parse_args()\n")
+    assert found(("dist_train.sh", launch), ("train.py", script.replace("{seed}", "")))["script-arg-unknown"] == ["FAIL"]
+    seeded = script.replace("{seed}", "parser.add_argument('--seed', type=int)\n")
+    assert "script-arg-unknown" not in found(("dist_train.sh", launch), ("train.py", seeded))
