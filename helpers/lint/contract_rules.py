@@ -1102,20 +1102,37 @@ def _src_of(node: ast.AST) -> str:
 _DS_ARGS = "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/launcher/launch.py"
 
 
-def rule_deepspeed_local_rank_spelling(lt: PythonLinter, sc: ScriptContract) -> None:
-    """A script made for the deepspeed launcher (it calls ``deepspeed.add_config_arguments``) whose parser defines
-    ``--local-rank`` but not ``--local_rank``: the launcher appends ``--local_rank={local_rank}`` to every worker's
-    command (deepspeed/launcher/launch.py, unless ``--no_local_rank``), and argparse matches option strings exactly,
-    so every worker stops with 'unrecognized arguments: --local_rank=0' (deepspeedai/Megatron-DeepSpeed#192)."""
+_LOCAL_RANK_SPELLINGS = (
+    # (what the script is made for, that launcher, the spelling it passes, the one the parser lacks, source)
+    (r"add_config_arguments", "the deepspeed launcher (deepspeed.add_config_arguments), which", "--local_rank",
+     "--local-rank", _DS_ARGS),
+    (r"torch\.distributed\.launch\b", "torch.distributed.launch, which since PyTorch 2.0", "--local-rank",
+     "--local_rank", "https://docs.pytorch.org/docs/stable/distributed.html#launch-utility"),
+)
+"""Launchers that pass the local rank as an argument, and the spelling each passes.  The deepspeed launcher appends
+``--local_rank={local_rank}`` to every worker's command (deepspeed/launcher/launch.py, unless ``--no_local_rank``;
+deepspeedai/Megatron-DeepSpeed#192); ``python -m torch.distributed.launch`` passes ``--local-rank=N`` since PyTorch 2.0
+("Changed in version 2.0.0: The launcher will pass the --local-rank=<rank> argument to your script";
+speechbrain#1951).  A script made for the deepspeed launcher is that launcher's case even when it also names
+torch.distributed.launch."""
+
+
+def rule_local_rank_spelling(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A script made for a launcher that passes the local rank as an argument (:data:`_LOCAL_RANK_SPELLINGS`) whose
+    parser defines the other spelling only: argparse matches option strings exactly, so every worker stops with
+    'unrecognized arguments: --local_rank=0' (or ``--local-rank=0``)."""
     written = sc.extra.get("literal_options") or frozenset()
-    if "add_config_arguments" not in lt.text or "--local-rank" not in written or "--local_rank" in written:
-        return
-    where = next((c.lineno for c in lt._calls() if c.args and isinstance(c.args[0], ast.Constant)
-                  and c.args[0].value == "--local-rank"), sc.options_line or 1)
-    lt.add("local-rank-arg-under-launcher", "error", where,
-           "the parser defines --local-rank but not --local_rank, and this script is made for the deepspeed launcher "
-           "(deepspeed.add_config_arguments), which passes --local_rank=N: 'error: unrecognized arguments: "
-           "--local_rank=0'", 'add_argument("--local-rank", "--local_rank", dest="local_rank", type=int)', _DS_ARGS)
+    for marker, launcher, passes, has, source in _LOCAL_RANK_SPELLINGS:
+        if not re.search(marker, lt.text):
+            continue
+        if has in written and passes not in written:
+            where = next((c.lineno for c in lt._calls() if c.args and isinstance(c.args[0], ast.Constant)
+                          and c.args[0].value == has), sc.options_line or 1)
+            lt.add("local-rank-arg-under-launcher", "error", where,
+                   f"the parser defines {has} but not {passes}, and this script is made for {launcher} passes "
+                   f"{passes}=N: 'error: unrecognized arguments: {passes}=0'",
+                   'add_argument("--local-rank", "--local_rank", dest="local_rank", type=int)', source)
+        return  # the first launcher the script is made for decides
 
 
 _LOCAL_WORLD = "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"
@@ -1814,7 +1831,7 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
     or run on a node that never makes it (a node-local disk), and fail with FileNotFoundError
     (karpathy/nanochat: every rank saves its optimizer shard into the directory rank 0 creates).  ``os.makedirs``'s
     ``exist_ok=True`` makes it safe on every rank (https://docs.python.org/3/library/os.html#os.makedirs)."""
-    from helpers.lint.python_rules import _call_name
+    from helpers.lint.python_rules import _call_name, _written_paths
 
     if "makedirs" not in lt.text and "mkdir" not in lt.text:
         return
@@ -1832,19 +1849,18 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
             if isinstance(n, ast.Assign) and n.lineno > c.lineno and any(
                     isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
                 names.update(t.id for t in n.targets if isinstance(t, ast.Name))
-        later = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n, "lineno", 0) > c.lineno),
-                       key=lambda n: n.lineno)
         if any(_call_name(n)[1] in ("makedirs", "mkdir") and lt._rank_gate(n) is None for n in ast.walk(fn)
                if isinstance(n, ast.Call)):
             continue  # made on every rank too
+        later = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n, "lineno", 0) > c.lineno),
+                       key=lambda n: n.lineno)
         for w in later:
             wname = _call_name(w)[1]
             if wname == "barrier":
                 break
             if lt._write_kind(w) != "file" or lt._rank_gate(w) is not None:
                 continue  # what writes a file: the one list of python_rules (torch.save, open(p, "w"), ...)
-            paths = w.args[1:] if wname in ("save", "dump") else w.args[:1]
-            if not any(isinstance(x, ast.Name) and x.id in names for a in paths for x in ast.walk(a)):
+            if not any(isinstance(x, ast.Name) and x.id in names for a in _written_paths(w) for x in ast.walk(a)):
                 continue
             lt.add("rank-gated-object-used", "warning", w,
                    f"{ast.unparse(w)[:60]} runs on every rank and writes into {target.id}, which only "
@@ -1866,7 +1882,7 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
     after on every rank, with no barrier between: the other ranks may read before rank 0 has written it (an older
     copy, or FileNotFoundError), the race ``dist.barrier()`` after the gated write removes (openvla/openvla: every
     rank loaded the LoRA adapter rank 0 was still saving).  The write and the read are in the same block."""
-    from helpers.lint.python_rules import _call_name
+    from helpers.lint.python_rules import _call_name, _written_paths
 
     for node in lt.nodes:
         for fld in ("body", "orelse"):
@@ -1879,8 +1895,7 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                 names: set[str] = set()
                 for c in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Call)):
                     if lt._write_kind(c) == "file":
-                        paths = c.args[1:] if _call_name(c)[1] in ("save", "dump") else c.args[:1]
-                        names.update(x.id for a in paths for x in ast.walk(a) if isinstance(x, ast.Name))
+                        names.update(x.id for a in _written_paths(c) for x in ast.walk(a) if isinstance(x, ast.Name))
                 for a in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Assign)):
                     if any(isinstance(t, ast.Name) and t.id in names for t in a.targets):
                         names.update(x.id for x in ast.walk(a.value) if isinstance(x, ast.Name))
@@ -1946,7 +1961,6 @@ def rule_save_hook_every_rank(lt: PythonLinter) -> None:
 
 
 _CUDA_ENV = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables"
-_LEGACY_LAUNCH = "https://docs.pytorch.org/docs/stable/distributed.html#launch-utility"
 
 
 def rule_visible_devices_as_ordinal(lt: PythonLinter) -> None:
@@ -1997,23 +2011,6 @@ def rule_collective_result_discarded(lt: PythonLinter) -> None:
                f"{ast.unparse(n)[:60]}: the gathered result is thrown away; every rank joins the collective and "
                "then goes on with its own part only",
                f"keep it: results = {ast.unparse(n.value)[:50]}", _ACC + "#accelerate.Accelerator.gather_for_metrics")
-
-
-def rule_legacy_launch_local_rank_spelling(lt: PythonLinter, sc: ScriptContract) -> None:
-    """A script made for ``python -m torch.distributed.launch`` (it says so) whose parser defines ``--local_rank`` but
-    not ``--local-rank``: since PyTorch 2.0 that launcher passes ``--local-rank=N`` (:data:`_LEGACY_LAUNCH`:
-    "Changed in version 2.0.0: The launcher will pass the --local-rank=<rank> argument to your script"), and
-    argparse matches option strings exactly: 'unrecognized arguments: --local-rank=0' (speechbrain#1951)."""
-    written = sc.extra.get("literal_options") or frozenset()
-    if "--local_rank" not in written or "--local-rank" in written or "add_config_arguments" in lt.text or \
-            not re.search(r"torch\.distributed\.launch\b", lt.text):
-        return
-    where = next((c.lineno for c in lt._calls() if c.args and isinstance(c.args[0], ast.Constant)
-                  and c.args[0].value == "--local_rank"), sc.options_line or 1)
-    lt.add("local-rank-arg-under-launcher", "error", where,
-           "the parser defines --local_rank but not --local-rank, for torch.distributed.launch, which since PyTorch "
-           "2.0 passes --local-rank=N: 'error: unrecognized arguments: --local-rank=0'",
-           'add_argument("--local-rank", "--local_rank", dest="local_rank", type=int)', _LEGACY_LAUNCH)
 
 
 _TP_TUTORIAL = "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html"
@@ -2089,13 +2086,12 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_save_hook_every_rank(lt)
     rule_visible_devices_as_ordinal(lt)
     rule_collective_result_discarded(lt)
-    rule_legacy_launch_local_rank_spelling(lt, sc)
     rule_lr_steps_from_dataset_length(lt)
     rule_nccl_cpu_tensor(lt, sc)
     rule_gather_variable_shape(lt)
     rule_world_size_as_local(lt)
     rule_environ_getattr(lt)
-    rule_deepspeed_local_rank_spelling(lt, sc)
+    rule_local_rank_spelling(lt, sc)
     rule_rank_zero_falsy(lt)
     rule_resume_skip_every_epoch(lt)
     rule_grad_accum_from_device_count(lt)

@@ -237,6 +237,12 @@ def _exits(body: list[ast.stmt]) -> list[ast.stmt]:
     return direct + sorted((s for s in found if s not in direct), key=lambda s: (s.lineno, s.col_offset))
 
 
+def _written_paths(call: ast.Call) -> list[ast.expr]:
+    """The arguments of a writing call (:meth:`PythonLinter._write_kind`) that name the file: the second on for
+    ``torch.save(obj, f)`` / ``json.dump(obj, f)``, the first for ``open(path, "w")``, ``x.save_pretrained(dir)``..."""
+    return call.args[1:] if _call_name(call)[1] in ("save", "dump") else call.args[:1]
+
+
 def _literals(test: ast.expr, holds: bool) -> set[tuple[str, bool]]:
     """The conditions ``test`` being ``holds`` implies, as ``(source, polarity)`` pairs: ``a and not b`` holding
     gives ``{("a", True), ("b", False)}``; a test that is not a conjunction is one literal."""
@@ -1359,7 +1365,7 @@ class PythonLinter:
                 continue
             if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
                 continue
-            path_args = call.args[1:] if name in ("save", "dump") else call.args[:1]
+            path_args = _written_paths(call)
             if any(self.taint.is_rank(a) or self._rank_in_name(a, call)
                    for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):
                 continue  # a per-rank file name
@@ -1424,7 +1430,7 @@ class PythonLinter:
 
     def _rank_in_name(self, arg: ast.AST, at: ast.AST) -> bool:
         """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), directly or through the
-        one assignment of the name passed: each rank writes its own file."""
+        last assignments (before ``at``) of the names it is built from, a few deep: each rank has its own file."""
         fn = self._enclosing_function(at) or self.tree
         todo, seen = [arg], set()
         while todo and len(seen) < 8:  # through a few assignments: save_file = join(dir, basename); basename = f"..."
@@ -1614,8 +1620,9 @@ class PythonLinter:
         https://huggingface.co/docs/accelerate/en/package_reference/state#accelerate.PartialState.is_local_main_process)."""
         local = re.compile(r"(?i)is_local_main_process|local_rank\s*==\s*0|LOCAL_RANK|is_local_master|local_process_index\s*==\s*0")
         seen: set[tuple[ast.AST | None, str]] = set()
+        made_names = {name for _scope, name in made}
         for node in self.nodes:
-            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in made_names):
                 continue
             scope: ast.AST | None = self._enclosing_function(node)
             key = (scope, node.id)
