@@ -468,8 +468,8 @@ def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release:
         cite = ("https://github.com/deepspeedai/DeepSpeed/issues/7589, fix in "
                 "https://github.com/deepspeedai/DeepSpeed/pull/8619")
         if retry.get("ok"):
-            return Check("toolchain.fused_adam", f"{why}; with TORCH_CUDA_ARCH_LIST={plain!r} it built in "
-                         f"{retry['wall_s']:.0f} s", "WARN", values,
+            return Check("toolchain.fused_adam", f"{why}; with TORCH_CUDA_ARCH_LIST={plain!r} it {_built(retry)}",
+                         "WARN", values,
                          f"export TORCH_CUDA_ARCH_LIST='{plain}' where DeepSpeed builds its ops (job script, module "
                          f"file), or a DeepSpeed release with the fix, " + avoid, f"{cite}; {source}")
         return Check("toolchain.fused_adam", f"{why}; with TORCH_CUDA_ARCH_LIST={plain!r} it failed too: "
@@ -478,9 +478,16 @@ def grade_toolchain(torch_cuda: str | None, cuda_home: str | None, nvcc_release:
     if build is not None and not build.get("ok"):
         return Check("toolchain.fused_adam", f"FusedAdam JIT build failed: {build.get('error', '')[:200]}", "WARN",
                      values, failed_fix(build.get("log")), source)
-    built = f", FusedAdam built in {build['wall_s']:.0f} s" if build else ""
+    built = f", FusedAdam {_built(build)}" if build else ""
     return Check("toolchain.fused_adam", f"nvcc {nvcc_release} matches torch CUDA {torch_cuda}{built}", "OK", values,
                  "", source)
+
+
+def _built(attempt: Mapping[str, Any]) -> str:
+    """How a successful FusedAdam attempt ended: ``built in N s``, or ``loaded an earlier build in N s`` when ninja had
+    nothing to do (the extension was already in ``TORCH_EXTENSIONS_DIR``: the seconds are not a build time)."""
+    verb = "loaded an earlier build" if attempt.get("reused") else "built"
+    return f"{verb} in {attempt['wall_s']:.0f} s"
 
 
 # --------------------------------------------------------------------------- across nodes

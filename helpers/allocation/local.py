@@ -322,7 +322,9 @@ def check_toolchain(backend: str, out_dir: Path, *, build: bool = True, timeout_
 
 def _build_fused_adam(log: Path, timeout_s: float, arch_list: str | None) -> dict[str, Any]:
     """One FusedAdam JIT build in its own process (``TORCH_CUDA_ARCH_LIST=arch_list`` when given), its output in
-    ``log``: ``{"ok", "wall_s", "log", "error"}`` (``error``: the last line of its output, or the timeout)."""
+    ``log``: ``{"ok", "wall_s", "log", "error", "reused"}`` (``error``: the last line of its output, or the timeout;
+    ``reused``: ninja found the extension already built in ``TORCH_EXTENSIONS_DIR`` ("ninja: no work to do"), so
+    ``wall_s`` is a load, not a build)."""
     import subprocess
     import sys
 
@@ -336,7 +338,8 @@ def _build_fused_adam(log: Path, timeout_s: float, arch_list: str | None) -> dic
     log.write_text(proc.stdout + proc.stderr)
     lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
     return {"ok": proc.returncode == 0, "wall_s": time.monotonic() - t0, "log": str(log),
-            "error": lines[-1] if proc.returncode and lines else ""}
+            "error": lines[-1] if proc.returncode and lines else "",
+            "reused": "ninja: no work to do" in proc.stdout + proc.stderr}
 
 
 def strip_arch_suffixes(arch_list: str) -> str | None:

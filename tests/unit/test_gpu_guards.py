@@ -229,6 +229,12 @@ def test_toolchain_names_the_arch_list_trap_and_the_build_that_proves_the_fix():
                                    {**first, "retry": {"ok": True, "wall_s": 48.2, "log": "p.log", "arch_list": "9.0"}})
     assert fixed.status == "WARN" and "TORCH_CUDA_ARCH_LIST='9.0a'" in fixed.title and "built in 48 s" in fixed.title
     assert "export TORCH_CUDA_ARCH_LIST='9.0'" in fixed.remediation and "pull/8619" in fixed.source
+    # the H100 run of make gpu-check: diagnose had built it already, so the retry only loaded it ("ninja: no work
+    # to do") and its seconds are no build time
+    reused = grades.grade_toolchain("13.0", "/usr/local/cuda", "13.0",
+                                    {**first, "retry": {"ok": True, "wall_s": 4.2, "log": "p.log", "arch_list": "9.0",
+                                                        "reused": True}})
+    assert "loaded an earlier build in 4 s" in reused.title and "built in" not in reused.title
     still = grades.grade_toolchain("13.0", "/usr/local/cuda", "13.0",
                                    {**first, "retry": {"ok": False, "wall_s": 9, "log": "p.log", "arch_list": "9.0",
                                                        "error": "ninja: build stopped"}})
