@@ -74,6 +74,10 @@ RULES: dict[str, str] = {
     "same-device-every-rank": "https://docs.pytorch.org/docs/stable/distributed.html#backends",
     "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
+    # helpers.lint.agreement_rules (what every rank computes alike; one default process group)
+    "rank-split-differs": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "hash-per-process": "https://docs.python.org/3/reference/datamodel.html#object.__hash__",
+    "init-twice": "https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py",
     "world-size-from-device-count": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
     "slurm-var-unknown": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     "slurm-env-misuse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from helpers.lint import grad_sync_rules
+from helpers.lint import agreement_rules, grad_sync_rules
 from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
@@ -2108,6 +2108,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_quantized_model_no_device_map(lt)
     rule_fsdp_inference_mode(lt)
     grad_sync_rules.run(lt)
+    agreement_rules.run(lt)
     collect_cpu_tensor_facts(lt)
     lt.facts.contract = sc
     return sc

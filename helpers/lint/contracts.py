@@ -89,6 +89,10 @@ CONTRACTS: tuple[Contract, ...] = (
        _INIT, "init-missing-rank-world-size"),
     _c("init_process_group", "The default process group is initialised before any collective, get_rank() or "
        "DistributedDataParallel construction", _INIT, "collective-before-init"),
+    _c("init_process_group", "The default process group is made once per process: a second init_process_group, or one "
+       "after Accelerator() / PartialState() / deepspeed.init_distributed() made it, raises 'trying to initialize the "
+       "default process group twice!'",
+       "https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py", "init-twice"),
     _c("init_process_group", "Each rank's GPU is bound (torch.cuda.set_device or device_id=) before the group is "
        "used: 'it is the user's responsibility to ensure that this is set so that each rank has an individual GPU'",
        _INIT, ("set-device-after-init", "collective-before-set-device")),
@@ -219,6 +223,12 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DataLoader", "The workers' seeds derive from the generator= given to it: seeded alike on every rank, all ranks "
        "draw the same augmentations for their shards", _DATA + "#randomness-in-multi-process-data-loading",
        "same-seed-every-rank"),
+    _c("DistributedSampler", "Every rank holds the same dataset in the same order ('any instance of it always returns "
+       "the same elements in the same order'): a random_split, train_test_split or dataset shuffle before the sampler "
+       "draws from a generator seeded alike on every rank", _SAMPLER, "rank-split-differs"),
+    _c("Python hash()", "str and bytes hashes are salted per process ('not predictable between repeated invocations "
+       "of Python'): a file name, cache key, seed or shard choice from hash() differs per rank unless PYTHONHASHSEED "
+       "is set", "https://docs.python.org/3/reference/datamodel.html#object.__hash__", "hash-per-process"),
     # ---------------------------------------------------------------- torchrun / legacy launch
     _c("torchrun", "--standalone is a single-node rendezvous: two nodes with it form two jobs", _TORCHRUN,
        "standalone-multinode"),

@@ -1,0 +1,285 @@
+"""Rules on what every rank must compute alike, and on the process group being made once.
+
+Data parallelism rests on the ranks agreeing on values each one computes for itself:
+
+- ``DistributedSampler`` "assumes the dataset is of constant size and that any instance of it always returns the
+  same elements in the same order" (:data:`_SAMPLER`); Accelerate's ``prepare`` and the Trainer shard a loader by index
+  on the same assumption.  A dataset split or shuffled from a random generator each process seeds for itself gives
+  every rank a different dataset: the index shards then overlap and leave samples out, and the validation samples of
+  one rank are training samples of another (``rank-split-differs``).
+- Python salts the ``hash()`` of ``str`` and ``bytes`` per process ("not predictable between repeated invocations of
+  Python", :data:`_HASH`): a file name, a cache key, a seed or a shard assignment computed from it differs on every
+  rank unless ``PYTHONHASHSEED`` is fixed (``hash-per-process``).
+
+and on the default process group existing once: ``init_process_group`` raises ``ValueError("trying to initialize the
+default process group twice!")`` when it already exists (torch/distributed/distributed_c10d.py), and
+``Accelerator()`` / ``PartialState()`` (accelerate/state.py) and ``deepspeed.init_distributed()`` create it
+themselves under a launcher of several processes (``init-twice``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from helpers.lint.wrappers import call_name
+
+if TYPE_CHECKING:
+    from helpers.lint.python_rules import PythonLinter
+
+_SAMPLER = "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"
+_RANDOM_SPLIT = "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.random_split"
+_HF_SHUFFLE = "https://huggingface.co/docs/datasets/en/package_reference/main_classes#datasets.Dataset.shuffle"
+_SK_SPLIT = "https://scikit-learn.org/stable/modules/generated/sklearn.model_selection.train_test_split.html"
+_HASH = "https://docs.python.org/3/reference/datamodel.html#object.__hash__"
+_INIT_TWICE = ("https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py "
+               "(init_process_group: 'trying to initialize the default process group twice!')")
+
+_SHARDS = re.compile(r"DistributedSampler|\.prepare\(|\bTrainer\(|DistributedDataParallel|\bDDP\(|"
+                     r"FullyShardedDataParallel|fully_shard|deepspeed\.initialize|init_process_group")
+"""A file whose data is split between ranks (a sampler, a prepared loader, a trainer) or that sets up a process group
+(a data module next to it is read on every rank)."""
+
+_ALL_RNGS = frozenset({"torch", "numpy", "random"})
+_SEEDS_OF = {"manual_seed": {"torch"}, "manual_seed_all": {"torch"}, "seed": set(), "set_seed": _ALL_RNGS,
+             "seed_everything": _ALL_RNGS, "init_seeds": _ALL_RNGS, "fix_seed": _ALL_RNGS, "seed_all": _ALL_RNGS}
+"""The generators a seeding call seeds: transformers' / accelerate's ``set_seed`` and Lightning's ``seed_everything``
+seed Python's ``random``, NumPy and torch; ``torch.manual_seed`` only torch; ``<mod>.seed`` the module's own."""
+
+
+def _seeded(call: ast.Call) -> set[str]:
+    """The random generators ``call`` seeds with its first argument ({} when it is no seeding call)."""
+    name = call_name(call)
+    recv = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else ""
+    if name == "seed":
+        return {"numpy"} if recv in ("np.random", "numpy.random") else {"random"} if recv == "random" else set()
+    if name in _SEEDS_OF:
+        return set(_SEEDS_OF[name]) or set()
+    # a project's own helper (utils.setup_seed(args.seed), misc.fix_random_seeds(...)) seeds all of them
+    return set(_ALL_RNGS) if "seed" in name.lower() and not name.startswith(("get", "worker")) else set()
+
+
+def _split_draws(lt: PythonLinter, call: ast.Call) -> tuple[str, str, str] | None:
+    """``(generator, what, doc)`` when ``call`` splits or shuffles a dataset from a generator it was not given: torch's
+    ``random_split`` without ``generator=``, scikit-learn's ``train_test_split`` without ``random_state=``, a Hugging
+    Face dataset's ``.shuffle()`` / ``.train_test_split()`` without a seed (both draw the seed from NumPy's global
+    state when given none: datasets/arrow_dataset.py), ``random.shuffle`` / ``np.random.shuffle`` /
+    ``np.random.permutation``."""
+    name = call_name(call)
+    kws = {k.arg for k in call.keywords}
+    recv = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else ""
+    if name == "random_split" and "generator" not in kws and len(call.args) < 3:
+        return "torch", "random_split without generator=", _RANDOM_SPLIT
+    if name == "train_test_split" and not recv and "random_state" not in kws:
+        return "numpy", "train_test_split without random_state=", _SK_SPLIT
+    hf = re.search(r"^\s*(from\s+datasets\s+import|import\s+datasets\b)", lt.text, re.M)
+    if name in ("shuffle", "train_test_split") and recv and hf and recv not in ("random", "np.random", "numpy.random") \
+            and not call.args and not kws & {"seed", "generator"}:
+        return "numpy", f".{name}() of a datasets.Dataset without seed=", _HF_SHUFFLE
+    if name in ("shuffle", "permutation") and recv in ("random", "np.random", "numpy.random") and call.args:
+        return ("random" if recv == "random" else "numpy"), f"{recv}.{name}", _SAMPLER
+    return None
+
+
+def rule_rank_split_differs(lt: PythonLinter) -> None:
+    """A dataset split or shuffled from a random generator that no call seeds alike on every rank, in a file whose data
+    is split between ranks: each process draws its own permutation, so each rank holds a different dataset and the
+    sampler's index shards overlap (the contract of ``DistributedSampler``, :data:`_SAMPLER`).  A warning for a split
+    (one rank's held-out samples are another's training samples: lm-sys/FastChat#1522 seeded its split for this) and
+    for a file list shuffled before it is sharded by rank (files no rank reads for the whole run); info for a
+    datasets ``.shuffle()`` alone (the sampler reshuffles each epoch: the ranks' shards overlap within an epoch).
+
+    Not a finding: a generator seeded anywhere in the file with a value that is not a rank (``set_seed(args.seed)``,
+    ``torch.manual_seed(0)``, a project's own ``setup_seed(...)``); a split under a rank gate (one rank draws it); a
+    ``random.shuffle`` / ``np.random.permutation`` of the file list another rule reads (those only when the file
+    shards by rank or uses a sampler, and never inside a function a loop calls per step: an augmentation).
+    """
+    from helpers.lint.python_rules import _call_name
+
+    if not _SHARDS.search(lt.text):
+        return
+    seeded: set[str] = set()
+    rank_seeded: set[str] = set()
+    for c in lt._calls():
+        got = _seeded(c)
+        if got and c.args:
+            (rank_seeded if lt.taint.is_rank(c.args[0]) else seeded).update(got)
+        elif got and not c.args and _call_name(c)[1] in ("set_seed", "seed_everything"):
+            seeded.update(got)  # seed_everything() picks a seed and exports it as PL_GLOBAL_SEED for every process
+    for c in lt._calls():
+        drawn = _split_draws(lt, c)
+        if drawn is None:
+            continue
+        rng, what, doc = drawn
+        if rng in seeded or lt._rank_gate(c) is not None:
+            continue
+        if what.startswith(("random.", "np.random", "numpy.random")) and not _shuffles_data(lt, c):
+            continue
+        per_rank = "seeded per rank" if rng in rank_seeded else "never seeded alike on every rank"
+        # a reorder alone (datasets' .shuffle()) under a sampler that shuffles anyway costs overlap within an epoch
+        # (like sampling with replacement across ranks): info; a split leaks held-out samples, and a file list
+        # sharded once leaves files unread for the whole run: warning
+        severity = "info" if what.startswith(".shuffle()") else "warning"
+        lt.add("rank-split-differs", severity, c,
+               f"{ast.unparse(c)[:60]}: {what} draws from the {rng} generator, {per_rank}: each rank splits or "
+               "orders the dataset differently, so the ranks' shards overlap and miss samples (and one rank's "
+               "held-out samples are another's training samples)",
+               "give the split its own seeded generator (random_split(..., generator=torch.Generator()."
+               "manual_seed(seed)), random_state=seed, ds.shuffle(seed=seed)) with the same seed on every rank, or "
+               "split once on rank 0 and save the split", doc)
+
+
+def _shuffles_data(lt: PythonLinter, call: ast.Call) -> bool:
+    """``random.shuffle(x)`` / ``np.random.permutation(n)`` orders the data itself: outside any loop (a one-time
+    preparation), on a name that reads like a dataset, file or index list."""
+    if lt._in_loop(call):
+        return False
+    arg = ast.unparse(call.args[0]).lower()
+    return bool(re.search(r"file|path|sample|data|shard|indices|idx|ids|list|items|lines|urls|records|len\(", arg))
+
+
+def _flows_into_name(lt: PythonLinter, call: ast.Call) -> ast.AST | None:
+    """Where the value of ``hash(...)`` becomes a name, a seed or a rank's share: the enclosing f-string, ``str()``,
+    ``%`` / ``+`` / ``.format`` with a string, path join, seeding call or ``%`` by the world size; one assignment is
+    followed to the uses of its name in the same function."""
+    def sink(node: ast.AST) -> ast.AST | None:
+        p = lt.parents.get(node)
+        for _ in range(4):
+            if p is None:
+                return None
+            if isinstance(p, ast.JoinedStr):
+                return p
+            if isinstance(p, ast.Call):
+                name = call_name(p)
+                if name in ("str", "format", "join", "Path") or _seeded(p) or name == "manual_seed":
+                    return p
+            if isinstance(p, ast.BinOp) and isinstance(p.op, ast.Mod):
+                return p  # "%s" % hash(x), or hash(x) % world_size: a shard picked per process
+            if isinstance(p, ast.BinOp) and isinstance(p.op, ast.Add) and any(
+                    isinstance(s, ast.Constant) and isinstance(s.value, str) for s in (p.left, p.right)):
+                return p
+            if isinstance(p, (ast.Assign, ast.stmt)):
+                return None
+            p = lt.parents.get(p)
+        return None
+
+    got = sink(call)
+    if got is not None:
+        return got
+    stmt = lt.parents.get(call)
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        name = stmt.targets[0].id
+        scope = lt._enclosing_function(call) or lt.tree
+        for n in ast.walk(scope):
+            if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and n.lineno > call.lineno:
+                got = sink(n)
+                if got is not None:
+                    return got
+    return None
+
+
+def rule_hash_per_process(lt: PythonLinter) -> None:
+    """``hash(x)`` of a string-like value turned into a file name, cache key, seed or shard choice in a file whose ranks
+    are separate processes: Python salts ``str`` / ``bytes`` hashes per process (:data:`_HASH`), so every rank computes
+    a different value (a cache one rank writes that the others never find, a shard two ranks take and one none takes).
+
+    Not a finding: a ``PYTHONHASHSEED`` the file sets; ``hash`` of an int constant or arithmetic (ints hash to
+    themselves); a value used only inside the process (a dict key, a comparison)."""
+    if not _SHARDS.search(lt.text) or "PYTHONHASHSEED" in lt.text:
+        return
+    for c in lt._calls():
+        if not (isinstance(c.func, ast.Name) and c.func.id == "hash" and len(c.args) == 1):
+            continue
+        arg = c.args[0]
+        if isinstance(arg, (ast.BinOp, ast.UnaryOp)) or isinstance(arg, ast.Constant) and \
+                not isinstance(arg.value, (str, bytes)) or isinstance(arg, ast.Call) and call_name(arg) in ("len", "int"):
+            continue
+        where = _flows_into_name(lt, c)
+        if where is None:
+            continue
+        lt.add("hash-per-process", "warning", c,
+               f"{ast.unparse(c)[:50]} becomes part of {ast.unparse(where)[:60]}: Python salts str/bytes hashes per "
+               "process, so each rank computes a different value (a different file, cache key, seed or shard)",
+               "use a stable digest (hashlib.sha256(x.encode()).hexdigest()[:16], or zlib.crc32) or export "
+               "PYTHONHASHSEED=0 in the launch environment", _HASH)
+
+
+def _guarded(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node`` runs only when no group exists yet (``if not dist.is_initialized():``), or inside a ``try``."""
+    p = lt.parents.get(node)
+    while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(p, (ast.If, ast.IfExp, ast.While)) and "is_initialized" in ast.unparse(p.test):
+            return True
+        if isinstance(p, ast.Try):
+            return True
+        p = lt.parents.get(p)
+    return False
+
+
+def _makes_group(call: ast.Call) -> str | None:
+    """What the call is when it creates the default process group under a multi-process launcher."""
+    name = call_name(call)
+    recv = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else ""
+    if name == "init_process_group":
+        return "init_process_group"
+    if name in ("Accelerator", "PartialState") and (not recv or recv.endswith("accelerate")):
+        return f"{name}()"
+    if name == "init_distributed" and recv.endswith("deepspeed"):
+        return "deepspeed.init_distributed()"
+    return None
+
+
+def rule_init_twice(lt: PythonLinter) -> None:
+    """``init_process_group`` called where the default group already exists on the same path: after another
+    ``init_process_group``, after ``Accelerator()`` / ``PartialState()`` or ``deepspeed.init_distributed()`` (which
+    create it under a launcher of several processes) in the same function, with no ``destroy_process_group`` between
+    and no ``is_initialized()`` test around it: torch raises ``ValueError: trying to initialize the default process
+    group twice!`` (:data:`_INIT_TWICE`).  The makers ``Accelerator()`` and ``deepspeed.init_distributed()`` test
+    ``is_initialized()`` themselves, so only an ``init_process_group`` coming second is a finding."""
+    by_scope: dict[ast.AST, list[tuple[int, str, ast.Call]]] = {}
+    for c in lt._calls():
+        what = _makes_group(c)
+        if what is not None or call_name(c) == "destroy_process_group":
+            scope = lt._enclosing_function(c) or lt.tree
+            by_scope.setdefault(scope, []).append((c.lineno, what or "destroy", c))
+    for calls in by_scope.values():
+        calls.sort(key=lambda t: t[0])
+        made: tuple[int, str] | None = None
+        for line, what, c in calls:
+            if what == "destroy":
+                made = None
+                continue
+            if what == "init_process_group" and made is not None and not _guarded(lt, c) and \
+                    not _other_branch(lt, c, made[0]):
+                lt.add("init-twice", "error", c,
+                       f"init_process_group here, after {made[1]} at line {made[0]} made the default process group on "
+                       "this path: torch raises 'ValueError: trying to initialize the default process group twice!' "
+                       "(Accelerator() and deepspeed.init_distributed() make it under a multi-process launcher)",
+                       "keep one of the two, or test torch.distributed.is_initialized() before init_process_group",
+                       _INIT_TWICE)
+            made = (line, what)
+
+
+def _other_branch(lt: PythonLinter, call: ast.Call, first_line: int) -> bool:
+    """The earlier maker at ``first_line`` and ``call`` sit in different branches of one ``if`` (only one runs)."""
+    p = lt.parents.get(call)
+    while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(p, ast.If):
+            lines_body = {getattr(n, "lineno", 0) for s in p.body for n in ast.walk(s)}
+            lines_else = {getattr(n, "lineno", 0) for s in p.orelse for n in ast.walk(s)}
+            if (call.lineno in lines_body and first_line in lines_else) or \
+                    (call.lineno in lines_else and first_line in lines_body):
+                return True
+        p = lt.parents.get(p)
+    return False
+
+
+def run(lt: PythonLinter) -> None:
+    """Run this module's rules on ``lt``."""
+    rule_rank_split_differs(lt)
+    rule_hash_per_process(lt)
+    rule_init_twice(lt)
+
+
+__all__ = ["rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs", "run"]
