@@ -832,7 +832,9 @@ def build_command(args: argparse.Namespace) -> int:
             else:
                 text = args.check
             spec, traps = launch_parse.check_text(text, check_port=args.check_port, file=args.check_file is not None)
-            print(f"read as: {launch_parse.describe(spec)}")
+            print(f"read as: {launch_parse.describe(spec)}" if spec is not None else
+                  "read as: no launch line this parser reads (srun, torchrun, accelerate launch, deepspeed); the "
+                  "script's text traps:")
         else:
             env: dict[str, str | None] = dict(envvars.parse_pairs(args.env))
             for name in args.unset or []:

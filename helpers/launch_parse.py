@@ -668,7 +668,8 @@ def text_traps(text: str) -> list[Check]:
         out.append(hit)
     return (out + _nnodes_traps(text) + _first_node_only_traps(text) + _submit_host_traps(text)
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
-            + _c_without_command_traps(text) + _unset_launcher_var_traps(text))
+            + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text)
+            + _literal_dollar_traps(text) + _positional_twice_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -773,6 +774,187 @@ def _c_without_command_traps(text: str) -> list[Check]:
                    f"quote the commands as one string: {m.group(0).strip()} \"cmd1 && cmd2\"", _BASH_INVOCATION)
         hit.line_no = start + 1
         out.append(hit)
+    return out
+
+
+_BASH_LISTS = "https://www.gnu.org/software/bash/manual/html_node/Lists.html"
+_BASH_QUOTING = "https://www.gnu.org/software/bash/manual/html_node/Quoting.html"
+_BASH_SPECIAL = "https://www.gnu.org/software/bash/manual/html_node/Special-Parameters.html"
+_LAUNCHER_START = re.compile(r"^\s*(?:\w+=\S*\s+)*(?:torchrun|python[\d.]*\s+(?:-u\s+)?-m\s+torch\.distributed\.(?:run|launch)|"
+                             r"accelerate\s+launch|deepspeed)\b")
+
+
+def _scan_shell(line: str) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
+    """One pass over a logical shell line: the control operators outside quotes, ``$(...)`` and backquotes
+    (``;``, ``&&``, ``||``, ``|``, ``&``, with their positions), and the spans the shell leaves unexpanded (single
+    quotes, and a backslash-escaped ``$``: bash manual, Quoting, :data:`_BASH_QUOTING`).
+
+    Written here, not taken from a library: shlex removes quotes without saying which were single (the one fact
+    needed), and bashlex is no dependency of this project."""
+    ops: list[tuple[int, str]] = []
+    literal: list[tuple[int, int]] = []
+    quote, depth, i, start = "", 0, 0, 0
+    while i < len(line):
+        ch = line[i]
+        if quote == "'":
+            if ch == "'":
+                literal.append((start, i))
+                quote = ""
+        elif ch == "\\":
+            if line[i + 1:i + 2] == "$":
+                name = re.match(r"\{?\w*\}?", line[i + 2:])
+                literal.append((i, i + 2 + (name.end() if name else 0)))
+            i += 2
+            continue
+        elif quote == '"':
+            quote = "" if ch == '"' else quote
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t") and not depth:
+            break
+        elif ch == "'":
+            quote, start = "'", i
+        elif ch == '"':
+            quote = '"'
+        elif line.startswith("$(", i):
+            depth += 1
+            i += 2
+            continue
+        elif ch == ")" and depth:
+            depth -= 1
+        elif ch == "`":
+            depth = depth + 1 if not depth else depth - 1
+        elif not depth and ch in ";&|":
+            two = line[i:i + 2]
+            if two in ("&&", "||"):
+                ops.append((i, two))
+                i += 2
+                continue
+            if ch == "&" and (line[i + 1:i + 2] == ">" or line[i - 1:i] in "<>"):
+                pass  # &> / >& / 2>&1: a redirection
+            elif ch == ";" and line[i + 1:i + 2] == ";":
+                pass  # ;; ends a case item
+            else:
+                ops.append((i, ch))
+        i += 1
+    return ops, literal
+
+
+def _heredoc_lines(text: str) -> set[int]:
+    """1-based numbers of the lines inside here-documents (``<<EOF`` ... ``EOF``): text for a program, not commands."""
+    inside: set[int] = set()
+    end = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if end is not None:
+            if line.strip() == end:
+                end = None
+            else:
+                inside.add(number)
+            continue
+        m = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+        if m and not line.lstrip().startswith("#"):
+            end = m.group(1)
+    return inside
+
+
+def _payload_split_traps(text: str) -> list[Check]:
+    """``srun-payload-split``: ``srun ... cmd1 ; torchrun ...`` (or ``&&``, ``||``, ``|``, ``&``) in a job of several
+    nodes.  srun's command ends at the first control operator (bash manual, Lists of Commands, :data:`_BASH_LISTS`):
+    the launcher after it is a command of the batch script, which Slurm runs on the first node only
+    (https://slurm.schedmd.com/sbatch.html), so the other nodes never start one and the rendezvous waits for them."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    nodes = int(alloc.split("-")[0]) if re.fullmatch(r"\d{1,6}(?:-\d{1,6})?", alloc) else 0
+    heredoc = _heredoc_lines(text)
+    out: list[Check] = []
+    for number, line in _join_continuations(text):
+        if number in heredoc or not re.match(r"\s*(?:\w+=\S*\s+)*srun\b", line):
+            continue
+        m = re.search(r"\s(?:-N\s*|--nodes[= ])(\d+)", line.split("\n")[0])
+        here = int(m.group(1)) if m else nodes
+        if here < 2:
+            continue
+        ops, _ = _scan_shell(line)
+        for pos, op in ops:
+            if op == "|" or not _LAUNCHER_START.match(line[pos + len(op):]):
+                continue
+            launcher = line[pos + len(op):].split()[0]
+            hit = trap("srun-payload-split", "FAIL", "nnodes",
+                       f"'{op}' ends srun's command: the {launcher} after it is run once by the batch script, on the "
+                       f"first of the {here} nodes only, not by srun on each node (the rendezvous waits for the others)",
+                       "put the whole per-node command in srun's payload: srun ... bash -c 'cmd1 && torchrun ...' (or "
+                       "a script that srun runs)", _BASH_LISTS)
+            hit.line_no = number
+            out.append(hit)
+            break
+    return out
+
+
+_NO_SHELL_PROGRAMS = re.compile(r"^\s*(?:\w+=\S*\s+)*(?:srun|torchrun|python[\d.]*|accelerate|deepspeed|mpirun|mpiexec)\b")
+_RUNS_A_SHELL = re.compile(r"(?<![\w-])(?:(?:ba|z|k|da)?sh\s+(?:-\w+\s+)*-\w*c\b|eval\b|ssh\b|pdsh\b|clush\b|"
+                           r"parallel\b|xargs\b|envsubst\b|su\s)")
+
+
+def _literal_dollar_traps(text: str) -> list[Check]:
+    """``shell-var-literal``: ``\\$VAR`` or ``'...$VAR...'`` in a command that srun, a launcher or python runs without a
+    shell in between.  Single quotes and a backslash keep ``$`` literal (bash manual, Quoting,
+    :data:`_BASH_QUOTING`), which defers the expansion to a later shell; srun and the launchers execute their
+    program directly (no shell: https://slurm.schedmd.com/srun.html), so the program receives the characters
+    ``$VAR`` (``--master_addr '$MASTER_ADDR'`` is a host literally named ``$MASTER_ADDR``).  Left alone: a line that
+    runs a shell (``bash -c``, ``eval``, ``ssh``, ``pdsh``), assignments, ``echo`` and here-documents."""
+    heredoc = _heredoc_lines(text)
+    out: list[Check] = []
+    for number, line in _join_continuations(text):
+        if number in heredoc or not _NO_SHELL_PROGRAMS.match(line) or _RUNS_A_SHELL.search(line):
+            continue
+        _, literal = _scan_shell(line)
+        for a, b in literal:
+            m = re.search(r"\$\{?([A-Z_][A-Z0-9_]*)\}?", line[a:b + 1])
+            if m is None:
+                continue
+            program = line.split()[0] if "=" not in line.split()[0] else next(
+                (w for w in line.split() if "=" not in w), "")
+            hit = trap("shell-var-literal", "FAIL" if m.group(1).startswith(("MASTER_", "SLURM_")) else "WARN",
+                       f"env.{m.group(1)}",
+                       f"${m.group(1)} is quoted or escaped, so the shell does not expand it, and {program} runs its "
+                       f"command without a shell: the program gets the literal text '${m.group(1)}'",
+                       f"drop the quoting (\"${m.group(1)}\") to expand it now, or run the command through a shell "
+                       f"that expands it per task: srun bash -c '... ${m.group(1)} ...'", _BASH_QUOTING)
+            hit.line_no = number
+            out.append(hit)
+            break
+    return out
+
+
+_POSITIONAL_FROM = re.compile(r"\$\{@:(\d+)(?::(\d+))?\}|\$\{?@\}?|\$\{?\*\}?")
+
+
+def _positional_twice_traps(text: str) -> list[Check]:
+    """``shell-positional-twice``: one command passes ``$N`` by itself and again inside ``"${@:M}"`` / ``"$@"`` (M <= N):
+    ``${@:offset}`` expands the positional parameters from ``offset`` on (bash manual, Shell Parameter Expansion and
+    Special Parameters, :data:`_BASH_SPECIAL`), so argument N reaches the program twice (argparse then rejects it as
+    an unrecognised argument, or the later copy overrides)."""
+    heredoc = _heredoc_lines(text)
+    out: list[Check] = []
+    for number, line in _join_continuations(text):
+        if number in heredoc or line.lstrip().startswith(("#", "echo", "printf", "shift", "set ")) or \
+                re.match(r"\s*\w+=", line):
+            continue
+        code = line.split(" #")[0]
+        for m in _POSITIONAL_FROM.finditer(code):
+            first = int(m.group(1)) if m.group(1) else 1
+            last = first + int(m.group(2)) - 1 if m.group(2) else 10 ** 6
+            if first == 0:
+                continue
+            singles = {int(x) for x in re.findall(r"\$\{?([1-9])\}?(?![\w}:])", code)}
+            twice = sorted(n for n in singles if first <= n <= last)
+            if not twice:
+                continue
+            hit = trap("shell-positional-twice", "WARN", "script_args",
+                       f"{m.group(0)} passes the arguments from ${first} on, and ${twice[0]} is passed by itself on "
+                       f"the same command: argument {twice[0]} reaches the program twice",
+                       f"start the rest at the next argument (${{@:{max(twice) + 1}}}) or drop the separate "
+                       f"${twice[0]}", _BASH_SPECIAL)
+            hit.line_no = number
+            out.append(hit)
+            break
     return out
 
 
@@ -1047,7 +1229,7 @@ def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Check]:
     return [hit]
 
 
-def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec, list[Check]]:
+def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec | None, list[Check]]:
     """The one way a launch text is checked: :func:`helpers.parse` then :func:`find_traps` and
     :func:`text_traps` (``runbook build --check`` / ``--check-file``, the widget's paste box and ``runbook lint``).
 
@@ -1056,13 +1238,21 @@ def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tu
     one node's line).
 
     Returns:
-        ``(spec, traps)``, FAILs first.
+        ``(spec, traps)``, FAILs first; ``spec`` is None when the text holds no launch line this parser reads but its
+        text shows traps (``srun hostname ; torchrun ...``: the launcher is outside every srun payload), so the three
+        entry points report those as ``runbook lint`` does.
 
     Raises:
-        helpers.NoLaunch: no launch line in ``text`` (a ``ValueError``).
+        helpers.NoLaunch: no launch line in ``text`` and no trap in its text (a ``ValueError``).
         ValueError: a launch line with a value no launch can have (``--master-port 0``), naming the field.
     """
-    spec = parse(text)
+    try:
+        spec = parse(text)
+    except NoLaunch:
+        found = text_traps(text)
+        if not found:
+            raise
+        return None, sorted(found, key=lambda trap: SEVERITIES.index(trap.status), reverse=True)
     traps = find_traps(spec, check_port=check_port) + text_traps(text)
     if file and not any(t.id == "node-rank-fixed" for t in traps):
         traps += _literal_node_rank(spec, text)

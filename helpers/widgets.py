@@ -420,11 +420,13 @@ class CommandBuilder:
                                        f"{html.escape(str(exc))}</p></div>")
             self.load_button.disabled = True
             return
-        summary = launch_parse.describe(self.pasted)
+        summary = (launch_parse.describe(self.pasted) if self.pasted is not None else
+                   "no launch line this parser reads (srun, torchrun, accelerate launch, deepspeed); the script's "
+                   "text traps:")
         traps = "".join(trap_html(t) for t in self.pasted_traps) or "<li>no known trap</li>"
         self.paste_output.value = (f"<div class='rb-out'><div class='rb-pasted'><b>read as:</b> {html.escape(summary)}</div>"
                                    f"<ul class='rb-traps'>{traps}</ul></div>")
-        self.load_button.disabled = False
+        self.load_button.disabled = self.pasted is None  # nothing to load into the builder
 
 
 def _as_text(key: str, value: Any) -> Any:

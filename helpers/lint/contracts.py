@@ -305,6 +305,15 @@ CONTRACTS: tuple[Contract, ...] = (
        "one expands to nothing and the option takes the next word",
        "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
        ("launcher-var-unset", "master-addr-missing")),
+    _c("bash", "A control operator (; && || | &) ends a command: what follows srun's command runs once in the batch "
+       "script, on the first node, not on every node srun starts", "https://www.gnu.org/software/bash/manual/html_node/"
+       "Lists.html", "srun-payload-split"),
+    _c("bash", "Single quotes and a backslash keep $ literal: a program srun or a launcher runs without a shell gets the "
+       "text $VAR, not its value", "https://www.gnu.org/software/bash/manual/html_node/Quoting.html",
+       "shell-var-literal"),
+    _c("bash", "${@:N} expands the positional parameters from N on: a command that also passes $M (M >= N) by itself "
+       "passes it twice", "https://www.gnu.org/software/bash/manual/html_node/Special-Parameters.html",
+       "shell-positional-twice"),
     # ---------------------------------------------------------------- NCCL / gloo environment
     _c("NCCL_SOCKET_IFNAME", "Names (or prefixes) an interface every node has, not loopback or a bridge, "
        "for multi-node", _NCCL_ENV + "#nccl-socket-ifname",

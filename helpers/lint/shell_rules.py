@@ -33,6 +33,6 @@ def lint_shell(path: str, text: str) -> tuple[list[Check], LaunchSpec | None]:
     try:
         spec, traps = launch_parse.check_text(text, file=path != "<command>")
     except launch_parse.NoLaunch:
-        spec, traps = None, launch_parse.text_traps(text)
+        spec, traps = None, []
     line = launch_parse.launch_line(text) if spec is not None else 1
     return traps_as_findings(traps, path, line), spec
