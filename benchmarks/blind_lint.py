@@ -387,8 +387,8 @@ CAUSE_RULES11: dict[str, set[str]] = {
     "launcher-env-contract-order": {"launcher-env-order"},
     "missing-set-epoch": {"sampler-no-set-epoch"},
     "checkpoint-frequency-logic": {"save-every-step"},
-    "rank-dependent-seed": {"rank-seed-before-model-init", "same-seed-every-rank"},
-    "unseeded-per-rank-data-split": {"rank-divergent-data-split"},
+    "rank-dependent-seed": {"rank-seed-before-model-init", "same-seed-every-rank", "rank-split-differs"},
+    "unseeded-per-rank-data-split": {"rank-divergent-data-split", "rank-split-differs"},
     "slurm-multinode-launcher-without-srun": {"srun-tasks-per-node", "nnodes-mismatch", "launcher-without-srun"},
     "rank0-guard-uses-local-rank": {"local-rank-as-global-rank"},
     "slurm-deepspeed-rendezvous-env": {"master-addr-missing", "slurm-env-misuse", "shell-escaped-variable"},
@@ -409,6 +409,42 @@ CAUSE_RULES11: dict[str, set[str]] = {
     "slurm-env-contract-world-size": {"slurm-env-misuse", "slurm-var-unknown"},
     "fsdp-state-dict-config-world-size": {"fsdp-full-state-dict-all-ranks"},
 }
+
+
+CAUSE_RULES12: dict[str, set[str]] = {
+    "rank-asymmetric-unwrap": {"rank-gated-object-used", "rank-gated-model-change", "ddp-wrapper-attribute"},
+    "ddp-wrapped-attribute-access": {"ddp-wrapper-attribute"},
+    "deepspeed-plugin-config-kwarg": {"acc-invalid-config", "ds-plugin-unknown-kwarg"},
+    "ddp-static-graph-reentrant-checkpoint": {"find-unused-parameters", "ddp-static-graph"},
+    "deepspeed-save-main-only": {"rank-gated-collective"},
+    "lr-scheduler-distributed-steps": {"lr-steps-from-dataset-length"},
+    "ema-on-ddp-wrapped-model": {"ddp-wrapper-attribute", "ema-on-wrapper"},
+    "collective-wrong-process-group": {"collective-wrong-group"},
+    "rank-asymmetric-state-after-gather": {"rank-gated-object-used", "rank-gated-model-change"},
+    "collective-without-init-guard": {"collective-before-init"},
+    "launcher-arg-contract": {"script-arg-unknown", "local-rank-arg-under-launcher"},
+    "slurm-env-parsing": {"slurm-env-misuse"},
+    "zero3-conditional-submodule-forward": {"zero3-conditional-forward"},
+    "tracker-logging-all-ranks": {"main-process-object-every-rank"},
+    "uneven-epoch-end-hang": {"rank-early-exit-collective", "rank-sliced-data"},
+    "save-on-every-rank": {"write-on-every-rank"},
+    "wrong-rank-query": {"undefined-attribute", "dist-api-unknown"},
+    "launcher-argument-contract": {"script-arg-unknown", "launcher-program-not-script"},
+    "metric-not-synced-across-ranks": {"metric-not-reduced"},
+    "file-ops-on-every-rank": {"write-on-every-rank"},
+    "config-contradicts-launch": {"script-arg-unknown", "config-key-unread"},
+    "collective-on-subset-of-ranks": {"rank-gated-collective", "rank-early-exit-collective"},
+    "uneven-shards-deadlock": {"rank-sliced-data"},
+    "rank-zero-only-model-construction": {"rank-gated-object-used", "rank-gated-model-change"},
+    "wrong-device-per-rank": {"load-without-map-location", "device-from-global-rank"},
+    "distributed-sampler-config": {"sampler-shuffle-off", "dataloader-sampler-and-shuffle"},
+    "launcher-env-contract": {"slurm-env-misuse", "master-addr-int"},
+    "slurm-script-syntax": {"shell-syntax-error"},
+    "identical-rng-across-ranks": {"same-seed-every-rank"},
+}
+"""Blind set 12 (tests/data/lint/blind12): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
 """The same for the eleventh blind set (tests/data/lint/blind11, 30 buggy cases and 20 clean files collected on
 2026-11-26 by two sessions after blind10 had been used for tuning); written from its manifest's categories before its
 first scoring run (a category no rule decided then names the rule its contract calls for)."""
@@ -419,11 +455,11 @@ def _files(case: Path) -> list[Path]:
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
-             "blind11": CAUSE_RULES11}.get(
+             "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
