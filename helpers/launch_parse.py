@@ -669,7 +669,7 @@ def text_traps(text: str) -> list[Check]:
     return (out + _nnodes_traps(text) + _first_node_only_traps(text) + _submit_host_traps(text)
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text)
-            + _literal_dollar_traps(text) + _positional_twice_traps(text))
+            + _literal_dollar_traps(text) + _positional_twice_traps(text) + _syntax_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -775,6 +775,51 @@ def _c_without_command_traps(text: str) -> list[Check]:
         hit.line_no = start + 1
         out.append(hit)
     return out
+
+
+_BASH_SYNTAX_TIMEOUT_S = 5.0
+"""How long ``bash -n`` may take to read a script (seconds): it only parses, a 10,000-line script takes ~20 ms."""
+
+
+def _syntax_traps(text: str) -> list[Check]:
+    """``shell-syntax-error``: what ``bash -n`` (read the commands, execute nothing; bash(1) ``-n``,
+    https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html) reports on the script: a loop without
+    its ``done``, an ``if`` without ``fi``, a quote never closed.  A batch script that does not parse runs none of its
+    commands past the error (the job ends at once, or with its training never started).
+
+    bash itself is the parser, not a rule written here: what it rejects is by definition what it will not run.
+    Skipped when ``bash`` is not installed or the script names another interpreter (zsh, csh, fish, python...)."""
+    import shutil
+    import subprocess
+
+    first = text.lstrip().split("\n", 1)[0]
+    bash = shutil.which("bash")
+    if bash is None or first.startswith("#!") and not re.search(r"\b(?:ba)?sh\b", first):
+        return []
+    try:
+        proc = subprocess.run([bash, "-n", "/dev/stdin"], input=text, capture_output=True, text=True,
+                              timeout=_BASH_SYNTAX_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if proc.returncode == 0 or not proc.stderr.strip():
+        return []
+    first_error = proc.stderr.strip().splitlines()[0]
+    m = re.search(r"line (\d+): (.*)", first_error)
+    number = min(int(m.group(1)), max(1, text.count("\n"))) if m else 1
+    what = m.group(2) if m else first_error
+    lines = text.splitlines()
+    placeholder = re.search(r"<[A-Za-z][\w .,/-]*>", lines[number - 1]) if number <= len(lines) else None
+    if placeholder:
+        return []  # a template (Megatron's examples: CHECKPOINT_PATH=<Specify path>): bash reads '<' as a
+        # redirection until the placeholder is filled in; that is the template's way, not a bug of the script
+    hit = trap("shell-syntax-error", "FAIL", "script",
+               f"bash cannot parse the script (bash -n, line {number}: {what}): it runs nothing past that point" +
+               ("; 'unexpected end of file' means a for/while/if/case or a quote opened above is never closed"
+                if "end of file" in what else ""),
+               "close the construct (done / fi / esac / the quote); check with: bash -n script.sh",
+               "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html")
+    hit.line_no = number
+    return [hit]
 
 
 _BASH_LISTS = "https://www.gnu.org/software/bash/manual/html_node/Lists.html"

@@ -75,6 +75,7 @@ RULES: dict[str, str] = {
     "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
     # helpers.lint.agreement_rules (what every rank computes alike; one default process group)
+    "env-int-parse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     "rank-split-differs": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "hash-per-process": "https://docs.python.org/3/reference/datamodel.html#object.__hash__",
     "init-twice": "https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py",
@@ -129,6 +130,7 @@ RULES: dict[str, str] = {
     "master-addr-not-exported": "Gilbreth 4.3",
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
+    "shell-syntax-error": "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html",
     "srun-payload-split": "https://www.gnu.org/software/bash/manual/html_node/Lists.html",
     "shell-var-literal": "https://www.gnu.org/software/bash/manual/html_node/Quoting.html",
     "shell-positional-twice": "https://www.gnu.org/software/bash/manual/html_node/Special-Parameters.html",

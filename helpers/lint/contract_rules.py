@@ -1428,6 +1428,50 @@ def rule_slurm_env(lt: PythonLinter) -> None:
             break
 
 
+_NOT_NUMBERS = {
+    "SLURM_TASKS_PER_NODE": "'8(x2)' on two nodes of 8 tasks, '2,1' when they differ",
+    "SLURM_STEP_TASKS_PER_NODE": "'8(x2)' on two nodes of 8 tasks",
+    "SLURM_JOB_CPUS_PER_NODE": "'72(x2)' on two nodes of 72 CPUs",
+    "SLURM_JOB_NODELIST": "a host list such as 'gpu[01-04]'", "SLURM_NODELIST": "a host list such as 'gpu[01-04]'",
+    "SLURM_STEP_NODELIST": "a host list such as 'gpu[01-04]'", "SLURM_JOB_GPUS": "a list such as '0,1,2,3'",
+    "SLURM_STEP_GPUS": "a list such as '0,1,2,3'",
+    "MASTER_ADDR": "a host name or IP address", "MASTER_ADDRESS": "a host name or IP address",
+}
+"""Variables whose documented value is not a number (sbatch / srun OUTPUT ENVIRONMENT VARIABLES, ``_SBATCH_ENV``:
+SLURM_TASKS_PER_NODE "Number of tasks to be initiated on each node. Values are comma separated ... If two or more
+consecutive nodes are to have the same task count, that count is followed by "(x#)"..."; torch's env:// rendezvous:
+MASTER_ADDR, the address of the rank 0 node), with an example of what ``int()`` then meets."""
+
+
+def rule_env_not_a_number(lt: PythonLinter) -> None:
+    """``env-int-parse``: ``int()`` / ``float()`` of a variable whose documented value is not a number
+    (:data:`_NOT_NUMBERS`), directly or through one assignment: a ValueError as soon as the job has several nodes
+    (``int('8(x2)')``, InternImage's ``SLURM_TASKS_PER_NODE``) or at once (``int(os.getenv('MASTER_ADDRESS'))``)."""
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    if not re.search("|".join(_NOT_NUMBERS), lt.text):
+        return
+    env_names: dict[str, str] = {}  # a name assigned from a read: addr = os.environ["MASTER_ADDR"]
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            key = _env_key(n.value)
+            if key in _NOT_NUMBERS:
+                env_names[n.targets[0].id] = key
+    for c in lt._calls():
+        if _call_name(c) not in (("", "int"), ("", "float")) or not c.args:
+            continue
+        arg = c.args[0]
+        key = _env_key(arg) or (env_names.get(arg.id) if isinstance(arg, ast.Name) else None)
+        if key not in _NOT_NUMBERS:
+            continue
+        lt.add("env-int-parse", "error", c,
+               f"{ast.unparse(c)[:60]}: {key} is {_NOT_NUMBERS[key]}, not a number, so {_call_name(c)[1]}() raises "
+               "ValueError" + (" as soon as the job spans several nodes" if key.startswith("SLURM") else ""),
+               "read the number from a variable that holds one (SLURM_NTASKS_PER_NODE, SLURM_NNODES, SLURM_NTASKS, "
+               "SLURM_GPUS_ON_NODE), or parse the list (scontrol show hostnames); keep an address a string",
+               _SBATCH_ENV)
+
+
 _BARRIERS = {"barrier", "wait_for_everyone", "monitored_barrier", "wait_for_everybody"}
 _STEP_CALLS = {"backward", "step"}
 
@@ -2097,6 +2141,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_grad_accum_from_device_count(lt)
     rule_world_size_from_device_count(lt)
     rule_slurm_env(lt)
+    rule_env_not_a_number(lt)
     rule_barrier_every_step(lt)
     rule_tracker_on_every_rank(lt)
     rule_master_port_per_node(lt)

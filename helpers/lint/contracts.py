@@ -226,6 +226,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedSampler", "Every rank holds the same dataset in the same order ('any instance of it always returns "
        "the same elements in the same order'): a random_split, train_test_split or dataset shuffle before the sampler "
        "draws from a generator seeded alike on every rank", _SAMPLER, "rank-split-differs"),
+    _c("Slurm output variables", "SLURM_TASKS_PER_NODE / SLURM_JOB_CPUS_PER_NODE are lists ('8(x2)'), node lists are "
+       "host ranges, MASTER_ADDR is a host name: none of them parses as an integer", _SBATCH_ENV, "env-int-parse"),
     _c("Python hash()", "str and bytes hashes are salted per process ('not predictable between repeated invocations "
        "of Python'): a file name, cache key, seed or shard choice from hash() differs per rank unless PYTHONHASHSEED "
        "is set", "https://docs.python.org/3/reference/datamodel.html#object.__hash__", "hash-per-process"),
@@ -305,6 +307,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "one expands to nothing and the option takes the next word",
        "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
        ("launcher-var-unset", "master-addr-missing")),
+    _c("bash", "The script parses: every for/while/if/case and quote is closed (bash -n reads it without running it); "
+       "bash runs nothing past a syntax error", "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html",
+       "shell-syntax-error"),
     _c("bash", "A control operator (; && || | &) ends a command: what follows srun's command runs once in the batch "
        "script, on the first node, not on every node srun starts", "https://www.gnu.org/software/bash/manual/html_node/"
        "Lists.html", "srun-payload-split"),

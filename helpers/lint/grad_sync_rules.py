@@ -216,6 +216,11 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
             if isinstance(target, ast.Name) and target.id in carrying and target.id not in reduced or \
                     isinstance(target, ast.Name) and target.id in reduced:
                 first = min(reduced.values(), key=lambda x: x.lineno)
+                at = reduced[target.id] if target.id in reduced else first
+                if at.lineno > c.lineno or target.id in reduced and any(
+                        reduced[target.id].lineno < n.lineno < c.lineno for n in assigns
+                        if any(isinstance(t, ast.Name) and t.id == target.id for t in assign_targets(n))):
+                    continue  # the reduce comes after this backward (a logging copy), or the loss was made anew since
                 lt.add("backward-through-all-reduce", "warning", c,
                        f"{ast.unparse(c)[:60]} differentiates a loss built from {ast.unparse(first)[:50]} "
                        f"(line {first.lineno}): dist.all_reduce is not autograd-aware, so each rank's gradient holds "

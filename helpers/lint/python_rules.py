@@ -646,8 +646,10 @@ class PythonLinter:
             if name in self.collective_funcs and depth < 3:
                 return f"{name}() -> {self.collective_funcs[name]}"
             return None
-        if name in ("save_checkpoint", "load_checkpoint") and recv in self.module_aliases and recv != "deepspeed":
-            return None  # a module's own save_checkpoint function, not an engine method
+        if name in ("save_checkpoint", "load_checkpoint") and (recv in self.module_aliases and recv != "deepspeed" or
+                                                             not recv and name in self.module_aliases):
+            return None  # a module's own save_checkpoint function (through its module or imported by name:
+            # physicsnemo.launch.utils.save_checkpoint), not an engine method
         if name in STRONG_COLLECTIVES and not (not recv and name in self.plain_functions):
             return f"{recv + '.' if recv else ''}{name}"
         if name in WEAK_COLLECTIVES:
@@ -1253,9 +1255,11 @@ class PythonLinter:
                 re.search(r"(?:^|[._])(?:file_client|backend|storage|fs|filesystem)$", recv):
             # a storage client's remove (mmengine's FileClient / get_file_backend: the same path on every rank)
             return "" if call.args and re.search(r"te?mp", _src(call.args[0]), re.I) else "delete"
-        if name == "save_model" and (recv in self.module_aliases or recv.lower().endswith("trainer")):
-            # a project module's save_model (its body, not linted here, decides who writes: MAE's misc.save_model
-            # calls save_on_master) or transformers' Trainer.save_model, which every process must call and which
+        if name == "save_model" and (recv in self.module_aliases or recv.lower().endswith("trainer") or
+                                     not recv and name in self.module_aliases and name not in self.functions):
+            # a project module's save_model, called through its module or imported by name (its body, not linted
+            # here, decides who writes: MAE's misc.save_model calls save_on_master, wenet's train_utils.save_model
+            # tests the rank) or transformers' Trainer.save_model, which every process must call and which
             # writes from the main process only (Trainer.save_model: "Will only save from the main process")
             return ""
         if name == "save_pretrained" and self._shards_models:
@@ -1429,13 +1433,15 @@ class PythonLinter:
         return False
 
     def _rank_in_name(self, arg: ast.AST, at: ast.AST) -> bool:
-        """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), directly or through the
+        """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), or with a value unique to the
+        process (``uuid4()``, ``os.getpid()``: icefall's ``f"{exp_dir}/batch-{uuid4()}.pt"``), directly or through the
         last assignments (before ``at``) of the names it is built from, a few deep: each rank has its own file."""
         fn = self._enclosing_function(at) or self.tree
         todo, seen = [arg], set()
         while todo and len(seen) < 8:  # through a few assignments: save_file = join(dir, basename); basename = f"..."
             value = todo.pop()
-            if any(isinstance(f, ast.FormattedValue) and re.search(r"(?i)rank", _src(f.value)) for f in ast.walk(value)):
+            if any(isinstance(f, ast.FormattedValue) and re.search(r"(?i)rank|\buuid\d?\b|uuid[14]\(|getpid\(",
+                                                                   _src(f.value)) for f in ast.walk(value)):
                 return True
             for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - seen:
                 seen.add(name)

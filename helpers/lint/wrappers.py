@@ -289,8 +289,9 @@ class WrapperFlow:
                 continue  # a tensor (torch.zeros for an nn.Parameter)
             elif isinstance(f, ast.Name) and cname in _PLAIN_CALLS:
                 continue
-            elif recv == "self" or (isinstance(f, ast.Attribute) and ast.unparse(f.value) == "super()"):
-                continue  # a method of the class (register_buffer ruled out above), super().__init__()
+            elif recv == "self" or (isinstance(f, ast.Attribute) and ast.unparse(f.value).startswith("super(")):
+                continue  # a method of the class (register_buffer ruled out above), super().__init__() (or the
+                # Python 2 spelling super(Net, self).__init__())
             elif isinstance(f, ast.Name) and f.id[:1].isupper() and f.id in self._classes():
                 if not self._class_buffer_free(f.id, depth + 1) and not self._plain_class(f.id):
                     return False

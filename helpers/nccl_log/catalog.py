@@ -36,14 +36,15 @@ VERSIONS_PATH = DATA / "nccl_versions.yaml"
 
 _CATALOG_FIELDS = ("id", "status", "pattern", "cause", "fix", "source")
 _CATALOG_OPTIONAL = {"kind": "cause", "subsystem": "nccl", "explained_by": "", "last_resort": ""}
-# Cheap substring filter: a line is matched against the catalog only if it holds one of these.
+# Cheap substring filter: a line is matched against the catalog only if it holds one of these ("ras": the frames of
+# NCCL's RAS functions in a crash backtrace, rasMsgHandlePeersUpdate).
 _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "violation", "mismatch", "checked in",
                  "AF_INET", "wrong type", "vendor err", "NVLS", "nvls", "timeout", "timed out", "Heartbeat", "got stuck",
                  "dump signal", "exitcode", "SIGKILL", "out of memory", "in use", "GPUs found", "clients joined",
                  "Some NCCL operations", "Timeout at NCCL work", "libuv", "mismatch between collectives",
                  "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated",
                  "Unable to resolve", "gloo", "Gloo", "refused", "compute device", "signal dumping", "No CUDA GPUs", "xception", "envoy", "istio-proxy", "pilot-agent",
-                 "MEMBER: ", "processes registered", "main_process_first")
+                 "MEMBER: ", "processes registered", "main_process_first", "ras")
 
 
 def _yaml_loader(yaml: Any) -> type:
@@ -582,11 +583,34 @@ CUDA_ERRORS: tuple[tuple[str, str, str, str], ...] = (
     ("no CUDA-capable device", "cause", "no GPU is visible to the process", "nvidia-smi -L; CUDA_VISIBLE_DEVICES and the container's --gpus"),
     ("operation not supported", "suspect", "the driver or the container does not support the CUDA feature NCCL used (cuMem / fabric handles)",
      "update the driver; NCCL_CUMEM_ENABLE=0 as a test"),
+    ("operation not permitted when stream is capturing", "cause",
+     "a CUDA call that a stream capture forbids ran while a CUDA graph was being captured (cudaErrorStreamCaptureUnsupported, "
+     "CUDA error 900); when the NCCL watchdog thread reports it, the capture began while the watchdog was still "
+     "querying the events of earlier collectives (warm-up steps): the program's capture timing, not the network or NCCL",
+     "let the earlier collectives finish before capturing: torch.cuda.synchronize() and a short wait (longer than the "
+     "watchdog's poll) after the warm-up steps, then capture; capture on a side stream with "
+     "torch.cuda.graph(...) as torch's CUDA graph notes describe (https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-graphs)"),
+    ("operation would make the legacy stream depend on a capturing blocking stream", "cause",
+     "a call on the default (legacy) stream ran while another stream was being captured into a CUDA graph "
+     "(cudaErrorStreamCaptureImplicit, CUDA error 906)",
+     "capture on a non-default stream (torch.cuda.graph uses a side stream) and keep other work off the default stream "
+     "during the capture"),
+    ("operation not permitted on an event last recorded in a capturing stream", "cause",
+     "an event recorded inside a CUDA graph capture was queried or synchronised outside it (cudaErrorCapturedEvent, "
+     "CUDA error 907): a watchdog or a timer touched an event of the capture",
+     "do not query or synchronise events recorded during the capture until it ends; let earlier collectives finish "
+     "before capturing"),
+    ("operation failed due to a previous error during capture", "suspect",
+     "the CUDA graph capture was invalidated by an earlier error inside it (cudaErrorStreamCaptureInvalidated, CUDA "
+     "error 901): the first error of the capture is the cause", "find the first CUDA error of that capture (rerun with "
+     "CUDA_LAUNCH_BLOCKING=1 and without graphs to see it)"),
     ("unspecified launch failure", "suspect", "a kernel crashed (a GPU fault or a program bug)", "dmesg | grep -i xid; rerun with CUDA_LAUNCH_BLOCKING=1"),
     ("launch timed out", "suspect", "a kernel ran too long (display watchdog or a hang)", "nvidia-smi -q | grep -i 'Display Mode'"),
 )
 """CUDA error strings (``cudaGetErrorString``; https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html)
-and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``.  The driver ones (35, 36,
+and what they mean inside an NCCL ``Cuda failure`` line: ``(words, kind, meaning, fix)``.  The stream-capture ones
+(900, 901, 906, 907) are CUDA graph capture rules (CUDA Programming Guide, "Prohibited and unhandled operations"),
+reported by whichever thread made the forbidden call (often the NCCL watchdog's event queries).  The driver ones (35, 36,
 803, 804) say the driver and the CUDA the build targets do not fit together; 36's NCCL case is
 https://github.com/NVIDIA/nccl/blob/v2.9.8-1/src/enqueue.cc#L802 (``cudaStreamGetCaptureInfo_v2`` called
 unconditionally; v2.9.9-1 first compares ``comm->driverVersion`` with 11030)."""

@@ -264,6 +264,8 @@ class NcclLog:
         nccl_tests_summaries: ``# Avg bus bandwidth`` lines (one per nccl-tests run; several in one run: processes
             that ran alone).
         reconstructed: lines that carried the corpus's ``  # reconstructed`` marker (stripped).
+        nccl_tests_ranks: rank -> host from nccl-tests' device table (``#  Rank  0 Group  0 Pid ... on HOST device``):
+            every rank of the job, printed by rank 0.
     """
 
     ranks: dict[str, RankInfo] = field(default_factory=dict)
@@ -277,6 +279,7 @@ class NcclLog:
     nccl_tests_summaries: int = 0
     problems: list[str] = field(default_factory=list)
     reconstructed: int = 0
+    nccl_tests_ranks: dict[int, str] = field(default_factory=dict)
 
     def all_infos(self) -> list[RankInfo]:
         """The ranks plus :attr:`unattributed` when it holds anything."""
@@ -311,20 +314,22 @@ class NcclLog:
 
         Multi-node: more than one host, or ``nNodes`` > 1, or (one host in this file) a
         communicator larger than the ranks this host shows (one node's log of a bigger job).
-        Single-node: one host and none of that, or ``nNodes 1``.  Unknown: no host information
+        Single-node: one host and none of that, or ``nNodes 1``, or nccl-tests' device table (every rank of the job)
+        on one host.  Unknown: no host information
         (bare excerpts) and no ``nNodes``.
         """
         infos = list(self.ranks.values())
         n_nodes = max((r.n_nodes for r in infos if r.n_nodes), default=None)
         hosts = self.hosts
-        if len(hosts) > 1 or (n_nodes or 0) > 1 or self.machine_count() > 1:
+        tested = set(self.nccl_tests_ranks.values())
+        if len(hosts) > 1 or (n_nodes or 0) > 1 or self.machine_count() > 1 or len(tested) > 1:
             return "multi-node"
         # a NET connection to a rank this log does not show: the peer lives on another node
         known = {r.rank for r in infos if r.rank is not None}
         if any(ch.kind == "NET" and not {ch.src, ch.dst} <= known for r in infos for ch in r.channels):
             return "multi-node"
-        if n_nodes == 1:
-            return "single-node"
+        if n_nodes == 1 or tested and (not hosts or set(hosts) <= tested):
+            return "single-node"  # nccl-tests' device table lists every rank of the job: all on one host
         if len(hosts) == 1:
             on_host = [r for r in infos if r.host]
             world = max((c.nranks for r in infos for c in r.init_complete), default=0)

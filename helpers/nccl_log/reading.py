@@ -131,6 +131,10 @@ _ERROR_CHAIN = re.compile(r"^(?:[\w/]+/)?(\w+)\.(?:cc|cu|h):\d+ -> [1-9]\d*\b")
 # what _Parser._plan says a line is (compared by identity in the loop)
 _SKIP, _SUMMARY, _OTHER, _NCCL = "skip", "summary", "other", "nccl"
 _PLAN_SKIP, _PLAN_SUMMARY = (_SKIP,), (_SUMMARY,)
+_TESTS_RANK = "tests-rank"
+_TESTS_RANK_LINE = re.compile(r"#\s+Rank\s+(\d{1,7})\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s")
+"""nccl-tests' device table, one line per rank of the whole job, gathered to rank 0 in rank order before it prints
+(src/common.cu: ``"#  Rank %2d Group %2d Pid %6d on %10s device %2d ..."`` after ``MPI_Gather``)."""
 _PLAN_MAX = 16384           # distinct lines whose plan _Parser.feed keeps (then the table starts again)
 _PLAN_LINE_MAX = 512        # longer lines are planned each time (a kept plan holds the line about three times)
 # events that a second reading of the same line for the same rank leaves as they are: deduplicated lists and sets
@@ -366,6 +370,8 @@ class _Parser:
                 elif plan[0] is _SUMMARY:
                     log.nccl_tests_summaries += 1
                     count += 1
+                elif plan[0] is _TESTS_RANK:
+                    log.nccl_tests_ranks[plan[1]] = plan[2]
         finally:
             log.lines_seen += seen
             log.nccl_lines += nccl
@@ -379,7 +385,7 @@ class _Parser:
         A pure function of the text (it fills only the memo tables), so :meth:`feed` keeps it per distinct line.
 
         Returns one of ``(_SKIP,)`` (blank or a ``#`` comment), ``(_SUMMARY,)`` (nccl-tests' ``# Avg bus
-        bandwidth``), ``(_OTHER, reconstructed, ckey, no site matched, ends in "Last error:", a wrapped interface
+        bandwidth``), ``(_TESTS_RANK, rank, host)`` (a line of nccl-tests' device table), ``(_OTHER, reconstructed, ckey, no site matched, ends in "Last error:", a wrapped interface
         list, catalog id or None, _info arguments of its prefix or None, line, line cut to _LINE_MAX)`` (not NCCL
         output) or ``(_NCCL, memo table of its head's rank, key in that table, line cut to _LINE_MAX, events, extra,
         the head parsed (:func:`_parse_head`), what the message says when the head names no rank, the events a second
@@ -401,7 +407,10 @@ class _Parser:
         if first in "# \t" and (first == "#" or line.lstrip().startswith("#")) and \
                 not line.startswith("# NCCL Tests compiled with NCCL"):  # the header's version line is read
             # nccl-tests' summary is not a comment
-            return _PLAN_SUMMARY if line.startswith("# Avg bus bandwidth") else _PLAN_SKIP
+            if line.startswith("# Avg bus bandwidth"):
+                return _PLAN_SUMMARY
+            table = _TESTS_RANK_LINE.match(line)
+            return (_TESTS_RANK, int(table.group(1)), table.group(2)) if table else _PLAN_SKIP
         reconstructed = 0
         if _RECONSTRUCTED in line:
             line = line.split(_RECONSTRUCTED, 1)[0].rstrip()

@@ -438,6 +438,46 @@ def _ranks_never_started(ranks: Sequence[RankInfo]) -> Check | None:
 _MEMBER = re.compile(r"GLOBAL_RANK: (\d+), MEMBER: (\d+)/(\d+)")
 
 
+_NO_RANKS = re.compile(r"root should be in the 0\.\.-\d+ range|\brank -1 nranks -1\b")
+_ARGCHECK = "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/misc/argcheck.cc"
+
+
+def _check_comm_never_initialized(log: NcclLog, verdicts: list[Check]) -> list[Check]:
+    """``verdicts`` plus a reading of a collective on a communicator whose init never completed: its root range ends
+    below 0 (``invalid root 0 (root should be in the 0..-1 range)``: argcheck.cc prints ``comm->nRanks``, at least 1
+    once init completed) or NCCL prints it as ``rank -1 nranks -1`` when it aborts it (init.cc's ``Abort COMPLETE``
+    line, with the fields init never filled).  The collective's error follows from the failed init: the call's
+    arguments are not the fault, the init's first error (or an NCCL other than the one the framework was built
+    against) is, so the site readings of those lines (``nccl.usage-error``) become INFO context.  When another verdict
+    states a cause (a CUDA driver too old for the build), the failed init is its consequence: INFO."""
+    lines = [line for hit in log.sites.values() for line in hit.evidence if _NO_RANKS.search(line)]
+    if not lines:
+        return verdicts
+    caused = any(v.status == "FAIL" and v.values.get("kind") == "cause" and
+                 not all(_NO_RANKS.search(x) for x in v.evidence) for v in verdicts)
+    if caused:
+        return verdicts + [verdict(
+            "comm-never-initialized", "INFO", "the communicator never finished its init (rank -1, nranks -1; a root "
+            "range of 0..-1): the collective errors that follow are a consequence of the failure named above",
+            [], [], _evidence(lines)[:2], "see the verdict above", _ARGCHECK, kind="context")]
+    infos = [i for i in log.all_infos() if any(_NO_RANKS.search(x) for x in i.warns + [i.last_line])]
+    versions = sorted({i.nccl_version for i in log.all_infos() if i.nccl_version})
+    on = f" on NCCL {', '.join(versions)}" if versions else ""
+    quiet = [dataclasses.replace(v, status="INFO", values={**v.values, "kind": "context"})
+             if v.status in NOT_OK and v.evidence and all(_NO_RANKS.search(x) for x in v.evidence) else v
+             for v in verdicts]
+    return quiet + [verdict(
+        "comm-never-initialized", "FAIL",
+        f"suspect: communicator initialisation failed{on}: the communicator still has no ranks when it is used or "
+        "aborted (rank -1, nranks -1; a root range of 0..-1), so the collective errors that follow (invalid root, "
+        "invalid usage) come from the failed init, not from the call's arguments",
+        [i.key for i in infos if i.key != "?"], _hosts(infos), _evidence(lines),
+        "find the init's first error (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT, the lines before the first collective); "
+        "check that every node loads the NCCL the framework was built against (horovodrun --check-build, python -c "
+        "'import torch; print(torch.cuda.nccl.version())', ldd on the framework's library | grep nccl): a build "
+        "against another NCCL release fails its init this way", _ARGCHECK, kind="suspect")]
+
+
 def _check_lightning_members(log: NcclLog) -> list[Check]:
     """Fewer Lightning processes announced themselves than the world size, and none got further.
 
@@ -1157,6 +1197,7 @@ def interpret(log: NcclLog) -> list[Check]:
     explained = {h for v in verdicts if v.status == "FAIL" for h in v.values["hosts"]}
     verdicts += _check_init(log, explained) + _check_ib_loaded(log, topology)
     verdicts += _check_sites(log, verdicts)
+    verdicts = _check_comm_never_initialized(log, verdicts)
     verdicts += _check_p2p_hang(log, topology, verdicts)
     if not any(v.status == "FAIL" for v in verdicts):
         verdicts += _check_nvls_stall(log)

@@ -496,3 +496,56 @@ def test_an_invalid_device_ordinal_from_torch_names_too_many_processes_per_node(
 def test_nccls_own_cuda_failure_line_is_not_read_as_torchs() -> None:
     found = read_any("h:1:1 [0] NCCL WARN Cuda failure 'invalid device ordinal'\n")
     assert "torch-invalid-device-ordinal" not in found
+
+
+# ------------------------------------------------------------------- blind set 11's lessons (tests/data/nccl/blind11)
+
+NEVER_INIT = ("[1,1]<stdout>:n1:126624:126758 [1] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should "
+              "be in the 0..-1 range)\n"
+              "[1,1]<stdout>:n1:126624:126758 [1] NCCL INFO comm 0x7f72 rank -1 nranks -1 cudaDev -1 busId ffffffffffffffff "
+              "- Abort COMPLETE\n")
+
+
+def test_a_collective_on_a_communicator_with_no_ranks_points_at_the_failed_init() -> None:
+    """horovod#3752: argcheck.cc prints comm->nRanks; -1 is a communicator whose init never completed."""
+    found = read(NEVER_INIT)
+    v = found["comm-never-initialized"]
+    assert v.status == "FAIL" and v.values["kind"] == "suspect" and "init" in v.title
+    assert list(acting(found)) == ["comm-never-initialized"]  # the invalid-root reading is its consequence
+    # a real root out of range on a working communicator stays the call's fault
+    ok = read("h:1:2 [0] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 9 (root should be in the 0..8 range)\n")
+    assert "comm-never-initialized" not in ok and ok["nccl.usage-error"].status == "FAIL"
+
+
+def test_the_failed_init_is_context_when_another_verdict_states_the_cause() -> None:
+    found = read(DRIVER_36)
+    assert found["comm-never-initialized"].status == "INFO"
+
+
+def test_a_stream_capture_error_from_the_watchdog_is_the_capture_timing() -> None:
+    """physicsnemo#107: CUDA graph capture began while the watchdog still queried the warm-up collectives' events."""
+    v = read("[E ProcessGroupNCCL.cpp:830] [Rank 10] NCCL watchdog thread terminated with exception: CUDA error: "
+             "operation not permitted when stream is capturing\n")
+    hit = v["nccl.cuda-operation-not-permitted-when-stream-is-capturing"]
+    assert hit.status == "FAIL" and "watchdog" in hit.title and "synchronize" in hit.remediation
+
+
+def test_a_crash_in_ncclS_ras_thread() -> None:
+    """nccl#1996: the frames of the crash are RAS functions (src/ras/*.cc); UCX's handler above them only reports it."""
+    text = ("[n1:288505:0:296459] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x48)\n"
+            " 0  /usr/lib/libucs.so.0(ucs_handle_error+0x2d4) [0x7fedc925c274]\n"
+            "1 0x0000000000122927rasMsgHandlePeersUpdate() /opt/nccl/lib/libnccl.so\n")
+    v = read(text)["nccl-ras-crash"]
+    assert v.status == "FAIL" and "NCCL_RAS_ENABLE=0" in v.remediation
+    # a word that merely contains "ras" is no RAS frame
+    assert "nccl-ras-crash" not in read_any("h:1:2 [0] NCCL WARN Cuda failure 'out of memory' while erasing buffers\n")
+
+
+def test_a_single_process_nccl_tests_run_is_one_node() -> None:
+    """nccl-tests' device table lists every rank of the job (gathered to rank 0): one rank on one host is a one-node
+    job, so a Docker bridge in NET/Socket's list is INFO, not a fix to apply."""
+    text = ("#  Rank  0 Group  0 Pid  69438 on box device  0 [0x01] NVIDIA RTX A6000\n"
+            "box:69438:69444 [0] NCCL INFO NET/Socket : Using [0]enp3s0f0:10.50.56.33<0> [1]br-50a6a39f12ff:172.18.0.1<0>\n")
+    assert read(text)["bad-interface"].status == "INFO"
+    two = text.replace("#  Rank  0", "#  Rank  1 Group  0 Pid  1 on other device  0 [0x01] A\n#  Rank  0")
+    assert read(two)["bad-interface"].status == "FAIL"
