@@ -669,7 +669,8 @@ def text_traps(text: str) -> list[Check]:
     return (out + _nnodes_traps(text) + _first_node_only_traps(text) + _submit_host_traps(text)
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text)
-            + _literal_dollar_traps(text) + _positional_twice_traps(text) + _syntax_traps(text))
+            + _literal_dollar_traps(text) + _positional_twice_traps(text) + _syntax_traps(text)
+            + _interpreter_as_script_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -773,6 +774,47 @@ def _c_without_command_traps(text: str) -> list[Check]:
                     "command string is missing" if logical[m.end():].count('"') % 2 else ""),
                    f"quote the commands as one string: {m.group(0).strip()} \"cmd1 && cmd2\"", _BASH_INVOCATION)
         hit.line_no = start + 1
+        out.append(hit)
+    return out
+
+
+_LAUNCHER_VALUES = {"torchrun": _TORCHRUN_VALUE, "deepspeed": {"--num-gpus", "--num-nodes", "--hostfile", "-H",
+                                                                 "--node-rank", "--master-addr", "--master-port",
+                                                                 "--include", "-i", "--exclude", "-e", "--launcher",
+                                                                 "--launcher-args", "--ssh-port"},
+                    "accelerate": {"--config-file", "--num-processes", "--num-machines", "--machine-rank",
+                                   "--main-process-ip", "--main-process-port", "--mixed-precision", "--gpu-ids",
+                                   "--num-cpu-threads-per-process", "--dynamo-backend", "--deepspeed-config-file",
+                                   "--zero-stage", "--gradient-accumulation-steps", "--deepspeed-hostfile",
+                                   "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}}
+
+
+def _interpreter_as_script_traps(text: str) -> list[Check]:
+    """``launcher-program-not-script``: ``torchrun ... python train.py`` (or ``deepspeed`` / ``accelerate launch``).  The
+    launcher's first positional argument is the training script, which it runs with its own Python
+    (torchrun: "training_script: Full path to the (single GPU) training program/script", started as ``python -u
+    script``, https://docs.pytorch.org/docs/stable/elastic/run.html); an interpreter there is run as a script
+    (``python -u python train.py``: "can't find '__main__' module") unless ``--no-python`` says the program is run as
+    it is (wenet's run.sh, fixed in wenet-e2e/wenet#2024)."""
+    out: list[Check] = []
+    for number, line in _join_continuations(text):
+        if line.lstrip().startswith("#"):
+            continue
+        got = _launcher_argv(_split(line))
+        if got is not None and got[0] == "srun":  # the launcher srun starts: the first word that begins one
+            got = next((g for i in range(len(got[1])) if (g := _launcher_argv(got[1][i:])) and g[0] != "srun"), None)
+        if got is None:
+            continue
+        kind, argv = got
+        _, flags, script, _ = _options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        if not re.fullmatch(r"python[0-9.]*", script.rsplit("/", 1)[-1]) or flags & {"--no-python"}:
+            continue
+        hit = trap("launcher-program-not-script", "FAIL", "script",
+                   f"{kind} takes '{script}' as the training script: it runs it with its own Python "
+                   f"('python -u {script} ...'), so the interpreter is read as a script file and no rank starts",
+                   f"drop '{script}' ({kind} ... train.py args), or pass --no-python when the program is to be run as "
+                   "it is", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+        hit.line_no = number
         out.append(hit)
     return out
 

@@ -75,9 +75,11 @@ RULES: dict[str, str] = {
     "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
     # helpers.lint.agreement_rules (what every rank computes alike; one default process group)
+    "dist-api-unknown": "https://docs.pytorch.org/docs/stable/distributed.html",
     "env-int-parse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     "rank-split-differs": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "hash-per-process": "https://docs.python.org/3/reference/datamodel.html#object.__hash__",
+    "clock-gated-collective": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",
     "init-twice": "https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py",
     "world-size-from-device-count": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
     "slurm-var-unknown": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
@@ -130,6 +132,7 @@ RULES: dict[str, str] = {
     "master-addr-not-exported": "Gilbreth 4.3",
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
+    "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-syntax-error": "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html",
     "srun-payload-split": "https://www.gnu.org/software/bash/manual/html_node/Lists.html",
     "shell-var-literal": "https://www.gnu.org/software/bash/manual/html_node/Quoting.html",
@@ -357,7 +360,7 @@ def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list
                     if name in fact.defines | fact.classes:  # type: ignore[attr-defined]
                         given.setdefault(name, set()).update(which)
             called = {k: v for k, v in colls.items() if k not in fact.defines  # type: ignore[attr-defined]
-                      and re.search(rf"\.{re.escape(k)}\s*\(", text)}
+                      and re.search(rf"(?:\.|(?<![\w.])){re.escape(k)}\s*\(", text)}  # mod.f( or f( imported by name
             seeds = (theirs, given, called) if theirs or given or called else None
             key = repr((sorted(mine.items()), sorted(theirs), sorted((k, sorted(map(str, v))) for k, v in given.items()),
                         sorted(called)))

@@ -275,11 +275,65 @@ def _other_branch(lt: PythonLinter, call: ast.Call, first_line: int) -> bool:
     return False
 
 
+_CLOCKS = frozenset({"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "now", "utcnow"})
+
+
+def _reads_clock(lt: PythonLinter, test: ast.AST, scope: ast.AST) -> ast.Call | None:
+    """The clock reading ``test`` depends on: ``time.time()`` / ``monotonic()`` / ``perf_counter()`` /
+    ``datetime.now()`` in it, or in the last assignment (in ``scope``) of a name it reads."""
+    def clock(node: ast.AST) -> ast.Call | None:
+        return next((c for c in ast.walk(node) if isinstance(c, ast.Call) and call_name(c) in _CLOCKS and
+                     isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value).split(".")[-1] in
+                     ("time", "datetime")), None)
+
+    got = clock(test)
+    if got is not None:
+        return got
+    for name in {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}:
+        sets = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < test.lineno and
+                any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+        if sets and (got := clock(sets[-1].value)) is not None:
+            return got
+    return None
+
+
+def rule_clock_gated_collective(lt: PythonLinter) -> None:
+    """A collective under a condition on the wall clock (``if time.time() - last_ckpt >= interval:``): each rank
+    reads its own clock, so near the threshold some ranks enter the branch and the others do not, and the
+    collective (a barrier in a main-process save helper, an all-reduce) waits for ranks that never come.  Every rank
+    of the group must call the same collectives in the same order (collective functions,
+    https://docs.pytorch.org/docs/stable/distributed.html#collective-functions): decide on one rank and broadcast the
+    decision, or count steps instead of seconds (speechbrain's intra-epoch checkpoints, speechbrain#1167).
+
+    Not a finding: a branch under a rank gate too (one rank decides alone and calls no collective with others), a
+    test that also reads a broadcast or reduced value."""
+    for node in lt.nodes:
+        if not isinstance(node, (ast.If, ast.While)):
+            continue
+        scope = lt._enclosing_function(node) or lt.tree
+        clock = _reads_clock(lt, node.test, scope)
+        if clock is None or lt._rank_gate(node) is not None or lt.taint.rank_test(node.test):
+            continue
+        coll = next(((c, name) for st in node.body for c in ast.walk(st) if isinstance(c, ast.Call)
+                     and (name := lt.collective_name(c)) and lt._rank_gate(c) in (None, node)), None)
+        if coll is None:
+            continue
+        call, name = coll
+        lt.add("clock-gated-collective", "warning", call,
+               f"{name} runs under `{ast.unparse(node.test)[:70]}`, a test of this rank's own clock "
+               f"({ast.unparse(clock)}): ranks cross the threshold at different moments, so some enter the branch "
+               "and the others never join the collective (a hang)",
+               "decide on one rank and broadcast it (flag = torch.tensor(int(due)); dist.broadcast(flag, 0)), or "
+               "decide by a step count every rank shares", "https://docs.pytorch.org/docs/stable/distributed.html"
+               "#collective-functions")
+
+
 def run(lt: PythonLinter) -> None:
     """Run this module's rules on ``lt``."""
     rule_rank_split_differs(lt)
     rule_hash_per_process(lt)
     rule_init_twice(lt)
+    rule_clock_gated_collective(lt)
 
 
-__all__ = ["rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs", "run"]
+__all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs", "run"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from helpers.lint import agreement_rules, grad_sync_rules
@@ -1472,6 +1474,50 @@ def rule_env_not_a_number(lt: PythonLinter) -> None:
                _SBATCH_ENV)
 
 
+TORCH_DISTRIBUTED_NAMES = Path(__file__).resolve().parents[1] / "data" / "torch_distributed_names.txt"
+
+
+@lru_cache(maxsize=1)
+def torch_distributed_names() -> frozenset[str]:
+    """The lowercase names ``torch.distributed`` has (:data:`TORCH_DISTRIBUTED_NAMES`, taken from the installed torch;
+    a test keeps them equal)."""
+    return frozenset(line.strip() for line in TORCH_DISTRIBUTED_NAMES.read_text().splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def rule_distributed_api_unknown(lt: PythonLinter) -> None:
+    """``dist-api-unknown``: ``dist.<name>`` where ``dist`` is ``torch.distributed`` (``import torch.distributed as
+    dist``, ``from torch import distributed as dist``, or spelled out) and the name is none torch.distributed has
+    (:func:`torch_distributed_names`) but one a slip away from a name it has (``get_`` left out, or a close spelling):
+    ``AttributeError: module 'torch.distributed' has no attribute ...`` when that line runs (icefall's ``dist.rank()``
+    for ``dist.get_rank()``).  A name far from every known one may be an API of a newer torch (torchtitan calls
+    ``set_timeout``) and is left alone, as are capitalised names (classes such as ``ProcessGroupNCCL``, present only
+    in some builds) and a name the file assigns to the module."""
+    aliases = {"torch.distributed"}
+    for n in lt.nodes:
+        if isinstance(n, ast.Import):
+            aliases.update(a.asname for a in n.names if a.name == "torch.distributed" and a.asname)
+        elif isinstance(n, ast.ImportFrom) and n.module == "torch":
+            aliases.update(a.asname or a.name for a in n.names if a.name == "distributed")
+    aliases -= {t.id for n in lt.nodes if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if len(aliases) == 1 and "torch.distributed" not in lt.text:
+        return
+    import difflib
+
+    known = torch_distributed_names()
+    for n in lt.nodes:
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr[:1].islower() and \
+                not n.attr.startswith("_") and n.attr not in known and ast.unparse(n.value) in aliases:
+            meant = f"get_{n.attr}" if f"get_{n.attr}" in known else next(
+                iter(difflib.get_close_matches(n.attr, known, n=1, cutoff=0.85)), None)
+            if meant is None:
+                continue  # far from every name: an API of a newer torch (torchtitan's set_timeout), not a slip
+            lt.add("dist-api-unknown", "error", n,
+                   f"{ast.unparse(n)}: torch.distributed has no '{n.attr}'; '{meant}' is what it has (AttributeError "
+                   "when this line runs)", f"{ast.unparse(n.value)}.{meant}",
+                   "https://docs.pytorch.org/docs/stable/distributed.html")
+
+
 _BARRIERS = {"barrier", "wait_for_everyone", "monitored_barrier", "wait_for_everybody"}
 _STEP_CALLS = {"backward", "step"}
 
@@ -2142,6 +2188,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_world_size_from_device_count(lt)
     rule_slurm_env(lt)
     rule_env_not_a_number(lt)
+    rule_distributed_api_unknown(lt)
     rule_barrier_every_step(lt)
     rule_tracker_on_every_rank(lt)
     rule_master_port_per_node(lt)

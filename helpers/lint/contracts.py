@@ -89,6 +89,8 @@ CONTRACTS: tuple[Contract, ...] = (
        _INIT, "init-missing-rank-world-size"),
     _c("init_process_group", "The default process group is initialised before any collective, get_rank() or "
        "DistributedDataParallel construction", _INIT, "collective-before-init"),
+    _c("torch.distributed", "A script calls only what the module has (get_rank(), not rank()): any other name is an "
+       "AttributeError when the line runs", _DIST, "dist-api-unknown"),
     _c("init_process_group", "The default process group is made once per process: a second init_process_group, or one "
        "after Accelerator() / PartialState() / deepspeed.init_distributed() made it, raises 'trying to initialize the "
        "default process group twice!'",
@@ -122,6 +124,8 @@ CONTRACTS: tuple[Contract, ...] = (
        "torch.distributed.nn.*): a loss built from a reduced tensor backpropagates only the local share, and the "
        "data-parallel gradient average divides it by the world size again", _DIST +
        "#autograd-enabled-communication-primitives", "backward-through-all-reduce"),
+    _c("collectives", "A collective's branch is decided alike on every rank: a test of each rank's own wall clock "
+       "(time.time() - last >= interval) splits the ranks near the threshold", _COLL, "clock-gated-collective"),
     _c("collectives", "Ranks iterate the same number of steps when each step holds a collective (uneven per-rank "
        "data needs a DistributedSampler or Join)", "https://docs.pytorch.org/docs/stable/distributed.algorithms.join"
        ".html", "rank-sliced-data"),
@@ -237,6 +241,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torchrun", "Multi-node static rendezvous: --master-addr names node 0, reachable from the others (not "
        "localhost)", _TORCHRUN, ("master-addr-missing", "master-addr-loopback")),
     _c("torchrun", "Each node passes its own --node-rank (0..nnodes-1)", _TORCHRUN, "node-rank-fixed"),
+    _c("torchrun / deepspeed / accelerate launch", "The first positional argument is the training script, run with "
+       "the launcher's own Python: an interpreter there (torchrun python train.py) is read as the script unless "
+       "--no-python is given", _TORCHRUN, "launcher-program-not-script"),
     _c("torchrun", "--nnodes equals the number of nodes that start it (the allocation's node count); it defaults to "
        "1:1, so a multi-node srun line needs it", _TORCHRUN, "nnodes-mismatch"),
     _c("torchrun", "LOCAL_RANK is the rank within the node, RANK the global one: a sampler's rank, "

@@ -632,6 +632,8 @@ class PythonLinter:
             return f"{_src(call.func)}(...) (the DistributedDataParallel forward broadcasts the module's buffers)"
         if recv in self.module_aliases and name in self.imported_collectives:
             return f"{recv}.{name}() -> {self.imported_collectives[name]}"  # another linted file's helper
+        if not recv and name in self.module_aliases and name in self.imported_collectives and name not in self.functions:
+            return f"{name}() -> {self.imported_collectives[name]}"  # imported by name from another linted file
         if self.lightning and recv == "self" and name in ("log", "log_dict") and name not in self.functions and \
                 not any(k.arg == "rank_zero_only" and isinstance(k.value, ast.Constant) and k.value.value is True
                         for k in call.keywords):
@@ -1575,7 +1577,13 @@ class PythonLinter:
                 if not isinstance(t, ast.Name):
                     continue
                 v = node.value
-                if isinstance(v, ast.IfExp) and self.taint.rank_test(v.test) and any(
+                if isinstance(v, ast.Call) and self._rank_zero_only_call(v):
+                    # Lightning's @rank_zero_only returns the function's value on global rank 0 and None elsewhere
+                    # (lightning_utilities rank_zero_only: `return default` on the other ranks); NeMo's
+                    # get_base_model
+                    made[(scope, t.id)] = (node.lineno, f"{_src(v.func)}() is @rank_zero_only, None on the others",
+                                           True)
+                elif isinstance(v, ast.IfExp) and self.taint.rank_test(v.test) and any(
                         isinstance(b, ast.Constant) and b.value is None for b in (v.body, v.orelse)):
                     made[(scope, t.id)] = (node.lineno, f"{_src(v)[:60]}", True)
                 elif (gate := self._rank_gate(node)) is not None and not (isinstance(v, ast.Constant) and v.value is None):
@@ -1617,6 +1625,14 @@ class PythonLinter:
                      f"'{node.attr}', or NameError)",
                      f"gate the use like the creation (if {node.value.id} is not None: / if <main rank>:), or make it "
                      "on every rank", "D21")
+
+    def _rank_zero_only_call(self, call: ast.Call) -> bool:
+        """``call`` calls a function of this file decorated ``@rank_zero_only`` (bare, or a method through self)."""
+        f = call.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) and \
+            isinstance(f.value, ast.Name) and f.value.id in ("self", "cls") else None
+        fn = self.functions.get(name) if name else None
+        return fn is not None and any(_src(d).endswith("rank_zero_only") for d in fn.decorator_list)
 
     def _made_on_main_used_on_local_main(self, made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]]) -> None:
         """A name made only on the main process (``if accelerator.is_main_process:``, ``rank == 0``) and read under
