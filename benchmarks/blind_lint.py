@@ -414,7 +414,7 @@ CAUSE_RULES11: dict[str, set[str]] = {
 CAUSE_RULES12: dict[str, set[str]] = {
     "rank-asymmetric-unwrap": {"rank-gated-object-used", "rank-gated-model-change", "ddp-wrapper-attribute"},
     "ddp-wrapped-attribute-access": {"ddp-wrapper-attribute"},
-    "deepspeed-plugin-config-kwarg": {"acc-invalid-config", "ds-plugin-unknown-kwarg"},
+    "deepspeed-plugin-config-kwarg": {"acc-invalid-config", "ds-plugin-unknown-kwarg", "api-unknown-kwarg"},
     "ddp-static-graph-reentrant-checkpoint": {"find-unused-parameters", "ddp-static-graph"},
     "deepspeed-save-main-only": {"rank-gated-collective"},
     "lr-scheduler-distributed-steps": {"lr-steps-from-dataset-length"},

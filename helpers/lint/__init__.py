@@ -75,6 +75,8 @@ RULES: dict[str, str] = {
     "lr-steps-from-dataset-length": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
     # helpers.lint.agreement_rules (what every rank computes alike; one default process group)
+    # helpers.lint.signature_rules (keywords against the installed APIs' signatures)
+    "api-unknown-kwarg": "https://huggingface.co/docs/accelerate/en/package_reference/utilities",
     "dist-api-unknown": "https://docs.pytorch.org/docs/stable/distributed.html",
     "env-int-parse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",
     "rank-split-differs": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from helpers.lint import agreement_rules, grad_sync_rules
+from helpers.lint import agreement_rules, grad_sync_rules, signature_rules
 from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
@@ -2201,6 +2201,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_fsdp_inference_mode(lt)
     grad_sync_rules.run(lt)
     agreement_rules.run(lt)
+    signature_rules.rule_api_unknown_kwarg(lt)
     collect_cpu_tensor_facts(lt)
     lt.facts.contract = sc
     return sc

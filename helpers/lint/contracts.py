@@ -89,6 +89,10 @@ CONTRACTS: tuple[Contract, ...] = (
        _INIT, "init-missing-rank-world-size"),
     _c("init_process_group", "The default process group is initialised before any collective, get_rank() or "
        "DistributedDataParallel construction", _INIT, "collective-before-init"),
+    _c("Accelerate plugins / Accelerator, DDP, FSDP, DataLoader, DistributedSampler, init_process_group, "
+       "deepspeed.initialize", "Keyword arguments are ones the installed API's signature takes (a misspelt or "
+       "renamed field is a TypeError)", "https://huggingface.co/docs/accelerate/en/package_reference/utilities",
+       "api-unknown-kwarg"),
     _c("torch.distributed", "A script calls only what the module has (get_rank(), not rank()): any other name is an "
        "AttributeError when the line runs", _DIST, "dist-api-unknown"),
     _c("init_process_group", "The default process group is made once per process: a second init_process_group, or one "

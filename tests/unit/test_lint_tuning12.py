@@ -223,3 +223,33 @@ def test_a_helper_imported_by_name_from_another_linted_file_is_a_collective_ther
     core = ("core.py", "import time\nfrom util import run_on_main\nimport torch.distributed as dist\n"
                        "def fit(last):\n    if time.time() - last > 60:\n        run_on_main(save)\n")
     assert found(helpers, core)["clock-gated-collective"] == ["WARN"]
+
+
+@pytest.mark.parametrize("text", [
+    "from accelerate.utils import DeepSpeedPlugin\np = DeepSpeedPlugin(zero_stage=2, offload_optimizer='cpu')\n",
+    "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(net, device_id=[0])\n",
+    "import torch.distributed as dist\ndist.init_process_group('nccl', time_out=t)\n",
+    "import accelerate\na = accelerate.Accelerator(gradient_accumulation_step=4)\n",
+])
+def test_a_keyword_the_api_does_not_take(text):
+    """kohya-ss/sd-scripts: DeepSpeedPlugin(offload_optimizer=...) for offload_optimizer_device."""
+    got = [f for f in lint_texts([("t.py", text)]) if f.id == "api-unknown-kwarg"]
+    assert len(got) == 1 and got[0].status == "FAIL"
+
+
+@pytest.mark.parametrize("text", [
+    "from accelerate.utils import DeepSpeedPlugin\np = DeepSpeedPlugin(zero_stage=2, offload_optimizer_device='cpu')\n",
+    "from accelerate import Accelerator\na = Accelerator(logging_dir='x')\n",          # another release's name
+    "from mylib import DeepSpeedPlugin\np = DeepSpeedPlugin(offload_optimizer='cpu')\n",  # not Accelerate's
+    "import torch\nfrom torch.utils.data import DataLoader\nDataLoader(ds, batch_size=4, shuffle=True)\n",
+])
+def test_accepted_or_foreign_keywords_are_left_alone(text):
+    assert "api-unknown-kwarg" not in found(("t.py", text))
+
+
+def test_the_signatures_are_the_installed_packages():
+    from helpers.lint import signature_rules
+
+    assert signature_rules.generate() == signature_rules.signatures(), (
+        "regenerate helpers/data/api_signatures.json: python -c \"import json; from helpers.lint import "
+        "signature_rules as s; print(json.dumps(s.generate(), indent=1, sort_keys=True))\"")
