@@ -222,6 +222,12 @@ def test_builder_in_jupyterlab(lab):
             pasted = _wait_text(page, ".rb-paste-result", "standalone-multinode")
             assert "read as: torchrun, 2 node(s) x 8 rank(s), rendezvous standalone" in pasted
             assert "master-addr-missing" in pasted
+            # a script with no launch line the parser reads (the launcher sits after srun's ';'): its text traps show,
+            # and there is nothing to load into the form
+            page.locator(".rb-paste textarea").fill("#!/bin/bash\n#SBATCH --nodes=2\nsrun hostname ; torchrun "
+                                                    "--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=h:1 train.py\n")
+            pasted = _wait_text(page, ".rb-paste-result", "srun-payload-split")
+            assert "no launch line this parser reads" in pasted
 
             page.locator(".rb-paste textarea").fill("")                            # the screenshot: a realistic form
             page.locator(".rb-field-kind select").select_option("torchrun")
