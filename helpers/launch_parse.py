@@ -172,6 +172,16 @@ _TORCHRUN_VALUE = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr
 _TORCHRUN_FLAGS = {"--standalone", "--no-python", "--run-path", "--module", "-m"}
 
 
+_ACCELERATE_VALUE = {"--config-file", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
+                     "--main-process-port", "--mixed-precision", "--gpu-ids", "--num-cpu-threads-per-process",
+                     "--dynamo-backend", "--deepspeed-config-file", "--zero-stage", "--gradient-accumulation-steps",
+                     "--deepspeed-hostfile", "--deepspeed-multinode-launcher", "--rdzv-backend",
+                     "--main-training-function"}
+_DEEPSPEED_VALUE = {"--num-gpus", "--num-nodes", "--hostfile", "-H", "--node-rank", "--master-addr", "--master-port",
+                    "--include", "-i", "--exclude", "-e", "--launcher", "--launcher-args", "--ssh-port"}
+"""The options of ``accelerate launch`` / the ``deepspeed`` launcher that take a value (the rest are flags)."""
+
+
 def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
     out, flags, script, script_args = _options(args, _TORCHRUN_VALUE)
     spec: dict[str, Any] = {"kind": "torchrun"}
@@ -203,11 +213,7 @@ def _torchrun(args: list[str], early: dict[str, Any]) -> dict[str, Any]:
 
 
 def _accelerate(args: list[str]) -> dict[str, Any]:
-    value_opts = {"--config-file", "--num-processes", "--num-machines", "--machine-rank", "--main-process-ip",
-                  "--main-process-port", "--mixed-precision", "--gpu-ids", "--num-cpu-threads-per-process",
-                  "--dynamo-backend", "--deepspeed-config-file", "--zero-stage", "--gradient-accumulation-steps",
-                  "--deepspeed-hostfile", "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}
-    vals, flags, script, rest = _options(args, value_opts)
+    vals, flags, script, rest = _options(args, _ACCELERATE_VALUE)
     total = _int(vals.get("--num-processes"), "--num-processes") or 1
     machines = _int(vals.get("--num-machines"), "--num-machines") or 1
     spec: dict[str, Any] = {"kind": "accelerate", "nnodes": machines,
@@ -221,9 +227,7 @@ def _accelerate(args: list[str]) -> dict[str, Any]:
 
 
 def _deepspeed(args: list[str]) -> dict[str, Any]:
-    value_opts = {"--num-gpus", "--num-nodes", "--hostfile", "-H", "--node-rank", "--master-addr", "--master-port",
-                  "--include", "-i", "--exclude", "-e", "--launcher", "--launcher-args", "--ssh-port"}
-    vals, flags, script, rest = _options(args, value_opts)
+    vals, flags, script, rest = _options(args, _DEEPSPEED_VALUE)
     nproc = _int(vals.get("--num-gpus"), "--num-gpus")
     include = vals.get("--include") or vals.get("-i")
     if nproc is None and include:
@@ -778,15 +782,7 @@ def _c_without_command_traps(text: str) -> list[Check]:
     return out
 
 
-_LAUNCHER_VALUES = {"torchrun": _TORCHRUN_VALUE, "deepspeed": {"--num-gpus", "--num-nodes", "--hostfile", "-H",
-                                                                 "--node-rank", "--master-addr", "--master-port",
-                                                                 "--include", "-i", "--exclude", "-e", "--launcher",
-                                                                 "--launcher-args", "--ssh-port"},
-                    "accelerate": {"--config-file", "--num-processes", "--num-machines", "--machine-rank",
-                                   "--main-process-ip", "--main-process-port", "--mixed-precision", "--gpu-ids",
-                                   "--num-cpu-threads-per-process", "--dynamo-backend", "--deepspeed-config-file",
-                                   "--zero-stage", "--gradient-accumulation-steps", "--deepspeed-hostfile",
-                                   "--deepspeed-multinode-launcher", "--rdzv-backend", "--main-training-function"}}
+_LAUNCHER_VALUES = {"torchrun": _TORCHRUN_VALUE, "deepspeed": _DEEPSPEED_VALUE, "accelerate": _ACCELERATE_VALUE}
 
 
 def _interpreter_as_script_traps(text: str) -> list[Check]:

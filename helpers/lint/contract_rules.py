@@ -1493,12 +1493,8 @@ def rule_distributed_api_unknown(lt: PythonLinter) -> None:
     for ``dist.get_rank()``).  A name far from every known one may be an API of a newer torch (torchtitan calls
     ``set_timeout``) and is left alone, as are capitalised names (classes such as ``ProcessGroupNCCL``, present only
     in some builds) and a name the file assigns to the module."""
-    aliases = {"torch.distributed"}
-    for n in lt.nodes:
-        if isinstance(n, ast.Import):
-            aliases.update(a.asname for a in n.names if a.name == "torch.distributed" and a.asname)
-        elif isinstance(n, ast.ImportFrom) and n.module == "torch":
-            aliases.update(a.asname or a.name for a in n.names if a.name == "distributed")
+    aliases = {"torch.distributed"} | {name for name, origin in lt.import_origins.items()
+                                       if origin == "torch.distributed" and name != "torch"}
     aliases -= {t.id for n in lt.nodes if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     if len(aliases) == 1 and "torch.distributed" not in lt.text:
         return

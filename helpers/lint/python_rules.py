@@ -476,11 +476,16 @@ class PythonLinter:
                 self.parents[child] = node
                 self.nodes.append(child)
         self.module_aliases: set[str] = set()
+        self.import_origins: dict[str, str] = {}  # local name -> what it names: dist -> torch.distributed
         for node in self.nodes:
             if isinstance(node, ast.Import):
                 self.module_aliases.update((a.asname or a.name).split(".")[0] for a in node.names)
+                self.import_origins.update((a.asname, a.name) if a.asname else (a.name.split(".")[0],) * 2
+                                           for a in node.names)
             elif isinstance(node, ast.ImportFrom):
                 self.module_aliases.update(a.asname or a.name for a in node.names)
+                if node.module and not node.level:
+                    self.import_origins.update((a.asname or a.name, f"{node.module}.{a.name}") for a in node.names)
         spawned = set()
         for call in self._calls():
             _recv, name = _call_name(call)

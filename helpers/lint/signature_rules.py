@@ -76,20 +76,6 @@ def signatures() -> dict[str, dict[str, object]]:
     return json.loads(SIGNATURES.read_text())
 
 
-def _imported_names(lt: PythonLinter) -> dict[str, str]:
-    """Local name -> dotted origin for this file's imports (``DDP`` -> ``torch.nn.parallel.DistributedDataParallel``,
-    ``dist`` -> ``torch.distributed``)."""
-    names: dict[str, str] = {}
-    for n in lt.nodes:
-        if isinstance(n, ast.Import):
-            for a in n.names:
-                names[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
-            for a in n.names:
-                names[a.asname or a.name] = f"{n.module}.{a.name}"
-    return names
-
-
 def _api_key(call: ast.Call, names: dict[str, str]) -> str | None:
     """``package.Name`` of the API ``call`` calls, when it is one of :data:`APIS`."""
     parts: list[str] = []
@@ -109,7 +95,7 @@ def rule_api_unknown_kwarg(lt: PythonLinter) -> None:
     that is one slip from a name it does take (module docstring)."""
     if not any(p in lt.text for p in ("accelerate", "torch", "deepspeed")):
         return
-    names = _imported_names(lt)
+    names = lt.import_origins
     sigs = signatures()
     for c in lt._calls():
         if not c.keywords:
