@@ -182,7 +182,7 @@ def run_collectives(out_dir: Path, *, nproc: int, backend: str, timeout_s: float
     bandwidth, rows = grade_bandwidth(data, min_busbw_gbps=min_busbw_gbps, expected=expected)
     from helpers.allocation import straggler
 
-    return [grade_correctness(data), bandwidth, *straggler.checks_for_job(data)], rows, job
+    return [grade_correctness(data), bandwidth, *straggler.checks_for_job(data, contention=contention)], rows, job
 
 
 # --------------------------------------------------------------------------- 6: smoke tests

@@ -92,9 +92,15 @@ def _where(row: Mapping[str, Any]) -> str:
     return f"rank {row['rank']} on {row['host']}, {dev}"
 
 
-def grade_ranks(speed: Sequence[Mapping[str, Any]], check_id: str = "straggler.ranks") -> Check:
+def grade_ranks(speed: Sequence[Mapping[str, Any]], check_id: str = "straggler.ranks", *,
+                contention: float | None = None) -> Check:
     """``straggler.ranks``: the slowest rank's score against :data:`WARN_BELOW` / :data:`FAIL_BELOW`, naming its node
-    and GPU; ``faulty`` = the nodes with a rank below :data:`WARN_BELOW`.  One rank: INFO (no peer to compare)."""
+    and GPU; ``faulty`` = the nodes with a rank below :data:`WARN_BELOW`.  One rank: INFO (no peer to compare).
+
+    ``contention``: the share of the wall time the host's tasks waited for a CPU while the ranks were measured (Linux
+    PSI, :func:`helpers.hostinfo.cpu_contention`; the one-node job's ranks all share that host).  Above
+    :data:`helpers.allocation.grades.CPU_CONTENDED`, a CPU rank below the OK ratio is INFO, not graded: its speed then
+    measures the scheduler, not the node (the rule the bandwidth grade follows), and no node is drained for it."""
     if len(speed) < 2:
         return Check(check_id, f"{len(speed)} rank measured: no peer to compare with", "INFO", {"ranks": list(speed)},
                      "", SRC)
@@ -108,6 +114,14 @@ def grade_ranks(speed: Sequence[Mapping[str, Any]], check_id: str = "straggler.r
     if status == "OK":
         return Check(check_id, f"{len(rows)} ranks at {warn:g} of the best or more (slowest: {_where(worst)}, "
                      f"score {worst['score']:.2f})", "OK", values, "", source)
+    from helpers.allocation.grades import CPU_CONTENDED
+
+    if contention is not None and contention > CPU_CONTENDED and not any(r.get("gpu") for r in rows):
+        values["cpu_contention"] = round(contention, 3)
+        return Check(check_id, f"not graded: the slowest CPU rank ({_where(worst)}) at {worst['score']:.2f} of the best, "
+                     f"measured while the host's CPUs were contended (tasks waited {contention:.0%} of the time, above "
+                     f"{CPU_CONTENDED:.0%}): the ranks' speeds then measure the scheduler", "INFO", values,
+                     "rerun on an idle node to grade it (top: what else runs there)", source)
     slow = [r for r in rows if r["status"] != "OK"]
     nodes = list(dict.fromkeys(r["host"] for r in slow))
     metric = "matmul" if worst["matmul_ratio"] <= worst["memcpy_ratio"] else "memory copy"
@@ -166,13 +180,14 @@ def grade_nodes(matrix: Mapping[str, Mapping[str, float]], check_id: str = "stra
 
 
 def checks_for_job(data: Mapping[str, Any], matrix: Mapping[str, Mapping[str, float]] | None = None,
-                   prefix: str = "") -> list[Check]:
+                   prefix: str = "", *, contention: float | None = None) -> list[Check]:
     """The straggler records of a job's JSON (``speed`` rows; the node-pair ``matrix`` when given): ``[]`` when the job
     measured no speed (``--speed off``).  Ids ``<prefix>straggler.ranks`` / ``<prefix>straggler.nodes``: the one-node
-    collectives job uses no prefix, the job across nodes ``job.`` (both run inside an allocation: one report)."""
+    collectives job uses no prefix, the job across nodes ``job.`` (both run inside an allocation: one report).
+    ``contention``: the one-node job's host CPU contention (:func:`grade_ranks`)."""
     out = []
     if data.get("speed"):
-        out.append(grade_ranks(data["speed"], f"{prefix}straggler.ranks"))
+        out.append(grade_ranks(data["speed"], f"{prefix}straggler.ranks", contention=contention))
     if matrix is not None:
         warn, fail, source = thresholds(data.get("speed") or [])
         out.append(grade_nodes(matrix, f"{prefix}straggler.nodes", warn_below=warn, fail_below=fail, source=source))

@@ -55,7 +55,7 @@ def _seeded(call: ast.Call) -> set[str]:
     if name == "seed":
         return {"numpy"} if recv in ("np.random", "numpy.random") else {"random"} if recv == "random" else set()
     if name in _SEEDS_OF:
-        return set(_SEEDS_OF[name]) or set()
+        return set(_SEEDS_OF[name])
     # a project's own helper (utils.setup_seed(args.seed), misc.fix_random_seeds(...)) seeds all of them
     return set(_ALL_RNGS) if "seed" in name.lower() and not name.startswith(("get", "worker")) else set()
 

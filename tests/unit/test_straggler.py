@@ -95,3 +95,16 @@ def test_one_rank_bandwidth_is_not_graded_and_not_a_warning():
             "sweep": [{"op": "all_reduce", "bytes": b, "time_s": 1e-5} for b in (2 ** 20, 2 ** 24)]}
     check, _ = grades.grade_bandwidth(data)
     assert check.status == "INFO" and "not graded" in check.title and "2 or more ranks" in check.remediation
+
+
+def test_cpu_ranks_on_a_contended_host_are_not_graded():
+    """A clean-clone make test (2 cores, the lab suite beside the main one) saw the one-node job's rank 1 at 0.14 of
+    rank 0 while the host's tasks waited for a CPU 69 % of the time: the scheduler, not the node; INFO, no drain."""
+    speed = [_row(0, "vm", 22.0, 2.9), _row(1, "vm", 20.0, 0.41)]
+    assert straggler.grade_ranks(speed).status == "FAIL"                               # no PSI reading: graded
+    busy = straggler.grade_ranks(speed, contention=0.694)
+    assert busy.status == "INFO" and busy.faulty == [] and "contended" in busy.title
+    assert busy.values["cpu_contention"] == 0.694
+    assert straggler.grade_ranks(speed, contention=grades.CPU_CONTENDED / 2).status == "FAIL"  # an idle host grades
+    gpus = [_row(0, "n0", 51000.0, 2000.0, _gpu(0)), _row(1, "n0", 30000.0, 2000.0, _gpu(1))]
+    assert straggler.grade_ranks(gpus, contention=0.9).status == "FAIL"               # a GPU's speed is no CPU share
