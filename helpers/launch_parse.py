@@ -670,10 +670,11 @@ def text_traps(text: str) -> list[Check]:
                     "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
         hit.line_no = text.count("\n", 0, assign.start()) + 1
         out.append(hit)
+    heredoc = _heredoc_lines(text)
     return (out + _nnodes_traps(text) + _first_node_only_traps(text) + _submit_host_traps(text)
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
-            + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text)
-            + _literal_dollar_traps(text) + _positional_twice_traps(text) + _syntax_traps(text)
+            + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
+            + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
             + _interpreter_as_script_traps(text))
 
 
@@ -938,14 +939,13 @@ def _heredoc_lines(text: str) -> set[int]:
     return inside
 
 
-def _payload_split_traps(text: str) -> list[Check]:
+def _payload_split_traps(text: str, heredoc: set[int]) -> list[Check]:
     """``srun-payload-split``: ``srun ... cmd1 ; torchrun ...`` (or ``&&``, ``||``, ``|``, ``&``) in a job of several
     nodes.  srun's command ends at the first control operator (bash manual, Lists of Commands, :data:`_BASH_LISTS`):
     the launcher after it is a command of the batch script, which Slurm runs on the first node only
     (https://slurm.schedmd.com/sbatch.html), so the other nodes never start one and the rendezvous waits for them."""
     alloc = sbatch_header(text).get("--nodes", "")
     nodes = int(alloc.split("-")[0]) if re.fullmatch(r"\d{1,6}(?:-\d{1,6})?", alloc) else 0
-    heredoc = _heredoc_lines(text)
     out: list[Check] = []
     for number, line in _join_continuations(text):
         if number in heredoc or not re.match(r"\s*(?:\w+=\S*\s+)*srun\b", line):
@@ -975,14 +975,13 @@ _RUNS_A_SHELL = re.compile(r"(?<![\w-])(?:(?:ba|z|k|da)?sh\s+(?:-\w+\s+)*-\w*c\b
                            r"parallel\b|xargs\b|envsubst\b|su\s)")
 
 
-def _literal_dollar_traps(text: str) -> list[Check]:
+def _literal_dollar_traps(text: str, heredoc: set[int]) -> list[Check]:
     """``shell-var-literal``: ``\\$VAR`` or ``'...$VAR...'`` in a command that srun, a launcher or python runs without a
     shell in between.  Single quotes and a backslash keep ``$`` literal (bash manual, Quoting,
     :data:`_BASH_QUOTING`), which defers the expansion to a later shell; srun and the launchers execute their
     program directly (no shell: https://slurm.schedmd.com/srun.html), so the program receives the characters
     ``$VAR`` (``--master_addr '$MASTER_ADDR'`` is a host literally named ``$MASTER_ADDR``).  Left alone: a line that
     runs a shell (``bash -c``, ``eval``, ``ssh``, ``pdsh``), assignments, ``echo`` and here-documents."""
-    heredoc = _heredoc_lines(text)
     out: list[Check] = []
     for number, line in _join_continuations(text):
         if number in heredoc or not _NO_SHELL_PROGRAMS.match(line) or _RUNS_A_SHELL.search(line):
@@ -1009,12 +1008,11 @@ def _literal_dollar_traps(text: str) -> list[Check]:
 _POSITIONAL_FROM = re.compile(r"\$\{@:(\d+)(?::(\d+))?\}|\$\{?@\}?|\$\{?\*\}?")
 
 
-def _positional_twice_traps(text: str) -> list[Check]:
+def _positional_twice_traps(text: str, heredoc: set[int]) -> list[Check]:
     """``shell-positional-twice``: one command passes ``$N`` by itself and again inside ``"${@:M}"`` / ``"$@"`` (M <= N):
     ``${@:offset}`` expands the positional parameters from ``offset`` on (bash manual, Shell Parameter Expansion and
     Special Parameters, :data:`_BASH_SPECIAL`), so argument N reaches the program twice (argparse then rejects it as
     an unrecognised argument, or the later copy overrides)."""
-    heredoc = _heredoc_lines(text)
     out: list[Check] = []
     for number, line in _join_continuations(text):
         if number in heredoc or line.lstrip().startswith(("#", "echo", "printf", "shift", "set ")) or \

@@ -42,7 +42,7 @@ _SHARDS = re.compile(r"DistributedSampler|\.prepare\(|\bTrainer\(|DistributedDat
 (a data module next to it is read on every rank)."""
 
 _ALL_RNGS = frozenset({"torch", "numpy", "random"})
-_SEEDS_OF = {"manual_seed": {"torch"}, "manual_seed_all": {"torch"}, "seed": set(), "set_seed": _ALL_RNGS,
+_SEEDS_OF = {"manual_seed": {"torch"}, "manual_seed_all": {"torch"}, "set_seed": _ALL_RNGS,
              "seed_everything": _ALL_RNGS, "init_seeds": _ALL_RNGS, "fix_seed": _ALL_RNGS, "seed_all": _ALL_RNGS}
 """The generators a seeding call seeds: transformers' / accelerate's ``set_seed`` and Lightning's ``seed_everything``
 seed Python's ``random``, NumPy and torch; ``torch.manual_seed`` only torch; ``<mod>.seed`` the module's own."""
@@ -60,7 +60,7 @@ def _seeded(call: ast.Call) -> set[str]:
     return set(_ALL_RNGS) if "seed" in name.lower() and not name.startswith(("get", "worker")) else set()
 
 
-def _split_draws(lt: PythonLinter, call: ast.Call) -> tuple[str, str, str] | None:
+def _split_draws(call: ast.Call, hf: bool) -> tuple[str, str, str] | None:
     """``(generator, what, doc)`` when ``call`` splits or shuffles a dataset from a generator it was not given: torch's
     ``random_split`` without ``generator=``, scikit-learn's ``train_test_split`` without ``random_state=``, a Hugging
     Face dataset's ``.shuffle()`` / ``.train_test_split()`` without a seed (both draw the seed from NumPy's global
@@ -73,7 +73,6 @@ def _split_draws(lt: PythonLinter, call: ast.Call) -> tuple[str, str, str] | Non
         return "torch", "random_split without generator=", _RANDOM_SPLIT
     if name == "train_test_split" and not recv and "random_state" not in kws:
         return "numpy", "train_test_split without random_state=", _SK_SPLIT
-    hf = re.search(r"^\s*(from\s+datasets\s+import|import\s+datasets\b)", lt.text, re.M)
     if name in ("shuffle", "train_test_split") and recv and hf and recv not in ("random", "np.random", "numpy.random") \
             and not call.args and not kws & {"seed", "generator"}:
         return "numpy", f".{name}() of a datasets.Dataset without seed=", _HF_SHUFFLE
@@ -95,20 +94,19 @@ def rule_rank_split_differs(lt: PythonLinter) -> None:
     ``random.shuffle`` / ``np.random.permutation`` of the file list another rule reads (those only when the file
     shards by rank or uses a sampler, and never inside a function a loop calls per step: an augmentation).
     """
-    from helpers.lint.python_rules import _call_name
-
     if not _SHARDS.search(lt.text):
         return
+    hf = bool(re.search(r"^\s*(from\s+datasets\s+import|import\s+datasets\b)", lt.text, re.M))
     seeded: set[str] = set()
     rank_seeded: set[str] = set()
     for c in lt._calls():
         got = _seeded(c)
         if got and c.args:
             (rank_seeded if lt.taint.is_rank(c.args[0]) else seeded).update(got)
-        elif got and not c.args and _call_name(c)[1] in ("set_seed", "seed_everything"):
+        elif got and not c.args and call_name(c) in ("set_seed", "seed_everything"):
             seeded.update(got)  # seed_everything() picks a seed and exports it as PL_GLOBAL_SEED for every process
     for c in lt._calls():
-        drawn = _split_draws(lt, c)
+        drawn = _split_draws(c, hf)
         if drawn is None:
             continue
         rng, what, doc = drawn
@@ -278,21 +276,23 @@ def _other_branch(lt: PythonLinter, call: ast.Call, first_line: int) -> bool:
 _CLOCKS = frozenset({"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "now", "utcnow"})
 
 
-def _reads_clock(lt: PythonLinter, test: ast.AST, scope: ast.AST) -> ast.Call | None:
-    """The clock reading ``test`` depends on: ``time.time()`` / ``monotonic()`` / ``perf_counter()`` /
-    ``datetime.now()`` in it, or in the last assignment (in ``scope``) of a name it reads."""
-    def clock(node: ast.AST) -> ast.Call | None:
-        return next((c for c in ast.walk(node) if isinstance(c, ast.Call) and call_name(c) in _CLOCKS and
-                     isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value).split(".")[-1] in
-                     ("time", "datetime")), None)
+def _clock(node: ast.AST) -> ast.Call | None:
+    """A ``time.time()`` / ``monotonic()`` / ``perf_counter()`` / ``datetime.now()`` call inside ``node``."""
+    return next((c for c in ast.walk(node) if isinstance(c, ast.Call) and call_name(c) in _CLOCKS and
+                 isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value).split(".")[-1] in ("time", "datetime")),
+                None)
 
-    got = clock(test)
+
+def _reads_clock(test: ast.AST, scope: ast.AST, assigned: dict[tuple[ast.AST, str], list[tuple[int, ast.AST]]]
+                 ) -> ast.Call | None:
+    """The clock reading ``test`` depends on: a clock call in it, or in the last assignment (in ``scope``, before the
+    test) of a name it reads; ``assigned``: ``(scope, name) -> [(line, value)]`` of the file's plain assignments."""
+    got = _clock(test)
     if got is not None:
         return got
     for name in {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}:
-        sets = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < test.lineno and
-                any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-        if sets and (got := clock(sets[-1].value)) is not None:
+        sets = [value for line, value in assigned.get((scope, name), ()) if line < test.lineno]
+        if sets and (got := _clock(sets[-1])) is not None:
             return got
     return None
 
@@ -305,13 +305,20 @@ def rule_clock_gated_collective(lt: PythonLinter) -> None:
     https://docs.pytorch.org/docs/stable/distributed.html#collective-functions): decide on one rank and broadcast the
     decision, or count steps instead of seconds (speechbrain's intra-epoch checkpoints, speechbrain#1167).
 
-    Not a finding: a branch under a rank gate too (one rank decides alone and calls no collective with others), a
-    test that also reads a broadcast or reduced value."""
+    Not a finding: a branch under a rank gate too (one rank decides alone and calls no collective with others)."""
+    assigned: dict[tuple[ast.AST, str], list[tuple[int, ast.AST]]] = {}
+    for n in lt.nodes:  # once per file, in line order within each scope (the last one before a test counts)
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    assigned.setdefault((lt._enclosing_function(n) or lt.tree, t.id), []).append((n.lineno, n.value))
+    for v in assigned.values():
+        v.sort(key=lambda x: x[0])
     for node in lt.nodes:
         if not isinstance(node, (ast.If, ast.While)):
             continue
         scope = lt._enclosing_function(node) or lt.tree
-        clock = _reads_clock(lt, node.test, scope)
+        clock = _reads_clock(node.test, scope, assigned)
         if clock is None or lt._rank_gate(node) is not None or lt.taint.rank_test(node.test):
             continue
         coll = next(((c, name) for st in node.body for c in ast.walk(st) if isinstance(c, ast.Call)

@@ -463,9 +463,8 @@ def _check_comm_never_initialized(log: NcclLog, verdicts: list[Check]) -> list[C
     infos = [i for i in log.all_infos() if any(_NO_RANKS.search(x) for x in i.warns + [i.last_line])]
     versions = sorted({i.nccl_version for i in log.all_infos() if i.nccl_version})
     on = f" on NCCL {', '.join(versions)}" if versions else ""
-    quiet = [dataclasses.replace(v, status="INFO", values={**v.values, "kind": "context"})
-             if v.status in NOT_OK and v.evidence and all(_NO_RANKS.search(x) for x in v.evidence) else v
-             for v in verdicts]
+    quiet = [_as_context(v) if v.status in NOT_OK and v.evidence and all(_NO_RANKS.search(x) for x in v.evidence)
+             else v for v in verdicts]
     return quiet + [verdict(
         "comm-never-initialized", "FAIL",
         f"suspect: communicator initialisation failed{on}: the communicator still has no ranks when it is used or "
@@ -1036,8 +1035,7 @@ def _explained_by_bugs(verdicts: list[Check]) -> list[Check]:
     out = []
     for v in verdicts:
         if v.id in explained and v.status in NOT_OK:
-            v = dataclasses.replace(v, status="INFO", faulty=[], values={**v.values, "kind": "context",
-                                                                        "explained_by": explained[v.id]})
+            v = _as_context(v, explained_by=explained[v.id])
         out.append(v)
     return out
 
@@ -1136,6 +1134,13 @@ _GENERIC = {"init-incomplete", "torch-nccl-system-error", "torch-nccl-cuda-error
 """Verdicts that say *that* NCCL failed or timed out, not why: INFO context once a specific verdict names a failure."""
 
 
+def _as_context(v: Check, title: str | None = None, **values: Any) -> Check:
+    """``v`` as INFO context: a consequence of a failure another verdict names (no faulty node, ``kind`` context, the
+    extra ``values`` added; ``title`` replaces the title when given)."""
+    return dataclasses.replace(v, status="INFO", faulty=[], title=v.title if title is None else title,
+                               values={**v.values, "kind": "context", **values})
+
+
 def _demote_generic(verdicts: list[Check]) -> list[Check]:
     """Turn the :data:`_GENERIC` verdicts into INFO context when another FAIL/WARN verdict names the failure."""
     specific = any(v.status in NOT_OK and v.id not in _GENERIC | _NOT_EXPLAINING and not v.id.startswith("known-bug.")
@@ -1149,8 +1154,7 @@ def _demote_generic(verdicts: list[Check]) -> list[Check]:
             title = v.title
             if v.id in _GENERIC_SHORT:
                 title = f"{_GENERIC_SHORT[v.id]}: the failure {', '.join(named[:3])} names above"
-            v = dataclasses.replace(v, status="INFO", faulty=[], title=title,
-                                    values={**v.values, "kind": "context", "explained_by_other_verdicts": True})
+            v = _as_context(v, title=title, explained_by_other_verdicts=True)
         out.append(v)
     return out
 
@@ -1161,8 +1165,7 @@ def _demote_exception(verdicts: list[Check]) -> list[Check]:
     if not any(v.status == "FAIL" and v.id != "rank-python-exception" and v.id not in _GENERIC | _NOT_EXPLAINING
                for v in verdicts):
         return verdicts
-    return [dataclasses.replace(v, status="INFO", faulty=[], values={**v.values, "kind": "context"})
-            if v.id == "rank-python-exception" and v.status in NOT_OK else v for v in verdicts]
+    return [_as_context(v) if v.id == "rank-python-exception" and v.status in NOT_OK else v for v in verdicts]
 
 
 _GENERIC_SHORT = {"torch-nccl-system-error": "NCCL returned ncclSystemError",
