@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -375,7 +375,7 @@ class ElasticRun:
     Attributes:
         agents: ``{"A": JobResult, "B": JobResult}``: each agent is a job of its own (its own
             ``launcher.stderr`` and the logs of the ranks it started).
-        steps: the completed steps, one record per step (:func:`parse_steps` fields plus
+        steps: one record per step, its last attempt (:func:`last_attempts`; :func:`parse_steps` fields plus
             ``agent``), in step order, from every rank of both agents.
         launches: one record per rank start (the ``launch ...`` line: agent, world_size,
             restart_count, master port, agent_store).
@@ -444,7 +444,8 @@ def run_elastic(out_dir: str | os.PathLike[str], name: str, *, share_store: bool
     rendezvous unless pids wrap around),
     so each has its own output and rank logs; the agents log at ``LOGLEVEL=INFO`` (their
     rendezvous and restart decisions).  Both resume from one checkpoint written every step, so
-    a restart of the worker group at the membership change loses no step.
+    a restart of the worker group at the membership change loses no step (one whose checkpoint
+    had not landed is redone, and :func:`last_attempts` keeps the redone one).
 
     Args:
         out_dir: where the checkpoint (``<name>.ckpt``) goes (deleted first).
@@ -486,17 +487,39 @@ def run_elastic(out_dir: str | os.PathLike[str], name: str, *, share_store: bool
     # B's process starts AGENT_STAGGER_S after A's, so that B's pid (hence its node id in the rendezvous) sorts after A's.
     ran = jobs.run_together(*[_bind(agent, label, cmd) for label, cmd in zip("AB", cmds)], stagger_s=AGENT_STAGGER_S)
     results = dict(zip("AB", ran))
-    steps_seen: dict[int, dict[str, Any]] = {}
+    records: list[dict[str, Any]] = []
     launches = []
     for label in "AB":
         for rank, res in results[label].ranks.items():
-            for rec in parse_steps(res.stdout):
-                steps_seen.setdefault(rec["step"], {**rec, "agent": label})
+            records.extend({**rec, "agent": label} for rec in parse_steps(res.stdout))
             for m in _LAUNCH.finditer(res.stdout):
                 launches.append({"agent": label, "rank_log": rank, "restart_count": int(m.group(1)),
                                  "world_size": int(m.group(2)), "master": m.group(3), "agent_store": m.group(4)})
-    return ElasticRun(agents={label: results[label] for label in "AB"}, steps=[steps_seen[k] for k in sorted(steps_seen)], launches=launches,
+    return ElasticRun(agents={label: results[label] for label in "AB"}, steps=last_attempts(records), launches=launches,
                       wall_s=time.monotonic() - t0)
+
+
+def last_attempts(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, the one of its last attempt, in step order.
+
+    A worker prints a step's line before the checkpoint of that step lands (``elastic_train.py``),
+    so a restart of the worker group between the two leaves a line for a step that the next
+    attempt redoes from the previous checkpoint; the attempt with the highest ``restart`` count is
+    the one whose update the checkpoint holds.  Every rank prints every step: of records with the
+    same step and restart count, the first is kept.
+
+    Args:
+        records: step records (:func:`parse_steps`), any order, ``restart`` missing counts as 0.
+
+    Returns:
+        One dict per step number, sorted by step.
+    """
+    kept: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        held = kept.get(rec["step"])
+        if held is None or int(rec.get("restart", 0)) > int(held.get("restart", 0)):
+            kept[rec["step"]] = dict(rec)
+    return [kept[k] for k in sorted(kept)]
 
 
 def epoch_coverage(steps: Sequence[Mapping[str, Any]], dataset_size: int) -> dict[int, dict[str, int]]:

@@ -274,11 +274,14 @@ def run(args: argparse.Namespace) -> int:
         if pos >= data.steps_per_epoch:
             epoch, pos = epoch + 1, 0
         step += 1
-        if args.ckpt and step % args.ckpt_every == 0:
-            save(args, dist, rank, world, model, opt, sched, step, epoch, pos, config)
         rule = args.lr * global_batch / BASE_BATCH * lr_factor(step - 1)
+        # The line goes out before the checkpoint: an agent that stops the workers between the two (a membership
+        # change) then leaves a line for a step that is redone after the restart (the reader keeps the last attempt),
+        # never a checkpointed step without its line.
         print(done + f"samples_per_rank={args.micro * len(mine)} lr={lr:.6g} lr_rule={rule:.6g} loss={total:.6f} "
               f"ids={'-'.join(map(str, all_ids))}", flush=True)
+        if args.ckpt and step % args.ckpt_every == 0:
+            save(args, dist, rank, world, model, opt, sched, step, epoch, pos, config)
         if args.step_sleep and (args.sleep_below_world is None or world < args.sleep_below_world):
             time.sleep(args.step_sleep)
 

@@ -204,3 +204,17 @@ def test_elastic_commands(tmp_path):
                                 step_sleep=0, join_after_step=0)
 
 
+
+
+def test_last_attempts_keeps_the_redone_step():
+    """A line printed before a checkpoint that never landed is superseded by the step's redo after the restart."""
+    records = [
+        {"step": 3, "restart": 0, "world_size": 1, "ids": "0-1", "agent": "A"},
+        {"step": 4, "restart": 0, "world_size": 1, "ids": "2-3", "agent": "A"},  # killed before its checkpoint landed
+        {"step": 4, "restart": 1, "world_size": 2, "ids": "4-5", "agent": "B"},
+        {"step": 4, "restart": 1, "world_size": 2, "ids": "4-5", "agent": "A"},  # every rank prints every step
+        {"step": 5, "restart": 1, "world_size": 2, "ids": "6-7", "agent": "A"},
+    ]
+    kept = resume.last_attempts(reversed(records))
+    assert [(r["step"], r["restart"]) for r in kept] == [(3, 0), (4, 1), (5, 1)] and kept[1]["ids"] == "4-5"
+    assert resume.last_attempts([{"step": 0, "ids": "0"}]) == [{"step": 0, "ids": "0"}]
