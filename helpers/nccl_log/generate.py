@@ -420,6 +420,96 @@ def generate(nccl: Path, plugins: Sequence[tuple[str, Path, str]] = (), first: s
     return {"header": header, "entries": entries, "skipped": skipped_latest}
 
 
+FIX_VERB = re.compile(r"^(?:Fix|Fixed|Fixes|Fixing|Avoid|Prevent|Resolve|Resolved|Work ?around|Correct|Corrected)\b")
+"""How a release-notes item that repairs something begins (NCCL's notes start each such item with one of these)."""
+
+
+_TRAILER = re.compile(r"^(?:Signed-off-by|Mirrored-from|Co-authored-by|Reviewed-by):")
+
+
+def release_notes(repo: Path, tag: str) -> str:
+    """The release notes of ``tag`` as NCCL's git history holds them ('' when they are not there).
+
+    The notes are the message of the commit titled ``NCCL X.Y.Z-N`` (or ``X.Y.Z-N``, ``NCCL vX.Y.Z-N Release``):
+    the tag itself, or, where the tag points at a merge or a follow-up commit ("Add missing files for the NCCL
+    2.29.7-1 release"), the newest such commit among the 30 before it; git trailers (Signed-off-by...) dropped.
+    Releases from 2.30.3 on keep their notes on the GitHub release page only: '' for those.
+    """
+    version = tag[1:]
+    title = re.compile(rf"^(?:NCCL )?v?{re.escape(version)}(?: [Rr]elease)?$")
+    log = _git(repo, "log", "-n", "30", "--format=%s%x00%B%x01", tag)
+    for record in log.split("\x01"):
+        subject, _, body = record.strip("\n").partition("\x00")
+        if title.match(subject.strip()):
+            lines = [ln for ln in body.splitlines()[1:] if not _TRAILER.match(ln)]
+            return "" if any("Release notes: http" in ln for ln in lines[:4]) else "\n".join(lines).strip("\n")
+    return ""
+
+
+_ITEM_VERB = re.compile(r"(?:Fix|Fixes|Fixed|Add|Adds|Avoid|Prevent|Improve|Reduce|Enable|Disable|Support|Remove|Allow|"
+                        r"Make|Use|Update|Change|Increase|Decrease|Rework|Optimize|Introduce|Extend|Move|Print|Report|"
+                        r"Work around|Resolve|Correct|Set)\b")
+
+
+def note_items(notes: str) -> list[str]:
+    """Split release notes into items, one per paragraph or bullet, each unwrapped onto one line.
+
+    A line starts a new item when it is a bullet (``*`` or ``-``) or begins at column 0 with an upper-case letter
+    after a blank line, after a line that ends a sentence (``.``, ``)``, ``:``) or with a verb that opens an item
+    (``Fix``, ``Add``...: some notes end a line with an issue number); any other line continues the
+    item before it (NCCL wraps its notes at ~75 columns, bullets with a hanging indent).
+    """
+    items: list[list[str]] = []
+    prev = ""
+    for raw in notes.splitlines():
+        line = raw.rstrip()
+        text = line.strip()
+        if not text:
+            prev = ""
+            continue
+        bullet = re.match(r"^\s*[*-]\s+", line)
+        starts = bullet or (line[0].isupper() and (not prev or prev.rstrip().endswith((".", ")", ":"))
+                                                   or bool(_ITEM_VERB.match(line))))
+        if starts or not items:
+            items.append([])
+        items[-1].append(text[bullet.end() - (len(line) - len(line.lstrip())):] if bullet else text)
+        prev = line
+    return [" ".join(parts) for parts in items]
+
+
+def release_fixes(repo: Path, first: str = FIRST_TAG) -> dict:
+    """Every repair item of NCCL's release notes from ``first`` to the newest tag.
+
+    Args:
+        repo: a git clone of NVIDIA/nccl with its tags.
+        first: the oldest tag read.
+
+    Returns:
+        ``{"header": {"nccl_tag", "nccl_commit", "tags_read", "tags_without_notes"}, "fixes": [{"release": "2.20.3",
+        "tag": "v2.20.3-1", "text": "Fix hang during A2A connection."}, ...]}`` in release order.  What an item is
+        about (its symptom, the part of NCCL) is read at load time (:func:`helpers.nccl_log.catalog.load_release_fixes`).
+
+    Raises:
+        ValueError: no release tag at or after ``first``.
+    """
+    tags = release_tags(repo, first)
+    if not tags:
+        raise ValueError(f"{repo}: no NCCL release tag at or after {first}")
+    fixes, missing = [], []
+    for tag in tags:
+        notes = release_notes(repo, tag)
+        if not notes:
+            missing.append(tag)
+        for item in note_items(notes):
+            if FIX_VERB.match(item):
+                fixes.append({"release": tag[1:].split("-")[0], "tag": tag, "text": item})
+    commit = _git(repo, "rev-parse", f"{tags[-1]}^{{commit}}").strip()
+    return {"header": {"generator": "python -m helpers.nccl_log.generate --fixes-only", "nccl_tag": tags[-1],
+                       "nccl_commit": commit, "tags_read": tags, "tags_without_notes": missing,
+                       "notes_url": f"{NCCL_URL}/releases/tag/<tag>"},
+            "fixes": fixes}
+
+
 def write_json(data: dict, out: Path) -> None:
     """Write ``data`` to ``out`` atomically (temp file in the same folder, then rename)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -431,17 +521,27 @@ def write_json(data: dict, out: Path) -> None:
 
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "nccl_sites.json"
+FIXES_OUT = Path(__file__).resolve().parents[1] / "data" / "nccl_release_fixes.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``--nccl CLONE [--plugin NAME=CLONE=URL ...] [--out FILE]``; prints entry counts."""
+    """Command line: ``--nccl CLONE [--plugin NAME=CLONE=URL ...] [--out FILE] [--fixes-out FILE] [--fixes-only]``;
+    prints entry counts."""
     p = argparse.ArgumentParser(prog="python -m helpers.nccl_log.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--nccl", required=True, type=Path, help="git clone of https://github.com/NVIDIA/nccl with tags")
     p.add_argument("--plugin", action="append", default=[], metavar="NAME=CLONE=URL",
                    help="a network plugin's clone, e.g. aws-ofi=/src/aws-ofi-nccl=https://github.com/aws/aws-ofi-nccl")
     p.add_argument("--first", default=FIRST_TAG, help=f"oldest tag to walk (default {FIRST_TAG})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--fixes-out", type=Path, default=FIXES_OUT, help="where the release notes' fixes go")
+    p.add_argument("--fixes-only", action="store_true", help="write only the release notes' fixes (no plugin clones needed)")
     args = p.parse_args(argv)
+    fixes = release_fixes(args.nccl, args.first)
+    write_json(fixes, args.fixes_out)
+    print(f"{args.fixes_out}: {len(fixes['fixes'])} fixes from {len(fixes['header']['tags_read'])} releases "
+          f"({len(fixes['header']['tags_without_notes'])} without notes in git)", file=sys.stderr)
+    if args.fixes_only:
+        return 0
     plugins = []
     for spec in args.plugin:
         parts = spec.split("=", 2)

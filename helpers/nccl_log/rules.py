@@ -16,6 +16,8 @@ from helpers.checks import NOT_OK, STATUSES, Check
 from helpers.nccl_log.catalog import (
     bugs_for,
     cuda_reading,
+    features_of,
+    fixes_after,
     knowledge_for,
     load_catalog,
     site_knowledge,
@@ -1029,6 +1031,69 @@ def _check_known_bugs(log: NcclLog, verdicts: Sequence[Check] = ()) -> list[Chec
     return out
 
 
+_HANG_IDS = frozenset({"torch-watchdog-timeout", "torch-heartbeat-timeout"})
+_CRASH_IDS = frozenset({"process-crash-signal", "nccl-ras-crash"})
+
+
+def failure_profile(log: NcclLog) -> tuple[set[str], frozenset[str]]:
+    """What kind of failure the log shows and which specific NCCL features its failure lines name.
+
+    Returns:
+        ``(symptoms, features)``: symptoms among ``hang`` (PyTorch's watchdog or heartbeat timed out), ``crash`` (a
+        fatal signal, a crash in NCCL's RAS code), ``error`` (NCCL printed a WARN line the generated site list
+        knows); features: :func:`helpers.nccl_log.catalog.features_of` the WARN lines and the failure lines the
+        hand-written catalog matched.
+    """
+    symptoms: set[str] = set()
+    if _HANG_IDS & set(log.catalog):
+        symptoms.add("hang")
+    if _CRASH_IDS & set(log.catalog):
+        symptoms.add("crash")
+    lines = []
+    for hit in log.sites.values():
+        if hit.entry.get("level") == "WARN":
+            symptoms.add("error")
+            lines += hit.evidence
+    lines += [line for hit in log.catalog.values() if hit.entry["status"] in NOT_OK for line in hit.evidence]
+    return symptoms, features_of("\n".join(lines))
+
+
+def _check_release_fixes(log: NcclLog) -> list[Check]:
+    """The fixes of later NCCL releases (their release notes) for the same kind of failure of the same NCCL feature
+    (``NVLS``, ``UDS``, ``shared memory``...: :data:`helpers.nccl_log.catalog.FIX_FEATURES`).
+
+    Needs the log's NCCL version; lists at most 4 fixes per version, newest fixing release last.  Always INFO and a
+    suspect: a release note's wording says what was repaired, not which log it repairs, so an upgrade is a test, never
+    the named cause.  Source: the release notes, https://github.com/NVIDIA/nccl/releases.
+    """
+    versions = sorted({_base_version(i.nccl_version) for i in log.all_infos() if i.nccl_version})
+    if not versions:
+        return []
+    symptoms, features = failure_profile(log)
+    out = []
+    for version in versions:
+        fixes = fixes_after(version, symptoms, features)
+        if not fixes:
+            continue
+        kinds = sorted({f["symptom"] for f in fixes})
+        parts = sorted({p for f in fixes for p in f["features"] if p in features})
+        newest = fixes[-1]["release"]
+        article = {"error": "an error", "hang": "a hang", "crash": "a crash", "corruption": "a data corruption"}
+        title = (f"suspect: NCCL {version} predates {len(fixes)} later fix{'es' if len(fixes) > 1 else ''} for "
+                 f"{' or '.join(article[k] for k in kinds)} with {', '.join(parts)} (release notes of "
+                 f"{', '.join(sorted({f['release'] for f in fixes}, key=version_tuple))}), the NCCL feature this "
+                 f"log's failure names: a bug fixed since is a suspect; upgrading NCCL to {newest} or later tests it")
+        evidence = [f"NCCL {f['release']} release notes: {f['text']}" for f in fixes[:4]]
+        out.append(verdict(
+            "release-fixes", "INFO", title, [], [], evidence,
+            f"confirm with the NCCL version every rank loads (NCCL_DEBUG=VERSION) and rerun on NCCL {newest} or later "
+            "(pip install -U nvidia-nccl-cu12, or LD_PRELOAD a newer libnccl.so.2); if the failure stays, the cause "
+            "is elsewhere", f"https://github.com/NVIDIA/nccl/releases/tag/{fixes[0]['tag']}",
+            {"nccl_version": version, "fixes": [f"{f['release']}: {f['text']}" for f in fixes],
+             "symptoms": kinds, "features": parts}, kind="suspect"))
+    return out
+
+
 def _explained_by_bugs(verdicts: list[Check]) -> list[Check]:
     """Turn the verdicts a known-bug verdict ``explains`` into INFO context (they are that bug's symptom)."""
     explained = {x: v.id for v in verdicts if v.id.startswith("known-bug.") for x in v.values.get("explains", [])}
@@ -1207,7 +1272,7 @@ def interpret(log: NcclLog) -> list[Check]:
     verdicts += _check_ib_remote_error(log) + _check_nccl_tests_separate(log)
     if not any(v.status in NOT_OK for v in verdicts):
         verdicts += _check_ipoib_bootstrap_stall(log)
-    verdicts += _check_known_bugs(log, verdicts)
+    verdicts += _check_known_bugs(log, verdicts) + _check_release_fixes(log)
     verdicts = _demote_generic(_demote_exception(_explained_by_bugs(verdicts)))
     return sorted(verdicts, key=lambda v: SEVERITIES.index(v.status))
 
