@@ -437,6 +437,80 @@ KNOWLEDGE: tuple[tuple[str, str, str, str, str, str, str, str], ...] = (
      "NCCL's proxy thread (which drives network transfers) hit an error: usually the consequence of a network or "
      "peer failure reported just before", "read the first WARN line of the same rank and of its peers",
      "https://github.com/NVIDIA/nccl/blob/master/src/proxy.cc"),
+    # Read from the code around each call in v2.30.7-1 (graph/tuning.cc parseList, graph/topo.cc ncclTopoForceMerge,
+    # transport.cc selectTransport, misc/nvmlwrap.cc, misc/cudawrap.cc LOAD_SYM, misc/socket.cc, os/linux.cc,
+    # transport/net_socket.cc, graph/xml.cc and graph/topo.cc's limits).
+    ("algo-proto-list", r"Unrecognized (?:element|prefix) token|All entries except the first must have a prefix",
+     "topology", "FAIL", "cause",
+     "NCCL_ALGO or NCCL_PROTO holds a name NCCL does not know (graph/tuning.cc parseList: algorithms Ring, Tree, "
+     "CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT; protocols LL, LL128, Simple; an optional 'collective:' prefix, "
+     "'^' to exclude), so init stops with ncclInvalidUsage",
+     "the 'set by environment' lines and env | grep -E 'NCCL_(ALGO|PROTO)'; fix the value (for example "
+     "NCCL_PROTO=^LL128, NCCL_ALGO=allreduce:tree,ring) or unset it",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-algo"),
+    ("net-force-merge", r"TOPO/NET : Only matched %d devices, %d requested", "", "FAIL", "cause",
+     "NCCL_NET_FORCE_MERGE names NICs this node does not have (graph/topo.cc ncclTopoForceMerge: each group must match "
+     "as many devices as it lists)",
+     "ibv_devices (or ls /sys/class/infiniband) on that node against NCCL_NET_FORCE_MERGE; fix the NIC names or unset it",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"),
+    ("no-transport", r"No transport found for rank", "", "FAIL", "suspect",
+     "no NCCL transport can connect these two ranks (transport.cc: P2P, SHM, network and CollNet all declined): within "
+     "a node P2P and SHM are both off (NCCL_P2P_DISABLE=1 with NCCL_SHM_DISABLE=1, or ranks in containers that share no "
+     "/dev/shm or IPC namespace), across nodes no network is usable (NCCL_NET names a missing one, IB off and no socket "
+     "interface)",
+     "the 'set by environment' lines (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, NCCL_NET, NCCL_IB_DISABLE) and the "
+     "containers' --ipc setting; re-enable one transport (unset NCCL_SHM_DISABLE, run the ranks with --ipc=host)",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-shm-disable"),
+    ("nvml-init", r"nvml\w*%s\(\) failed|<\.\.\.>\(\) failed", "nvml", "FAIL", "cause",
+     "NVML (the driver's management library, libnvidia-ml) failed: the kernel driver is not loaded, libnvidia-ml is "
+     "another version than the kernel driver ('Driver/library version mismatch' after a driver update without a "
+     "reboot), or the container lacks the driver's libraries",
+     "nvidia-smi on that node (it uses the same library: its error names the problem) and cat /proc/driver/nvidia/version; "
+     "reboot or reload the driver after an update, run the container with the NVIDIA runtime (--gpus)",
+     "https://docs.nvidia.com/deploy/nvml-api/"),
+    ("cuda-driver-entry-point", r"Retrieve %s version %d failed", "", "FAIL", "suspect",
+     "the CUDA driver lacks an entry point NCCL loads at the version it asks for (misc/cudawrap.cc): the driver is older "
+     "than the CUDA this NCCL was built with",
+     "nvidia-smi (the driver's CUDA version) against the NCCL build's CUDA (the '+cudaX.Y' of the NCCL version line); "
+     "update the driver or use an NCCL build for the driver's CUDA", "https://docs.nvidia.com/deploy/cuda-compatibility/"),
+    ("comm-id-address", r"error encountered when getting address info|unsupported IP family", "socket", "FAIL", "cause",
+     "NCCL could not turn a host name into an address (misc/socket.cc ncclSocketGetAddrFromString, used for "
+     "NCCL_COMM_ID=host:port): the name does not resolve on this node",
+     "getent hosts <the host of NCCL_COMM_ID> on that node; use a resolvable name or the IP address",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-comm-id"),
+    ("socket-after-failure", r"wrong socket state|is neither AF_INET|ncclSocketMultiOp: invalid arguments|"
+     r"test called with NULL request", "socket,net-socket", "WARN", "context",
+     "a socket call on a socket that an earlier error left unusable (misc/socket.cc: the state is 'error' or unset): "
+     "the earlier failure on this connection is the cause", "read the first WARN line of that rank (the failed connect "
+     "or accept before this one)", "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/misc/socket.cc"),
+    ("socket-listen-device", r"ncclNetSocketListen dev=%d ncclNetIfs=%d", "net-socket", "FAIL", "suspect",
+     "a rank asked the socket transport to listen on a device index this rank does not have: the ranks see different "
+     "numbers of socket interfaces (NCCL_SOCKET_IFNAME matches differently per node)",
+     "ip -br addr on each node against NCCL_SOCKET_IFNAME; give every node the same number of matching interfaces",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname"),
+    ("socket-count-capped", r"total number of sockets is greater than the maximum allowed", "net-socket", "WARN", "context",
+     "NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS is above 64 sockets per connection; NCCL lowered "
+     "NCCL_NSOCKS_PERTHREAD and went on", "lower NCCL_NSOCKS_PERTHREAD or NCCL_SOCKET_NTHREADS so that their product is "
+     "at most 64", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-nsocks-perthread"),
+    ("shm-map", r"Could not map %s size", "os", "FAIL", "suspect",
+     "mapping a shared-memory segment failed (os/linux.cc mmap of /dev/shm/nccl-*): /dev/shm is too small or the "
+     "process's memory limit is reached", "df -h /dev/shm and the container's memory limit on that node; give the "
+     "container more shared memory (docker --shm-size, --ipc=host)", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-shm-disable"),
+    ("accept-retries", r"exceeded error retry count", "os,socket", "FAIL", "suspect",
+     "accept() kept failing with network errors (network down or unreachable, host down: os/linux.cc "
+     "ncclOsSocketTryAccept) past NCCL_RETRY_CNT: the network between the nodes drops connections",
+     "ping and ip -s link on both nodes (errors, drops), the firewall; rerun after the link is healthy",
+     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-retry-cnt"),
+    ("topology-limits", r"too long \(max %d\)|too many nodes of type|Unknown CPU architecture|Invalid number of network "
+     r"devices|Unknown netDevs policy|MLOPart", "topology", "FAIL", "suspect",
+     "NCCL's topology detection met what it cannot represent (graph/xml.cc, graph/topo.cc: a sysfs name or value "
+     "longer than its buffers, more nodes of a kind than it allows, a CPU architecture it does not know, an "
+     "NCCL_NETDEVS_POLICY it does not parse): this NCCL release does not know this machine, or a topology file is wrong",
+     "nvidia-smi topo -m and NCCL_TOPO_DUMP_FILE=/tmp/topo.xml; try a newer NCCL, unset NCCL_TOPO_FILE and "
+     "NCCL_NETDEVS_POLICY", "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-topo-file"),
+    ("close-failed", r"^close failed: %s", "os", "WARN", "context",
+     "closing a socket pair failed (os/linux_socket_pair.cc); a consequence of an earlier failure",
+     "read the first WARN line of that rank", "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/os"),
     ("windows", r".", "os-windows", "WARN", "context",
      "a Windows-only code path (not printed on Linux)", "none on Linux", "https://github.com/NVIDIA/nccl/tree/master/src/os"),
     ("ras", r".", "ras", "INFO", "context",
