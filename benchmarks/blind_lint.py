@@ -442,6 +442,42 @@ CAUSE_RULES12: dict[str, set[str]] = {
     "slurm-script-syntax": {"shell-syntax-error"},
     "identical-rng-across-ranks": {"same-seed-every-rank"},
 }
+CAUSE_RULES13: dict[str, set[str]] = {
+    "init-rank-local-vs-global": {"local-rank-as-global-rank", "init-missing-rank-world-size"},
+    "collective-on-subset-of-ranks": {"rank-gated-collective", "rank-early-exit-collective", "clock-gated-collective"},
+    "launch-env-missing-required-var": {"launcher-env-unset", "launcher-var-unset", "megatron-seqpar-max-connections"},
+    "missing-data-sharding-across-ranks": {"sampler-not-distributed", "iterable-not-sharded"},
+    "rank0-only-file-creation-multinode": {"rank-gated-file-read-every-rank"},
+    "launcher-args-after-user-script": {"script-arg-unknown", "launcher-args-after-script"},
+    "shared-fs-visibility-race": {"rank-gated-file-read-every-rank"},
+    "save-on-every-rank": {"write-on-every-rank"},
+    "uncoordinated-remote-download-all-ranks": {"download-every-rank"},
+    "launcher-device-selection-mismatch": {"nproc-exceeds-gpus", "include-missing-gpus"},
+    "wrap-order-grad-checkpointing-after-ddp-fsdp": {"ddp-wrapper-attribute", "rank-gated-model-change",
+                                                    "checkpointing-after-wrap"},
+    "rank-dependent-seed-before-fsdp-init": {"rank-seed-before-model-init"},
+    "set-epoch-not-propagated": {"sampler-no-set-epoch"},
+    "mpirun-process-count-flag": {"mpirun-count-flags"},
+    "strategy-checkpoint-mismatch": {"sharded-save-under-ddp"},
+    "missing-sampler-set-epoch": {"sampler-no-set-epoch"},
+    "per-rank-shard-computed-but-unused": {"rank-shard-unused", "sampler-not-distributed"},
+    "wrong-tensor-in-collective": {"collective-same-tensor-twice", "metric-not-reduced"},
+    "ddp-device-ids-mismatch-and-uneven-inputs": {"device-from-global-rank", "ddp-device-mismatch"},
+    "global-rank0-download-multinode": {"rank-gated-file-read-every-rank", "download-global-rank0"},
+    "rank-set-to-local-rank-multinode": {"local-rank-as-global-rank"},
+    "sampler-seed-differs-across-ranks": {"sampler-seed-per-rank", "rank-split-differs"},
+    "missing-distributed-sampler": {"sampler-not-distributed"},
+    "sampler-created-but-not-passed": {"sampler-not-distributed", "sampler-unused"},
+    "checkpoint-saved-only-on-global-rank0-multinode": {"rank-gated-file-read-every-rank"},
+    "launcher-master-port-differs-per-node": {"master-port-random-per-node"},
+    "slurm-master-addr-resolution": {"slurm-env-misuse", "sinfo-field-width"},
+    "collective-on-rank0-only": {"rank-gated-collective"},
+    "unreduced-metric-normalized-by-global-size": {"metric-not-reduced"},
+    "rank-sharding-breaks-at-world-size-1": {"rank-sliced-data"},
+}
+"""Blind set 13 (tests/data/lint/blind13): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
 """Blind set 12 (tests/data/lint/blind12): each category of its manifest -> the rule ids that name that cause, written
 from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
 that would name it)."""
@@ -455,11 +491,11 @@ def _files(case: Path) -> list[Path]:
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
-             "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12}.get(
+             "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12, "blind13": CAUSE_RULES13}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
