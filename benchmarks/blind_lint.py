@@ -442,6 +442,14 @@ CAUSE_RULES12: dict[str, set[str]] = {
     "slurm-script-syntax": {"shell-syntax-error"},
     "identical-rng-across-ranks": {"same-seed-every-rank"},
 }
+"""Blind set 12 (tests/data/lint/blind12): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+"""The same for the eleventh blind set (tests/data/lint/blind11, 30 buggy cases and 20 clean files collected on
+2026-11-26 by two sessions after blind10 had been used for tuning); written from its manifest's categories before its
+first scoring run (a category no rule decided then names the rule its contract calls for)."""
+
+
 CAUSE_RULES13: dict[str, set[str]] = {
     "init-rank-local-vs-global": {"local-rank-as-global-rank", "init-missing-rank-world-size"},
     "collective-on-subset-of-ranks": {"rank-gated-collective", "rank-early-exit-collective", "clock-gated-collective"},
@@ -478,13 +486,6 @@ CAUSE_RULES13: dict[str, set[str]] = {
 """Blind set 13 (tests/data/lint/blind13): each category of its manifest -> the rule ids that name that cause, written
 from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
 that would name it)."""
-"""Blind set 12 (tests/data/lint/blind12): each category of its manifest -> the rule ids that name that cause, written
-from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
-that would name it)."""
-"""The same for the eleventh blind set (tests/data/lint/blind11, 30 buggy cases and 20 clean files collected on
-2026-11-26 by two sessions after blind10 had been used for tuning); written from its manifest's categories before its
-first scoring run (a category no rule decided then names the rule its contract calls for)."""
-
 
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
