@@ -95,6 +95,7 @@ RULES: dict[str, str] = {
     "ddp-wrapper-attribute": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html",
     "amp-initialize-after-ddp": "https://nvidia.github.io/apex/amp.html",
     "metric-not-reduced": "https://github.com/karpathy/llm.c/pull/551",
+    "collective-same-tensor-twice": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",
     "unbound-after-ddp-branch": "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names",
     # helpers.lint.grad_sync_rules (DDP's require_backward_grad_sync / no_sync contract)
     "sync-flag-after-forward": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",

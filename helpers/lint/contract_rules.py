@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from helpers.lint import agreement_rules, grad_sync_rules, signature_rules
-from helpers.lint.contracts import _ACC, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
+from helpers.lint.contracts import _ACC, _COLL, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
 if TYPE_CHECKING:
@@ -513,7 +513,7 @@ class _Local:
             name = self._call_name(node)[1]
             if name in ("get_local_rank", "get_node_local_rank"):
                 return True
-            return name == "int" and bool(node.args) and self.is_local(node.args[0])
+            return name in ("int", "str") and bool(node.args) and self.is_local(node.args[0])
         return False
 
 
@@ -554,6 +554,11 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
             hits.append((c, f"{name}(..., rank={ast.unparse(rank)})"))
         if name == "shard" and "index" in kws and local.is_local(kws["index"]):
             hits.append((c, f"{recv}.shard(..., index={ast.unparse(kws['index'])})"))
+    for n in lt.nodes:  # os.environ["RANK"] = str(local_rank): what init_process_group then reads as the global rank
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Subscript) and _src_env_key(t) == "RANK"
+                                             for t in n.targets) and local.is_local(n.value) and \
+                not _one_node_master(lt, n):
+            hits.append((n, f"os.environ['RANK'] = {ast.unparse(n.value)}"))
     indexed = [n for n in lt.nodes if isinstance(n, ast.Subscript) and local.is_local(n.slice)]
     sized = {ast.unparse(n.args[0]) for n in lt.nodes if indexed and isinstance(n, ast.Compare) and _world_size(n)
              for n in ast.walk(n) if isinstance(n, ast.Call) and _call_name(n)[1] == "len" and n.args}
@@ -1811,6 +1816,24 @@ def rule_launcher_env_unset(lt: PythonLinter) -> None:
                _TORCHRUN + "#environment-variables")
 
 
+def _src_env_key(target: ast.Subscript) -> str | None:
+    """The key of ``os.environ["KEY"]`` (or ``environ["KEY"]``) as an assignment target; None for anything else."""
+    if ast.unparse(target.value) not in ("os.environ", "environ"):
+        return None
+    key = target.slice
+    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+
+
+def _one_node_master(lt: PythonLinter, node: ast.AST) -> bool:
+    """The function around ``node`` sets ``os.environ["MASTER_ADDR"]`` to a loopback literal (``localhost``,
+    ``127.0.0.1``): a one-node spawn, where the local rank is the global rank (sam2's single_proc_run)."""
+    scope = lt._enclosing_function(node) or lt.tree
+    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) and
+               a.value.value in ("localhost", "127.0.0.1") and
+               any(isinstance(t, ast.Subscript) and _src_env_key(t) == "MASTER_ADDR" for t in a.targets)
+               for a in ast.walk(scope))
+
+
 _PLAIN_SAMPLERS = frozenset({"SequentialSampler", "RandomSampler"})
 
 
@@ -1852,6 +1875,93 @@ def rule_sampler_not_distributed(lt: PythonLinter) -> None:
 
 _QUANTIZED = ("load_in_4bit", "load_in_8bit", "quantization_config")
 _BNB_DEVICE = "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training"
+
+
+_SHARDS_ITSELF = re.compile(r"\.prepare\(|prepare_data_loader|auto_dataloader|setup_dataloaders|lightning|Lightning|"
+                            r"DistributedSampler|DistributedBatchSampler|ElasticDistributedSampler|split_dataset_by_node|"
+                            r"NeighborLoader|IterableDataset|wds\.|webdataset|horovod|hvd\.")
+"""What shards a loader's data across ranks without a DistributedSampler in the DataLoader call (Accelerate's and
+ignite's loader wrappers, Lightning, datasets' split_dataset_by_node, iterable datasets, PyG loaders, Horovod)."""
+
+
+def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
+    """Data parallel training whose loader gives every rank the whole dataset: the file wraps its model in
+    ``DistributedDataParallel`` and builds a ``DataLoader(..., shuffle=True)`` with no ``sampler=`` while nothing in
+    the file shards the data (no DistributedSampler, no loader wrapper of a library: :data:`_SHARDS_ITSELF`); or it
+    makes a ``DistributedSampler`` that no DataLoader reads.  DDP averages gradients but splits no data: "It is up to
+    the user to ... split the data" is DistributedSampler's job ("restricts data loading to a subset of the dataset",
+    ``_DATA``), so each rank trains on every sample, N times the work per epoch (kubeflow/trainer#2012, torchft#74)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedDataParallel" not in lt.text and not re.search(r"\bDDP\(", lt.text):
+        return
+    loads = {n.id for n in lt.nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and
+                _call_name(node.value)[1].endswith("DistributedSampler")):
+            continue
+        for t in (t for t in node.targets if isinstance(t, ast.Name) and t.id not in loads):
+            lt.add("sampler-not-distributed", "warning", node,
+                   f"{t.id} = {_call_name(node.value)[1]}(...) is never read: no DataLoader gets it (sampler=), so "
+                   "each rank loads the whole dataset while DDP averages the gradients",
+                   f"DataLoader(..., sampler={t.id}) and drop shuffle=True (the sampler shuffles; call "
+                   f"{t.id}.set_epoch(epoch) every epoch)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+    if _SHARDS_ITSELF.search(lt.text):
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Call) and _call_name(node)[1] == "DataLoader"):
+            continue
+        origin = lt.import_origins.get(node.func.id, "torch") if isinstance(node.func, ast.Name) else "torch"
+        if not origin.startswith("torch"):   # dgl.dataloading.DataLoader(use_ddp=...) and other libraries' loaders
+            continue
+        kws = {k.arg: k.value for k in node.keywords}
+        shuffle = kws.get("shuffle")
+        if "sampler" in kws or "batch_sampler" in kws or "use_ddp" in kws or \
+                not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
+            continue
+        lt.add("sampler-not-distributed", "warning", node,
+               "DataLoader(..., shuffle=True) without a DistributedSampler in a file that trains under "
+               "DistributedDataParallel: DDP splits no data, so every rank goes through the whole dataset (N times the "
+               "work per epoch, each sample N times)",
+               "sampler = DistributedSampler(dataset) (shuffles itself; sampler.set_epoch(epoch) every epoch) and "
+               "DataLoader(dataset, sampler=sampler, shuffle=False)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+        return
+
+
+_IN_PLACE_REDUCE = frozenset({"all_reduce", "reduce"})
+
+
+def rule_collective_same_tensor_twice(lt: PythonLinter) -> None:
+    """The same tensor all-reduced twice in one block with nothing assigned to it between the calls: ``all_reduce``
+    works in place ("the final result ... will be in tensor"; ``_COLL``), so the second call reduces the first one's
+    sum (N x N times one rank's value after a SUM); it is usually a copy-paste where another tensor was meant, which is
+    then never reduced (pyg-team/pytorch_geometric#9896: train_acc reduced three times, val_acc and test_acc never)."""
+    from helpers.lint.python_rules import _call_name
+
+    for node in lt.nodes:
+        for fld in ("body", "orelse"):
+            block = getattr(node, fld, None)
+            if not isinstance(block, list):
+                continue
+            seen: dict[str, int] = {}
+            for stmt in block:
+                call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
+                if call is not None and lt.collective_name(call) and _call_name(call)[1] in _IN_PLACE_REDUCE and call.args:
+                    key = ast.unparse(call.args[0])
+                    if key in seen:
+                        lt.add("collective-same-tensor-twice", "warning", stmt,
+                               f"{ast.unparse(call)[:60]} reduces {key} again (first at line {seen[key]}) with nothing "
+                               f"assigned to it between: {_call_name(call)[1]} works in place, so the second call "
+                               "reduces the first one's result; another tensor was likely meant, and it is never reduced",
+                               f"reduce each tensor once: {_call_name(call)[1]}(<the other tensor>)", _COLL)
+                        del seen[key]
+                        continue
+                    seen[key] = stmt.lineno
+                    continue
+                written = {ast.unparse(t) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
+                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
+                seen = {k: v for k, v in seen.items() if not any(k == w or k.startswith(w + ".") or
+                                                                 k.startswith(w + "[") for w in written)}
 
 
 def rule_quantized_model_no_device_map(lt: PythonLinter) -> None:
@@ -2191,6 +2301,8 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_rank_overwritten_on_resume(lt)
     rule_undefined_attribute(lt)
     rule_sampler_not_distributed(lt)
+    rule_loader_without_distributed_sampler(lt)
+    rule_collective_same_tensor_twice(lt)
     rule_launcher_env_unset(lt)
     rule_set_device_after_init(lt)
     rule_quantized_model_no_device_map(lt)

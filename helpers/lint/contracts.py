@@ -226,6 +226,11 @@ CONTRACTS: tuple[Contract, ...] = (
        "same way", _SAMPLER, "sampler-no-set-epoch"),
     _c("DistributedSampler", "The DataLoader of every rank uses it: a plain sampler assigned over it on every rank "
        "gives each rank the whole dataset", _SAMPLER, "sampler-not-distributed"),
+    _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
+       "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
+       _SAMPLER, "sampler-not-distributed"),
+    _c("all_reduce", "Works in place on its tensor ('the final result ... will be in tensor'): reducing the same "
+       "tensor again without assigning it sums the sum", _COLL, "collective-same-tensor-twice"),
     _c("DataLoader", "sampler and shuffle=True are mutually exclusive ('sampler option is mutually exclusive with "
        "shuffle')", _DATA + "#torch.utils.data.DataLoader", "dataloader-sampler-and-shuffle"),
     _c("DataLoader", "The workers' seeds derive from the generator= given to it: seeded alike on every rank, all ranks "

@@ -450,6 +450,26 @@ class _Taint:
         return self.is_rank(test)
 
 
+
+def _complementary(a: ast.expr, b: ast.expr) -> bool:
+    """Two tests that hold on complementary sets of ranks: ``x == v`` / ``x != v``, ``X`` / ``not X``, and for a
+    rank (never negative) ``x == 0`` / ``x > 0`` or ``x >= 1``."""
+    for p, q in ((a, b), (b, a)):
+        if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not) and ast.dump(p.operand) == ast.dump(q):
+            return True
+    if not (isinstance(a, ast.Compare) and isinstance(b, ast.Compare) and len(a.ops) == len(b.ops) == 1):
+        return False
+    if ast.dump(a.left) != ast.dump(b.left):
+        return False
+    ra, rb = ast.dump(a.comparators[0]), ast.dump(b.comparators[0])
+    ops = {type(a.ops[0]), type(b.ops[0])}
+    if ra == rb and ops == {ast.Eq, ast.NotEq}:
+        return True
+    zero, one = ast.dump(ast.Constant(0)), ast.dump(ast.Constant(1))
+    pairs = {(ast.Eq, zero), (ast.Gt, zero)}, {(ast.Eq, zero), (ast.GtE, one)}
+    return {(type(a.ops[0]), ra), (type(b.ops[0]), rb)} in pairs
+
+
 class PythonLinter:
     """Lint one Python file: :meth:`run` returns the findings; :attr:`facts` the cross-file facts."""
 
@@ -1051,8 +1071,7 @@ class PythonLinter:
         engines: set[str] = set()
         optims: set[str] = set()
         for node in self.nodes:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                    _src(node.value.func) in ("deepspeed.initialize", "initialize"):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and self._deepspeed_initialize(node.value):
                 t = node.targets[0]
                 elts = t.elts if isinstance(t, ast.Tuple) else [t]
                 if elts and isinstance(elts[0], (ast.Name, ast.Attribute)):
@@ -1091,6 +1110,15 @@ class PythonLinter:
                          "gradient clipping, the lr scheduler and the step counter live in the engine's step "
                          "(DeepSpeed runtime/engine.py step -> _take_model_step), so the weights update on every "
                          "micro-batch", f"{min(engines)}.step()", "D18")
+
+    def _deepspeed_initialize(self, call: ast.Call) -> bool:
+        """``call`` is DeepSpeed's ``initialize``: ``deepspeed.initialize`` (or an alias of the module), or a bare
+        ``initialize`` imported from deepspeed; a file's own ``def initialize`` (ignite's examples) is not."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr == "initialize":
+            return self.import_origins.get(func.value.id, func.value.id) == "deepspeed"
+        return isinstance(func, ast.Name) and func.id == "initialize" and \
+            self.import_origins.get("initialize", "").startswith("deepspeed")
 
     def _accumulation_gate(self, step: ast.Call, engine: str) -> ast.If | None:
         """The ``if <counter> % <n> ...:`` that holds ``engine.step()`` inside a loop whose body also calls
@@ -1574,6 +1602,7 @@ class PythonLinter:
         function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
         made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]] = {}  # (line, how, a conditional expression)
         plain: set[tuple[ast.AST | None, str]] = set()
+        gated_tests: dict[tuple[ast.AST | None, str], list[ast.expr]] = {}
         for node in self.nodes:
             if not isinstance(node, ast.Assign):
                 continue
@@ -1599,8 +1628,14 @@ class PythonLinter:
                         plain.add((scope, t.id))
                     else:
                         made.setdefault((scope, t.id), (node.lineno, f"only under `{_gate_text(gate)}`", False))
+                        if isinstance(gate, ast.If):
+                            gated_tests.setdefault((scope, t.id), []).append(gate.test)
                 else:
                     plain.add((scope, t.id))
+        # `if rank == 0: x = ...` then `if rank != 0: x = ...` (download on one rank, then read on the others: PyG's
+        # distributed examples) makes x on every rank
+        plain.update(k for k, tests in gated_tests.items()
+                     if any(_complementary(a, b) for i, a in enumerate(tests) for b in tests[i + 1:]))
         # a name also bound on every rank elsewhere is made everywhere, unless its rank-only value is the
         # `x if rank... else None` of one assignment (that assignment overrides the others on the ranks it gives None)
         made = {k: v for k, v in made.items() if k not in plain or v[2]}

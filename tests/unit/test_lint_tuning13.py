@@ -1,0 +1,87 @@
+"""runbook lint rules tuned on the thirteenth blind set (tests/data/lint/blind13), each with its violation and its look-alike."""
+
+from __future__ import annotations
+
+import textwrap
+
+from helpers.lint import lint_texts
+
+
+def ids(text: str, name: str = "train.py") -> list[str]:
+    return [f.id for f in lint_texts([(name, textwrap.dedent(text))]) if f.status != "OK"]
+
+
+DDP_HEAD = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+dist.init_process_group("nccl")
+model = DDP(torch.nn.Linear(2, 2))
+"""
+
+
+def test_loader_without_distributed_sampler_under_ddp():
+    bad = DDP_HEAD.replace("from torch.utils.data.distributed import DistributedSampler\n", "") + \
+        "loader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+    assert "sampler-not-distributed" in ids(bad)
+    good = DDP_HEAD + "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, batch_size=8, sampler=sampler)\n"
+    assert "sampler-not-distributed" not in ids(good)
+    other = bad.replace("from torch.utils.data import DataLoader", "from dgl.dataloading import DataLoader")
+    assert "sampler-not-distributed" not in ids(other)          # another library's loader shards itself (use_ddp)
+
+
+def test_distributed_sampler_never_given_to_a_loader():
+    bad = DDP_HEAD + "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+    assert "sampler-not-distributed" in ids(bad)
+
+
+def test_same_tensor_all_reduced_twice():
+    bad = "import torch.distributed as dist\nif ws > 1:\n    dist.all_reduce(acc)\n    dist.all_reduce(acc)\n"
+    assert "collective-same-tensor-twice" in ids(bad)
+    good = "import torch.distributed as dist\ndist.all_reduce(acc)\nacc = acc / 2\ndist.all_reduce(acc)\n" \
+           "dist.all_reduce(val_acc)\n"
+    assert "collective-same-tensor-twice" not in ids(good)
+
+
+def test_rank_env_from_local_rank():
+    bad = """
+    import os
+    import torch.distributed as dist
+    def setup(local_rank, world_size, address):
+        os.environ["MASTER_ADDR"] = address
+        os.environ["RANK"] = str(local_rank)
+        dist.init_process_group("nccl", world_size=world_size)
+    """
+    assert "local-rank-as-global-rank" in ids(bad)
+    one_node = bad.replace('os.environ["MASTER_ADDR"] = address', 'os.environ["MASTER_ADDR"] = "localhost"')
+    assert "local-rank-as-global-rank" not in ids(one_node)
+
+
+def test_complementary_rank_gates_make_the_object_everywhere():
+    text = """
+    import torch.distributed as dist
+    def main(rank):
+        if rank == 0:
+            dataset = load()
+        dist.barrier()
+        if rank != 0:
+            dataset = load()
+        print(dataset.num_features)
+    """
+    assert "rank-gated-object-used" not in ids(text)
+    assert "rank-gated-object-used" in ids(text.replace("if rank != 0:\n            dataset = load()\n", ""))
+
+
+def test_own_initialize_is_not_deepspeed():
+    text = """
+    import torch
+    def initialize(config):
+        return model, opt
+    model, opt = initialize(cfg)
+    loss.backward()
+    """
+    assert "deepspeed-raw-backward" not in ids(text)
+    assert "deepspeed-raw-backward" in ids("import deepspeed\nengine, opt, _, _ = deepspeed.initialize(model=m)\n"
+                                           "loss.backward()\n")
