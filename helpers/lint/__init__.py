@@ -274,6 +274,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.device_from_global_rank_across(facts)
     findings += cross_rules.rank_before_init_across(facts)
     findings += cross_rules.cpu_tensor_to_collective_across(facts)
+    findings += cross_rules.sampler_seed_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

@@ -335,12 +335,72 @@ def rule_clock_gated_collective(lt: PythonLinter) -> None:
                "#collective-functions")
 
 
+def _attr_of_name(node: ast.AST | None) -> str | None:
+    """``args.seed`` -> ``seed`` (an attribute of a plain name that is not ``self``/``cls``); None otherwise."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id not in ("self", "cls"):
+        return node.attr
+    return None
+
+
+def _per_rank(lt: PythonLinter, node: ast.AST | None, depth: int = 3) -> bool:
+    """``node`` holds a value that differs per rank: a rank value (the taint pass), an element picked by a rank
+    (``worker_seeds[local_rank]``), arithmetic on one, or a name assigned one of those (followed ``depth`` times)."""
+    if node is None or depth < 0:
+        return False
+    if lt.taint.is_rank_value(node) or (isinstance(node, ast.Subscript) and lt.taint.is_rank(node.slice)):
+        return True
+    if isinstance(node, ast.BinOp):
+        return _per_rank(lt, node.left, depth) or _per_rank(lt, node.right, depth)
+    if isinstance(node, ast.Name):
+        return any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)
+                   and _per_rank(lt, a.value, depth - 1) for a in lt.nodes)
+    return False
+
+
+def rule_sampler_seed_per_rank(lt: PythonLinter) -> None:
+    """``DistributedSampler(..., seed=s)`` with a seed that depends on the rank: the sampler shuffles the whole index
+    list with ``seed + epoch`` on every rank and then takes this rank's slice, so its documented contract is that the
+    seed "should be identical across all processes in the distributed group" (:data:`_SAMPLER`); seeded per rank,
+    the ranks slice different permutations, their shards overlap and some samples are never seen
+    (mlcommons/training#625: the UNet3D reference passed each worker's own seed).
+
+    Also records, for :func:`helpers.lint.cross_rules.sampler_seed_across`, the attributes this file gives a rank value
+    (``flags.seed = worker_seeds[local_rank]``: :attr:`PyFacts.rank_attrs`) and the attribute a sampler here takes its
+    seed from (``seed=flags.seed``: :attr:`PyFacts.sampler_seed_attrs`), so a seed set per rank in one file and read by
+    the sampler of another is found too.
+    """
+    facts = lt.facts
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and any(_attr_of_name(t) for t in node.targets) and _per_rank(lt, node.value):
+            facts.rank_attrs.update(a for t in node.targets if (a := _attr_of_name(t)))
+    if "DistributedSampler" not in lt.text:
+        return
+    for c in lt._calls():
+        if not call_name(c).endswith("DistributedSampler"):
+            continue
+        seed = next((k.value for k in c.keywords if k.arg == "seed"), c.args[4] if len(c.args) > 4 else None)
+        if seed is None:
+            continue
+        attr = _attr_of_name(seed)
+        if _per_rank(lt, seed) or (attr and attr in facts.rank_attrs):
+            lt.add("rank-split-differs", "warning", c,
+                   f"{ast.unparse(c)[:60]}: the sampler's seed ({ast.unparse(seed)}) differs per rank: every rank "
+                   "shuffles the index list with its own seed and takes its slice of a different permutation, so the "
+                   "shards overlap and some samples are never seen",
+                   "give every rank the same sampler seed (the run's base seed, before any per-rank offset); seed the "
+                   "per-rank augmentation streams separately", _SAMPLER)
+        elif attr:
+            facts.sampler_seed_attrs.append((attr, c.lineno, ast.unparse(seed)))
+
+
 def run(lt: PythonLinter) -> None:
     """Run this module's rules on ``lt``."""
     rule_rank_split_differs(lt)
     rule_hash_per_process(lt)
     rule_init_twice(lt)
     rule_clock_gated_collective(lt)
+    rule_sampler_seed_per_rank(lt)
 
 
-__all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs", "run"]
+__all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
+           "rule_sampler_seed_per_rank", "run"]

@@ -463,3 +463,28 @@ def cpu_tensor_to_collective_across(facts: Sequence[object]) -> list[Check]:
                     f"make it on the process's GPU: {src.split('(')[0]}(..., device=<this rank's device>)",
                     "https://docs.pytorch.org/docs/stable/distributed.html#backends")
             for f, name, pos, line, src, defined in _arguments_reaching(facts, "collective_params", "cpu_tensor_args")]
+
+
+def sampler_seed_across(facts: Sequence[object]) -> list[Check]:
+    """A ``DistributedSampler(seed=flags.seed)`` in one linted file whose ``flags.seed`` another linted file sets to a
+    rank value (``flags.seed = worker_seeds[local_rank]``): the sampler's seed must be the same on every rank (its
+    documented contract, https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler;
+    mlcommons/training#625).  The same file's case is :func:`helpers.lint.agreement_rules.rule_sampler_seed_per_rank`."""
+    setters: dict[str, str] = {}
+    for f in facts:
+        for attr in getattr(f, "rank_attrs", set()):
+            setters.setdefault(attr, f.path)  # type: ignore[attr-defined]
+    out: list[Check] = []
+    for f in facts:
+        for attr, line, src in getattr(f, "sampler_seed_attrs", []):
+            where = setters.get(attr)
+            if where is None or where == f.path:  # type: ignore[attr-defined]
+                continue
+            out.append(finding("rank-split-differs", "warning", f.path, line,  # type: ignore[attr-defined]
+                               f"DistributedSampler(seed={src}): {os.path.basename(where)} sets .{attr} to a per-rank "
+                               "value, so every rank shuffles the index list with its own seed and takes its slice of "
+                               "a different permutation (shards overlap, samples missed)",
+                               f"keep one seed for the sampler on every rank (the run's base seed); give the per-rank "
+                               f"streams another attribute than .{attr}",
+                               "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"))
+    return out

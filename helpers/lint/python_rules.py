@@ -125,6 +125,8 @@ class PyFacts:
     mentions_nccl: bool = False
     saves_16bit: bool = False               # a DeepSpeed engine's save_16bit_model / save_fp16_model
     own_scheduler_line: int = 0             # a real LR scheduler built in code (not accelerate's DummyScheduler)
+    rank_attrs: set[str] = field(default_factory=set)  # attributes given a rank value (flags.seed = seeds[local_rank])
+    sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
 
 
 def _gate_text(gate: ast.AST) -> str:

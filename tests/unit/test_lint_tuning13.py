@@ -85,3 +85,33 @@ def test_own_initialize_is_not_deepspeed():
     assert "deepspeed-raw-backward" not in ids(text)
     assert "deepspeed-raw-backward" in ids("import deepspeed\nengine, opt, _, _ = deepspeed.initialize(model=m)\n"
                                            "loss.backward()\n")
+
+
+def test_sampler_seed_per_rank_in_one_file_and_across_files():
+    one = """
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler
+    rank = dist.get_rank()
+    sampler = DistributedSampler(ds, seed=args.seed + rank)
+    """
+    assert "rank-split-differs" in ids(one)
+    assert "rank-split-differs" not in ids(one.replace("seed=args.seed + rank", "seed=args.seed"))
+    main = textwrap.dedent("""
+    import torch.distributed as dist
+    from data import get_loader
+    local_rank = dist.get_rank()
+    worker_seeds = make_seeds(flags.seed)
+    flags.seed = worker_seeds[local_rank]
+    loader = get_loader(flags)
+    """)
+    data = textwrap.dedent("""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+    def get_loader(flags):
+        sampler = DistributedSampler(ds, seed=flags.seed, drop_last=True)
+        return DataLoader(ds, sampler=sampler)
+    """)
+    got = [(f.file, f.id) for f in lint_texts([("main.py", main), ("data.py", data)]) if f.status != "OK"]
+    assert ("data.py", "rank-split-differs") in got
+    alone = [f.id for f in lint_texts([("data.py", data)]) if f.status != "OK"]
+    assert "rank-split-differs" not in alone
