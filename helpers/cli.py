@@ -820,7 +820,7 @@ def build_command(args: argparse.Namespace) -> int:
     Returns 0 when no trap is a FAIL, 1 on a FAIL trap, 2 on bad input or when no command could be built
     (the traps found are still listed).
     """
-    from helpers import envvars, inputs, launch_parse, launch_traps
+    from helpers import envvars, inputs, launch_parse, launch_traps, script_traps
     from helpers.checks import worst
 
     checking = args.check is not None or args.check_file is not None
@@ -831,7 +831,7 @@ def build_command(args: argparse.Namespace) -> int:
                                         max_line_chars=launch_parse.MAX_LINE_CHARS)
             else:
                 text = args.check
-            spec, traps = launch_parse.check_text(text, check_port=args.check_port, file=args.check_file is not None)
+            spec, traps = script_traps.check_text(text, check_port=args.check_port, file=args.check_file is not None)
             print(f"read as: {launch_parse.describe(spec)}" if spec is not None else
                   "read as: no launch line this parser reads (srun, torchrun, accelerate launch, deepspeed); the "
                   "script's text traps:")

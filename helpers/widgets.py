@@ -405,7 +405,7 @@ class CommandBuilder:
         return f"<div class='rb-out'>{error}<b>traps</b><ul class='rb-traps'>{traps}</ul>{command}</div>"
 
     def _check_paste(self, *_: object) -> None:
-        from helpers import launch_parse
+        from helpers import launch_parse, script_traps
 
         text = self.paste.value
         self.pasted, self.pasted_traps = None, []
@@ -413,7 +413,7 @@ class CommandBuilder:
             self.paste_output.value, self.load_button.disabled = "", True
             return
         try:
-            self.pasted, self.pasted_traps = launch_parse.check_text(text)
+            self.pasted, self.pasted_traps = script_traps.check_text(text)
         except ValueError as exc:
             self.pasted = None
             self.paste_output.value = (f"<div class='rb-out'><p style='color:{_COLOURS['FAIL']}'><b>cannot read it:</b> "

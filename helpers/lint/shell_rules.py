@@ -1,7 +1,7 @@
 """Rules for sbatch / shell launch scripts and ``--command``: the command builder's traps, through the one checker.
 
-A launch text is checked by :func:`helpers.launch_parse.check_text` (:func:`helpers.launch_parse.parse`, then
-:func:`~helpers.launch_traps.find_traps` and :func:`~helpers.launch_parse.text_traps`): the same call
+A launch text is checked by :func:`helpers.script_traps.check_text` (:func:`helpers.launch_parse.parse`, then
+:func:`~helpers.launch_traps.find_traps` and :func:`~helpers.script_traps.text_traps`): the same call
 ``runbook build --check`` / ``--check-file`` and the command builder's paste box make, so the three
 entry points share one parser and one rule set.  This module only turns the traps into lint findings
 (file and line).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from helpers import launch_parse
+from helpers import launch_parse, script_traps
 from helpers.checks import Check
 from helpers.launch_traps import LaunchSpec
 
@@ -31,7 +31,7 @@ def lint_shell(path: str, text: str) -> tuple[list[Check], LaunchSpec | None]:
             (the caller reports it as the file's one ``input-unreadable`` line).
     """
     try:
-        spec, traps = launch_parse.check_text(text, file=path != "<command>")
+        spec, traps = script_traps.check_text(text, file=path != "<command>")
     except launch_parse.NoLaunch:
         spec, traps = None, []
     line = launch_parse.launch_line(text) if spec is not None else 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, launch_parse, widgets
+from helpers import cli, script_traps, widgets
 from helpers.lint import RULES, lint_texts
 from helpers.lint.contracts import CONTRACTS, coverage, render_markdown
 
@@ -289,7 +289,7 @@ def test_every_launch_rule_fires_through_lint_build_check_and_the_paste_box(rule
     assert f"] {rule} (" in capsys.readouterr().err
     builder.paste.value = text                                                               # the paste box
     assert rule in [t.id for t in builder.pasted_traps]
-    assert rule in [t.id for t in launch_parse.check_text(text)[1]]
+    assert rule in [t.id for t in script_traps.check_text(text)[1]]
 
 
 # ---------------------------------------------------------------- rank data flow across functions

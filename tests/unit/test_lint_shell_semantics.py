@@ -1,11 +1,11 @@
-"""Launch-script rules from bash's own semantics (helpers/launch_parse.py: srun-payload-split, shell-var-literal,
+"""Launch-script rules from bash's own semantics (helpers/script_traps.py: srun-payload-split, shell-var-literal,
 shell-positional-twice), each with its violation and its look-alike, through runbook lint and runbook build --check."""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import cli, launch_parse
+from helpers import cli, script_traps
 from helpers.lint import lint_texts
 
 NEW = ("srun-payload-split", "shell-var-literal", "shell-positional-twice")
@@ -14,7 +14,7 @@ NEW = ("srun-payload-split", "shell-var-literal", "shell-positional-twice")
 def traps(text: str) -> dict[str, list[str]]:
     """``{rule: [status, ...]}`` of this module's rules in the text traps of ``text``."""
     out: dict[str, list[str]] = {}
-    for t in launch_parse.text_traps(text):
+    for t in script_traps.text_traps(text):
         if t.id in NEW:
             out.setdefault(t.id, []).append(t.status)
     return out

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from helpers import launch_parse
+from helpers import script_traps
 from helpers.lint import lint_texts
 
 
@@ -52,7 +52,7 @@ def test_a_template_placeholder_is_not_a_syntax_error():
     """Megatron's example scripts: CHECKPOINT_PATH=<Specify path> is to be filled in."""
     text = "#! /bin/bash\nCHECKPOINT_PATH=<Specify path>\npython -m torch.distributed.launch --nproc_per_node 8 x.py\n"
     assert "shell-syntax-error" not in found(("job.sh", text))
-    assert not [t for t in launch_parse.text_traps(text) if t.id == "shell-syntax-error"]
+    assert not [t for t in script_traps.text_traps(text) if t.id == "shell-syntax-error"]
 
 
 def test_a_zsh_script_is_not_read_by_bash():

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from helpers import cli, launch_parse
+from helpers import cli, launch_parse, script_traps
 from helpers.lint import lint_texts
 
 
@@ -135,14 +135,14 @@ LAUNCH_TEXTS = {
 def test_new_launch_rules_fire_through_lint_and_build_check(rule, capsys, tmp_path):
     text = LAUNCH_TEXTS[rule]
     assert rule in found(("job.sh", text))                                            # runbook lint
-    assert rule in [t.id for t in launch_parse.text_traps(text)]                      # the text checker
+    assert rule in [t.id for t in script_traps.text_traps(text)]                      # the text checker
     # `srun python x.py` is no launch line the parser reads: check_text still returns the text traps (spec None), so
     # build --check and the paste box list them as lint does
     job = tmp_path / "job.sh"
     job.write_text(text)
     cli.main(["build", "--check-file", str(job)])                                     # runbook build --check-file
     assert f"] {rule} (" in capsys.readouterr().err
-    assert rule in [t.id for t in launch_parse.check_text(text)[1]]                   # the paste box's checker
+    assert rule in [t.id for t in script_traps.check_text(text)[1]]                   # the paste box's checker
 
 
 def test_launch_look_alikes():
@@ -165,7 +165,7 @@ def test_launch_look_alikes():
 
 def test_an_apostrophe_in_a_comment_opens_no_quote():
     text = "# it doesn't matter\nA=1\nsrun torchrun --nnodes=2 train.py\n"
-    assert [n for n, _ in launch_parse._join_continuations(text)] == [1, 2, 3]
+    assert [n for n, _ in launch_parse.join_continuations(text)] == [1, 2, 3]
 
 
 # ---------------------------------------------------------------- ranks, devices, seeds

@@ -1,0 +1,755 @@
+"""What a launch script's text does that its :class:`helpers.launch_traps.LaunchSpec` cannot hold: bash and SLURM.
+
+:func:`check_text` is the one way a pasted command or a batch script is checked (``runbook lint``, ``runbook build
+--check`` and the command builder's paste box): :func:`helpers.launch_parse.parse`, then
+:func:`helpers.launch_traps.find_traps` on the spec, then :func:`text_traps` on the text.  The text traps read what
+only the script shows: variables not exported before ``srun``, ``--nnodes`` against the nodes ``srun`` starts,
+what runs on the first node only or on the submit host, bash expansions (``${VAR:offset}``), broken line
+continuations, ``bash -c`` without a command, launcher variables never set, an ``srun`` payload split by ``;``,
+``$VAR`` kept literal by single quotes, positional arguments passed twice, the script's syntax (``bash -n``), an
+interpreter given where the launcher wants a script.  The lexer (logical lines, words, launcher options) is
+:mod:`helpers.launch_parse`'s.
+"""
+
+from __future__ import annotations
+
+import re
+
+from helpers import sources
+from helpers.checks import Check
+from helpers.launch_parse import (
+    ACCELERATE_VALUE,
+    ASSIGN,
+    DEEPSPEED_VALUE,
+    TORCHRUN_VALUE,
+    NoLaunch,
+    join_continuations,
+    launcher_argv,
+    parse,
+    parse_options,
+    sbatch_header,
+    split_words,
+)
+from helpers.launch_traps import SEVERITIES, LaunchSpec, find_traps, trap
+
+
+def _single_quoted_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans inside single quotes (not expanded by the shell that reads this text)."""
+    spans, start, dq, i = [], -1, False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and start < 0:
+            i += 2
+            continue
+        if ch == "#" and start < 0 and not dq and (i == 0 or text[i - 1] in " \t\n"):
+            nl = text.find("\n", i)
+            i = len(text) if nl < 0 else nl
+            continue
+        if ch == '"' and start < 0:
+            dq = not dq
+        elif ch == "'" and not dq:
+            if start < 0:
+                start = i
+            else:
+                spans.append((start, i))
+                start = -1
+        i += 1
+    return spans
+
+
+def text_traps(text: str) -> list[Check]:
+    """The traps only a batch script's text shows (what its :class:`LaunchSpec` cannot hold), each with ``line_no``.
+
+    ``master-addr-not-exported``: ``MASTER_ADDR=...`` / ``MASTER_PORT=...`` assigned without ``export`` before
+    ``srun``, and read later by the tasks (``env://``, or ``$MASTER_ADDR`` deferred by single quotes or ``\\$``):
+    a plain shell variable does not reach a child process (Gilbreth 4.3; POSIX ``export``).
+    ``nnodes-mismatch``: torchrun's ``--nnodes`` differs from the nodes ``srun`` starts it on (:func:`_nnodes_traps`).
+    """
+    out: list[Check] = []
+    quoted: list[tuple[int, int]] | None = None
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        assign = re.search(rf"^[ \t]*{var}=", text, re.MULTILINE)
+        if not assign or re.search(rf"^[ \t]*export\s+(.*\s)?{var}\b", text, re.MULTILINE):
+            continue
+        if not re.search(r"^[ \t]*srun\b", text[assign.end():], re.MULTILINE):
+            continue
+        if quoted is None:
+            quoted = _single_quoted_spans(text)
+        uses = [m.start() for m in re.finditer(r"\$\{?" + var + r"\b", text)
+                if m.start() > assign.end() and text[m.start() - 1] != "\\"]  # \$VAR: expanded later, per task
+        if uses and any(not any(a0 <= u < b0 for a0, b0 in quoted) for u in uses):
+            continue  # expanded by the batch shell before srun: no export needed
+        hit = trap("master-addr-not-exported", "FAIL", f"env.{var}",
+                    f"{var} is assigned but not exported, and the srun tasks read it later (env:// rendezvous, or "
+                    f"${var} deferred to the task by single quotes or \\$): they see it empty ('The hostname of the "
+                    "rendezvous endpoint ':29500' ...')", f"export {var}=...", sources.cite("Gilbreth 4.3"))
+        hit.line_no = text.count("\n", 0, assign.start()) + 1
+        out.append(hit)
+    heredoc = _heredoc_lines(text)
+    return (out + _nnodes_traps(text) + _first_node_only_traps(text) + _submit_host_traps(text)
+            + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
+            + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
+            + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
+            + _interpreter_as_script_traps(text))
+
+
+_BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
+_OFFSET = re.compile(r"\$\{([A-Za-z_]\w*):([A-Za-z_.][^}]*)\}")
+
+
+def _expansion_traps(text: str) -> list[Check]:
+    """``shell-default-expansion``: ``${VAR:word}`` with a ``word`` that is no offset the script defines.
+
+    The bash manual (Shell Parameter Expansion, :data:`_BASH_EXPANSION`) gives ``${parameter:-word}`` "If parameter
+    is unset or null, the expansion of word is substituted" and ``${parameter:offset}`` "Substring Expansion ...
+    offset and length are arithmetic expressions": in ``${MASTER_ADDR:localhost}`` the word is read as an
+    arithmetic offset (an unset name evaluates to 0), so an unset MASTER_ADDR stays empty and the default is never
+    used.  A word made of names the script assigns (``${line:start}``, ``${s:i:n}``) or numbers is a real offset
+    and is left alone.
+    """
+    out: list[Check] = []
+    assigned = _assigned_names(text)
+    for m in _OFFSET.finditer(text):
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if text[line_start:m.start()].lstrip().startswith("#"):
+            continue
+        parts = [p.strip() for p in m.group(2).split(":")]
+        if all(re.fullmatch(r"-?\d+", p) or (re.fullmatch(r"[A-Za-z_]\w*", p) and p in assigned) for p in parts):
+            continue
+        var, word = m.group(1), m.group(2)
+        hit = trap("shell-default-expansion", "FAIL" if var in ("MASTER_ADDR", "MASTER_PORT") else "WARN",
+                   f"env.{var}", f"${{{var}:{word}}} is bash substring expansion (offset '{word}', an arithmetic "
+                   f"expression), not a default: when {var} is unset it expands to an empty string",
+                   f"${{{var}:-{word}}} (the default-value operator is ':-')", _BASH_EXPANSION)
+        hit.line_no = text.count("\n", 0, m.start()) + 1
+        out.append(hit)
+    return out
+
+
+def _assigned_names(text: str) -> set[str]:
+    """The shell variables ``text`` assigns itself: ``NAME=``, ``export NAME=``, ``local``/``declare``, ``for NAME in``,
+    ``read NAME ...``."""
+    assigned = set(re.findall(r"(?:^|[\s;(])(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)=", text)) | \
+        set(re.findall(r"\bfor\s+([A-Za-z_]\w*)\s+in\b", text)) | set(re.findall(r"\bread\s+(?:-\w+\s+)*([\w ]+)", text))
+    return {w for group in assigned for w in group.split()}
+
+
+_SHELLCHECK_1101 = "https://www.shellcheck.net/wiki/SC1101"
+
+
+def _broken_continuation_traps(text: str) -> list[Check]:
+    """``shell-broken-continuation``: a line that ends in a backslash and then spaces or tabs, followed by more of the
+    command.  The bash manual (3.1.2.1 Escape Character): "If a \\newline pair appears ... it is treated as a line
+    continuation"; a backslash before a space escapes the space instead, so the command ends on that line and the
+    next lines run as commands of their own: the launcher starts without the options below it (ShellCheck SC1101,
+    :data:`_SHELLCHECK_1101`; huggingface/peft#1722)."""
+    out: list[Check] = []
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        m = re.search(r"(?<!\\)\\[ \t]+$", line)
+        if not m or line.lstrip().startswith("#") or number >= len(lines) or not lines[number].strip():
+            continue
+        hit = trap("shell-broken-continuation", "FAIL", "script",
+                   f"line {number} ends in a backslash followed by {len(line) - m.start() - 1} blank(s): the backslash "
+                   "escapes the blank, not the newline, so the command stops here and the lines below run as separate "
+                   "commands (their options never reach the launcher)",
+                   "delete the blanks after the backslash", f"{_SHELLCHECK_1101}; https://www.gnu.org/software/bash/"
+                   "manual/html_node/Escape-Character.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_BASH_INVOCATION = "https://www.gnu.org/software/bash/manual/html_node/Invoking-Bash.html"
+_C_THEN_OPERATOR = re.compile(r"(?<![\w-])(?:ba|z|da)?sh\s+(?:-[a-zA-Z]*\s+)*-[a-zA-Z]*c\s*(?=&&|\|\||;|\||&(?!>)|$)")
+
+
+def _c_without_command_traps(text: str) -> list[Check]:
+    """``shell-c-without-command``: ``bash -c`` whose next word (after joining backslash-newline continuations) is a
+    control operator (``&&``, ``||``, ``;``, ``|``, ``&``) or the end of the command.  The bash manual (Invoking
+    Bash, :data:`_BASH_INVOCATION`): with ``-c`` "commands are read from the first non-option argument
+    command_string", so there is none and bash stops with "-c: option requires an argument"; the usual cause is the
+    opening quote of the command string left out (``bash -c \\`` then ``&& pip install ... --block"``), whose closing
+    quote then swallows the script's lines up to the next quote."""
+    out: list[Check] = []
+    lines = text.splitlines()
+    number = 0
+    while number < len(lines):
+        start = number
+        logical = lines[number]
+        while logical.endswith("\\") and number + 1 < len(lines):
+            number += 1
+            logical = logical[:-1] + " " + lines[number]
+        number += 1
+        if logical.lstrip().startswith("#") or "-c" not in logical:
+            continue
+        m = _C_THEN_OPERATOR.search(logical)
+        if m is None or logical[:m.start()].count("'") % 2 or logical[:m.start()].count('"') % 2:
+            continue  # inside a quoted string: not a command of this script
+        hit = trap("shell-c-without-command", "FAIL", "script",
+                   f"line {start + 1}: '{m.group(0).strip()}' is followed by "
+                   f"'{logical[m.end():m.end() + 2].strip() or 'the end of the command'}', so the shell gets no command "
+                   "string ('-c: option requires an argument')" +
+                   ("; a double quote closes later on the command with none opening it: the opening quote of the "
+                    "command string is missing" if logical[m.end():].count('"') % 2 else ""),
+                   f"quote the commands as one string: {m.group(0).strip()} \"cmd1 && cmd2\"", _BASH_INVOCATION)
+        hit.line_no = start + 1
+        out.append(hit)
+    return out
+
+
+_LAUNCHER_VALUES = {"torchrun": TORCHRUN_VALUE, "deepspeed": DEEPSPEED_VALUE, "accelerate": ACCELERATE_VALUE}
+
+
+def _interpreter_as_script_traps(text: str) -> list[Check]:
+    """``launcher-program-not-script``: ``torchrun ... python train.py`` (or ``deepspeed`` / ``accelerate launch``).  The
+    launcher's first positional argument is the training script, which it runs with its own Python
+    (torchrun: "training_script: Full path to the (single GPU) training program/script", started as ``python -u
+    script``, https://docs.pytorch.org/docs/stable/elastic/run.html); an interpreter there is run as a script
+    (``python -u python train.py``: "can't find '__main__' module") unless ``--no-python`` says the program is run as
+    it is (wenet's run.sh, fixed in wenet-e2e/wenet#2024)."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if line.lstrip().startswith("#"):
+            continue
+        got = launcher_argv(split_words(line))
+        if got is not None and got[0] == "srun":  # the launcher srun starts: the first word that begins one
+            got = next((g for i in range(len(got[1])) if (g := launcher_argv(got[1][i:])) and g[0] != "srun"), None)
+        if got is None:
+            continue
+        kind, argv = got
+        _, flags, script, _ = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        if not re.fullmatch(r"python[0-9.]*", script.rsplit("/", 1)[-1]) or flags & {"--no-python"}:
+            continue
+        hit = trap("launcher-program-not-script", "FAIL", "script",
+                   f"{kind} takes '{script}' as the training script: it runs it with its own Python "
+                   f"('python -u {script} ...'), so the interpreter is read as a script file and no rank starts",
+                   f"drop '{script}' ({kind} ... train.py args), or pass --no-python when the program is to be run as "
+                   "it is", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_BASH_SYNTAX_TIMEOUT_S = 5.0
+"""How long ``bash -n`` may take to read a script (seconds): it only parses, a 10,000-line script takes ~20 ms."""
+
+
+def _syntax_traps(text: str) -> list[Check]:
+    """``shell-syntax-error``: what ``bash -n`` (read the commands, execute nothing; bash(1) ``-n``,
+    https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html) reports on the script: a loop without
+    its ``done``, an ``if`` without ``fi``, a quote never closed.  A batch script that does not parse runs none of its
+    commands past the error (the job ends at once, or with its training never started).
+
+    bash itself is the parser, not a rule written here: what it rejects is by definition what it will not run.
+    Skipped when ``bash`` is not installed or the script names another interpreter (zsh, csh, fish, python...)."""
+    import shutil
+    import subprocess
+
+    first = text.lstrip().split("\n", 1)[0]
+    bash = shutil.which("bash")
+    if bash is None or first.startswith("#!") and not re.search(r"\b(?:ba)?sh\b", first):
+        return []
+    try:
+        proc = subprocess.run([bash, "-n", "/dev/stdin"], input=text, capture_output=True, text=True,
+                              timeout=_BASH_SYNTAX_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if proc.returncode == 0 or not proc.stderr.strip():
+        return []
+    first_error = proc.stderr.strip().splitlines()[0]
+    m = re.search(r"line (\d+): (.*)", first_error)
+    number = min(int(m.group(1)), max(1, text.count("\n"))) if m else 1
+    what = m.group(2) if m else first_error
+    lines = text.splitlines()
+    placeholder = re.search(r"<[A-Za-z][\w .,/-]*>", lines[number - 1]) if number <= len(lines) else None
+    if placeholder:
+        return []  # a template (Megatron's examples: CHECKPOINT_PATH=<Specify path>): bash reads '<' as a
+        # redirection until the placeholder is filled in; that is the template's way, not a bug of the script
+    hit = trap("shell-syntax-error", "FAIL", "script",
+               f"bash cannot parse the script (bash -n, line {number}: {what}): it runs nothing past that point" +
+               ("; 'unexpected end of file' means a for/while/if/case or a quote opened above is never closed"
+                if "end of file" in what else ""),
+               "close the construct (done / fi / esac / the quote); check with: bash -n script.sh",
+               "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html")
+    hit.line_no = number
+    return [hit]
+
+
+_BASH_LISTS = "https://www.gnu.org/software/bash/manual/html_node/Lists.html"
+_BASH_QUOTING = "https://www.gnu.org/software/bash/manual/html_node/Quoting.html"
+_BASH_SPECIAL = "https://www.gnu.org/software/bash/manual/html_node/Special-Parameters.html"
+_LAUNCHER_START = re.compile(r"^\s*(?:\w+=\S*\s+)*(?:torchrun|python[\d.]*\s+(?:-u\s+)?-m\s+torch\.distributed\.(?:run|launch)|"
+                             r"accelerate\s+launch|deepspeed)\b")
+
+
+def _scan_shell(line: str) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
+    """One pass over a logical shell line: the control operators outside quotes, ``$(...)`` and backquotes
+    (``;``, ``&&``, ``||``, ``|``, ``&``, with their positions), and the spans the shell leaves unexpanded (single
+    quotes, and a backslash-escaped ``$``: bash manual, Quoting, :data:`_BASH_QUOTING`).
+
+    Written here, not taken from a library: shlex removes quotes without saying which were single (the one fact
+    needed), and bashlex is no dependency of this project."""
+    ops: list[tuple[int, str]] = []
+    literal: list[tuple[int, int]] = []
+    quote, depth, i, start = "", 0, 0, 0
+    while i < len(line):
+        ch = line[i]
+        if quote == "'":
+            if ch == "'":
+                literal.append((start, i))
+                quote = ""
+        elif ch == "\\":
+            if line[i + 1:i + 2] == "$":
+                name = re.match(r"\{?\w*\}?", line[i + 2:])
+                literal.append((i, i + 2 + (name.end() if name else 0)))
+            i += 2
+            continue
+        elif quote == '"':
+            quote = "" if ch == '"' else quote
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t") and not depth:
+            break
+        elif ch == "'":
+            quote, start = "'", i
+        elif ch == '"':
+            quote = '"'
+        elif line.startswith("$(", i):
+            depth += 1
+            i += 2
+            continue
+        elif ch == ")" and depth:
+            depth -= 1
+        elif ch == "`":
+            depth = depth + 1 if not depth else depth - 1
+        elif not depth and ch in ";&|":
+            two = line[i:i + 2]
+            if two in ("&&", "||"):
+                ops.append((i, two))
+                i += 2
+                continue
+            if ch == "&" and (line[i + 1:i + 2] == ">" or line[i - 1:i] in "<>"):
+                pass  # &> / >& / 2>&1: a redirection
+            elif ch == ";" and line[i + 1:i + 2] == ";":
+                pass  # ;; ends a case item
+            else:
+                ops.append((i, ch))
+        i += 1
+    return ops, literal
+
+
+def _heredoc_lines(text: str) -> set[int]:
+    """1-based numbers of the lines inside here-documents (``<<EOF`` ... ``EOF``): text for a program, not commands."""
+    inside: set[int] = set()
+    end = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if end is not None:
+            if line.strip() == end:
+                end = None
+            else:
+                inside.add(number)
+            continue
+        m = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+        if m and not line.lstrip().startswith("#"):
+            end = m.group(1)
+    return inside
+
+
+def _payload_split_traps(text: str, heredoc: set[int]) -> list[Check]:
+    """``srun-payload-split``: ``srun ... cmd1 ; torchrun ...`` (or ``&&``, ``||``, ``|``, ``&``) in a job of several
+    nodes.  srun's command ends at the first control operator (bash manual, Lists of Commands, :data:`_BASH_LISTS`):
+    the launcher after it is a command of the batch script, which Slurm runs on the first node only
+    (https://slurm.schedmd.com/sbatch.html), so the other nodes never start one and the rendezvous waits for them."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    nodes = int(alloc.split("-")[0]) if re.fullmatch(r"\d{1,6}(?:-\d{1,6})?", alloc) else 0
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if number in heredoc or not re.match(r"\s*(?:\w+=\S*\s+)*srun\b", line):
+            continue
+        m = re.search(r"\s(?:-N\s*|--nodes[= ])(\d+)", line.split("\n")[0])
+        here = int(m.group(1)) if m else nodes
+        if here < 2:
+            continue
+        ops, _ = _scan_shell(line)
+        for pos, op in ops:
+            if op == "|" or not _LAUNCHER_START.match(line[pos + len(op):]):
+                continue
+            launcher = line[pos + len(op):].split()[0]
+            hit = trap("srun-payload-split", "FAIL", "nnodes",
+                       f"'{op}' ends srun's command: the {launcher} after it is run once by the batch script, on the "
+                       f"first of the {here} nodes only, not by srun on each node (the rendezvous waits for the others)",
+                       "put the whole per-node command in srun's payload: srun ... bash -c 'cmd1 && torchrun ...' (or "
+                       "a script that srun runs)", _BASH_LISTS)
+            hit.line_no = number
+            out.append(hit)
+            break
+    return out
+
+
+_NO_SHELL_PROGRAMS = re.compile(r"^\s*(?:\w+=\S*\s+)*(?:srun|torchrun|python[\d.]*|accelerate|deepspeed|mpirun|mpiexec)\b")
+_RUNS_A_SHELL = re.compile(r"(?<![\w-])(?:(?:ba|z|k|da)?sh\s+(?:-\w+\s+)*-\w*c\b|eval\b|ssh\b|pdsh\b|clush\b|"
+                           r"parallel\b|xargs\b|envsubst\b|su\s)")
+
+
+def _literal_dollar_traps(text: str, heredoc: set[int]) -> list[Check]:
+    """``shell-var-literal``: ``\\$VAR`` or ``'...$VAR...'`` in a command that srun, a launcher or python runs without a
+    shell in between.  Single quotes and a backslash keep ``$`` literal (bash manual, Quoting,
+    :data:`_BASH_QUOTING`), which defers the expansion to a later shell; srun and the launchers execute their
+    program directly (no shell: https://slurm.schedmd.com/srun.html), so the program receives the characters
+    ``$VAR`` (``--master_addr '$MASTER_ADDR'`` is a host literally named ``$MASTER_ADDR``).  Left alone: a line that
+    runs a shell (``bash -c``, ``eval``, ``ssh``, ``pdsh``), assignments, ``echo`` and here-documents."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if number in heredoc or not _NO_SHELL_PROGRAMS.match(line) or _RUNS_A_SHELL.search(line):
+            continue
+        _, literal = _scan_shell(line)
+        for a, b in literal:
+            m = re.search(r"\$\{?([A-Z_][A-Z0-9_]*)\}?", line[a:b + 1])
+            if m is None:
+                continue
+            program = line.split()[0] if "=" not in line.split()[0] else next(
+                (w for w in line.split() if "=" not in w), "")
+            hit = trap("shell-var-literal", "FAIL" if m.group(1).startswith(("MASTER_", "SLURM_")) else "WARN",
+                       f"env.{m.group(1)}",
+                       f"${m.group(1)} is quoted or escaped, so the shell does not expand it, and {program} runs its "
+                       f"command without a shell: the program gets the literal text '${m.group(1)}'",
+                       f"drop the quoting (\"${m.group(1)}\") to expand it now, or run the command through a shell "
+                       f"that expands it per task: srun bash -c '... ${m.group(1)} ...'", _BASH_QUOTING)
+            hit.line_no = number
+            out.append(hit)
+            break
+    return out
+
+
+_POSITIONAL_FROM = re.compile(r"\$\{@:(\d+)(?::(\d+))?\}|\$\{?@\}?|\$\{?\*\}?")
+
+
+def _positional_twice_traps(text: str, heredoc: set[int]) -> list[Check]:
+    """``shell-positional-twice``: one command passes ``$N`` by itself and again inside ``"${@:M}"`` / ``"$@"`` (M <= N):
+    ``${@:offset}`` expands the positional parameters from ``offset`` on (bash manual, Shell Parameter Expansion and
+    Special Parameters, :data:`_BASH_SPECIAL`), so argument N reaches the program twice (argparse then rejects it as
+    an unrecognised argument, or the later copy overrides)."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if number in heredoc or line.lstrip().startswith(("#", "echo", "printf", "shift", "set ")) or \
+                re.match(r"\s*\w+=", line):
+            continue
+        code = line.split(" #")[0]
+        for m in _POSITIONAL_FROM.finditer(code):
+            first = int(m.group(1)) if m.group(1) else 1
+            last = first + int(m.group(2)) - 1 if m.group(2) else 10 ** 6
+            if first == 0:
+                continue
+            singles = {int(x) for x in re.findall(r"\$\{?([1-9])\}?(?![\w}:])", code)}
+            twice = sorted(n for n in singles if first <= n <= last)
+            if not twice:
+                continue
+            hit = trap("shell-positional-twice", "WARN", "script_args",
+                       f"{m.group(0)} passes the arguments from ${first} on, and ${twice[0]} is passed by itself on "
+                       f"the same command: argument {twice[0]} reaches the program twice",
+                       f"start the rest at the next argument (${{@:{max(twice) + 1}}}) or drop the separate "
+                       f"${twice[0]}", _BASH_SPECIAL)
+            hit.line_no = number
+            out.append(hit)
+            break
+    return out
+
+
+_VAR_FLAGS = {"--master_addr": "MASTER_ADDR", "--master-addr": "MASTER_ADDR", "--main_process_ip": "MASTER_ADDR",
+              "--master_port": "", "--master-port": "", "--main_process_port": "", "--nnodes": "", "--node_rank": "",
+              "--node-rank": "", "--machine_rank": "", "--num_machines": "", "--nproc_per_node": "",
+              "--nproc-per-node": "", "--num_processes": "", "--rdzv_endpoint": "", "--rdzv-endpoint": ""}
+"""Launcher options whose value a script often takes from a variable (``MASTER_ADDR``: the rendezvous address)."""
+_SET_BY_SCHEDULER = re.compile(r"(SLURM|PBS|OMPI|PMI|PMIX|LSB|FLUX|MV2|AZ_BATCH|KUBERNETES|PET|OCI|SM)_")
+_LAUNCH_WORDS = re.compile(r"\b(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate\s+launch)\b")
+
+
+def _unset_launcher_var_traps(text: str) -> list[Check]:
+    """A launcher option given ``$VAR`` where the script never assigns ``VAR`` (nor gives it a default, nor does a
+    scheduler set it): ``VAR`` is empty unless whoever runs the script exports it, and an unquoted empty expansion
+    disappears, so the option takes the next word as its value (``--nnodes --node_rank``) or the launcher its own
+    default.  ``--master_addr $MASTER_ADDR`` is ``master-addr-missing``; the others ``launcher-var-unset``
+    (open-mmlab/mmpose#1338, hiyouga/LLaMA-Factory ebab655: 'host not found').  A script that sources another file
+    (``source env.sh``) may get its variables there: not checked."""
+    if not _LAUNCH_WORDS.search(text) or re.search(r"^[ \t]*(?:source|\.)\s+\S", text, re.MULTILINE):
+        return []
+    assigned = _assigned_names(text)
+    out: list[Check] = []
+    seen: set[str] = set()
+    for number, line in join_continuations(text):
+        if line.lstrip().startswith("#") or not _LAUNCH_WORDS.search(line):
+            continue
+        words = line.split()
+        for i, word in enumerate(words):
+            flag, _, value = word.partition("=")
+            if flag not in _VAR_FLAGS:
+                continue
+            value = value or (words[i + 1] if i + 1 < len(words) else "")
+            m = re.fullmatch(r"[\"']?\$\{?([A-Za-z_]\w*)\}?[\"']?", value)
+            if not m or m.group(1) in assigned or m.group(1) in seen or _SET_BY_SCHEDULER.match(m.group(1)):
+                continue
+            var = m.group(1)
+            seen.add(var)
+            said = (f"{flag} takes ${var}, which this script never sets: it is empty unless the caller exports it, "
+                    f"and an unquoted empty ${var} vanishes, so {flag} takes the next word (or its default)")
+            fix = f"set it in the script with a default, {var}=${{{var}:-...}}, or check it: ${{{var}:?set {var}}}"
+            if _VAR_FLAGS[flag] == "MASTER_ADDR":
+                hit = trap("master-addr-missing", "WARN", f"env.{var}", said + ": no rendezvous address ('host not "
+                           "found')", fix, _BASH_EXPANSION)
+            else:
+                hit = trap("launcher-var-unset", "WARN", f"env.{var}", said, fix, _BASH_EXPANSION)
+            hit.line_no = number
+            out.append(hit)
+    return out
+
+
+def _shell_values(text: str) -> list[tuple[int, str, str]]:
+    """``(line, NAME, value)`` of each ``NAME=value`` / ``export NAME=value`` line, quotes dropped, in order."""
+    out = []
+    for number, line in join_continuations(text):
+        m = ASSIGN.match(line.strip())
+        if m and not line.lstrip().startswith("#"):
+            value = m.group(2).strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            out.append((number, m.group(1), " ".join(value.replace("\\\n", " ").split())))
+    return out
+
+
+def _submit_host_traps(text: str) -> list[Check]:
+    """``master-addr-login-node``: the rendezvous address taken from ``$SLURM_SUBMIT_HOST`` (directly or through
+    variables): "The hostname of the computer from which sbatch was invoked" (sbatch(1), OUTPUT ENVIRONMENT
+    VARIABLES), a login node that runs no rank, while the address must be node 0 of the job (torchrun docs:
+    --master-addr is the address of the rank-0 node)."""
+    if "SLURM_SUBMIT_HOST" not in text:
+        return []
+    tainted = {"SLURM_SUBMIT_HOST"}
+    values = _shell_values(text)
+    for _ in range(3):
+        tainted |= {name for _n, name, value in values
+                    if any(re.search(r"\$\{?" + v + r"\b", value) for v in tainted)}
+    where = next((n for n, name, _v in values if name == "MASTER_ADDR" and name in tainted), 0)
+    if not where:
+        opt = re.compile(r"--(?:master[-_]addr|rdzv[-_]endpoint|main[-_]process[-_]ip)[= ]+['\"]?\$\{?("
+                         + "|".join(sorted(tainted)) + r")\b")
+        where = next((n for n, line in join_continuations(text) if opt.search(line)
+                      and not line.lstrip().startswith("#")), 0)
+    if not where:
+        return []
+    first = next(((n, name) for n, name, value in values if re.search(r"\$\{?SLURM_SUBMIT_HOST\b", value)), None)
+    via = f" ({first[1]}=$SLURM_SUBMIT_HOST, line {first[0]})" if first else ""
+    hit = trap("master-addr-login-node", "FAIL", "master_addr",
+               f"the rendezvous address comes from $SLURM_SUBMIT_HOST{via}, the host sbatch was run on (a login node), "
+               "which runs no rank: the nodes of the job wait for a master that never listens ('The client socket "
+               "has timed out after 900s while trying to connect to (<submit host>, port)')",
+               "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) (node 0 of the job)",
+               "https://slurm.schedmd.com/sbatch.html#OPT_SLURM_SUBMIT_HOST, "
+               "https://docs.pytorch.org/docs/stable/elastic/run.html")
+    hit.line_no = where
+    return [hit]
+
+
+_SRUN_VALUE_OPTS = {"-N", "--nodes", "-n", "--ntasks", "--ntasks-per-node", "-c", "--cpus-per-task", "--gres",
+                    "--gpus-per-node", "--gpus", "-G", "--export", "-w", "--nodelist", "-p", "--partition", "-t",
+                    "--time", "-o", "--output", "-e", "--error", "--jobid", "--container-image", "--container-mounts",
+                    "--mpi", "-A", "--account", "-J", "--job-name", "--mem", "--cpu-bind", "--gpu-bind", "-W", "--wait",
+                    "-m", "--distribution", "--gpus-per-task", "--mem-per-cpu", "--mem-per-gpu", "-x", "--exclude"}
+_LAUNCH_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+                   "deepspeed.launcher.runner", "torchrun")
+
+
+def _direct_script(words: list[str]) -> str | None:
+    """The script a task's words start with ``python [flags] script.py`` (or ``-m module``), None when the task is a
+    launcher (torchrun, ``python -m torch.distributed.run``, accelerate, deepspeed) or not python at all."""
+    i = 0
+    while i < len(words) and ASSIGN.match(words[i]) and not words[i].startswith("-"):
+        i += 1
+    words = words[i:]
+    if not words or not re.fullmatch(r"python[0-9.]*", words[0].rsplit("/", 1)[-1]):
+        return None
+    j = 1
+    while j < len(words) and words[j].startswith("-") and words[j] != "-m":
+        j += 2 if words[j] in ("-X", "-W") else 1
+    if j < len(words) and words[j] == "-m":
+        module = words[j + 1] if j + 1 < len(words) else ""
+        return None if not module or module.startswith(_LAUNCH_MODULES) else module
+    return words[j] if j < len(words) else None
+
+
+def _direct_task_traps(text: str) -> list[Check]:
+    """``srun-tasks-per-node`` for ``srun python script.py`` (no per-node launcher): every srun task is one rank, so
+    the tasks per node are the ranks per node, and fewer of them than the GPUs the allocation gives each node leaves
+    GPUs idle; Lightning on SLURM requires ``--ntasks-per-node`` to equal ``Trainer(devices=)``
+    (https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html; srun(1): -n/--ntasks-per-node).  The
+    field names the script (``direct:NAME``) so ``runbook lint`` can drop it when that script starts its own
+    processes (mp.spawn)."""
+    header = sbatch_header(text)
+    if not header or "--gpus-per-task" in header:
+        return []
+    gpus = header.get("--gpus-per-node", "").split(":")[-1]
+    gres = re.search(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)", header.get("--gres", ""))
+    per_node = int(gpus) if gpus.isdigit() else (int(gres.group(1)) if gres else 0)
+    if per_node < 2:
+        return []
+    values: dict[str, str] = {}
+    assigned = {n: (name, value) for n, name, value in _shell_values(text)}
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if number in assigned:
+            values[assigned[number][0]] = assigned[number][1]
+            continue
+        if not re.match(r"\s*srun\b", line):
+            continue
+        expanded = line
+        for _ in range(3):
+            expanded = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: values.get(m.group(1), m.group(0)), expanded)
+        words = split_words(expanded.strip())[1:]
+        opts: dict[str, str] = {}
+        while words and words[0].startswith("-"):
+            key, eq, val = words[0].partition("=")
+            if not eq and key in _SRUN_VALUE_OPTS and len(words) > 1:
+                val, words = words[1], words[1:]
+            opts[key] = val
+            words = words[1:]
+        if len(words) >= 3 and words[0].rsplit("/", 1)[-1] in ("bash", "sh") and words[1] == "-c":
+            words = split_words(words[2])
+        script = _direct_script(words)
+        if script is None or "--gpus-per-task" in opts:
+            continue
+        tasks = opts.get("--ntasks-per-node") or header.get("--ntasks-per-node", "")
+        nodes, ntasks = header.get("--nodes", "1"), opts.get("--ntasks", opts.get("-n", header.get("--ntasks", "")))
+        if not tasks and ntasks.isdigit() and nodes.isdigit():
+            tasks = str(max(1, int(ntasks) // int(nodes)))
+        t = int(tasks) if tasks.isdigit() else 1  # sbatch's default: one task per node
+        if t >= per_node:
+            continue
+        hit = trap("srun-tasks-per-node", "WARN", f"direct:{script.rsplit('/', 1)[-1]}",
+                   f"srun starts `{' '.join(words[:3])}` itself (no torchrun): each task is one rank, and {t} task(s) "
+                   f"per node on nodes with {per_node} GPUs leaves {per_node - t} GPU(s) idle per node (Lightning: "
+                   f"'the number of tasks per node configured in SLURM --ntasks-per-node={t} does not match' "
+                   "Trainer(devices))", f"#SBATCH --ntasks-per-node={per_node} (one task per GPU), or start torchrun "
+                   "once per node", "https://slurm.schedmd.com/srun.html, "
+                   "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_REMOTE_STARTERS = re.compile(r"\b(?:srun|mpirun|mpiexec|pdsh|clush|ssh|pssh|deepspeed|jsrun|aprun|flux\s+run)\b")
+"""What starts processes on the other nodes of an allocation (the batch script itself runs on the first node only)."""
+
+
+def _first_node_only_traps(text: str) -> list[Check]:
+    """``nnodes-mismatch``: a batch script for several nodes (``#SBATCH --nodes=N``, N > 1) that starts torchrun /
+    ``accelerate launch`` itself and nothing on the other nodes (no ``srun``, ``mpirun``, ``pdsh``, ``ssh``...):
+    "Slurm runs a single copy of the batch script on the first node in the set of allocated nodes"
+    (https://slurm.schedmd.com/sbatch.html), so the launcher waits for N - 1 nodes that never start
+    (Lumi-supercomputer/LUMI-AI-Guide: ``srun`` added in front of the container's torchrun)."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    nodes = int(alloc.split("-")[0]) if re.fullmatch(r"\d{1,6}(?:-\d{1,6})?", alloc) else None
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    if not nodes or nodes < 2 or _REMOTE_STARTERS.search(body):
+        return []
+    for number, line in join_continuations(text):
+        run = re.search(r"\btorchrun\b|torch\.distributed\.(?:run|launch)\b|\baccelerate\s+launch\b", line)
+        if not run or line.lstrip().startswith("#"):
+            continue
+        hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                   f"the allocation has {nodes} nodes, but this script starts the launcher itself, and a batch script "
+                   f"runs on the first node only: nothing starts on the other {nodes - 1}, so the rendezvous waits "
+                   "for them (or the job trains on one node)",
+                   "start it on every node: srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES ... (one "
+                   "launcher per node)", "https://slurm.schedmd.com/sbatch.html")
+        hit.line_no = number
+        return [hit]
+    return []
+
+
+def _nnodes_traps(text: str) -> list[Check]:
+    """``nnodes-mismatch``: torchrun's ``--nnodes`` against the nodes ``srun`` starts it on (``srun -N`` or the
+    allocation's ``#SBATCH --nodes``), and ``srun -N`` beyond the allocation (torchrun docs; srun(1))."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    allocated = int(alloc) if re.fullmatch(r"\d{1,6}", alloc) else None
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        srun = re.search(r"(?:^|[;&|]\s*)srun\b", line)
+        run = re.search(r"\btorchrun\b|torch\.distributed\.run\b", line)
+        if not srun or not run or srun.start() > run.start() or line.lstrip().startswith("#"):
+            continue
+        head = line[srun.end():run.start()]
+        m = re.search(r"(?:-N\s*|--nodes[= ])(\d{1,6})\b", head)
+        started = int(m.group(1)) if m else allocated
+        if m and allocated is not None and started is not None and started > allocated:
+            hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                        f"srun -N {started} inside an allocation of {allocated} node(s): 'srun: error: Only allocated "
+                        f"{allocated} nodes asked for {started}'", f"srun -N {allocated} (or #SBATCH --nodes={started})",
+                        "https://slurm.schedmd.com/srun.html")
+            hit.line_no = number
+            out.append(hit)
+        if started is not None and started > 1 and not re.search(r"--nnodes\b", line[run.end():]) and \
+                not re.search(r"--standalone\b", line[run.end():]) and not re.search(r"\bPET_NNODES=", text):
+            hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                       f"srun starts torchrun on {started} nodes and the line has no --nnodes: torchrun's default is "
+                       "1:1, so each node's agent forms (or waits for) a 1-node job of its own instead of one "
+                       f"{started}-node job", f"--nnodes={started} (or $SLURM_NNODES)",
+                       "https://docs.pytorch.org/docs/stable/elastic/run.html")
+            hit.line_no = number
+            out.append(hit)
+        n = re.search(r"--nnodes[= ]+['\"]?(\d{1,6})['\"]?(?=\s|$)", line[run.end():])
+        if n and started is not None and int(n.group(1)) != started:
+            hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                        f"torchrun --nnodes={n.group(1)} but srun starts it on {started} node(s): the rendezvous "
+                        + ("waits for nodes that never come" if int(n.group(1)) > started else
+                           "has more agents than nodes (node ranks out of range, or extra nodes rejected)"),
+                        f"--nnodes={started} (or $SLURM_NNODES)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+            hit.line_no = number
+            out.append(hit)
+    return out
+
+
+def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Check]:
+    """``node-rank-fixed`` for a launch *file* of a multi-node static job that writes its node rank as a number:
+    the same file run on every node makes every node that rank (torchrun docs: each node passes its own)."""
+    if spec.nnodes < 2 or spec.kind not in ("torchrun", "accelerate") or spec.rdzv == "c10d" or spec.node_rank is None:
+        return []
+    m = re.search(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text)
+    if not m:
+        return []
+    if len(set(re.findall(r"--(?:node[-_]rank|machine[-_]rank)[= ]+['\"]?(\d+)\b", text))) > 1:
+        return []  # the file lists each node's own line (node 0's, node 1's), not one line run everywhere
+    hit = trap("node-rank-fixed", "WARN", "node_rank",
+                f"this file writes --node-rank={m.group(1)} for a {spec.nnodes}-node job: run unchanged on every node, "
+                f"every node claims node rank {m.group(1)} and the rendezvous never completes",
+                "take it per node: --node-rank=$NODE_RANK (or $SLURM_NODEID inside srun), or use the c10d "
+                "rendezvous (no node rank)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+    hit.line_no = text.count("\n", 0, m.start()) + 1
+    return [hit]
+
+
+def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec | None, list[Check]]:
+    """The one way a launch text is checked: :func:`helpers.parse` then :func:`find_traps` and
+    :func:`text_traps` (``runbook build --check`` / ``--check-file``, the widget's paste box and ``runbook lint``).
+
+    ``file``: the text is a launch file (``--check-file``, a file given to ``runbook lint``), meant to be run
+    unchanged on every node, so a node rank written as a number is ``node-rank-fixed`` (a pasted command is
+    one node's line).
+
+    Returns:
+        ``(spec, traps)``, FAILs first; ``spec`` is None when the text holds no launch line this parser reads but its
+        text shows traps (``srun hostname ; torchrun ...``: the launcher is outside every srun payload), so the three
+        entry points report those as ``runbook lint`` does.
+
+    Raises:
+        helpers.NoLaunch: no launch line in ``text`` and no trap in its text (a ``ValueError``).
+        ValueError: a launch line with a value no launch can have (``--master-port 0``), naming the field.
+    """
+    try:
+        spec = parse(text)
+    except NoLaunch:
+        found = text_traps(text)
+        if not found:
+            raise
+        return None, sorted(found, key=lambda trap: SEVERITIES.index(trap.status), reverse=True)
+    traps = find_traps(spec, check_port=check_port) + text_traps(text)
+    if file and not any(t.id == "node-rank-fixed" for t in traps):
+        traps += _literal_node_rank(spec, text)
+    return spec, sorted(traps, key=lambda trap: SEVERITIES.index(trap.status), reverse=True)
