@@ -453,7 +453,7 @@ first scoring run (a category no rule decided then names the rule its contract c
 CAUSE_RULES13: dict[str, set[str]] = {
     "init-rank-local-vs-global": {"local-rank-as-global-rank", "init-missing-rank-world-size"},
     "collective-on-subset-of-ranks": {"rank-gated-collective", "rank-early-exit-collective", "clock-gated-collective"},
-    "launch-env-missing-required-var": {"launcher-env-unset", "launcher-var-unset", "megatron-seqpar-max-connections"},
+    "launch-env-missing-required-var": {"launcher-env-unset", "launcher-var-unset", "script-env-required"},
     "missing-data-sharding-across-ranks": {"sampler-not-distributed", "iterable-not-sharded"},
     "rank0-only-file-creation-multinode": {"rank-gated-file-read-every-rank"},
     "launcher-args-after-user-script": {"script-arg-unknown", "launcher-args-after-script"},
@@ -485,7 +485,8 @@ CAUSE_RULES13: dict[str, set[str]] = {
 }
 """Blind set 13 (tests/data/lint/blind13): each category of its manifest -> the rule ids that name that cause, written
 from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
-that would name it)."""
+that would name it; after the first run the placeholder megatron-seqpar-max-connections became the general rule that
+implements it, script-env-required)."""
 
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]

@@ -90,7 +90,7 @@ def text_traps(text: str) -> list[Check]:
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
-            + _interpreter_as_script_traps(text))
+            + _interpreter_as_script_traps(text) + _mpirun_count_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -226,6 +226,50 @@ def _interpreter_as_script_traps(text: str) -> list[Check]:
                    f"('python -u {script} ...'), so the interpreter is read as a script file and no rank starts",
                    f"drop '{script}' ({kind} ... train.py args), or pass --no-python when the program is to be run as "
                    "it is", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_OMPI_MPIRUN = "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php"
+_NODE_WORD = re.compile(r"(?i)\$\{?\w*N(?:UM_?)?NODES?\w*\}?|\$\{?SLURM_(?:JOB_)?NNODES\}?")
+
+
+def _mpirun_count_traps(text: str) -> list[Check]:
+    """``mpirun-count-flags``: Open MPI's ``-N <n>`` is "Launch n processes per node on all allocated nodes (synonym for
+    npernode)" (mpirun(1), :data:`_OMPI_MPIRUN`), not a node count as in ``srun -N``.  FAIL when one ``mpirun`` line
+    also gives ``-npernode`` / ``--npernode`` / ``--map-by ppr:...`` (two per-node counts that disagree, OLMo's
+    augusta launcher: ``-N $NUM_NODES -npernode 1``); WARN when ``-N`` alone takes a value named after nodes
+    (``-N $NUM_NODES``: that many processes on every node)."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        words = split_words(line) if not line.lstrip().startswith("#") else []
+        start = next((i for i, w in enumerate(words) if w.rsplit("/", 1)[-1] in ("mpirun", "mpiexec", "orterun")), None)
+        if start is None:
+            continue
+        argv = words[start + 1:]
+        per_node = [(w, argv[i + 1] if i + 1 < len(argv) else "") for i, w in enumerate(argv) if w == "-N"]
+        if not per_node:
+            continue
+        other = next((w for i, w in enumerate(argv) if w in ("-npernode", "--npernode") or
+                      (w == "--map-by" and i + 1 < len(argv) and argv[i + 1].startswith("ppr:"))), None)
+        value = per_node[0][1]
+        raw = re.search(r"(?<![\w-])-N\s+(\S+)", line)
+        shown = raw.group(1) if raw else value
+        if other is not None:
+            hit = trap("mpirun-count-flags", "FAIL", "command",
+                       f"mpirun gets -N {shown} and {other}: Open MPI's -N is the number of processes per node (a "
+                       f"synonym of --npernode, not srun's node count), so the line sets two per-node counts that "
+                       "disagree and mpirun refuses it or starts the wrong number of processes",
+                       "give the per-node count once (--npernode 1 or -N 1) and let the hostfile or the allocation "
+                       "set the nodes (-np <nodes x per node> for the total)", _OMPI_MPIRUN)
+        elif _NODE_WORD.search(shown):
+            hit = trap("mpirun-count-flags", "WARN", "command",
+                       f"mpirun -N {shown}: Open MPI's -N is the number of processes per node, not the number of "
+                       "nodes (srun -N is): this starts that many processes on every node",
+                       "-N <processes per node> (--npernode) and -np <total>, or the hostfile's slots", _OMPI_MPIRUN)
+        else:
+            continue
         hit.line_no = number
         out.append(hit)
     return out

@@ -136,6 +136,8 @@ RULES: dict[str, str] = {
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
+    "script-env-required": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",
     "shell-syntax-error": "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html",
     "srun-payload-split": "https://www.gnu.org/software/bash/manual/html_node/Lists.html",
     "shell-var-literal": "https://www.gnu.org/software/bash/manual/html_node/Quoting.html",

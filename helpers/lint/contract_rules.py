@@ -147,7 +147,40 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     sc.reads_local_rank_env = bool(re.search(r"['\"](LOCAL_RANK|SLURM_LOCALID|OMPI_COMM_WORLD_LOCAL_RANK|MPI_LOCALRANKID)"
                                              r"['\"]", text))
     sc.uses_args_local_rank = bool(re.search(r"\b(args|opt|opts|cfg|config|hparams|params)\.local_rank\b", text))
+    if "raise" in text and "environ" in text or "getenv" in text:
+        sc.extra["env_required"] = _env_requirements(lt)
     return sc
+
+
+def _env_requirements(lt: PythonLinter) -> list[tuple[str, str, str, int, str]]:
+    """What the script itself refuses to run without: a ``raise`` under both a test of an environment variable against
+    a constant (``os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"``) and a test of an option
+    (``args.sequence_parallel``), as Megatron-LM's arguments.py does.  ``[(variable, value, --option, line, message)]``
+    for :func:`helpers.lint.cross_rules.env_required_across`, which checks the launch scripts that pass the option."""
+    from helpers.lint.python_rules import _env_key
+
+    out: list[tuple[str, str, str, int, str]] = []
+    for node in lt.nodes:
+        if not isinstance(node, ast.Raise):
+            continue
+        env: tuple[str, str] | None = None
+        option = ""
+        p = lt.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            tests = [p.test] if isinstance(p, ast.If) else []
+            for t in tests:
+                parts = t.values if isinstance(t, ast.BoolOp) and isinstance(t.op, ast.And) else [t]
+                for part in parts:
+                    if isinstance(part, ast.Compare) and len(part.ops) == 1 and isinstance(part.ops[0], ast.NotEq) \
+                            and isinstance(part.comparators[0], ast.Constant) and (key := _env_key(part.left)):
+                        env = (key, str(part.comparators[0].value))
+                    elif isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and not option:
+                        option = "--" + part.attr.replace("_", "-")
+            p = lt.parents.get(p)
+        if env and option:
+            msg = " ".join(str(a.value) for a in ast.walk(node) if isinstance(a, ast.Constant) and isinstance(a.value, str))
+            out.append((env[0], env[1], option, node.lineno, msg[:160]))
+    return out
 
 
 def _under_rank_test(lt: PythonLinter, node: ast.AST) -> bool:

@@ -253,6 +253,13 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torchrun / deepspeed / accelerate launch", "The first positional argument is the training script, run with "
        "the launcher's own Python: an interpreter there (torchrun python train.py) is read as the script unless "
        "--no-python is given", _TORCHRUN, "launcher-program-not-script"),
+    _c("the training script's own checks", "An option the script refuses to run with unless an environment variable "
+       "holds a value (a raise under both tests, Megatron-LM's --sequence-parallel and CUDA_DEVICE_MAX_CONNECTIONS=1) "
+       "is launched with that variable set", "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/"
+       "arguments.py", "script-env-required"),
+    _c("mpirun (Open MPI)", "-N n is n processes per node (a synonym of --npernode), not a node count as in srun "
+       "-N: given with --npernode or --map-by ppr the two per-node counts clash", "https://www.open-mpi.org/doc/v4.1/man1/"
+       "mpirun.1.php", "mpirun-count-flags"),
     _c("torchrun", "--nnodes equals the number of nodes that start it (the allocation's node count); it defaults to "
        "1:1, so a multi-node srun line needs it", _TORCHRUN, "nnodes-mismatch"),
     _c("torchrun", "LOCAL_RANK is the rank within the node, RANK the global one: a sampler's rank, "

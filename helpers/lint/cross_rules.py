@@ -115,6 +115,30 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "request GPUs (#SBATCH --gpus-per-node=N) or use backend='gloo' on CPU nodes", _INIT))
     out += _lightning(facts, launches)
     out += nccl_unbound_across_files(facts)
+    out += env_required_across(facts, launches)
+    return out
+
+
+def env_required_across(facts: Sequence[object], launches: Sequence[tuple[str, str, LaunchSpec | None]]) -> list[Check]:
+    """A launch text that passes an option some linted Python file refuses to run with unless an environment variable
+    holds a value (:func:`helpers.lint.contract_rules._env_requirements`: Megatron-LM raises "Using sequence
+    parallelism requires setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1" for
+    ``--sequence-parallel``), where the launch text never sets that variable: the job stops at argument parsing on
+    every rank.  The program's own check is the contract."""
+    needs = [(f.path, req) for f in facts  # type: ignore[attr-defined]
+             for req in (getattr(getattr(f, "contract", None), "extra", {}) or {}).get("env_required", [])]
+    out: list[Check] = []
+    for path, text, _spec in launches:
+        for where, (var, value, option, line, msg) in needs:
+            spelled = {option, "--" + option[2:].replace("-", "_")}
+            used = next((o for o in spelled if re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)), None)
+            if used is None or re.search(rf"\b{re.escape(var)}=", text):
+                continue
+            out.append(finding(
+                "script-env-required", "error", path, _line_of(text, rf"(?<![\w-]){re.escape(used)}(?![\w-])"),
+                f"{used} is passed, and {os.path.basename(where)}:{line} raises unless {var}={value}"
+                f"{(': ' + repr(msg)) if msg else ''}; this script never sets {var}, so every rank stops there",
+                f"export {var}={value} before the launch line", f"{where}:{line}"))
     return out
 
 

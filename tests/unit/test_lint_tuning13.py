@@ -115,3 +115,32 @@ def test_sampler_seed_per_rank_in_one_file_and_across_files():
     assert ("data.py", "rank-split-differs") in got
     alone = [f.id for f in lint_texts([("data.py", data)]) if f.status != "OK"]
     assert "rank-split-differs" not in alone
+
+
+def test_mpirun_capital_n_is_per_node():
+    from helpers import script_traps
+
+    both = "mpirun --hostfile ~/hostfile \\\n  -N $NUM_NODES \\\n  -npernode 1 \\\n  bash run.sh\n"
+    got = {t.id: t.status for t in script_traps.text_traps(both)}
+    assert got.get("mpirun-count-flags") == "FAIL"
+    alone = {t.id: t.status for t in script_traps.text_traps("mpirun -N ${SLURM_NNODES} python train.py\n")}
+    assert alone.get("mpirun-count-flags") == "WARN"
+    fine = {t.id for t in script_traps.text_traps("mpirun -N 8 --hostfile hosts python train.py\nsrun -N $NNODES x\n")}
+    assert "mpirun-count-flags" not in fine
+
+
+def test_option_the_script_refuses_without_an_env_var():
+    args_py = textwrap.dedent("""
+    import os
+    def validate(args):
+        if os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1":
+            if args.sequence_parallel:
+                raise RuntimeError("Using sequence parallelism requires setting the environment variable "
+                                   "CUDA_DEVICE_MAX_CONNECTIONS to 1")
+    """)
+    launch = "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n  --tensor-model-parallel-size 2 \\\n  --sequence-parallel\n"
+    got = [(f.file, f.id) for f in lint_texts([("arguments.py", args_py), ("run.sh", launch)]) if f.status != "OK"]
+    assert ("run.sh", "script-env-required") in got
+    fixed = "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" + launch
+    got = [f.id for f in lint_texts([("arguments.py", args_py), ("run.sh", fixed)]) if f.status != "OK"]
+    assert "script-env-required" not in got
