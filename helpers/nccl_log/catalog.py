@@ -47,7 +47,7 @@ _CATALOG_KEYS = ("WARN", "rror", "ailure", "ailed", "detected", "initialized", "
                  "open files", "Unable to find address", "compiled with NCCL", "...", "…", "snip", "truncated",
                  "Unable to resolve", "gloo", "Gloo", "refused", "compute device", "signal dumping", "No CUDA GPUs", "xception", "envoy", "istio-proxy", "pilot-agent",
                  "MEMBER: ", "processes registered", "main_process_first", "ras", "SIGSEGV", "SIGBUS", "SIGILL",
-                 "SIGFPE", "Caught signal", "Fatal Python error", "core dumped")
+                 "SIGFPE", "Caught signal", "Fatal Python error", "core dumped", "bus error")
 
 
 def _yaml_loader(yaml: Any) -> type:

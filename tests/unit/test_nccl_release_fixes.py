@@ -72,7 +72,7 @@ def test_a_log_gets_the_fixes_of_its_feature_only() -> None:
 def test_crash_signal_lines_are_read() -> None:
     for line in ("  traceback : Signal 11 (SIGSEGV) received by PID 4242",
                  "[n1:2:0:3] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x48)",
-                 "Fatal Python error: Segmentation fault", "  exitcode  : -7 (pid: 12)"):
+                 "Fatal Python error: Segmentation fault", "  exitcode  : -11 (pid: 12)"):
         assert "process-crash-signal" in nl.parse(line).catalog, line
     abort = nl.parse("h:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n  traceback : Signal 6 (SIGABRT) received by PID 4242")
     assert "process-crash-signal" not in abort.catalog      # torch aborts itself after an NCCL error: not a native fault
@@ -83,3 +83,12 @@ def test_release_fixes_are_not_behind_the_clone() -> None:
     stored = json.loads(catalog.FIXES_PATH.read_text(encoding="utf-8"))
     fresh = generate.release_fixes(CLONE)
     assert stored == fresh, "regenerate: python -m helpers.nccl_log.generate --nccl CLONE --fixes-only"
+
+
+def test_sigbus_reads_as_shared_memory() -> None:
+    for line in ("[h:1    :0:381] Caught signal 7 (Bus error: nonexistent physical address)",
+                 "  traceback : Signal 7 (SIGBUS) received by PID 4242"):
+        log = nl.parse(line)
+        assert "shm-bus-error" in log.catalog and "process-crash-signal" not in log.catalog, line
+    v = {x.id: x for x in nl.interpret(nl.parse_files([DATA / "blind13" / "07_hugectrbackend42_docker_shm_sigbus.log"]))}
+    assert v["shm-bus-error"].status == "FAIL" and "df -h /dev/shm" in v["shm-bus-error"].remediation
