@@ -137,6 +137,7 @@ RULES: dict[str, str] = {
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
+    "iterable-not-sharded": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset",
     "script-env-required": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",
     "shell-syntax-error": "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html",
     "srun-payload-split": "https://www.gnu.org/software/bash/manual/html_node/Lists.html",
@@ -277,6 +278,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.rank_before_init_across(facts)
     findings += cross_rules.cpu_tensor_to_collective_across(facts)
     findings += cross_rules.sampler_seed_across(facts)
+    findings += cross_rules.iterable_not_sharded_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

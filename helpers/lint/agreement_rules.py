@@ -28,7 +28,8 @@ from helpers.lint.wrappers import call_name
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
 
-_SAMPLER = "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"
+_DATA = "https://docs.pytorch.org/docs/stable/data.html"
+_SAMPLER = _DATA + "#torch.utils.data.distributed.DistributedSampler"
 _RANDOM_SPLIT = "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.random_split"
 _HF_SHUFFLE = "https://huggingface.co/docs/datasets/en/package_reference/main_classes#datasets.Dataset.shuffle"
 _SK_SPLIT = "https://scikit-learn.org/stable/modules/generated/sklearn.model_selection.train_test_split.html"
@@ -393,6 +394,50 @@ def rule_sampler_seed_per_rank(lt: PythonLinter) -> None:
             facts.sampler_seed_attrs.append((attr, c.lineno, ast.unparse(seed)))
 
 
+_BY_PROCESS = re.compile(r"\b(?:rank|world_size|num_replicas|num_processes|process_index|process_rank|global_rank|"
+                         r"get_rank|get_world_size|node_rank|RANK|WORLD_SIZE|split_dataset_by_node|num_shards|shard_id)\b")
+_DATA_PARALLEL = re.compile(r"DistributedDataParallel|\bDDP\(|FullyShardedDataParallel|\bFSDP\(|FSDPStrategy|"
+                            r"DDPStrategy|Fabric\(|Accelerator\(|deepspeed\.initialize|init_process_group")
+
+
+def rule_iterable_not_sharded(lt: PythonLinter) -> None:
+    """An ``IterableDataset`` subclass that splits its stream by DataLoader worker (``get_worker_info``) and never by
+    process: under data parallel training every rank iterates the same stream.  ``DistributedSampler`` (and Lightning
+    Fabric's / Accelerate's loader set-up, which inject it) work on map-style datasets only; an iterable dataset "is
+    replicated on each worker process ... the replicas must be configured differently to avoid duplicated data", and
+    the ranks of a job are replicas too (:data:`_DATA`; Lightning-AI/lit-llama's PackedDataset, fixed by adding
+    ``num_processes`` / ``process_rank``).  Reported where the class is built, when that file or another linted file
+    trains data parallel (:func:`helpers.lint.cross_rules.iterable_not_sharded_across` for two files)."""
+    facts = lt.facts
+    facts.trains_data_parallel = bool(_DATA_PARALLEL.search(lt.text))
+    for c in lt._calls():
+        name = call_name(c)
+        if name and name not in facts.constructs:
+            facts.constructs[name] = c.lineno
+    for node in lt.nodes:
+        if not (isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("IterableDataset") for b in node.bases)):
+            continue
+        body = ast.unparse(node)
+        if "get_worker_info" in body and not _BY_PROCESS.search(body):
+            facts.unsharded_iterables[node.name] = node.lineno
+    if not facts.trains_data_parallel:
+        return
+    for name, line in facts.unsharded_iterables.items():
+        if name in facts.constructs:
+            lt.add("iterable-not-sharded", "warning", _line_node(line),
+                   f"{name} (an IterableDataset) splits its stream by DataLoader worker only: under data parallel "
+                   "training every rank reads the same samples (no sampler shards an iterable dataset)",
+                   f"give {name} the rank and world size and keep every world_size-th shard (after the worker split), "
+                   "or use datasets' split_dataset_by_node", _DATA + "#torch.utils.data.IterableDataset")
+
+
+def _line_node(line: int) -> ast.AST:
+    """A bare node at ``line`` for a finding whose place is a line number."""
+    node = ast.Pass()
+    node.lineno, node.col_offset = line, 0
+    return node
+
+
 def run(lt: PythonLinter) -> None:
     """Run this module's rules on ``lt``."""
     rule_rank_split_differs(lt)
@@ -400,7 +445,8 @@ def run(lt: PythonLinter) -> None:
     rule_init_twice(lt)
     rule_clock_gated_collective(lt)
     rule_sampler_seed_per_rank(lt)
+    rule_iterable_not_sharded(lt)
 
 
 __all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
-           "rule_sampler_seed_per_rank", "run"]
+           "rule_iterable_not_sharded", "rule_sampler_seed_per_rank", "run"]

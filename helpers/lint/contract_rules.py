@@ -709,6 +709,20 @@ def _under_if(lt: PythonLinter, node: ast.AST, top: ast.AST) -> bool:
 _FSDP_SYNC = "https://docs.pytorch.org/docs/stable/fsdp.html"
 
 
+def _seeding_functions(lt: PythonLinter) -> set[str]:
+    """Functions of this file that seed a generator from one of their parameters (``def random_seed(seed, rank):
+    torch.manual_seed(seed + rank)``): a call of one with a rank argument seeds per rank."""
+    from helpers.lint.python_rules import _call_name
+
+    out: set[str] = set()
+    for name, fn in lt.functions.items():
+        params = {a.arg for a in fn.args.args}
+        if any(isinstance(c, ast.Call) and _call_name(c)[1] in _SEED_CALLS and c.args and
+               any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(c.args[0])) for c in ast.walk(fn)):
+            out.add(name)
+    return out
+
+
 def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
     """A seed that differs per rank (``seed_everything(1337 + fabric.global_rank)``) set before the model is built, in a
     file that shards the model with FSDP.  DDP broadcasts rank 0's parameters when it wraps a module; FSDP does not
@@ -720,14 +734,25 @@ def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
     if not re.search(r"FSDP|FullyShardedDataParallel|fully_shard|strategy\s*=\s*['\"]fsdp", lt.text) or \
             re.search(r"sync_module_states\s*=\s*True", lt.text):
         return
+    seeders = _seeding_functions(lt)
+    meta = bool(re.search(r"""device\(\s*['"]meta['"]|['"]meta['"]\s+if\b|init_empty_weights|device=['"]meta['"]""",
+                          lt.text))
     for c in lt._calls():
-        if _call_name(c)[1] not in _SEED_CALLS or not c.args or not lt.taint.is_rank(c.args[0]):
+        name = _call_name(c)[1]
+        if name in _SEED_CALLS:
+            if not c.args or not lt.taint.is_rank(c.args[0]):
+                continue
+        elif not (name in seeders and any(lt.taint.is_rank(a) for a in [*c.args, *(k.value for k in c.keywords)])):
             continue
         fn = lt._enclosing_function(c) or lt.tree
         built = None
         for n in ast.walk(fn):
             if getattr(n, "lineno", 0) <= c.lineno:
                 continue
+            if meta and isinstance(n, ast.Call) and _call_name(n)[1] in ("FSDP", "FullyShardedDataParallel",
+                                                                          "fully_shard"):
+                built = n  # built on the meta device: FSDP materialises and initialises the parameters when it wraps
+                break
             if isinstance(n, ast.With) and any("init_module" in ast.unparse(i.context_expr) for i in n.items) or \
                     isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
                         isinstance(t, ast.Name) and "model" in t.id.lower() for t in n.targets) and \

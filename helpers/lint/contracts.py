@@ -229,6 +229,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
        "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
        _SAMPLER, "sampler-not-distributed"),
+    _c("IterableDataset", "Each replica must be configured to read its own part ('replicated on each worker process "
+       "... configured differently to avoid duplicated data'): no sampler shards it, so under data parallel training "
+       "it must split by rank as well as by worker", _DATA + "#torch.utils.data.IterableDataset", "iterable-not-sharded"),
     _c("all_reduce", "Works in place on its tensor ('the final result ... will be in tensor'): reducing the same "
        "tensor again without assigning it sums the sum", _COLL, "collective-same-tensor-twice"),
     _c("DataLoader", "sampler and shuffle=True are mutually exclusive ('sampler option is mutually exclusive with "

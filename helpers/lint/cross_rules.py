@@ -512,3 +512,26 @@ def sampler_seed_across(facts: Sequence[object]) -> list[Check]:
                                f"streams another attribute than .{attr}",
                                "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"))
     return out
+
+
+def iterable_not_sharded_across(facts: Sequence[object]) -> list[Check]:
+    """A linted file that trains data parallel and builds another linted file's ``IterableDataset`` subclass that splits
+    its stream by worker only (:func:`helpers.lint.agreement_rules.rule_iterable_not_sharded`, which reports the case
+    of one file): every rank reads the same samples."""
+    defined = {name: (f.path, line) for f in facts  # type: ignore[attr-defined]
+               for name, line in getattr(f, "unsharded_iterables", {}).items()}
+    out: list[Check] = []
+    for f in facts:
+        if not getattr(f, "trains_data_parallel", False):
+            continue
+        for name, line in getattr(f, "constructs", {}).items():
+            where = defined.get(name)
+            if where is None or where[0] == f.path:  # type: ignore[attr-defined]
+                continue
+            out.append(finding("iterable-not-sharded", "warning", f.path, line,  # type: ignore[attr-defined]
+                               f"{name}(...) is an IterableDataset ({os.path.basename(where[0])}:{where[1]}) that "
+                               "splits its stream by DataLoader worker only, and this file trains data parallel: every "
+                               "rank reads the same samples (no sampler shards an iterable dataset)",
+                               f"give {name} the rank and world size and keep every world_size-th shard after the "
+                               "worker split", "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset"))
+    return out

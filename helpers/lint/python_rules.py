@@ -126,6 +126,9 @@ class PyFacts:
     saves_16bit: bool = False               # a DeepSpeed engine's save_16bit_model / save_fp16_model
     own_scheduler_line: int = 0             # a real LR scheduler built in code (not accelerate's DummyScheduler)
     rank_attrs: set[str] = field(default_factory=set)  # attributes given a rank value (flags.seed = seeds[local_rank])
+    unsharded_iterables: dict[str, int] = field(default_factory=dict)  # IterableDataset subclass -> line: split by worker only
+    constructs: dict[str, int] = field(default_factory=dict)  # names this file calls -> first line (classes, functions)
+    trains_data_parallel: bool = False      # DDP / FSDP / Fabric / Accelerate / DeepSpeed: ranks that split data
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
 
 

@@ -144,3 +144,41 @@ def test_option_the_script_refuses_without_an_env_var():
     fixed = "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" + launch
     got = [f.id for f in lint_texts([("arguments.py", args_py), ("run.sh", fixed)]) if f.status != "OK"]
     assert "script-env-required" not in got
+
+
+def test_iterable_dataset_split_by_worker_only():
+    ds = textwrap.dedent("""
+    from torch.utils.data import IterableDataset, get_worker_info
+    class Packed(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            files = self.files if info is None else self.files[info.id::info.num_workers]
+            return iter(files)
+    """)
+    train = "import lightning as L\nfrom packed import Packed\nfabric = L.Fabric(devices=4, strategy='fsdp')\nds = Packed()\n"
+    got = [(f.file, f.id) for f in lint_texts([("packed.py", ds), ("train.py", train)]) if f.status != "OK"]
+    assert ("train.py", "iterable-not-sharded") in got
+    sharded = ds.replace("return iter(files)", "return iter(files[self.rank::self.world_size])")
+    got = [f.id for f in lint_texts([("packed.py", sharded), ("train.py", train)]) if f.status != "OK"]
+    assert "iterable-not-sharded" not in got
+    alone = [f.id for f in lint_texts([("packed.py", ds)]) if f.status != "OK"]
+    assert "iterable-not-sharded" not in alone            # nothing trains data parallel
+
+
+def test_project_seeding_function_with_rank_before_fsdp_materialises_meta_weights():
+    text = """
+    import random
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    def random_seed(seed, rank):
+        torch.manual_seed(seed + rank)
+        random.seed(seed + rank)
+    def main(args):
+        with torch.device("meta"):
+            model = create_model(args)
+        random_seed(args.seed, args.rank)
+        model = FSDP(model, param_init_fn=init)
+    """
+    assert "rank-seed-before-model-init" in ids(text)
+    assert "rank-seed-before-model-init" not in ids(text.replace("random_seed(args.seed, args.rank)",
+                                                                 "random_seed(args.seed, 0)"))
