@@ -137,6 +137,7 @@ RULES: dict[str, str] = {
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
+    "rank-shard-unused": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "iterable-not-sharded": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset",
     "script-env-required": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",
     "shell-syntax-error": "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html",

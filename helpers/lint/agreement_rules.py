@@ -431,6 +431,32 @@ def rule_iterable_not_sharded(lt: PythonLinter) -> None:
                    "or use datasets' split_dataset_by_node", _DATA + "#torch.utils.data.IterableDataset")
 
 
+def rule_rank_shard_unused(lt: PythonLinter) -> None:
+    """This rank's shard is computed and never read: ``idx = idx.split(n // world_size)[rank]`` (or a slice or
+    ``chunk`` picked by the rank) assigned to a name nothing reads afterwards in the same function, so the loader goes
+    on with the whole data and every rank trains on every sample (pyg-team/pytorch_geometric#6312: the split index was
+    dead code while ``NeighborLoader(input_nodes=data.train_mask)`` took all nodes).  The contract is
+    DistributedSampler's: each rank loads its own subset (:data:`_SAMPLER`)."""
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        value = node.value
+        if not (isinstance(value, ast.Subscript) and lt.taint.is_rank(value.slice) and
+                isinstance(value.value, ast.Call) and call_name(value.value) in ("split", "chunk", "tensor_split",
+                                                                                   "array_split")):
+            continue
+        name = node.targets[0].id
+        scope = lt._enclosing_function(node) or lt.tree
+        read = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and n.lineno > node.lineno
+                   for n in ast.walk(scope))
+        if read:
+            continue
+        lt.add("rank-shard-unused", "warning", node,
+               f"{name} = {ast.unparse(value)[:50]} picks this rank's shard, and nothing reads {name} afterwards: the "
+               "data loader still goes through the whole data on every rank", f"give the loader {name} (for example "
+               f"input_nodes={name} / Subset(dataset, {name}))", _SAMPLER)
+
+
 def _line_node(line: int) -> ast.AST:
     """A bare node at ``line`` for a finding whose place is a line number."""
     node = ast.Pass()
@@ -446,7 +472,8 @@ def run(lt: PythonLinter) -> None:
     rule_clock_gated_collective(lt)
     rule_sampler_seed_per_rank(lt)
     rule_iterable_not_sharded(lt)
+    rule_rank_shard_unused(lt)
 
 
 __all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
-           "rule_iterable_not_sharded", "rule_sampler_seed_per_rank", "run"]
+           "rule_iterable_not_sharded", "rule_rank_shard_unused", "rule_sampler_seed_per_rank", "run"]

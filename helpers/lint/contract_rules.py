@@ -1677,10 +1677,10 @@ def rule_master_port_per_node(lt: PythonLinter) -> None:
     a port nobody listens on and the rendezvous times out (Megvii-BaseDetection/YOLOX#240)."""
     from helpers.lint.python_rules import _call_name, _dotted
 
-    if "MASTER_PORT" not in lt.text or not _MULTI_NODE.search(lt.text):
+    if not _MULTI_NODE.search(lt.text) or not re.search(r"MASTER_PORT|master_port|main_process_port", lt.text):
         return
     finders = {f.name for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
-        "free_port" in f.name or any(isinstance(c, ast.Call) and _call_name(c)[1] == "bind" and c.args and
+        re.search(r"(free|available|open|unused)_port", f.name) or any(isinstance(c, ast.Call) and _call_name(c)[1] == "bind" and c.args and
                                      isinstance(c.args[0], ast.Tuple) and len(c.args[0].elts) == 2 and
                                      isinstance(c.args[0].elts[1], ast.Constant) and c.args[0].elts[1].value == 0
                                      for c in ast.walk(f)))}
@@ -1688,7 +1688,7 @@ def rule_master_port_per_node(lt: PythonLinter) -> None:
         return
     picked = {t.id for node in lt.nodes if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
               and _call_name(node.value)[1] in finders for t in node.targets if isinstance(t, ast.Name)}
-    for node in lt.nodes:
+    for node in lt.nodes if "MASTER_PORT" in lt.text else []:
         if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
                                                      and t.slice.value == "MASTER_PORT" for t in node.targets)):
             continue
@@ -1707,6 +1707,20 @@ def rule_master_port_per_node(lt: PythonLinter) -> None:
                "connect to a port rank 0's store does not listen on (the rendezvous times out)",
                "choose the port on machine 0 and give the same value to every node (a fixed --master-port, or share "
                "it with the address)", _DIST + "#environment-variable-initialization")
+    # a per-node launch command built in a loop over the hosts, its master port probed anew in every iteration
+    for node in lt.nodes:
+        if not (isinstance(node, ast.keyword) and node.arg in ("master_port", "main_process_port", "port") and
+                isinstance(node.value, ast.Call) and _call_name(node.value)[1] in finders):
+            continue
+        loop = next((a for a in _ancestors(lt, node) if isinstance(a, ast.For)), None)
+        if loop is None or not re.search(r"(?i)host|node|machine|worker", ast.unparse(loop.iter)):
+            continue
+        lt.add("master-port-random-per-node", "error", node.value,
+               f"{node.arg}={ast.unparse(node.value)[:40]} is probed again for every node of `for ... in "
+               f"{ast.unparse(loop.iter)[:30]}`: each node's launcher gets its own port, and the nodes after the "
+               "first connect to a port rank 0's store does not listen on (the rendezvous times out)",
+               "probe the port once, before the loop, and give every node the same value",
+               _DIST + "#environment-variable-initialization")
 
 
 _RANK_FIELDS = frozenset({"local_rank", "global_rank", "rank", "node_rank"})

@@ -229,6 +229,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
        "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
        _SAMPLER, "sampler-not-distributed"),
+    _c("DistributedSampler", "Each rank loads its own subset: a rank's shard computed by hand (split(...)[rank]) must "
+       "reach the loader, or every rank still loads everything", _SAMPLER, "rank-shard-unused"),
     _c("IterableDataset", "Each replica must be configured to read its own part ('replicated on each worker process "
        "... configured differently to avoid duplicated data'): no sampler shards it, so under data parallel training "
        "it must split by rank as well as by worker", _DATA + "#torch.utils.data.IterableDataset", "iterable-not-sharded"),

@@ -182,3 +182,35 @@ def test_project_seeding_function_with_rank_before_fsdp_materialises_meta_weight
     assert "rank-seed-before-model-init" in ids(text)
     assert "rank-seed-before-model-init" not in ids(text.replace("random_seed(args.seed, args.rank)",
                                                                  "random_seed(args.seed, 0)"))
+
+
+def test_master_port_probed_per_node_in_a_loop():
+    text = """
+    import socket
+    def get_available_port(ip):
+        return 1234
+    def submit(hosts, num_nodes):
+        for node_id, host in enumerate(hosts):
+            cmd = wrap(num_nodes=num_nodes, node_rank=node_id, master_port=get_available_port(hosts[0][0]))
+    """
+    assert "master-port-random-per-node" in ids(text)
+    once = """
+    def get_available_port(ip):
+        return 1234
+    def submit(hosts, num_nodes):
+        port = get_available_port(hosts[0][0])
+        for node_id, host in enumerate(hosts):
+            cmd = wrap(num_nodes=num_nodes, node_rank=node_id, master_port=port)
+    """
+    assert "master-port-random-per-node" not in ids(once)
+
+
+def test_rank_shard_computed_and_never_read():
+    text = """
+    def run(rank, world_size, data):
+        train_idx = data.train_mask.nonzero().view(-1)
+        train_idx = train_idx.split(train_idx.size(0) // world_size)[rank]
+        loader = NeighborLoader(data, input_nodes=data.train_mask)
+    """
+    assert "rank-shard-unused" in ids(text)
+    assert "rank-shard-unused" not in ids(text.replace("input_nodes=data.train_mask", "input_nodes=train_idx"))
