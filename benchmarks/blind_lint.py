@@ -488,16 +488,49 @@ from the manifest's categories and causes before the set's first run (ids that n
 that would name it; after the first run the placeholder megatron-seqpar-max-connections became the general rule that
 implements it, script-env-required)."""
 
+CAUSE_RULES14: dict[str, set[str]] = {
+    "wrong-device-per-rank": {"device-from-global-rank", "same-device-every-rank", "visible-devices-as-ordinal"},
+    "process-group-timeout-too-short": {"init-timeout-short"},
+    "process-group-init-order": {"init-device-id-subgroups"},
+    "collective-on-some-ranks-only": {"rank-gated-collective", "rank-early-exit-collective"},
+    "rank-divergent-output-path": {"clock-per-rank-path", "rank-split-differs"},
+    "launcher-env-contract": {"env-int-parse", "env-str-as-number"},
+    "missing-barrier-rank0-work": {"rank-early-exit-collective", "exit-without-barrier"},
+    "launcher-hostfile-mismatch": {"hostfile-slots-mismatch"},
+    "launcher-interpreter-mismatch": {"launcher-from-path"},
+    "ray-resource-placement-hang": {"ray-gpus-with-vllm"},
+    "rank-divergent-compile": {"rank-divergent-compile"},
+    "slurm-launch-undefined-variable": {"shell-var-unset", "launcher-var-unset"},
+    "distributed-sampler-wrong-flag": {"undefined-name", "undefined-attribute"},
+    "allreduce-sum-not-averaged": {"metric-not-reduced", "allreduce-sum-not-averaged"},
+    "wrong-device-before-set-device": {"collective-before-set-device", "cuda-before-set-device"},
+    "ddp-wrap-before-device-move": {"ddp-before-to-device"},
+    "per-rank-rng-divergent-data": {"rank-split-differs"},
+    "dataset-download-on-all-ranks": {"download-every-rank"},
+    "missing-distributed-sampler": {"sampler-not-distributed"},
+    "missing-set-epoch": {"sampler-no-set-epoch"},
+    "custom-sampler-not-rank-aware": {"sampler-not-distributed", "custom-sampler-not-sharded"},
+    "set-epoch-not-per-epoch": {"sampler-no-set-epoch"},
+    "download-guard-global-vs-local-rank": {"rank-gated-file-read-every-rank", "download-global-rank0"},
+    "local-rank-not-used-for-device": {"same-device-every-rank"},
+    "fsdp-sharded-param-count": {"fsdp-param-count-after-wrap"},
+}
+"""Blind set 14 (tests/data/lint/blind14): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+
+
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
-             "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12, "blind13": CAUSE_RULES13}.get(
+             "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12, "blind13": CAUSE_RULES13,
+             "blind14": CAUSE_RULES14}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
