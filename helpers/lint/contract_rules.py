@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from helpers.lint import agreement_rules, grad_sync_rules, signature_rules
-from helpers.lint.contracts import _ACC, _COLL, _DATA, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
+from helpers.lint.contracts import _ACC, _COLL, _DATA, _DDP, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
 if TYPE_CHECKING:
@@ -1956,6 +1956,70 @@ _SHARDS_ITSELF = re.compile(r"\.prepare\(|prepare_data_loader|auto_dataloader|se
 ignite's loader wrappers, Lightning, datasets' split_dataset_by_node, iterable datasets, PyG loaders, Horovod)."""
 
 
+_DDP_NAMES = ("DistributedDataParallel", "DDP", "DistributedDataParallelCPU")
+
+
+def _other_branches(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` sit in different branches of one ``if`` (body and ``elif`` / ``else``): never both run."""
+    for anc in _ancestors(lt, a):
+        if isinstance(anc, ast.If):
+            in_body = any(a is n for st in anc.body for n in ast.walk(st))
+            other = anc.orelse if in_body else anc.body
+            if any(b is n for st in other for n in ast.walk(st)):
+                return True
+    return False
+
+
+def rule_ddp_before_to_device(lt: PythonLinter) -> None:
+    """The model moved (``.to(device)``, ``.cuda()``) or cast after it was wrapped in ``DistributedDataParallel``: the
+    constructor registers its gradient hooks and buckets on the parameters it was given ("you should not try to change
+    the model's parameters after wrapping up your model with DistributedDataParallel ... gradient reduction functions
+    no longer match the correct set of parameters", :data:`_DDP` warning), so move the module first, then wrap it
+    (narumiruna/pytorch-distributed-example#3)."""
+    from helpers.lint.python_rules import _call_name
+
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and
+                isinstance(node.value, ast.Call) and _call_name(node.value)[1] in _DDP_NAMES):
+            continue
+        name = node.targets[0].id
+        scope = lt._enclosing_function(node) or lt.tree
+        for c in ast.walk(scope):
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
+                    isinstance(c.func.value, ast.Name) and c.func.value.id == name and \
+                    c.func.attr in ("to", "cuda", "half", "bfloat16") and c.lineno > node.lineno and \
+                    not _other_branches(lt, node, c):
+                lt.add("ddp-before-to-device", "warning", c,
+                       f"{name}.{c.func.attr}(...) after {name} was wrapped in {_call_name(node.value)[1]} (line "
+                       f"{node.lineno}): DDP registered its gradient hooks on the parameters as they were, and moving "
+                       "or casting them afterwards leaves the reduction out of step with the parameters that train",
+                       f"move the model first ({name}.{c.func.attr}(...) on the plain module), then wrap it: "
+                       "DistributedDataParallel(model, device_ids=[local_rank])", _DDP)
+                break
+
+
+def _dict_keys(lt: PythonLinter, name: str, depth: int = 2) -> dict[str, ast.expr]:
+    """The constant keys (and values) a dict held by ``name`` gets anywhere in the file: ``name = {...}`` literals and
+    ``name.update(other)`` of a literal or of another such name (``train_kwargs.update(cuda_kwargs)``)."""
+    out: dict[str, ast.expr] = {}
+    if depth < 0:
+        return out
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) and \
+                isinstance(node.value, ast.Dict):
+            out.update((k.value, v) for k, v in zip(node.value.keys, node.value.values)
+                       if isinstance(k, ast.Constant) and isinstance(k.value, str))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" and \
+                isinstance(node.func.value, ast.Name) and node.func.value.id == name and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Dict):
+                out.update((k.value, v) for k, v in zip(arg.keys, arg.values)
+                           if isinstance(k, ast.Constant) and isinstance(k.value, str))
+            elif isinstance(arg, ast.Name):
+                out.update(_dict_keys(lt, arg.id, depth - 1))
+    return out
+
+
 def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
     """Data parallel training whose loader gives every rank the whole dataset: the file wraps its model in
     ``DistributedDataParallel`` and builds a ``DataLoader(..., shuffle=True)`` with no ``sampler=`` while nothing in
@@ -1987,6 +2051,9 @@ def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
         if not origin.startswith("torch"):   # dgl.dataloading.DataLoader(use_ddp=...) and other libraries' loaders
             continue
         kws = {k.arg: k.value for k in node.keywords}
+        for k in node.keywords:  # DataLoader(ds, **train_kwargs): the keys of the dicts that name holds
+            if k.arg is None and isinstance(k.value, ast.Name):
+                kws.update((key, v) for key, v in _dict_keys(lt, k.value.id).items() if key not in kws)
         shuffle = kws.get("shuffle")
         if "sampler" in kws or "batch_sampler" in kws or "use_ddp" in kws or \
                 not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
@@ -2375,6 +2442,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_sampler_not_distributed(lt)
     rule_loader_without_distributed_sampler(lt)
     rule_collective_same_tensor_twice(lt)
+    rule_ddp_before_to_device(lt)
     rule_launcher_env_unset(lt)
     rule_set_device_after_init(lt)
     rule_quantized_model_no_device_map(lt)

@@ -226,6 +226,8 @@ CONTRACTS: tuple[Contract, ...] = (
        "same way", _SAMPLER, "sampler-no-set-epoch"),
     _c("DistributedSampler", "The DataLoader of every rank uses it: a plain sampler assigned over it on every rank "
        "gives each rank the whole dataset", _SAMPLER, "sampler-not-distributed"),
+    _c("DistributedDataParallel", "The model's parameters are not changed after wrapping (its gradient hooks are "
+       "registered on them): move or cast the module first, then wrap it", _DDP, "ddp-before-to-device"),
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
        "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
        _SAMPLER, "sampler-not-distributed"),
@@ -262,6 +264,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "holds a value (a raise under both tests, Megatron-LM's --sequence-parallel and CUDA_DEVICE_MAX_CONNECTIONS=1) "
        "is launched with that variable set", "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/"
        "arguments.py", "script-env-required"),
+    _c("bash", "A variable the script expands is assigned (ShellCheck SC2153 names one expanded but never set while "
+       "a near-identical name is): an unset one expands to nothing", "https://www.shellcheck.net/wiki/SC2153",
+       "shell-var-unset"),
     _c("mpirun (Open MPI)", "-N n is n processes per node (a synonym of --npernode), not a node count as in srun "
        "-N: given with --npernode or --map-by ppr the two per-node counts clash", "https://www.open-mpi.org/doc/v4.1/man1/"
        "mpirun.1.php", "mpirun-count-flags"),

