@@ -138,6 +138,8 @@ RULES: dict[str, str] = {
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
+    "env-str-as-number": "https://docs.python.org/3/library/os.html#os.environ",
+    "undefined-name": "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names",
     "ddp-before-to-device": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "rank-shard-unused": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "iterable-not-sharded": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset",

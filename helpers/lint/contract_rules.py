@@ -1537,6 +1537,37 @@ def rule_env_not_a_number(lt: PythonLinter) -> None:
                _SBATCH_ENV)
 
 
+_CONVERSIONS = frozenset({"int", "float", "bool", "str", "eval", "literal_eval", "strtobool", "Path"})
+_STRING_SINKS = frozenset({"print", "info", "warning", "debug", "error", "format", "join", "append", "get",
+                           "setdefault", "write", "log"})
+
+
+def rule_env_str_as_number(lt: PythonLinter) -> None:
+    """``env-str-as-number``: ``os.environ.get(K, 3600)`` (or ``os.getenv``) with a number as its default, used without
+    a conversion: unset, the value is that number; set, it is a string ("os.environ: a mapping object where keys and
+    values are strings", https://docs.python.org/3/library/os.html#os.environ), so the same line fails only when
+    someone sets the variable (``timedelta(seconds=os.environ.get('DIST_TIMEOUT', 3600))``: TypeError, VLMEvalKit)."""
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    if "environ" not in lt.text and "getenv" not in lt.text:
+        return
+    for c in lt._calls():
+        key = _env_key(c)
+        default = c.args[1] if len(c.args) > 1 else next((k.value for k in c.keywords if k.arg == "default"), None)
+        if key is None or not (isinstance(default, ast.Constant) and type(default.value) in (int, float)):
+            continue
+        parent = lt.parents.get(c)
+        if isinstance(parent, ast.Call) and _call_name(parent)[1] in _CONVERSIONS | _STRING_SINKS:
+            continue
+        if not (isinstance(parent, (ast.Call, ast.keyword, ast.BinOp, ast.Compare, ast.AugAssign)) or
+                isinstance(parent, ast.keyword)):
+            continue
+        lt.add("env-str-as-number", "error", c,
+               f"{ast.unparse(c)[:60]}: the default is a number but a set {key} is a string, and it is used as a "
+               "number here without a conversion: the line works until someone sets the variable (TypeError, or a "
+               "string comparison)", f"convert it: int({ast.unparse(c)})", "https://docs.python.org/3/library/os.html#os.environ")
+
+
 TORCH_DISTRIBUTED_NAMES = Path(__file__).resolve().parents[1] / "data" / "torch_distributed_names.txt"
 
 
@@ -1957,6 +1988,71 @@ ignite's loader wrappers, Lightning, datasets' split_dataset_by_node, iterable d
 
 
 _DDP_NAMES = ("DistributedDataParallel", "DDP", "DistributedDataParallelCPU")
+
+
+_DIST_SETUP = frozenset({"DistributedSampler", "DistributedDataParallel", "DDP", "init_process_group", "set_device",
+                         "FullyShardedDataParallel", "FSDP"})
+
+
+def _undefined_names(text: str) -> dict[tuple[int, str], int]:
+    """``{(line, name): column}`` of the names ruff's pyflakes check F821 finds undefined in ``text`` (a NameError
+    when that line runs).  ruff is the analyser (a project dependency, the linter of this code base); ``{}`` when it
+    cannot run."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "ruff"
+    ruff = str(exe) if exe.is_file() else shutil.which("ruff")
+    if ruff is None:
+        return {}
+    try:
+        proc = subprocess.run([ruff, "check", "--no-cache", "--isolated", "--select", "F821", "--output-format", "json",
+                               "--stdin-filename", "x.py", "-"], input=text, capture_output=True, text=True, timeout=10,
+                              check=False)
+        found = json.loads(proc.stdout or "[]")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    out: dict[tuple[int, str], int] = {}
+    for f in found:
+        m = re.search(r"`([^`]+)`", f.get("message", ""))
+        if m:
+            out[(f["location"]["row"], m.group(1))] = f["location"]["column"]
+    return out
+
+
+def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
+    """A name that decides the distributed set-up (``DistributedSampler(ds) if distributed else None``, ``if
+    distributed: model = DDP(model)``) but is defined nowhere the code can see it: that line raises ``NameError``
+    when it runs (ruff's F821 finds the undefined name; NERSC's sc22 tutorial read ``distributed`` in a function
+    whose caller set ``params.distributed``).  Other undefined names are left to a general linter."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(k in lt.text for k in _DIST_SETUP):
+        return
+    undefined = None
+    for node in lt.nodes:
+        if isinstance(node, ast.IfExp):
+            test, branches = node.test, [node.body, node.orelse]
+        elif isinstance(node, ast.If):
+            test, branches = node.test, node.body + node.orelse
+        else:
+            continue
+        if not any(isinstance(c, ast.Call) and _call_name(c)[1] in _DIST_SETUP for b in branches for c in ast.walk(b)):
+            continue
+        for n in ast.walk(test):
+            if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)):
+                continue
+            undefined = _undefined_names(lt.text) if undefined is None else undefined
+            if (n.lineno, n.id) in undefined:
+                lt.add("undefined-name", "error", n,
+                       f"{n.id} decides the distributed set-up here but is not defined in this scope (nor globally): "
+                       f"the line raises NameError: name '{n.id}' is not defined",
+                       f"pass it in or read it where it is set (params.{n.id}, args.{n.id})",
+                       "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
+                return
 
 
 def _other_branches(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
@@ -2443,6 +2539,8 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_loader_without_distributed_sampler(lt)
     rule_collective_same_tensor_twice(lt)
     rule_ddp_before_to_device(lt)
+    rule_undefined_distributed_flag(lt)
+    rule_env_str_as_number(lt)
     rule_launcher_env_unset(lt)
     rule_set_device_after_init(lt)
     rule_quantized_model_no_device_map(lt)

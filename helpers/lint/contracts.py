@@ -226,6 +226,11 @@ CONTRACTS: tuple[Contract, ...] = (
        "same way", _SAMPLER, "sampler-no-set-epoch"),
     _c("DistributedSampler", "The DataLoader of every rank uses it: a plain sampler assigned over it on every rank "
        "gives each rank the whole dataset", _SAMPLER, "sampler-not-distributed"),
+    _c("os.environ", "Values are strings: os.environ.get(K, <number>) used as a number needs a conversion, or it "
+       "fails once K is set", "https://docs.python.org/3/library/os.html#os.environ", "env-str-as-number"),
+    _c("Python name resolution", "A name that decides the distributed set-up (the test of a DistributedSampler / "
+       "DDP / init_process_group branch) is defined where it is read, or the line raises NameError",
+       "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names", "undefined-name"),
     _c("DistributedDataParallel", "The model's parameters are not changed after wrapping (its gradient hooks are "
        "registered on them): move or cast the module first, then wrap it", _DDP, "ddp-before-to-device"),
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "

@@ -67,3 +67,27 @@ def test_model_moved_after_the_ddp_wrap():
             model.to(device)
     """
     assert "ddp-before-to-device" not in ids(exclusive)
+
+
+def test_env_default_number_used_without_conversion():
+    text = """
+    import datetime
+    import os
+    import torch.distributed as dist
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=os.environ.get("DIST_TIMEOUT", 3600)))
+    """
+    assert "env-str-as-number" in ids(text)
+    assert "env-str-as-number" not in ids(text.replace('os.environ.get("DIST_TIMEOUT", 3600)',
+                                                       'int(os.environ.get("DIST_TIMEOUT", 3600))'))
+    assert "env-str-as-number" not in ids("import os\nprint(os.environ.get('N', 1))\n")
+
+
+def test_undefined_flag_that_decides_the_distributed_setup():
+    text = """
+    from torch.utils.data.distributed import DistributedSampler
+    def get_loader(params, ds):
+        sampler = DistributedSampler(ds) if distributed else None
+        return sampler
+    """
+    assert "undefined-name" in ids(text)
+    assert "undefined-name" not in ids(text.replace("if distributed", "if params.distributed"))
