@@ -778,6 +778,7 @@ class PythonLinter:
         findings (also kept in :attr:`findings`).  Passed in, not imported here: the contract rules import this module."""
         self.rule_rank_gated_collectives()
         self.rule_rank_early_exit()
+        self.rule_rank_nested_continue()
         self.rule_device_from_global_rank()
         self.rule_sampler_set_epoch()
         self.rule_rank_sliced_data()
@@ -946,6 +947,42 @@ class PythonLinter:
                                      "let every rank reach the collective (move the exit after it, or make the exit "
                                      "condition the same on all ranks)", "D21")
                         break
+
+    def rule_rank_nested_continue(self) -> None:
+        """D21: a ``continue`` / ``break`` nested anywhere under a rank gate inside a loop skips every collective that
+        comes later in that loop's body on the ranks that take it (VLMEvalKit: ``if rank == 0:`` holds several
+        ``continue`` statements, and the end-of-iteration ``dist.barrier()`` after the ``try`` block then waits for a
+        rank that already went on to the next dataset).  The direct case (the exit and the collective in one block)
+        is :meth:`rule_rank_early_exit`."""
+        for node in self.nodes:
+            if not isinstance(node, (ast.Continue, ast.Break)):
+                continue
+            loop, gate = None, None
+            p = self.parents.get(node)
+            while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(p, (ast.For, ast.While, ast.AsyncFor)):
+                    loop = p
+                    break
+                if gate is None and isinstance(p, ast.If) and self.taint.rank_test(p.test):
+                    gate = p
+                p = self.parents.get(p)
+            if loop is None or gate is None or _error_exit(node, self.parents):
+                continue
+            inside = {id(n) for n in ast.walk(gate)}
+            for call in self._calls(ast.Module(body=loop.body, type_ignores=[])):
+                if call.lineno <= node.lineno or id(call) in inside:
+                    continue
+                coll = self.collective_name(call)
+                if not coll or self._rank_gate(call) is not None:
+                    continue
+                kind = type(node).__name__.lower()
+                self.add("rank-early-exit-collective", "error", call,
+                         f"{coll} comes later in the loop than a {kind} (line {node.lineno}) under the rank-dependent "
+                         f"`if {_src(gate.test)[:40]}` (line {gate.lineno}): the ranks that take it skip this "
+                         "collective for that iteration while the others wait in it (hang, or the collectives pair up "
+                         "across iterations)", f"let every rank reach it: replace the {kind} under the rank gate "
+                         "with a flag checked after the collective, or move the collective before the gate", "D21")
+                break
 
     def _in_loop(self, node: ast.AST) -> bool:
         p = self.parents.get(node)

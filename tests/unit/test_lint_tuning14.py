@@ -91,3 +91,24 @@ def test_undefined_flag_that_decides_the_distributed_setup():
     """
     assert "undefined-name" in ids(text)
     assert "undefined-name" not in ids(text.replace("if distributed", "if params.distributed"))
+
+
+def test_continue_nested_under_a_rank_gate_skips_a_later_barrier():
+    text = """
+    import torch.distributed as dist
+    def main(rank, world_size, datasets):
+        for name in datasets:
+            try:
+                infer(name)
+                if rank == 0:
+                    if name == "test":
+                        continue
+                    evaluate(name)
+            except Exception:
+                pass
+            if world_size > 1:
+                dist.barrier()
+    """
+    assert "rank-early-exit-collective" in ids(text)
+    assert "rank-early-exit-collective" not in ids(text.replace("                        continue\n",
+                                                                "                        pass\n"))
