@@ -138,6 +138,8 @@ RULES: dict[str, str] = {
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
+    "download-every-rank": "https://docs.pytorch.org/vision/stable/datasets.html",
+    "cuda-before-set-device": "https://docs.pytorch.org/docs/stable/distributed.html",
     "env-str-as-number": "https://docs.python.org/3/library/os.html#os.environ",
     "undefined-name": "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names",
     "ddp-before-to-device": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
@@ -284,6 +286,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.cpu_tensor_to_collective_across(facts)
     findings += cross_rules.sampler_seed_across(facts)
     findings += cross_rules.iterable_not_sharded_across(facts)
+    findings += cross_rules.download_every_rank_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

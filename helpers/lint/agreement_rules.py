@@ -397,7 +397,8 @@ def rule_sampler_seed_per_rank(lt: PythonLinter) -> None:
 _BY_PROCESS = re.compile(r"\b(?:rank|world_size|num_replicas|num_processes|process_index|process_rank|global_rank|"
                          r"get_rank|get_world_size|node_rank|RANK|WORLD_SIZE|split_dataset_by_node|num_shards|shard_id)\b")
 _DATA_PARALLEL = re.compile(r"DistributedDataParallel|\bDDP\(|FullyShardedDataParallel|\bFSDP\(|FSDPStrategy|"
-                            r"DDPStrategy|Fabric\(|Accelerator\(|deepspeed\.initialize|init_process_group")
+                            r"DDPStrategy|Fabric\(|Accelerator\(|deepspeed\.initialize|init_process_group|"
+                            r"idist\.(?:Parallel|auto_model|auto_dataloader)")
 
 
 def rule_iterable_not_sharded(lt: PythonLinter) -> None:
@@ -457,6 +458,47 @@ def rule_rank_shard_unused(lt: PythonLinter) -> None:
                f"input_nodes={name} / Subset(dataset, {name}))", _SAMPLER)
 
 
+_RANK_FIRST = re.compile(r"barrier|wait_for_everyone|main_process_first|local_main_process_first|one_rank_first|"
+                         r"rank_zero_first|zero_first|local_rank_zero_first")
+
+
+def _rank_first_guarded(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node`` runs under a rank gate, or in a function that makes the ranks take turns (a barrier, Accelerate's
+    ``main_process_first``, ignite's ``one_rank_first``): the rank-first idiom around a download."""
+    if lt._rank_gate(node) is not None:
+        return True
+    scope = lt._enclosing_function(node) or lt.tree
+    return bool(_RANK_FIRST.search(ast.unparse(scope))) if scope is not lt.tree else bool(_RANK_FIRST.search(lt.text))
+
+
+def rule_download_every_rank(lt: PythonLinter) -> None:
+    """A dataset downloaded (``download=True``) by every rank at once: each process fetches and unpacks into the same
+    ``root`` (the dataset classes check for finished files, not for a download in progress: torchvision's
+    ``download`` "downloads the dataset ... If dataset is already downloaded, it is not downloaded again"), so the
+    ranks race on the same files (truncated archives, failed checksums).  The idiom: rank 0 (or each node's local
+    rank 0) downloads while the others wait in a barrier, then they read (pytorch-ignite/code-generator#60).  Reported
+    where the download runs ungated in a data parallel file, or (:func:`helpers.lint.cross_rules.download_every_rank_across`)
+    where such a file calls another linted file's function that downloads."""
+    facts = lt.facts
+    for c in lt._calls():
+        if not any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
+                   for k in c.keywords) or _rank_first_guarded(lt, c):
+            continue
+        fn = lt._enclosing_function(c)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            facts.download_funcs.setdefault(fn.name, c.lineno)
+        if facts.trains_data_parallel:
+            lt.add("download-every-rank", "warning", c,
+                   f"{ast.unparse(c)[:50]} downloads on every rank at once into the same root: the processes race on "
+                   "the same archive and files", "download on one rank first: if rank != 0: barrier(); download; if "
+                   "rank == 0: barrier() (or accelerator.main_process_first(), idist.one_rank_first())",
+                   "https://docs.pytorch.org/vision/stable/datasets.html")
+    for c in lt._calls():
+        name = call_name(c)
+        if name and name not in facts.ungated_calls and not _rank_first_guarded(lt, c):
+            facts.ungated_calls[name] = c.lineno
+
+
 def _line_node(line: int) -> ast.AST:
     """A bare node at ``line`` for a finding whose place is a line number."""
     node = ast.Pass()
@@ -473,7 +515,9 @@ def run(lt: PythonLinter) -> None:
     rule_sampler_seed_per_rank(lt)
     rule_iterable_not_sharded(lt)
     rule_rank_shard_unused(lt)
+    rule_download_every_rank(lt)
 
 
 __all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
-           "rule_iterable_not_sharded", "rule_rank_shard_unused", "rule_sampler_seed_per_rank", "run"]
+           "rule_download_every_rank", "rule_iterable_not_sharded", "rule_rank_shard_unused",
+           "rule_sampler_seed_per_rank", "run"]

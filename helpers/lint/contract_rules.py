@@ -354,6 +354,45 @@ def rule_collective_before_set_device(lt: PythonLinter) -> None:
                 break
 
 
+def _default_cuda(call: ast.Call) -> bool:
+    """``call`` puts something on the current CUDA device without naming one: ``device="cuda"``, ``.cuda()``."""
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args and not call.keywords:
+        return True
+    return any(k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
+               for k in call.keywords)
+
+
+def rule_cuda_before_set_device(lt: PythonLinter) -> None:
+    """CUDA work on the default device (``device="cuda"``, ``.cuda()``) in the same block before ``torch.cuda.set_device``
+    binds this rank's GPU: every rank of the node is still on cuda:0 then, so each creates a CUDA context (hundreds of
+    MB) and its tensors on GPU 0 ("it is the user's responsibility to ensure ... each rank has an individual GPU, via
+    torch.cuda.set_device()", ``_DIST``); modded-nanogpt's import-time warm-up tensor, moved below the binding
+    (KellerJordan/modded-nanogpt#161)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "set_device" not in lt.text or not re.search(r"""device\s*=\s*['"]cuda['"]|\.cuda\(\)""", lt.text):
+        return
+    for node in lt.nodes:
+        block = getattr(node, "body", None)
+        if not isinstance(block, list):
+            continue
+        at = next((i for i, st in enumerate(block) if isinstance(st, (ast.Expr, ast.Assign)) and any(
+            _call_name(c)[1] == "set_device" and "cuda" in _call_name(c)[0] for c in lt._calls(st))), None)
+        if not at:
+            continue
+        for stmt in block[:at]:
+            if not isinstance(stmt, (ast.Expr, ast.Assign)):
+                continue
+            hit = next((c for c in lt._calls(stmt) if _default_cuda(c)), None)
+            if hit is not None:
+                lt.add("cuda-before-set-device", "warning", hit,
+                       f"{ast.unparse(hit)[:50]} runs on the current CUDA device before torch.cuda.set_device (line "
+                       f"{block[at].lineno}): every rank of the node is still on cuda:0 then, so each creates a CUDA "
+                       "context and this tensor on GPU 0", "bind the device first (torch.cuda.set_device(local_rank)), "
+                       "then allocate", _DIST)
+                break
+
+
 def rule_fsdp_optimizer_before_wrap(lt: PythonLinter) -> None:
     """The optimizer built from ``model.parameters()`` before ``model = FSDP(model)`` / ``fully_shard(model)``."""
     from helpers.lint.python_rules import _call_name
@@ -2541,6 +2580,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_ddp_before_to_device(lt)
     rule_undefined_distributed_flag(lt)
     rule_env_str_as_number(lt)
+    rule_cuda_before_set_device(lt)
     rule_launcher_env_unset(lt)
     rule_set_device_after_init(lt)
     rule_quantized_model_no_device_map(lt)

@@ -101,7 +101,7 @@ CONTRACTS: tuple[Contract, ...] = (
        "https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py", "init-twice"),
     _c("init_process_group", "Each rank's GPU is bound (torch.cuda.set_device or device_id=) before the group is "
        "used: 'it is the user's responsibility to ensure that this is set so that each rank has an individual GPU'",
-       _INIT, ("set-device-after-init", "collective-before-set-device")),
+       _INIT, ("set-device-after-init", "collective-before-set-device", "cuda-before-set-device")),
     _c("init_process_group", "The nccl backend needs a CUDA device per rank: on CPU-only nodes use gloo", _DIST +
        "#backends", "nccl-without-gpus"),
     _c("launchers' environment", "A variable a launcher sets (ACCELERATE_*, LOCAL_RANK, SLURM_*) is read with a "
@@ -226,6 +226,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "same way", _SAMPLER, "sampler-no-set-epoch"),
     _c("DistributedSampler", "The DataLoader of every rank uses it: a plain sampler assigned over it on every rank "
        "gives each rank the whole dataset", _SAMPLER, "sampler-not-distributed"),
+    _c("torchvision datasets (download=True)", "The download checks for finished files, not for one in progress: in a "
+       "multi-process job one rank downloads first while the others wait, then all read",
+       "https://docs.pytorch.org/vision/stable/datasets.html", "download-every-rank"),
     _c("os.environ", "Values are strings: os.environ.get(K, <number>) used as a number needs a conversion, or it "
        "fails once K is set", "https://docs.python.org/3/library/os.html#os.environ", "env-str-as-number"),
     _c("Python name resolution", "A name that decides the distributed set-up (the test of a DistributedSampler / "

@@ -535,3 +535,26 @@ def iterable_not_sharded_across(facts: Sequence[object]) -> list[Check]:
                                f"give {name} the rank and world size and keep every world_size-th shard after the "
                                "worker split", "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset"))
     return out
+
+
+def download_every_rank_across(facts: Sequence[object]) -> list[Check]:
+    """A data parallel file that calls, outside any rank gate or rank-first guard, another linted file's function that
+    downloads a dataset with no guard of its own (:func:`helpers.lint.agreement_rules.rule_download_every_rank`): every
+    rank downloads into the same root at once (pytorch-ignite/code-generator#60)."""
+    defined = {name: (f.path, line) for f in facts  # type: ignore[attr-defined]
+               for name, line in getattr(f, "download_funcs", {}).items()}
+    out: list[Check] = []
+    for f in facts:
+        if not getattr(f, "trains_data_parallel", False):
+            continue
+        for name, line in getattr(f, "ungated_calls", {}).items():
+            where = defined.get(name)
+            if where is None or where[0] == f.path:  # type: ignore[attr-defined]
+                continue
+            out.append(finding("download-every-rank", "warning", f.path, line,  # type: ignore[attr-defined]
+                               f"{name}(...) downloads a dataset ({os.path.basename(where[0])}:{where[1]}, download=True) "
+                               "and every rank calls it here at once: the processes race on the same archive and files",
+                               "download on one rank first (if rank != 0: barrier(); ...; if rank == 0: barrier(), or "
+                               "idist.one_rank_first() / accelerator.main_process_first())",
+                               "https://docs.pytorch.org/vision/stable/datasets.html"))
+    return out

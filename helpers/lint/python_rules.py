@@ -129,6 +129,8 @@ class PyFacts:
     unsharded_iterables: dict[str, int] = field(default_factory=dict)  # IterableDataset subclass -> line: split by worker only
     constructs: dict[str, int] = field(default_factory=dict)  # names this file calls -> first line (classes, functions)
     trains_data_parallel: bool = False      # DDP / FSDP / Fabric / Accelerate / DeepSpeed: ranks that split data
+    download_funcs: dict[str, int] = field(default_factory=dict)  # functions that download with no rank-first guard
+    ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
 
 

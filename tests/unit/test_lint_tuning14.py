@@ -112,3 +112,40 @@ def test_continue_nested_under_a_rank_gate_skips_a_later_barrier():
     assert "rank-early-exit-collective" in ids(text)
     assert "rank-early-exit-collective" not in ids(text.replace("                        continue\n",
                                                                 "                        pass\n"))
+
+
+def test_cuda_work_before_the_device_is_bound():
+    text = """
+    import os
+    import torch
+    torch.empty(1, device="cuda", requires_grad=True).backward()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    """
+    assert "cuda-before-set-device" in ids(text)
+    moved = """
+    import os
+    import torch
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    torch.empty(1, device="cuda", requires_grad=True).backward()
+    """
+    assert "cuda-before-set-device" not in ids(moved)
+
+
+def test_dataset_downloaded_by_every_rank_across_files():
+    data = "from torchvision import datasets\ndef get_datasets(path):\n    return datasets.CIFAR10(root=path, download=True)\n"
+    main = textwrap.dedent("""
+    import ignite.distributed as idist
+    from datasets import get_datasets
+    def run(local_rank, config):
+        train = get_datasets(config.path)
+        loader = idist.auto_dataloader(train, batch_size=8)
+    """)
+    got = [(f.file, f.id) for f in lint_texts([("datasets.py", data), ("main.py", main)]) if f.status != "OK"]
+    assert ("main.py", "download-every-rank") in got
+    guarded = main.replace("    train = get_datasets(config.path)\n",
+                           "    if local_rank > 0:\n        idist.barrier()\n    train = get_datasets(config.path)\n"
+                           "    if local_rank == 0:\n        idist.barrier()\n")
+    got = [f.id for f in lint_texts([("datasets.py", data), ("main.py", guarded)]) if f.status != "OK"]
+    assert "download-every-rank" not in got
