@@ -129,7 +129,10 @@ def srun_torchrun(nnodes: int | str, nproc_per_node: int, script: str, script_ar
     srun = ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={ntasks_per_node}", *cpus, f"--export={export}",
             *map(shlex.quote, srun_args)]
     hosts = shlex.quote(",".join(nodelist)) if nodelist else '"$SLURM_JOB_NODELIST"'
-    return (f"export MASTER_ADDR=\"$(scontrol show hostnames {hosts} | head -n 1)\"\n"
+    # assigned, then exported: `export X="$(cmd)"` returns export's status and hides a failed scontrol from set -e
+    # (ShellCheck SC2155); assigned alone, the batch script stops there instead of starting tasks with no address
+    return (f"MASTER_ADDR=\"$(scontrol show hostnames {hosts} | head -n 1)\"\n"
+            f"export MASTER_ADDR\n"
             f"export MASTER_PORT={master_port}\n"
             f"{' '.join(srun)} bash -c '\n    {inner}\n'\n")
 

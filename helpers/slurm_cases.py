@@ -150,7 +150,7 @@ BREAKS: dict[str, tuple[str, str, Callable[[str], str]]] = {
                          _sub(r"^(export MASTER_PORT=\d+)$", r"NCCL_DEBUG=INFO\n\1")),
     "master-addr-not-exported": ("MASTER_ADDR computed but not exported before the single-quoted srun bash -c",
                                  "Gilbreth 8.5 (export MASTER_ADDR MASTER_PORT); PF-slurm-unexported-master",
-                                 _sub(r"^export (MASTER_ADDR=)", r"\1")),
+                                 _sub(r"^export MASTER_ADDR\n", "")),
     "node-rank-expanded-early": ("NODE_RANK=$SLURM_NODEID taken in the batch shell (node 0) and passed to every task",
                                  "Gilbreth 4.3, Gilbreth 8.5 (NODE_RANK=$SLURM_NODEID inside the task)",
                                  _chain(_sub(r"^(srun )", 'export NODE_RANK="$SLURM_NODEID"   # in the batch shell: node 0\n\\1'),

@@ -2082,8 +2082,9 @@ def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
         if not any(isinstance(c, ast.Call) and _call_name(c)[1] in _DIST_SETUP for b in branches for c in ast.walk(b)):
             continue
         for n in ast.walk(test):
-            if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)):
-                continue
+            if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)) or \
+                    isinstance(lt.parents.get(n), ast.Attribute):
+                continue  # `args.distributed` with no `args` here is an excerpt's global, not this bug
             undefined = _undefined_names(lt.text) if undefined is None else undefined
             if (n.lineno, n.id) in undefined:
                 lt.add("undefined-name", "error", n,

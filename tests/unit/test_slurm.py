@@ -17,7 +17,7 @@ from helpers import slurm
 def test_srun_torchrun_static_form_follows_gilbreth_4_3():
     text = slurm.srun_torchrun(2, 4, "/home/me/train.py", ["--lr", "0.1 x"], env={"NCCL_DEBUG": "INFO",
                                                                                  "NCCL_SOCKET_IFNAME": None})
-    assert text.startswith('export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n')
+    assert text.startswith('MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\nexport MASTER_ADDR\n')
     assert "export MASTER_PORT=29500\n" in text
     assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-4}\" --export=ALL bash -c '" in text
     assert "export NCCL_DEBUG=INFO" in text and "unset NCCL_SOCKET_IFNAME" in text
