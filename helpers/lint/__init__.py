@@ -138,6 +138,7 @@ RULES: dict[str, str] = {
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
+    "allreduce-sum-not-averaged": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",
     "download-every-rank": "https://docs.pytorch.org/vision/stable/datasets.html",
     "cuda-before-set-device": "https://docs.pytorch.org/docs/stable/distributed.html",
     "env-str-as-number": "https://docs.python.org/3/library/os.html#os.environ",

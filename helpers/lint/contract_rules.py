@@ -354,6 +354,52 @@ def rule_collective_before_set_device(lt: PythonLinter) -> None:
                 break
 
 
+_MEAN_NAME = re.compile(r"(?i)loss|acc|metric|err|score|ppl|perplexity")
+_WORLD_WORDS = re.compile(r"world_size|get_world_size|num_processes|num_replicas|n_gpus|ngpus|nranks|size\(\)")
+
+
+def rule_allreduce_sum_not_averaged(lt: PythonLinter) -> None:
+    """A loss or metric all-reduced with the default ``ReduceOp.SUM`` and then used (logged, printed, compared) with no
+    division by the world size: ``all_reduce``'s op defaults to SUM ("op (optional): One of the values from
+    torch.distributed.ReduceOp", SUM by default, ``_COLL``), so the value is N times the mean (NERSC's sc22 tutorial
+    logged the step-0 losses world_size times too large).  Not reported when the tensor is divided after the call, or
+    the op is AVG / MAX / MIN."""
+    from helpers.lint.python_rules import _call_name
+
+    if "all_reduce" not in lt.text:
+        return
+    tdist = {"torch.distributed"} | {n for n, o in lt.import_origins.items() if o == "torch.distributed"}
+    for c in lt._calls():
+        recv, fname = _call_name(c)
+        if fname != "all_reduce" or recv not in tdist or not c.args or not isinstance(c.args[0], ast.Name) or \
+                not _MEAN_NAME.search(c.args[0].id):
+            continue  # torch.distributed's own all_reduce (Fabric's and others' default to a mean)
+        op = next((k.value for k in c.keywords if k.arg == "op"), c.args[1] if len(c.args) > 1 else None)
+        if op is not None and not ast.unparse(op).endswith("SUM"):
+            continue
+        name = c.args[0].id
+        scope = lt._enclosing_function(c) or lt.tree
+        if any(isinstance(n, ast.Call) and _call_name(n)[1] == "all_reduce" and n.args and
+               re.search(r"(?i)count|num|total|tokens|samples|\bn_", ast.unparse(n.args[0])) for n in ast.walk(scope)):
+            continue  # a global count is summed beside it: a sum normalised by the job's count, not by the ranks
+        later = sorted((n for n in ast.walk(scope) if getattr(n, "lineno", 0) > c.lineno),
+                       key=lambda n: (n.lineno, getattr(n, "col_offset", 0)))
+        divided = any(isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and ast.unparse(n.target) == name or
+                      isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and name in ast.unparse(n.left)
+                      for n in later)
+        if divided or _WORLD_WORDS.search(" ".join(ast.unparse(n) for n in later if isinstance(n, ast.Assign) and
+                                                   name in ast.unparse(n))):
+            continue
+        used = next((n for n in later if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)), None)
+        if used is None:
+            continue
+        lt.add("allreduce-sum-not-averaged", "warning", c,
+               f"{ast.unparse(c)[:50]} sums {name} over the ranks (all_reduce's default op is SUM) and line "
+               f"{used.lineno} uses it with no division by the world size: the value is N times the mean",
+               f"divide after the sum ({name} /= dist.get_world_size()) or reduce with op=dist.ReduceOp.AVG (nccl)",
+               _COLL)
+
+
 def _default_cuda(call: ast.Call) -> bool:
     """``call`` puts something on the current CUDA device without naming one: ``device="cuda"``, ``.cuda()``."""
     if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args and not call.keywords:
@@ -2582,6 +2628,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_undefined_distributed_flag(lt)
     rule_env_str_as_number(lt)
     rule_cuda_before_set_device(lt)
+    rule_allreduce_sum_not_averaged(lt)
     rule_launcher_env_unset(lt)
     rule_set_device_after_init(lt)
     rule_quantized_model_no_device_map(lt)

@@ -244,6 +244,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("IterableDataset", "Each replica must be configured to read its own part ('replicated on each worker process "
        "... configured differently to avoid duplicated data'): no sampler shards it, so under data parallel training "
        "it must split by rank as well as by worker", _DATA + "#torch.utils.data.IterableDataset", "iterable-not-sharded"),
+    _c("all_reduce", "op defaults to ReduceOp.SUM: a loss or metric reduced for a mean is divided by the world size "
+       "(or reduced with AVG)", _COLL, "allreduce-sum-not-averaged"),
     _c("all_reduce", "Works in place on its tensor ('the final result ... will be in tensor'): reducing the same "
        "tensor again without assigning it sums the sum", _COLL, "collective-same-tensor-twice"),
     _c("DataLoader", "sampler and shuffle=True are mutually exclusive ('sampler option is mutually exclusive with "

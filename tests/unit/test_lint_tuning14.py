@@ -149,3 +149,21 @@ def test_dataset_downloaded_by_every_rank_across_files():
                            "    if local_rank == 0:\n        idist.barrier()\n")
     got = [f.id for f in lint_texts([("datasets.py", data), ("main.py", guarded)]) if f.status != "OK"]
     assert "download-every-rank" not in got
+
+
+def test_loss_all_reduced_with_sum_and_logged():
+    text = """
+    import torch
+    def log_first(model, inp, tar, writer, distributed, rank):
+        tr_loss = loss_func(model(inp), tar)
+        if distributed:
+            torch.distributed.all_reduce(tr_loss)
+        if rank == 0:
+            writer.add_scalar("Loss/train", tr_loss.item(), 0)
+    """
+    assert "allreduce-sum-not-averaged" in ids(text)
+    averaged = text.replace("torch.distributed.all_reduce(tr_loss)",
+                            "torch.distributed.all_reduce(tr_loss)\n            tr_loss /= torch.distributed.get_world_size()")
+    assert "allreduce-sum-not-averaged" not in ids(averaged)
+    fabric = "def f(fabric, val_loss):\n    fabric.all_reduce(val_loss, reduce_op='mean')\n    print(val_loss.item())\n"
+    assert "allreduce-sum-not-averaged" not in ids(fabric)
