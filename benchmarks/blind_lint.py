@@ -519,18 +519,52 @@ CAUSE_RULES14: dict[str, set[str]] = {
 from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
 that would name it)."""
 
+CAUSE_RULES15: dict[str, set[str]] = {
+    "wrong-device-per-rank": {"device-from-global-rank", "same-device-every-rank", "visible-devices-as-ordinal",
+                              "cuda-before-set-device", "default-device-tensor"},
+    "launcher-arg-contract": {"local-rank-arg-under-launcher", "script-arg-unknown"},
+    "io-on-every-rank": {"download-every-rank", "write-on-every-rank"},
+    "sampler-epoch-hook-mismatch": {"sampler-no-set-epoch", "epoch-hook-iter-runner"},
+    "uneven-distributed-eval-shards": {"rank-sliced-data", "uneven-eval-shards"},
+    "rank-unguarded-filesystem-op": {"write-on-every-rank", "rank-gated-directory"},
+    "missing-barrier-race": {"rank-gated-directory", "rank-gated-file-read-every-rank"},
+    "world-size-mismatch": {"world-size-from-device-count", "gpu-ids-under-distributed"},
+    "ddp-unwrap-mismatch": {"ddp-wrapper-attribute", "module-attr-without-ddp"},
+    "slurm-env-overwrite": {"slurm-env-misuse", "master-addr-overwritten"},
+    "slurm-port-hardcoded": {"hardcoded-master-port", "default-port-shared"},
+    "ddp-missing-device-ids": {"ddp-without-device-ids", "nccl-no-device-binding"},
+    "fsdp-config-wrapper-bug": {"undefined-attribute", "api-unknown-kwarg"},
+    "model-wrapper-unwrap-missing": {"ddp-wrapper-attribute", "isinstance-on-wrapper"},
+    "cross-rank-device-mismatch": {"gathered-on-other-devices"},
+    "cross-rank-metric-misreduction": {"metric-not-reduced", "gathered-mean-misreduced"},
+    "ddp-wrapper-attribute-access": {"ddp-wrapper-attribute"},
+    "eval-data-not-sharded": {"sampler-not-distributed", "rank-shard-unused"},
+    "model-mutation-after-ddp-wrap": {"ddp-before-to-device", "rank-gated-model-change"},
+    "metric-not-reduced-across-ranks": {"metric-not-reduced"},
+    "collective-in-rank-divergent-branch": {"rank-gated-collective", "file-gated-collective"},
+    "logger-init-on-every-rank": {"main-process-object-every-rank", "tracker-every-rank"},
+    "synced-metric-device-mismatch": {"gathered-on-other-devices"},
+    "fsdp-optimizer-state-resume": {"api-misuse-optimizer-arg"},
+    "fsdp-wrap-policy-error": {"undefined-name", "python-syntax"},
+    "distributed-sampler-rank-setup": {"sampler-rank-args-ignored"},
+    "ddp-trainer-save-every-rank": {"write-on-every-rank", "ddp-wrapper-attribute"},
+}
+"""Blind set 15 (tests/data/lint/blind15): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+
 
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
              "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12, "blind13": CAUSE_RULES13,
-             "blind14": CAUSE_RULES14}.get(
+             "blind14": CAUSE_RULES14, "blind15": CAUSE_RULES15}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
