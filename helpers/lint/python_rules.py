@@ -57,6 +57,8 @@ STRONG_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object"
                       "sharded_optim_state_dict", "summon_full_params", "get_model_state_dict",
                       "get_optimizer_state_dict", "consolidate_state_dict", "wait_for_everybody", "reduce_tensor",
                       "sync_across_processes", "all_gather_multigpu", "reduce_mean"}
+_LOGGER_RECEIVER = re.compile(r"(?i)logger|writer|tracker|wandb|mlflow|tensorboard|comet|neptune")
+"""Receivers whose ``save_checkpoint`` uploads or records a file (experiment trackers), not a collective."""
 WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "load_state", "pad_across_processes",
                     "get_state_dict", "optim_state_dict", "save", "load", "compute", "sync"}
 WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*accelerator|self\.accelerator|hvd|dcp|"
@@ -684,6 +686,8 @@ class PythonLinter:
                                                              not recv and name in self.module_aliases):
             return None  # a module's own save_checkpoint function (through its module or imported by name:
             # physicsnemo.launch.utils.save_checkpoint), not an engine method
+        if name in ("save_checkpoint", "load_checkpoint") and recv and _LOGGER_RECEIVER.search(recv):
+            return None  # a tracker's own checkpoint upload (wandb_logger.save_checkpoint), not an engine's
         if name in STRONG_COLLECTIVES and not (not recv and name in self.plain_functions):
             return f"{recv + '.' if recv else ''}{name}"
         if name in WEAK_COLLECTIVES:
@@ -1049,6 +1053,18 @@ class PythonLinter:
                          f"{_src(call)[:70]} picks the GPU from the global rank: on the second node RANK is 8..15 and "
                          "cuda:RANK does not exist ('invalid device ordinal') or ranks collide",
                          "use LOCAL_RANK: torch.cuda.set_device(int(os.environ['LOCAL_RANK']))", "D3")
+        for node in self.nodes:  # a device string f"cuda:{index}" built anywhere (returned, assigned, passed)
+            if not (isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) and
+                    str(node.values[0].value).endswith("cuda:")):
+                continue
+            if isinstance(self.parents.get(node), ast.Call) and _call_name(self.parents[node])[1] == "device":
+                continue  # torch.device(f"cuda:{...}"): read above
+            idx = [v.value for v in node.values if isinstance(v, ast.FormattedValue)]
+            if any(self._global_rank_value(a) or self._global_rank_on_some_path(a) for a in idx):
+                self.add("device-from-global-rank", "error", node,
+                         f"{_src(node)[:70]} names the GPU by the global rank (on the path where the process group "
+                         "is initialised): on the second node that index does not exist ('invalid device ordinal') "
+                         "or ranks collide", "use the local rank: LOCAL_RANK (or dist.get_node_local_rank())", "D3")
         for node in self.nodes:  # device_map={"": index}: the whole model on that device (Accelerate's big-model API)
             if isinstance(node, ast.Dict) and len(node.keys) == 1 and isinstance(node.keys[0], ast.Constant) \
                     and node.keys[0].value == "" and self._global_rank_value(node.values[0]):
@@ -1056,6 +1072,16 @@ class PythonLinter:
                          f"{_src(node)[:70]} puts the whole model on the device numbered by the global rank: on the "
                          "second node that index does not exist ('invalid device ordinal') or ranks share a GPU",
                          "use the local index: device_map={'': accelerator.local_process_index} (or LOCAL_RANK)", "D3")
+
+    def _global_rank_on_some_path(self, node: ast.AST) -> bool:
+        """``node`` is a name that some assignment in its function gives the global rank (``local_rank =
+        torch.distributed.get_rank()`` in one branch, LOCAL_RANK in the other: sentence-transformers#3373)."""
+        if not isinstance(node, ast.Name):
+            return False
+        scope = self._enclosing_function(node) or self.tree
+        return any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)
+                   and isinstance(a.value, ast.Call) and _call_name(a.value)[1] in GLOBAL_RANK_CALLS
+                   for a in ast.walk(scope))
 
     def rule_sampler_set_epoch(self) -> None:
         """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``."""
@@ -1130,7 +1156,8 @@ class PythonLinter:
         for call in self._calls():
             recv, name = _call_name(call)
             if name == "backward" and recv and recv not in engines and not recv.endswith("accelerator") \
-                    and recv not in ("torch.autograd", "autograd", "scaler") and not call.args:
+                    and recv not in ("torch.autograd", "autograd", "scaler") and not call.args \
+                    and not self._outside_deepspeed_branch(call):
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.backward() under a DeepSpeed engine ({', '.join(sorted(engines))}): DeepSpeed 0.19 "
                          "hooks the engine's output and raises 'Direct calls to tensor.backward() are not supported in "
@@ -1148,12 +1175,24 @@ class PythonLinter:
                          f"call {recv}.backward(loss) and {recv}.step() on every micro-batch and set "
                          "gradient_accumulation_steps in the DeepSpeed config to the accumulation count",
                          "https://www.deepspeed.ai/getting-started/#training")
-            if name == "step" and recv in optims and recv not in engines:
+            if name == "step" and recv in optims and recv not in engines and not self._outside_deepspeed_branch(call):
                 self.add("deepspeed-raw-backward", "error", call,
                          f"{recv}.step() bypasses {min(engines)}.step(): the gradient accumulation boundary, "
                          "gradient clipping, the lr scheduler and the step counter live in the engine's step "
                          "(DeepSpeed runtime/engine.py step -> _take_model_step), so the weights update on every "
                          "micro-batch", f"{min(engines)}.step()", "D18")
+
+    def _outside_deepspeed_branch(self, node: ast.AST) -> bool:
+        """``node`` runs on the path where the engine is not DeepSpeed: the ``else`` of ``if train_engine ==
+        "deepspeed":`` (wenet's batch_backward), or the body of a test that says it is not DeepSpeed (``!=``, ``not``)."""
+        child, p = node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, ast.If) and re.search(r"(?i)deepspeed", _src(p.test)):
+                negated = bool(re.search(r"!=|\bnot\b", _src(p.test)))
+                if (child in p.orelse) != negated:
+                    return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _deepspeed_initialize(self, call: ast.Call) -> bool:
         """``call`` is DeepSpeed's ``initialize``: ``deepspeed.initialize`` (or an alias of the module), or a bare
