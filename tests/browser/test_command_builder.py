@@ -216,7 +216,8 @@ def test_builder_in_jupyterlab(lab):
 
             page.locator(".rb-copy").click()                                     # copy button -> clipboard
             copied = page.evaluate("navigator.clipboard.readText()")
-            assert copied == _text(page, out) and copied.startswith("export MASTER_ADDR=")
+            assert copied == _text(page, out) and copied.startswith('MASTER_ADDR="$(scontrol')
+            assert "\nexport MASTER_ADDR\n" in copied                          # assigned, then exported (SC2155)
 
             page.locator(".rb-paste textarea").fill("torchrun --standalone --nnodes=2 --nproc-per-node=8 train.py")
             pasted = _wait_text(page, ".rb-paste-result", "standalone-multinode")
