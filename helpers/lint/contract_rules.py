@@ -2088,13 +2088,11 @@ def _undefined_names(text: str) -> dict[tuple[int, str], int]:
     when that line runs).  ruff is the analyser (a project dependency, the linter of this code base); ``{}`` when it
     cannot run."""
     import json
-    import shutil
     import subprocess
-    import sys
-    from pathlib import Path
 
-    exe = Path(sys.executable).parent / "ruff"
-    ruff = str(exe) if exe.is_file() else shutil.which("ruff")
+    from helpers import procs
+
+    ruff = procs.find_tool("ruff")
     if ruff is None:
         return {}
     try:
@@ -2283,6 +2281,8 @@ def rule_collective_same_tensor_twice(lt: PythonLinter) -> None:
                         continue
                     seen[key] = stmt.lineno
                     continue
+                if not seen:
+                    continue  # nothing reduced yet in this block: no assignment to look for
                 written = {ast.unparse(t) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
                 seen = {k: v for k, v in seen.items() if not any(k == w or k.startswith(w + ".") or
