@@ -514,47 +514,45 @@ def sampler_seed_across(facts: Sequence[object]) -> list[Check]:
     return out
 
 
+def _used_in_data_parallel_file(facts: Sequence[object], defined_attr: str,
+                                used_attr: str) -> list[tuple[object, str, int, tuple[str, int]]]:
+    """``(facts, name, line, (defining path, line))``: a name that one linted file records in ``defined_attr``
+    (``{name: line}``) and another file, one that trains data parallel, uses at ``line`` (``used_attr``, ``{name:
+    line}``).  The shared walk of the cross-file rules below."""
+    defined = {name: (f.path, line) for f in facts  # type: ignore[attr-defined]
+               for name, line in getattr(f, defined_attr, {}).items()}
+    out = []
+    for f in facts:
+        if not getattr(f, "trains_data_parallel", False):
+            continue
+        for name, line in getattr(f, used_attr, {}).items():
+            where = defined.get(name)
+            if where is not None and where[0] != f.path:  # type: ignore[attr-defined]
+                out.append((f, name, line, where))
+    return out
+
+
 def iterable_not_sharded_across(facts: Sequence[object]) -> list[Check]:
     """A linted file that trains data parallel and builds another linted file's ``IterableDataset`` subclass that splits
     its stream by worker only (:func:`helpers.lint.agreement_rules.rule_iterable_not_sharded`, which reports the case
     of one file): every rank reads the same samples."""
-    defined = {name: (f.path, line) for f in facts  # type: ignore[attr-defined]
-               for name, line in getattr(f, "unsharded_iterables", {}).items()}
-    out: list[Check] = []
-    for f in facts:
-        if not getattr(f, "trains_data_parallel", False):
-            continue
-        for name, line in getattr(f, "constructs", {}).items():
-            where = defined.get(name)
-            if where is None or where[0] == f.path:  # type: ignore[attr-defined]
-                continue
-            out.append(finding("iterable-not-sharded", "warning", f.path, line,  # type: ignore[attr-defined]
-                               f"{name}(...) is an IterableDataset ({os.path.basename(where[0])}:{where[1]}) that "
-                               "splits its stream by DataLoader worker only, and this file trains data parallel: every "
-                               "rank reads the same samples (no sampler shards an iterable dataset)",
-                               f"give {name} the rank and world size and keep every world_size-th shard after the "
-                               "worker split", "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset"))
-    return out
+    return [finding("iterable-not-sharded", "warning", f.path, line,  # type: ignore[attr-defined]
+                    f"{name}(...) is an IterableDataset ({os.path.basename(where[0])}:{where[1]}) that "
+                    "splits its stream by DataLoader worker only, and this file trains data parallel: every "
+                    "rank reads the same samples (no sampler shards an iterable dataset)",
+                    f"give {name} the rank and world size and keep every world_size-th shard after the "
+                    "worker split", "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset")
+            for f, name, line, where in _used_in_data_parallel_file(facts, "unsharded_iterables", "constructs")]
 
 
 def download_every_rank_across(facts: Sequence[object]) -> list[Check]:
     """A data parallel file that calls, outside any rank gate or rank-first guard, another linted file's function that
     downloads a dataset with no guard of its own (:func:`helpers.lint.agreement_rules.rule_download_every_rank`): every
     rank downloads into the same root at once (pytorch-ignite/code-generator#60)."""
-    defined = {name: (f.path, line) for f in facts  # type: ignore[attr-defined]
-               for name, line in getattr(f, "download_funcs", {}).items()}
-    out: list[Check] = []
-    for f in facts:
-        if not getattr(f, "trains_data_parallel", False):
-            continue
-        for name, line in getattr(f, "ungated_calls", {}).items():
-            where = defined.get(name)
-            if where is None or where[0] == f.path:  # type: ignore[attr-defined]
-                continue
-            out.append(finding("download-every-rank", "warning", f.path, line,  # type: ignore[attr-defined]
-                               f"{name}(...) downloads a dataset ({os.path.basename(where[0])}:{where[1]}, download=True) "
-                               "and every rank calls it here at once: the processes race on the same archive and files",
-                               "download on one rank first (if rank != 0: barrier(); ...; if rank == 0: barrier(), or "
-                               "idist.one_rank_first() / accelerator.main_process_first())",
-                               "https://docs.pytorch.org/vision/stable/datasets.html"))
-    return out
+    return [finding("download-every-rank", "warning", f.path, line,  # type: ignore[attr-defined]
+                    f"{name}(...) downloads a dataset ({os.path.basename(where[0])}:{where[1]}, download=True) "
+                    "and every rank calls it here at once: the processes race on the same archive and files",
+                    "download on one rank first (if rank != 0: barrier(); ...; if rank == 0: barrier(), or "
+                    "idist.one_rank_first() / accelerator.main_process_first())",
+                    "https://docs.pytorch.org/vision/stable/datasets.html")
+            for f, name, line, where in _used_in_data_parallel_file(facts, "download_funcs", "ungated_calls")]
