@@ -90,7 +90,7 @@ def text_traps(text: str) -> list[Check]:
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
-            + _interpreter_as_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text))
+            + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -226,6 +226,57 @@ def _interpreter_as_script_traps(text: str) -> list[Check]:
                    f"('python -u {script} ...'), so the interpreter is read as a script file and no rank starts",
                    f"drop '{script}' ({kind} ... train.py args), or pass --no-python when the program is to be run as "
                    "it is", "https://docs.pytorch.org/docs/stable/elastic/run.html")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_LAUNCHER_ONLY = {
+    "torchrun": {"--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-id", "--rdzv-backend", "--rdzv-endpoint",
+                 "--rdzv-conf", "--max-restarts", "--standalone"},
+    "deepspeed": {"--num-gpus", "--num-nodes", "--hostfile", "--include", "--exclude", "--launcher", "--no-ssh",
+                  "--force-multi", "--master-addr", "--master-port", "--no-local-rank"},
+    "accelerate": {"--num-processes", "--num-machines", "--machine-rank", "--main-process-ip", "--main-process-port",
+                   "--multi-gpu", "--use-deepspeed", "--use-fsdp", "--gpu-ids"},
+}
+"""Each launcher's options that configure the launch itself (process and node counts, rendezvous, hosts), which a
+training script has no use for.  Options scripts commonly define as well (``--mixed_precision``, ``--config_file``,
+``--gradient_accumulation_steps``) are left out."""
+_LAUNCHER_DOCS = {"torchrun": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+                  "deepspeed": "https://www.deepspeed.ai/getting-started/#resource-configuration-multi-node",
+                  "accelerate": "https://huggingface.co/docs/accelerate/en/package_reference/cli#accelerate-launch"}
+
+
+def _launcher_option_after_script_traps(text: str) -> list[Check]:
+    """``launcher-option-after-script``: a launcher's own option written after the training script
+    (``deepspeed train.py --num_gpus 2``).  Every launcher reads its options up to the first positional argument and
+    hands the rest to the script untouched (torchrun's ``training_script_args``, the deepspeed runner's
+    ``user_args``, accelerate's ``training_script_args``: argparse ``REMAINDER``), so the launcher keeps its default
+    (one process, one node, no hostfile) and the script gets an option it may reject.  ``field`` is
+    ``script_args:<option as written>`` so that ``runbook lint`` drops it where the linted script defines that
+    option itself (:func:`helpers.lint.cross_rules.settle`)."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if line.lstrip().startswith("#"):
+            continue
+        got = launcher_argv(split_words(line))
+        if got is not None and got[0] == "srun":
+            got = next((g for i in range(len(got[1])) if (g := launcher_argv(got[1][i:])) and g[0] != "srun"), None)
+        if got is None or got[0] not in _LAUNCHER_ONLY:
+            continue
+        kind, argv = got
+        _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES[kind])
+        if not script or re.fullmatch(r"python[0-9.]*", script.rsplit("/", 1)[-1]):
+            continue
+        hit_opt = next((a.split("=", 1)[0] for a in rest if a == "--" or
+                        a.split("=", 1)[0].replace("_", "-") in _LAUNCHER_ONLY[kind]), None)
+        if hit_opt is None or hit_opt == "--":
+            continue
+        hit = trap("launcher-option-after-script", "WARN", f"script_args:{hit_opt}",
+                   f"{hit_opt} comes after the script {script}: {kind} passes everything after the script to it "
+                   f"unread, so {kind} keeps its default for {hit_opt} and {script} gets an option it may not define",
+                   f"move {hit_opt} before the script ({kind} [launcher options] {script} [script options])",
+                   _LAUNCHER_DOCS[kind])
         hit.line_no = number
         out.append(hit)
     return out

@@ -108,6 +108,7 @@ RULES: dict[str, str] = {
     "rank-before-init": "https://docs.pytorch.org/docs/stable/distributed.html",
     "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "script-arg-unknown": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "script-arg-missing": "https://docs.python.org/3/library/argparse.html#required",
     "nccl-without-gpus": "https://docs.pytorch.org/docs/stable/distributed.html",
     "lightning-slurm-mismatch": "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html",
     # helpers.lint.deepspeed_rules
@@ -136,6 +137,7 @@ RULES: dict[str, str] = {
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    "launcher-option-after-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
     "allreduce-sum-not-averaged": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",

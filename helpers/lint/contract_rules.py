@@ -87,6 +87,7 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     known_only = "parse_known_args" in text
     options: set[str] = set()
     defaults: dict[str, str] = {}
+    required: list[tuple[tuple[str, ...], int]] = []
     dynamic = False
     for (recv, name), c in names:
         if name == "add_argument":
@@ -96,6 +97,8 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             options.update(s for s in strs if s.startswith("-"))
             default = _const(_kw(c, "default"))
             longs = [x for x in strs if x.startswith("--")]
+            if _const(_kw(c, "required")) is True and strs and all(s.startswith("-") for s in strs):
+                required.append((tuple(strs), c.lineno))
             if isinstance(default, str) and longs:
                 defaults[longs[0][2:].replace("-", "_")] = default
         elif name == "add_config_arguments":
@@ -144,6 +147,7 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     sc.extra["literal_options"] = frozenset(options)  # the option strings written out, even where others are added
     if plain_argparse and sc.options_line and not dynamic:
         sc.options = options
+        sc.extra["required_options"] = tuple(required)
     sc.reads_local_rank_env = bool(re.search(r"['\"](LOCAL_RANK|SLURM_LOCALID|OMPI_COMM_WORLD_LOCAL_RANK|MPI_LOCALRANKID)"
                                              r"['\"]", text))
     sc.uses_args_local_rank = bool(re.search(r"\b(args|opt|opts|cfg|config|hparams|params)\.local_rank\b", text))
@@ -2114,7 +2118,9 @@ def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
     """A name that decides the distributed set-up (``DistributedSampler(ds) if distributed else None``, ``if
     distributed: model = DDP(model)``) but is defined nowhere the code can see it: that line raises ``NameError``
     when it runs (ruff's F821 finds the undefined name; NERSC's sc22 tutorial read ``distributed`` in a function
-    whose caller set ``params.distributed``).  Other undefined names are left to a general linter."""
+    whose caller set ``params.distributed``); also an undefined name read in the branch that does the set-up (FunASR's
+    FSDP wrap policy read ``unwrapped_params``): that branch runs only in the distributed job, so a single-process
+    try never reaches it.  Other undefined names are left to a general linter."""
     from helpers.lint.python_rules import _call_name
 
     if not any(k in lt.text for k in _DIST_SETUP):
@@ -2129,14 +2135,25 @@ def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
             continue
         if not any(isinstance(c, ast.Call) and _call_name(c)[1] in _DIST_SETUP for b in branches for c in ast.walk(b)):
             continue
-        for n in ast.walk(test):
+        names = list(ast.walk(test))
+        if isinstance(node, ast.If):  # and the branch that does the set-up, run only in the distributed case
+            for branch in (node.body, node.orelse):
+                if any(isinstance(c, ast.Call) and _call_name(c)[1] in _DIST_SETUP for s in branch for c in ast.walk(s)) \
+                        and not (len(branch) == 1 and isinstance(branch[0], ast.If)):  # an elif: its own If
+                    inside = [n for s in branch for n in ast.walk(s)]
+                    undefined = _undefined_names(lt.text) if undefined is None else undefined
+                    spans = {(n.lineno, n.id) for n in inside if isinstance(n, ast.Name)}
+                    if set(undefined) <= spans:  # a whole file: nothing undefined outside the branch (an excerpt
+                        names += inside         # leaves its globals undefined everywhere)
+        for n in names:
             if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)) or \
                     isinstance(lt.parents.get(n), ast.Attribute):
                 continue  # `args.distributed` with no `args` here is an excerpt's global, not this bug
             undefined = _undefined_names(lt.text) if undefined is None else undefined
             if (n.lineno, n.id) in undefined:
                 lt.add("undefined-name", "error", n,
-                       f"{n.id} decides the distributed set-up here but is not defined in this scope (nor globally): "
+                       f"{n.id} {'decides' if any(n is x for x in ast.walk(test)) else 'is read in'} the distributed "
+                       "set-up here but is not defined in this scope (nor globally): "
                        f"the line raises NameError: name '{n.id}' is not defined",
                        f"pass it in or read it where it is set (params.{n.id}, args.{n.id})",
                        "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")

@@ -291,6 +291,12 @@ CONTRACTS: tuple[Contract, ...] = (
        "args.local_rank keeps its default on every rank", _TORCHRUN, "local-rank-arg-under-launcher"),
     _c("torchrun", "The script accepts the arguments written after it on the launch line", _TORCHRUN,
        "script-arg-unknown"),
+    _c("argparse (the training script's parser)", "Every option the script's parser declares required=True is "
+       "passed on the launch line ('error: the following arguments are required')",
+       "https://docs.python.org/3/library/argparse.html#required", "script-arg-missing"),
+    _c("torchrun, deepspeed, accelerate launch", "The launcher's own options (process and node counts, rendezvous, "
+       "hosts) come before the training script: everything after the script is handed to the script unread",
+       _TORCHRUN, "launcher-option-after-script"),
     _c("torchrun", "With the c10d rendezvous every node passes the same --rdzv-id and --rdzv-endpoint", _TORCHRUN,
        note="each node's line is decided where it is typed; one srun line gives every node the same values"),
     _c("torch.distributed.launch", "The legacy launcher passes --local-rank=N (dashed since PyTorch 2.0) unless "

@@ -81,6 +81,14 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "arguments: --local-rank=0'",
                 'parser.add_argument("--local-rank", "--local_rank", type=int), or switch to torchrun and read '
                 "LOCAL_RANK", _LAUNCH))
+        elif legacy and sc.options is not None and "--local_rank" not in sc.options:
+            out.append(finding(
+                "local-rank-arg-under-launcher", "warning", script, sc.options_line,
+                "python -m torch.distributed.launch passes --local_rank=N (underscored) before PyTorch 2.0 and "
+                "--local-rank=N since; this parser defines only --local-rank (argparse does not equate the two): "
+                "'error: unrecognized arguments: --local_rank=0' on torch 1.x",
+                'parser.add_argument("--local-rank", "--local_rank", type=int) (both spellings), or switch to '
+                "torchrun and read LOCAL_RANK", _LAUNCH))
         elif spec.kind == "deepspeed" and "--no_local_rank" not in text and "--no-local-rank" not in text and \
                 sc.options is not None and "--local_rank" not in sc.options:
             out.append(finding(
@@ -98,6 +106,7 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "local_rank = int(os.environ['LOCAL_RANK'])", _TORCHRUN))
         if sc.options is not None:
             out += _unknown_args(path, line, spec, sc, script)
+            out += _missing_args(path, line, spec, sc, script)
         fixed = sc.extra.get("const_device")
         if fixed and spec.nproc_per_node > 1 and "CUDA_VISIBLE_DEVICES" not in text and \
                 not sc.extra.get("sets_visible_devices"):
@@ -192,17 +201,26 @@ def settle(findings: list[Check], facts: Sequence[object],
 
     * ``srun-tasks-per-node`` for ``srun python X.py`` (field ``direct:X.py``) is dropped when the linted ``X.py``
       starts its own processes (``mp.spawn``: one task per node is then right);
+    * ``launcher-option-after-script`` (field ``script_args:--opt``) is dropped when the linted script the launch
+      starts defines ``--opt`` itself;
     * ``local-rank-as-global-rank`` becomes an error when a linted launch starts that script on several nodes (the
       local rank repeats on every node: torchrun docs, ``_TORCHRUN``).
     """
     spawning = {os.path.basename(f.path) for f in facts  # type: ignore[attr-defined]
                 if getattr(getattr(f, "contract", None), "spawns", False)}
+    defined: dict[str, set[str]] = {}  # launch file -> the options its linted script writes out
+    for path, _text, spec in launches:
+        got = _script(facts, spec.script) if spec is not None else None
+        if got is not None:
+            defined[path] = {o.replace("_", "-") for o in got[1].extra.get("literal_options", ())}  # type: ignore[union-attr]
     multinode = {os.path.basename(spec.script) for _p, text, spec in launches if spec is not None and
                  _nodes(spec, text) > 1}
     out = []
     for f in findings:
         if f.id == "srun-tasks-per-node" and f.field.startswith("direct:") and f.field[7:] in spawning:
             continue
+        if f.id == "launcher-option-after-script" and f.field[12:].replace("_", "-") in defined.get(f.file, ()):
+            continue  # the script defines that option itself: it is the script's
         if f.id == "local-rank-as-global-rank" and f.status == "WARN" and os.path.basename(f.file) in multinode:
             f.status = "FAIL"
             f.title += " (the launch here starts it on several nodes)"
@@ -224,6 +242,34 @@ def _unknown_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, sc
                         f"the launch line passes {name} to {os.path.basename(script)}, whose argparse parser "
                         f"({script}:{sc.options_line}) does not define it: 'error: unrecognized arguments: {arg}'",
                         f"add parser.add_argument('{name}', ...) or drop it from the launch line", _TORCHRUN)]
+    return []
+
+
+_ARGPARSE = "https://docs.python.org/3/library/argparse.html#required"
+
+
+def _missing_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, script: str) -> list[Check]:
+    """An option the script's parser declares ``required=True`` that the launch line does not pass: argparse stops
+    every rank with "error: the following arguments are required: --x" (``_ARGPARSE``).  A long option may be given
+    by a unique prefix (``allow_abbrev``).  Not decided where an argument the shell expands could hold options (a
+    ``$ARGS`` or ``"$@"`` that is not an option's value), nor for ``--local_rank`` (the launcher passes it)."""
+    args = list(spec.script_args)
+    for i, arg in enumerate(args):
+        if "$" in arg and not (i and args[i - 1].startswith("-") and "=" not in args[i - 1]) and \
+                not (arg.startswith("-") and "=" in arg and "$" not in arg.split("=", 1)[0]):
+            return []  # the expansion may hold the options themselves
+    given = [a.split("=", 1)[0] for a in args if a.startswith("-") and not re.fullmatch(r"-\d.*", a)]
+    for names, decl in sc.extra.get("required_options", ()):  # type: ignore[attr-defined]
+        if any("local_rank" in n or "local-rank" in n for n in names):
+            continue
+        if any(g in names or (g.startswith("--") and len(g) > 2 and any(n.startswith(g) for n in names if n.startswith("--")))
+               for g in given):
+            continue
+        return [finding("script-arg-missing", "error", path, line,
+                        f"{os.path.basename(script)} declares {names[-1]} required ({script}:{decl}) and the launch "
+                        f"line does not pass it: every rank stops with 'error: the following arguments are required: "
+                        f"{'/'.join(names)}'", f"pass {names[-1]} <value> on the launch line (after the script)",
+                        _ARGPARSE)]
     return []
 
 

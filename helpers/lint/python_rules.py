@@ -1084,8 +1084,12 @@ class PythonLinter:
                    for a in ast.walk(scope))
 
     def rule_sampler_set_epoch(self) -> None:
-        """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``."""
-        if any(_call_name(c)[1] == "set_epoch" for c in self._calls()):
+        """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``, or with ``set_epoch`` called only
+        once (a constant epoch, or a call before the epoch loop of its own function and outside every loop): the
+        sampler's docs, "calling the set_epoch() method at the beginning of each epoch before creating the DataLoader
+        iterator is necessary to make shuffling work properly across multiple epochs"."""
+        set_epochs = [c for c in self._calls() if _call_name(c)[1] == "set_epoch"]
+        if set_epochs and not all(self._set_epoch_once(c) for c in set_epochs):
             return
         classes = {"DistributedSampler"}
         for node in self.nodes:  # sampler_cls = RandomSampler if ... else DistributedSampler
@@ -1099,11 +1103,30 @@ class PythonLinter:
             return
         epoch_loop = any(isinstance(n, ast.For) and ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower())
                          for n in self.nodes)
-        if epoch_loop:
+        if epoch_loop and set_epochs:
+            self.add("sampler-no-set-epoch", "warning", set_epochs[0],
+                     f"{_src(set_epochs[0])[:60]} runs once, before the epoch loop: the sampler's seed is fixed by "
+                     "the epoch it was last given, so every epoch sees the same order (silent)",
+                     "call sampler.set_epoch(epoch) inside the epoch loop, before iterating the loader", "D22")
+        elif epoch_loop:
             self.add("sampler-no-set-epoch", "warning", samplers[0],
                      "DistributedSampler shuffles with a seed fixed by its epoch, and set_epoch is never called: every "
                      "epoch sees the same order (silent)",
                      "call sampler.set_epoch(epoch) at the start of each epoch", "D22")
+
+    def _set_epoch_once(self, call: ast.Call) -> bool:
+        """``call`` (a ``set_epoch``) runs once per run: its epoch is a constant, or it sits outside every loop in a
+        function (or module) whose epoch loop starts after it."""
+        if call.args and isinstance(call.args[0], ast.Constant):
+            return True
+        node: ast.AST | None = call
+        while node is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.ListComp, ast.GeneratorExp)):
+                return False
+            node = self.parents.get(node)
+        scope = node if node is not None else self.tree
+        return any(isinstance(n, ast.For) and n.lineno > call.lineno and
+                   ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower()) for n in ast.walk(scope))
 
     def rule_rank_sliced_data(self) -> None:
         """D9/D22: each rank slices its own share (uneven lengths) without a sampler or Join."""
