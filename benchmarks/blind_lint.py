@@ -554,17 +554,54 @@ from the manifest's categories and causes before the set's first run (ids that n
 that would name it)."""
 
 
+CAUSE_RULES16: dict[str, set[str]] = {
+    "launcher-env-default-broken": {"shell-default-expansion", "master-addr-missing", "launcher-var-unset"},
+    "launcher-arg-contract-local-rank": {"local-rank-arg-under-launcher", "script-arg-unknown"},
+    "ddp-wrapper-attribute-access": {"ddp-wrapper-attribute"},
+    "double-process-group-init": {"init-twice"},
+    "lr-schedule-vs-sharded-dataloader": {"lr-steps-from-dataset-length"},
+    "save-on-every-rank": {"write-on-every-rank"},
+    "eval-gather-duplicates": {"gather-not-for-metrics"},
+    "wrong-device-global-rank": {"device-from-global-rank"},
+    "rank0-object-used-on-all-ranks": {"rank-gated-object-used"},
+    "missing-set-epoch": {"sampler-no-set-epoch"},
+    "rank-dependent-shard-partition": {"rank-split-differs"},
+    "zero3-save-without-gather": {"ds-zero3-save-without-gather"},
+    "deepspeed-scheduler-ownership": {"ds-plateau-scheduler"},
+    "deepspeed-dataloader-iterable-dataset": {"ds-iterable-training-data"},
+    "accelerate-deepspeed-plugin-misuse": {"undefined-attribute"},
+    "ema-created-before-device-placement": {"ema-before-to-device"},
+    "checkpoint-saved-on-every-rank": {"write-on-every-rank"},
+    "rank0-only-long-work-before-barrier": {"init-without-timeout", "init-timeout-short"},
+    "launch-line-script-arg-mismatch": {"script-arg-unknown", "script-arg-missing"},
+    "distributed-sampler-undefined-single-process": {"unbound-after-ddp-branch", "undefined-name"},
+    "local-rank-stored-in-shared-args": {"local-rank-shared-args"},
+    "missing-barrier-after-rank0-dir-prep": {"rank-gated-directory"},
+    "collective-without-process-group": {"collective-before-init"},
+    "launch-config-contradiction": {"config-override-contradiction"},
+    "launch-override-unknown-config-key": {"config-override-unknown-key"},
+    "steps-from-unsharded-dataloader": {"lr-steps-from-dataset-length"},
+    "seed-not-offset-by-rank": {"same-seed-every-rank"},
+    "slurm-cluster-environment-missing": {"lightning-slurm-mismatch"},
+    "rank-dependent-module-participation-deadlock": {"find-unused-parameters", "rank-dependent-modules"},
+}
+"""Blind set 16 (tests/data/lint/blind16): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+
+
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
              "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12, "blind13": CAUSE_RULES13,
-             "blind14": CAUSE_RULES14, "blind15": CAUSE_RULES15}.get(
+             "blind14": CAUSE_RULES14, "blind15": CAUSE_RULES15,
+             "blind16": CAUSE_RULES16}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
