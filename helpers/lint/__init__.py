@@ -137,6 +137,11 @@ RULES: dict[str, str] = {
     "nnodes-mismatch": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-default-expansion": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
     "launcher-program-not-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
+    # helpers.lint.engine_args_rules (what deepspeed.initialize is given)
+    "ds-plateau-scheduler": "https://deepspeed.readthedocs.io/en/latest/initialize.html",
+    "ds-iterable-training-data": "https://deepspeed.readthedocs.io/en/latest/initialize.html",
+    "ema-before-to-device": "https://github.com/huggingface/pytorch-image-models/blob/main/timm/utils/model_ema.py",
+    "gather-not-for-metrics": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.gather_for_metrics",
     "launcher-option-after-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
@@ -333,6 +338,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     "Gilbreth 7.5"))
     findings += cross_rules.ds_args_mismatch(launches, ds_files, acc_files)  # type: ignore[arg-type]
     findings += cross_rules.ds_scheduler_overrides(launches, ds_files, facts)  # type: ignore[arg-type]
+    findings += cross_rules.zero3_unwrapped_save(facts, ds_files, acc_files)  # type: ignore[arg-type]
     accel = next(((f.path, f.accelerator_grad_accum[0], str(f.accelerator_grad_accum[1])) for f in facts
                   if f.accelerator_grad_accum), None)
     ds_gas = next(((p, d.get("gradient_accumulation_steps")) for p, _, d in ds_files), None)

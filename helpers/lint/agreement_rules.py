@@ -226,6 +226,8 @@ def _makes_group(call: ast.Call) -> str | None:
         return f"{name}()"
     if name == "init_distributed" and recv.endswith("deepspeed"):
         return "deepspeed.init_distributed()"
+    if name in ("launch", "launch_from_torch", "launch_from_slurm", "launch_from_openmpi") and recv.endswith("colossalai"):
+        return f"colossalai.{name}()"  # calls init_process_group itself, untested (colossalai/initialize.py launch)
     return None
 
 
@@ -249,10 +251,12 @@ def rule_init_twice(lt: PythonLinter) -> None:
             if what == "destroy":
                 made = None
                 continue
-            if what == "init_process_group" and made is not None and not _guarded(lt, c) and \
+            if (what == "init_process_group" or what.startswith("colossalai.")) and made is not None and \
+                    not _guarded(lt, c) and \
                     not _other_branch(lt, c, made[0]):
                 lt.add("init-twice", "error", c,
-                       f"init_process_group here, after {made[1]} at line {made[0]} made the default process group on "
+                       f"{what if what != 'init_process_group' else 'init_process_group'} here, after {made[1]} at "
+                       f"line {made[0]} made the default process group on "
                        "this path: torch raises 'ValueError: trying to initialize the default process group twice!' "
                        "(Accelerator() and deepspeed.init_distributed() make it under a multi-process launcher)",
                        "keep one of the two, or test torch.distributed.is_initialized() before init_process_group",

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from helpers.lint import agreement_rules, grad_sync_rules, signature_rules
+from helpers.lint import agreement_rules, engine_args_rules, grad_sync_rules, signature_rules
 from helpers.lint.contracts import _ACC, _COLL, _DATA, _DDP, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 DEEPSPEED_ARGS = {"--deepspeed", "--deepspeed_config", "--deepscale", "--deepscale_config"}
 """What ``deepspeed.add_config_arguments(parser)`` adds (deepspeed/__init__.py ``_add_core_arguments``)."""
+
+
+_NO_VALUE_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count", "help", "version",
+                     "BooleanOptionalAction"}
+"""argparse actions that take no value on the command line (https://docs.python.org/3/library/argparse.html#action)."""
 
 
 @dataclass
@@ -75,7 +80,7 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     calls = lt._calls()
     names = [(_call_name(c), c) for c in calls]
     plain_argparse = "ArgumentParser(" in text and not re.search(
-        r"HfArgumentParser|add_subparsers|parents\s*=|fromfile_prefix_chars|jsonargparse|"
+        r"parse_args_into_dataclasses|add_subparsers|parents\s*=|fromfile_prefix_chars|jsonargparse|"
         r"LightningCLI|hydra|fire\.Fire|typer|click|tyro|simple_parsing|OmegaConf\.from_cli|absl", text)
     # parse_known_args() keeps unknown arguments, so the script accepts anything, unless its leftovers go on to a
     # strict parse_args(rest) (timm's config-file pre-parser: `cfg, rest = config_parser.parse_known_args()` then
@@ -88,6 +93,8 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     options: set[str] = set()
     defaults: dict[str, str] = {}
     required: list[tuple[tuple[str, ...], int]] = []
+    positionals = 0
+    arity: dict[str, int | None] = {}
     dynamic = False
     for (recv, name), c in names:
         if name == "add_argument":
@@ -99,6 +106,13 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             longs = [x for x in strs if x.startswith("--")]
             if _const(_kw(c, "required")) is True and strs and all(s.startswith("-") for s in strs):
                 required.append((tuple(strs), c.lineno))
+            if strs and not strs[0].startswith("-"):
+                positionals += 1
+            action, nargs = _const(_kw(c, "action")), _kw(c, "nargs")
+            takes: int | None = 0 if action in _NO_VALUE_ACTIONS else 1 if nargs is None else None
+            if _kw(c, "action") is not None and action is None:
+                takes = None  # a custom Action class: its arity is its own
+            arity.update({s: takes for s in strs if s.startswith("-")})
             if isinstance(default, str) and longs:
                 defaults[longs[0][2:].replace("-", "_")] = default
         elif name == "add_config_arguments":
@@ -145,9 +159,22 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     sc.extra["sets_visible_devices"] = "CUDA_VISIBLE_DEVICES" in text
     sc.local_rank_arg = bool({"--local_rank", "--local-rank"} & options)
     sc.extra["literal_options"] = frozenset(options)  # the option strings written out, even where others are added
+    if plain_argparse and "HfArgumentParser" in text and sc.options_line:
+        # HfArgumentParser is an ArgumentParser whose options come from dataclasses: read only a parse_args() whose
+        # parser was last bound to a plain ArgumentParser (Firefly: argparse for --train_args_file, then
+        # HfArgumentParser(...).parse_json_file)
+        call = next(c for (_r, n), c in names if n == "parse_args" and c.lineno == sc.options_line)
+        recv = call.func.value if isinstance(call.func, ast.Attribute) else None
+        binds = [a for a in lt.nodes if isinstance(a, ast.Assign) and a.lineno < call.lineno and isinstance(recv, ast.Name)
+                 and any(isinstance(x, ast.Name) and x.id == recv.id for x in a.targets)
+                 and isinstance(a.value, ast.Call)]
+        last = max(binds, key=lambda a: a.lineno, default=None)
+        plain_argparse = last is not None and _call_name(last.value)[1] == "ArgumentParser"
     if plain_argparse and sc.options_line and not dynamic:
         sc.options = options
         sc.extra["required_options"] = tuple(required)
+        sc.extra["positionals"] = positionals
+        sc.extra["arity"] = arity
     sc.reads_local_rank_env = bool(re.search(r"['\"](LOCAL_RANK|SLURM_LOCALID|OMPI_COMM_WORLD_LOCAL_RANK|MPI_LOCALRANKID)"
                                              r"['\"]", text))
     sc.uses_args_local_rank = bool(re.search(r"\b(args|opt|opts|cfg|config|hparams|params)\.local_rank\b", text))
@@ -234,6 +261,7 @@ def rule_init_contract(lt: PythonLinter, sc: ScriptContract) -> None:
                        "pass rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']), or use "
                        "init_method='env://' under torchrun", _INIT)
     _collective_before_init(lt)
+    _collective_without_group_on_one_process(lt)
 
 
 _NEEDS_GROUP = {"get_rank", "get_world_size", "barrier", "all_reduce", "all_gather", "broadcast", "reduce",
@@ -270,6 +298,129 @@ def _collective_before_init(lt: PythonLinter) -> None:
                            f"{block[init_at].lineno}): 'Default process group has not been initialized, please make "
                            "sure to call init_process_group'", "call init_process_group first", _INIT)
                     break
+
+
+_INIT_HELPER = re.compile(r"(?i)^(init_process_group|setup_dist\w*|init_dist\w*|dist_init\w*|setup_ddp|"
+                          r"init_distributed\w*|setup_distributed\w*)$")
+_MULTI_TEST = re.compile(r"(?i)world_size|distributed|is_initialized|\bddp\b|use_ddp|n_?gpus?\b|num_gpus|"
+                         r"gpu_count|device_count|parallel|multi_?gpu|num_processes")
+_GROUP_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
+                      "all_gather_object", "broadcast_object_list", "gather_object", "reduce_scatter", "all_to_all"}
+
+
+def _under_multi_test(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node`` runs only when several processes run: in the body of ``if world_size > 1:`` (``if args.distributed``,
+    ``if dist.is_initialized()``...), or in the ``else`` of its negation (``if world_size == 1: ... else:``)."""
+    child, p = node, lt.parents.get(node)
+    while p is not None:
+        if isinstance(p, (ast.If, ast.IfExp, ast.While)) and _MULTI_TEST.search(ast.unparse(p.test)):
+            inverted = bool(re.search(r"^not\b|==\s*1\b|<=\s*1\b|<\s*2\b", ast.unparse(p.test)))
+            in_body = child is p.body or (isinstance(p.body, list) and child in p.body)
+            in_else = child is p.orelse or (isinstance(p.orelse, list) and child in p.orelse)
+            if (in_body and not inverted) or (in_else and inverted):
+                return True
+        child, p = p, lt.parents.get(p)
+    return False
+
+
+def _reached_unguarded(lt: PythonLinter, fn: ast.AST, depth: int = 0) -> bool:
+    """Some call of the function ``fn`` in this file (``fn(...)``, ``obj.fn(...)``) runs under no test of the process
+    count, directly or through a caller that is itself so reached (three levels); False when nothing here calls it."""
+    from helpers.lint.python_rules import _call_name
+
+    name = getattr(fn, "name", None)
+    for c in lt._calls():
+        if _call_name(c)[1] != name or c in ast.walk(fn):
+            continue
+        if _under_multi_test(lt, c):
+            continue
+        caller = lt._enclosing_function(c)
+        if caller is None or depth >= 3 or _reached_unguarded(lt, caller, depth + 1):
+            return True
+    return False
+
+
+def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
+    """The group is made only for several processes (``if world_size > 1: setup_dist(...)``, no ``else``) and a
+    ``torch.distributed`` collective elsewhere in the file runs under no such test: the one-process run (``run(rank=0,
+    world_size=1)``) reaches it with no default group and stops with "Default process group has not been
+    initialized" (``_INIT``; lifeiteng/vall-e: ``torch.distributed.barrier()`` after each checkpoint, fixed by
+    ``if world_size > 1:``).  One finding, at the first such collective."""
+    from helpers.lint.python_rules import _call_name
+
+    def count_test(test: ast.AST) -> bool:  # a test of the process count; `if not is_initialized()` is an
+        src = ast.unparse(test)               # init-once guard, not one
+        return bool(_MULTI_TEST.search(src)) and not re.search(r"not\s+[\w.]*is_initialized\(", src)
+
+    conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test)
+                   and not n.orelse and any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1])
+                                            for s in n.body for c in ast.walk(s))]
+    if not conditional or any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1]) and
+                              not any(isinstance(a, ast.If) and count_test(a.test) for a in _ancestors(lt, c))
+                              for c in lt._calls()):
+        return  # the group is made unconditionally somewhere too
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in _GROUP_COLLECTIVES or recv not in ("dist", "torch.distributed"):
+            continue
+        if _under_multi_test(lt, c):
+            continue
+        fn = lt._enclosing_function(c)
+        if fn is not None and any(isinstance(s, ast.If) and s.lineno < c.lineno and
+                                  _MULTI_TEST.search(ast.unparse(s.test)) and
+                                  any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in ast.walk(fn)):
+            continue  # an early return for the one-process case
+        if fn is not None and not _reached_unguarded(lt, fn):
+            continue  # called only under a process-count test (`if args.distributed: top1.all_reduce()`), or not here
+        init = conditional[0]
+        lt.add("collective-before-init", "error", c,
+               f"{recv}.{name}() runs under no test of the process count, while the group is made only under `"
+               f"{ast.unparse(init.test)[:40]}` (line {init.lineno}): the one-process run reaches it with no group "
+               "('Default process group has not been initialized, please make sure to call init_process_group')",
+               f"guard it like the set-up: if {ast.unparse(init.test)[:40]}: {recv}.{name}()", _INIT)
+        return
+
+
+_EMA_CTORS = {"ModelEma", "ModelEmaV2", "ModelEmaV3", "AveragedModel", "EMAModel"}
+_TIMM_EMA = "https://github.com/huggingface/pytorch-image-models/blob/main/timm/utils/model_ema.py"
+
+
+def rule_ema_before_to_device(lt: PythonLinter) -> None:
+    """An EMA copy of the model (timm's ``ModelEma*``, ``torch.optim.swa_utils.AveragedModel``, diffusers'
+    ``EMAModel``) made before the model is moved to its GPU (``model.to(device)`` / ``model.cuda()`` later in the
+    same function), with no device of its own: the copy is taken where the model is then (the CPU) and stays there,
+    so each update mixes CPU and CUDA tensors, or the average runs on the CPU.  timm's ModelEma: "create EMA model
+    after cuda(), DP wrapper, and AMP but before SyncBN and DDP wrapper" (``_TIMM_EMA``); AveragedModel deep-copies
+    the module onto ``device`` only when given one.  Not where the constructor is given a device that is set
+    (a ``device=''`` or ``None`` is no device)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(name in lt.text for name in _EMA_CTORS):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _EMA_CTORS or not c.args or not isinstance(c.args[0], ast.Name):
+            continue
+        device = _kw(c, "device")
+        if device is not None and not (isinstance(device, ast.Constant) and device.value in ("", None)) and \
+                not isinstance(device, ast.IfExp):
+            continue
+        if isinstance(device, ast.IfExp) and not any(isinstance(b, ast.Constant) and b.value in ("", None)
+                                                     for b in (device.body, device.orelse)):
+            continue
+        model = c.args[0].id
+        fn = lt._enclosing_function(c) or lt.tree
+        moved = sorted((m for m in ast.walk(fn) if isinstance(m, ast.Call) and m.lineno > c.lineno and
+                        isinstance(m.func, ast.Attribute) and m.func.attr in ("to", "cuda") and
+                        isinstance(m.func.value, ast.Name) and m.func.value.id == model), key=lambda m: m.lineno)
+        if not moved or any(isinstance(m, ast.Call) and isinstance(m.func, ast.Attribute) and
+                            m.func.attr in ("to", "cuda") and isinstance(m.func.value, ast.Name) and
+                            m.func.value.id == model and m.lineno < c.lineno for m in ast.walk(fn)):
+            continue  # never moved after, or already on its device before the copy
+        lt.add("ema-before-to-device", "warning", c,
+               f"{_call_name(c)[1]}({model}, ...) copies the model here, before {ast.unparse(moved[0])[:40]} (line "
+               f"{moved[0].lineno}) moves it to the GPU: the EMA copy stays on the CPU (updates mix CPU and CUDA "
+               "tensors, or average on the CPU)",
+               f"create it after {ast.unparse(moved[0])[:40]}, or give it device=", _TIMM_EMA)
 
 
 def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
@@ -907,6 +1058,40 @@ def _per_process(node: ast.AST) -> bool:
                "num_processes" in ast.unparse(n.right) for n in ast.walk(node))
 
 
+def _len_of_unprepared(lt: PythonLinter, prep: ast.Call, scope: ast.AST) -> None:
+    """``self.train_dataloader = accelerator.prepare(train_dataloader)`` then ``total_steps = epochs *
+    len(train_dataloader)``: the name still holds the unprepared loader, whose length counts every process's
+    batches; each process iterates the prepared one, about ``1 / num_processes`` of it, so the step budget and the
+    schedule built from it are ``num_processes`` times too long (CarperAI/trlx's SFT trainer).  Only a length that
+    goes into a step count (an assignment to a name with ``step``, ``iters`` or ``total`` in it)."""
+    from helpers.lint.python_rules import _call_name
+
+    stmt = lt.parents.get(prep)
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return
+    target = stmt.targets[0]
+    outs = target.elts if isinstance(target, ast.Tuple) else [target]
+    if len(outs) != len(prep.args):
+        return
+    moved = {a.id: ast.unparse(o) for a, o in zip(prep.args, outs) if isinstance(a, ast.Name) and ast.unparse(o) != a.id
+             and "loader" in a.id.lower()}
+    for n in ast.walk(scope):
+        if not (isinstance(n, ast.Assign) and n.lineno > prep.lineno and
+                re.search(r"(?i)step|iters|total", " ".join(ast.unparse(x) for x in n.targets))):
+            continue
+        for c in (x for x in ast.walk(n.value) if isinstance(x, ast.Call) and _call_name(x)[1] == "len" and x.args):
+            arg = c.args[0]
+            if isinstance(arg, ast.Name) and arg.id in moved and not any(
+                    isinstance(a, ast.Assign) and prep.lineno < a.lineno < n.lineno and
+                    any(isinstance(x, ast.Name) and x.id == arg.id for x in a.targets) for a in ast.walk(scope)):
+                lt.add("lr-steps-from-dataset-length", "warning", c,
+                       f"len({arg.id}) is the unprepared loader's length: accelerator.prepare (line {prep.lineno}) "
+                       f"returned the sharded one as {moved[arg.id]}, which each process iterates (about 1 / "
+                       "num_processes of it), so this step count is num_processes times too large",
+                       f"len({moved[arg.id]})", "https://huggingface.co/docs/accelerate/en/basic_tutorials/migration")
+                return
+
+
 def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
     """A scheduler length ``steps * accelerator.num_processes`` whose ``steps`` come from ``len(dataloader)`` before
     ``accelerator.prepare`` shards that dataloader.
@@ -921,6 +1106,9 @@ def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
     """
     from helpers.lint.python_rules import _call_name
 
+    for prep in lt._calls():
+        if _call_name(prep)[1] == "prepare" and "accelerator" in _call_name(prep)[0].lower():
+            _len_of_unprepared(lt, prep, lt._enclosing_function(prep) or lt.tree)
     if "num_processes" not in lt.text or ".prepare(" not in lt.text:
         return
     for prep in lt._calls():
@@ -1058,6 +1246,41 @@ _TENSOR_CTORS = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "tens
 
 _ACC_GATHERS = {"gather", "gather_for_metrics", "reduce"}
 _ACC_OPERATIONS = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py"
+
+
+_GATHER_FOR_METRICS = ("https://huggingface.co/docs/accelerate/en/package_reference/accelerator"
+                       "#accelerate.Accelerator.gather_for_metrics")
+_EVAL_LOADER = re.compile(r"(?i)\b\w*(eval|val|valid|validation|test|dev)\w*(loader|_dl|dataloader)\w*")
+
+
+def rule_gather_not_for_metrics(lt: PythonLinter) -> None:
+    """``accelerator.gather(preds)`` in a loop over an evaluation loader, its result kept for a metric: a prepared
+    loader gives every process the same number of batches by repeating samples from the start of the dataset to
+    fill the last one (``even_batches=True``, the default), so the gathered predictions hold those duplicates and the
+    metric is computed on a few samples twice; ``gather_for_metrics`` drops them ("Gathers input_data and potentially
+    drops duplicates in the last batch if on a distributed system. Should be used for gathering the inputs and
+    targets for metric calculation", ``_GATHER_FOR_METRICS``; huggingface/peft#327).  Not where the function trims the
+    duplicates itself (``samples_seen``, a slice by ``len(...dataset)``, the pre-0.12 Accelerate examples)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "gather(" not in lt.text or "accelerator" not in lt.text.lower():
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name != "gather" or "accelerator" not in recv.lower() or not c.args:
+            continue
+        loop = next((a for a in _ancestors(lt, c) if isinstance(a, (ast.For, ast.AsyncFor))), None)
+        if loop is None or not _EVAL_LOADER.search(ast.unparse(loop.iter)):
+            continue
+        fn = lt._enclosing_function(c) or lt.tree
+        src = ast.unparse(fn)
+        if "samples_seen" in src or re.search(r"len\(\s*\w+(\.\w+)*\.dataset\s*\)", src) or "even_batches" in lt.text:
+            continue
+        lt.add("gather-not-for-metrics", "warning", c,
+               f"{ast.unparse(c)[:60]} gathers evaluation outputs over {ast.unparse(loop.iter)[:40]}: the prepared "
+               "loader pads its last batch with repeated samples so that every process has one, and gather keeps "
+               "them: the metric counts those samples twice",
+               f"{recv}.gather_for_metrics({ast.unparse(c.args[0])[:30]}) (drops the duplicates)", _GATHER_FOR_METRICS)
 
 
 def _assigned_once(lt: PythonLinter, name: str, at: ast.AST, before: int | None = None) -> ast.Assign | None:
@@ -1739,7 +1962,8 @@ def rule_barrier_every_step(lt: PythonLinter) -> None:
         loop = lt.parents.get(stmt) if isinstance(stmt, ast.Expr) else None
         if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)) or stmt not in loop.body:
             continue
-        steps = sorted((x for x in _own_calls(loop) if _call_name(x)[1] in _STEP_CALLS),
+        steps = sorted((x for x in _own_calls(loop) if _call_name(x)[1] in _STEP_CALLS
+                        and "sched" not in _call_name(x)[0].lower()),  # a scheduler may step once an epoch
                        key=lambda x: (_call_name(x)[1] != "backward", x.lineno))
         if not steps:
             continue
@@ -2410,6 +2634,21 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
             break
 
 
+def _path_leaf(expr: ast.AST) -> str | None:
+    """The file name a path expression ends in when it is written out (``d / "stats.txt"``,
+    ``os.path.join(d, "ckpt.pt")``, ``f"{d}/log.txt"``, ``"out/a.json"``), else None."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        expr = expr.right
+    elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "join" and expr.args:
+        expr = expr.args[-1]
+    elif isinstance(expr, ast.JoinedStr) and expr.values and isinstance(expr.values[-1], ast.Constant):
+        tail = str(expr.values[-1].value)
+        return tail.rsplit("/", 1)[-1] or None if "/" in tail or len(expr.values) == 1 else None
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value:
+        return expr.value.rstrip("/").rsplit("/", 1)[-1] or None
+    return None
+
+
 _READS_PATH = {"from_pretrained": None, "load": 0, "open": 0, "read_csv": 0, "read_json": 0, "load_file": 0}
 """Calls that read a file or directory, and which argument names it (None: any argument, as in
 ``PeftModel.from_pretrained(base, adapter_dir)``); ``open`` only without a write mode."""
@@ -2431,9 +2670,11 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                 if not (isinstance(stmt, ast.If) and lt.taint.rank_test(stmt.test)):
                     continue
                 names: set[str] = set()
+                leaves: set[str | None] = set()
                 for c in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Call)):
                     if lt._write_kind(c) == "file":
                         names.update(x.id for a in _written_paths(c) for x in ast.walk(a) if isinstance(x, ast.Name))
+                        leaves.update(_path_leaf(a) for a in _written_paths(c))
                 for a in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Assign)):
                     if any(isinstance(t, ast.Name) and t.id in names for t in a.targets):
                         names.update(x.id for x in ast.walk(a.value) if isinstance(x, ast.Name))
@@ -2455,8 +2696,9 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                             continue
                         at = _READS_PATH[name]
                         args = c.args if at is None else c.args[at:at + 1]
-                        if any(isinstance(x, ast.Name) and x.id in names for a in args for x in ast.walk(a)):
-                            hit = c
+                        if any(isinstance(x, ast.Name) and x.id in names for a in args for x in ast.walk(a)) and \
+                                not (None not in leaves and all(_path_leaf(a) not in leaves | {None} for a in args)):
+                            hit = c  # (not where both name their files and the names differ: stats.txt, checkpoint.pth)
                             break
                     if hit is not None:
                         break
@@ -2638,6 +2880,9 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_env_not_a_number(lt)
     rule_distributed_api_unknown(lt)
     rule_barrier_every_step(lt)
+    rule_gather_not_for_metrics(lt)
+    rule_ema_before_to_device(lt)
+    engine_args_rules.rule_engine_args(lt)
     rule_tracker_on_every_rank(lt)
     rule_master_port_per_node(lt)
     rule_rank_overwritten_on_resume(lt)

@@ -291,6 +291,19 @@ CONTRACTS: tuple[Contract, ...] = (
        "args.local_rank keeps its default on every rank", _TORCHRUN, "local-rank-arg-under-launcher"),
     _c("torchrun", "The script accepts the arguments written after it on the launch line", _TORCHRUN,
        "script-arg-unknown"),
+    _c("Accelerator.gather_for_metrics", "Evaluation outputs are gathered with gather_for_metrics: a prepared loader "
+       "repeats samples to fill the last batch of every process, and gather keeps the repeats",
+       "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.gather_for_metrics",
+       "gather-not-for-metrics"),
+    _c("timm ModelEma / AveragedModel", "The EMA copy is made after the model is on its device (or is given a device): "
+       "a copy taken before model.to(device) stays on the CPU",
+       "https://github.com/huggingface/pytorch-image-models/blob/main/timm/utils/model_ema.py", "ema-before-to-device"),
+    _c("deepspeed.initialize", "lr_scheduler is stepped by the engine after each optimizer step with no argument: a "
+       "ReduceLROnPlateau (whose step needs a metric) stays outside", "https://deepspeed.readthedocs.io/en/latest/"
+       "initialize.html", "ds-plateau-scheduler"),
+    _c("deepspeed.initialize", "training_data is a map-style Dataset: the engine builds a DistributedSampler over it, "
+       "which an IterableDataset refuses", "https://deepspeed.readthedocs.io/en/latest/initialize.html",
+       "ds-iterable-training-data"),
     _c("argparse (the training script's parser)", "Every option the script's parser declares required=True is "
        "passed on the launch line ('error: the following arguments are required')",
        "https://docs.python.org/3/library/argparse.html#required", "script-arg-missing"),

@@ -228,8 +228,41 @@ def settle(findings: list[Check], facts: Sequence[object],
     return out
 
 
+def _stray_positional(spec: LaunchSpec, sc: ScriptContract) -> str | None:
+    """The first word of the launch line's script arguments that argparse would take as a positional argument, when
+    the parser defines none (``train.py prompts.csv --strategy x`` for a parser of options only): argparse stops with
+    "error: unrecognized arguments: prompts.csv".  Each option's arity comes from its ``action`` / ``nargs``; an option
+    of variable arity, a custom action, an unknown option or a shell expansion ends the walk (undecided)."""
+    arity = sc.extra.get("arity")
+    if sc.extra.get("positionals") or not isinstance(arity, dict):
+        return None
+    args = list(spec.script_args)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if re.fullmatch(r"\d*[<>].*|&?\|{1,2}|&&|;|&", a):
+            return None  # a redirection or a pipe: the script's arguments ended
+        if a == "--" or "$" in a or "{" in a or "`" in a:
+            return None
+        if a.startswith("-") and not re.fullmatch(r"-\d.*", a):
+            name = a.split("=", 1)[0]
+            if name not in arity or arity[name] is None:
+                return None
+            i += 1 + (arity[name] if "=" not in a else 0)
+            continue
+        return a
+    return None
+
+
 def _unknown_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, script: str) -> list[Check]:
     options = sc.options or set()
+    stray = _stray_positional(spec, sc)
+    if stray is not None:
+        return [finding("script-arg-unknown", "error", path, line,
+                        f"the launch line passes {stray!r} to {os.path.basename(script)} as a positional argument, and "
+                        f"its argparse parser ({script}:{sc.options_line}) defines none: 'error: unrecognized "
+                        f"arguments: {stray}'", "pass it through the option the script defines for it "
+                        "(--prompt_path FILE ...)", _TORCHRUN)]
     for arg in spec.script_args:
         if arg == "--":
             break
@@ -379,6 +412,34 @@ def ds_args_mismatch(launches: Sequence[tuple[str, str, LaunchSpec | None]],
                     f"{ds_key}={ds_val} vs hf {hf_key}={hf_val}'", f'"{key}": "auto" (the Trainer fills it in), or '
                     f"pass --{hf_key} {ds_val}", _HF_DOCS))
     return out
+
+
+def zero3_unwrapped_save(facts: Sequence[object], ds_files: Sequence[tuple[str, str, dict]],
+                         acc_files: Sequence[tuple[str, str, dict]]) -> list[Check]:
+    """``ds-zero3-save-without-gather`` at a script's ``accelerator.unwrap_model(model).save_pretrained(dir)`` with no
+    ``state_dict=``, where a linted config runs ZeRO stage 3 (a DeepSpeed JSON's ``zero_optimization.stage`` or an
+    Accelerate config's ``deepspeed_config.zero_stage``): under stage 3 each rank holds only its partition, so the
+    unwrapped module's parameters are empty placeholders and save_pretrained writes them as they are.  Accelerate's
+    documented ZeRO-3 save passes the gathered weights: ``save_pretrained(dir, is_main_process=...,
+    save_function=accelerator.save, state_dict=accelerator.get_state_dict(model))``
+    (https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed#saving-and-loading; CarperAI/trlx)."""
+    def field(data: object, section: str, key: str) -> str:  # a value of a config that may hold anything
+        inner = data.get(section) if isinstance(data, dict) else None
+        return str(inner.get(key)) if isinstance(inner, dict) else ""
+
+    stage3 = next((p for p, _t, d in ds_files if field(d, "zero_optimization", "stage") == "3"), None) \
+        or next((p for p, _t, d in acc_files if isinstance(d, dict) and str(d.get("distributed_type")) == "DEEPSPEED"
+                 and field(d, "deepspeed_config", "zero_stage") == "3"), None)
+    if stage3 is None:
+        return []
+    return [finding("ds-zero3-save-without-gather", "warning", f.path, f.unwrapped_save,  # type: ignore[attr-defined]
+                    f"unwrap_model(...).save_pretrained(...) with no state_dict=, and {os.path.basename(stage3)} runs "
+                    "ZeRO stage 3: each rank holds only its partition, so the unwrapped model's parameters are "
+                    "empty placeholders and the saved model has no weights",
+                    "save_pretrained(dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save, "
+                    "state_dict=accelerator.get_state_dict(model))",
+                    "https://huggingface.co/docs/accelerate/en/usage_guides/deepspeed#saving-and-loading")
+            for f in facts if getattr(f, "unwrapped_save", 0)]
 
 
 def ds_scheduler_overrides(launches: Sequence[tuple[str, str, LaunchSpec | None]],

@@ -118,6 +118,7 @@ class PyFacts:
     collective_funcs: dict[str, str] = field(default_factory=dict)  # module-level function -> the collective it calls
     deferred: list[Check] = field(default_factory=list)        # findings that hold when another linted file wraps DDP
     saves_model: bool = False               # trainer.save_model / accelerator.get_state_dict / save_model
+    unwrapped_save: int = 0                 # line of accelerator.unwrap_model(m).save_pretrained(...) with no state_dict=
     device_params: dict[str, set[int]] = field(default_factory=dict)  # function -> params used as a CUDA device
     global_rank_args: list[tuple[str, int, int, str]] = field(default_factory=list)  # (imported fn, arg, line, src)
     uninit_rank_funcs: set[str] = field(default_factory=set)  # functions that answer rank 0 before init (cross_rules)
@@ -285,6 +286,11 @@ def _error_exit(stmt: ast.stmt, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
+_PATHLIKE = re.compile(r"(?i)^(?:['\"f].*|.*(?:path|file|ckpt|checkpoint|fname|filename)\w*|os\.path\.join\(.*)$")
+"""An argument's source that names a file (a string, an f-string, a ``*path`` / ``*file`` / ``ckpt*`` name, a join)."""
+_STARTERS = frozenset({"spawn", "start_processes", "Process", "Thread", "Pool", "submit", "map", "apply_async",
+                       "elastic_launch", "launch", "notebook_launcher", "run"})
+"""Calls that start processes or threads with a function: not callback sites (:meth:`PythonLinter._callback_sites`)."""
 _CONFIG_NAME = re.compile(r"(?i)(args|cfg|config|conf|params|hparams|opt|options)")
 """Names of a run's configuration object (what a script dumps beside its checkpoints)."""
 
@@ -1333,6 +1339,7 @@ class PythonLinter:
         ``_save_snapshot``, called under ``if local_rank == 0``)."""
         name = getattr(fn, "name", None)
         sites = [c for c in self._calls() if _call_name(c)[1] == name and _call_name(c)[0] in ("", "self", "cls")]
+        sites += self._callback_sites(name)
         if not sites:
             return False
         for c in sites:
@@ -1344,6 +1351,16 @@ class PythonLinter:
                 continue
             return False
         return True
+
+    def _callback_sites(self, name: str | None) -> list[ast.Call]:
+        """The calls that hand the local function ``name`` to another function as a value (``save_on_epoch_end(args,
+        save_func, ...)``): the callee runs it, so it runs where that call runs.  Process and thread starters
+        (``mp.spawn(worker)``, ``Process(target=...)``, executors) are not such sites: each started process is a rank of
+        its own."""
+        if not name:
+            return []
+        return [c for c in self._calls() if _call_name(c)[1] not in _STARTERS and any(
+            isinstance(a, ast.Name) and a.id == name for a in [*c.args, *(k.value for k in c.keywords)])]
 
     def _in_memory(self, node: ast.AST, call: ast.Call) -> bool:
         """``node`` names an in-memory buffer (``io.BytesIO()`` / ``io.StringIO()``) assigned in the function of
@@ -1403,6 +1420,9 @@ class PythonLinter:
             # tests the rank) or transformers' Trainer.save_model, which every process must call and which
             # writes from the main process only (Trainer.save_model: "Will only save from the main process")
             return ""
+        if name == "save_weights" and recv and call.args and _PATHLIKE.search(_src(call.args[0])):
+            return "file"  # model.save_weights(ckpt_file, ...) (Keras, sd-scripts' LoRA network); a bridge's
+            # save_weights(models, dir) of sharded weights is a collective save, not this
         if name == "save_pretrained" and self._shards_models:
             # a model sharded by FSDP/DeepSpeed through Accelerate: save_pretrained gathers the shards (DTensor
             # full_tensor, a collective), so every rank calls it (accelerate's nd_parallel example)
@@ -1516,8 +1536,11 @@ class PythonLinter:
                 continue  # a per-rank file name
             if path_args and isinstance(path_args[0], ast.Name) and self._opened_per_rank(path_args[0], call):
                 continue  # torch.save(data, f) into `with open(f"{name}.{rankstr()}.pth", "wb") as f`
+            dumping = self.parents.get(call)
             if name == "dump" and call.args and _CONFIG_NAME.fullmatch(_src(call.args[0])) or \
-                    name == "open" and self._config_dump_only(call):
+                    name == "open" and self._config_dump_only(call) or \
+                    name == "open" and isinstance(dumping, ast.Call) and _call_name(dumping)[1] == "dump" and \
+                    dumping.args and _CONFIG_NAME.fullmatch(_src(dumping.args[0])):
                 continue  # the run's configuration dumped: the same bytes from every rank, the last leaves the same file
             if path_args and self._in_memory(path_args[0], call):
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
@@ -1527,7 +1550,8 @@ class PythonLinter:
                 continue
             fn = self._enclosing_function(call)
             if fn is not None and fn not in self._gating_functions() and fn not in collective_fns and \
-                    not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()):
+                    not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()) and \
+                    not self._callback_sites(getattr(fn, "name", None)):
                 continue  # a library function never called here: its callers decide (unless it gates other writes
                 # or calls a collective itself, which every rank must reach)
             if fn is not None and (self._function_only_called_gated(fn) or getattr(fn, "name", "") in self.spawned_funcs
@@ -1922,9 +1946,18 @@ class PythonLinter:
         """A name bound only in the non-DDP branch of ``if ddp: model = DDP(model) else: ...`` and read after it:
         ``UnboundLocalError`` on the DDP path only (:func:`helpers.lint.wrappers.unbound_after_wrap`; Python's name
         resolution, https://docs.python.org/3/reference/executionmodel.html#resolution-of-names)."""
-        if not re.search(r"DistributedDataParallel|\bDDP\b", self.text):
+        if not re.search(r"DistributedDataParallel|\bDDP\b|DistributedSampler|is_initialized|init_process_group",
+                         self.text):
             return
         for read, branch in unbound_after_wrap(self.tree, self.parents):
+            if not branch.orelse:
+                self.add("unbound-after-ddp-branch", "warning", read,
+                         f"'{read.id}' is read here but bound only under `{_src(branch.test)[:50]}` (line "
+                         f"{branch.lineno}), which holds in a distributed run alone: one process (no group, world "
+                         f"size 1) never assigns it (UnboundLocalError: cannot access local variable '{read.id}')",
+                         f"add else: {read.id} = None (or bind it before the if)",
+                         "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
+                continue
             self.add("unbound-after-ddp-branch", "warning", read,
                      f"'{read.id}' is read here but bound only in the branch of line {branch.lineno} that does not "
                      "wrap the model in DistributedDataParallel: under DDP it is never assigned "
@@ -2130,6 +2163,10 @@ class PythonLinter:
         f.saves_model = bool(re.search(r"\.save_model\(|\.get_state_dict\(", self.text)) and \
             (f.uses_hf_trainer or "Accelerator(" in self.text)
         f.saves_16bit = bool(re.search(r"\.save_(16bit|fp16)_model\(", self.text))
+        f.unwrapped_save = next((c.lineno for c in self._calls() if _call_name(c)[1] == "save_pretrained" and
+                                 isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Call) and
+                                 _call_name(c.func.value)[1] == "unwrap_model" and
+                                 not any(k.arg in ("state_dict", None) for k in c.keywords)), 0)
         if "DummyScheduler" not in self.text:  # a scheduler built in code and handed to accelerator.prepare
             prepared = {a.id for c in self._calls() if _call_name(c)[1] == "prepare" and "accelerator" in
                         _call_name(c)[0].lower() for a in c.args if isinstance(a, ast.Name)}

@@ -418,7 +418,8 @@ def _bound(stmts: list[ast.stmt]) -> set[str]:
 
 
 def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> list[tuple[ast.Name, ast.If]]:
-    """Names bound only in the branch that does NOT build the DDP wrapper and read after the ``if``/``else``:
+    """Names bound only in the branch that does NOT build the DDP wrapper and read after the ``if``/``else``, or only
+    under an ``if`` that holds in a distributed run alone (``if dist.is_initialized():`` with no ``else``):
     ``if ddp: model = DDP(model) else: model_module = model.module ...`` then ``AveragedModel(model_module)``.
     Python decides a function's local names at compile time and "if the name refers to a local variable that has
     not been bound, a UnboundLocalError exception is raised" (at module level a NameError;
@@ -432,23 +433,32 @@ def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> lis
     """
     out: list[tuple[ast.Name, ast.If]] = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.If) and node.orelse):
+        if isinstance(node, ast.If) and not node.orelse and _DIST_TEST.search(ast.unparse(node.test)):
+            only = _bound(node.body)  # `if dist.is_initialized(): sampler = DistributedSampler(ds)`, no else:
+            # the one-process run (no group, world size 1) never binds it (ColossalAI's train_prompts.py)
+        elif isinstance(node, ast.If) and node.orelse:
+            branches = (node.body, node.orelse)
+            ddp = [any(isinstance(c, ast.Call) and DDP_CTOR.match(call_name(c)) for s in b for c in ast.walk(s))
+                   for b in branches]
+            if ddp[0] == ddp[1]:
+                continue
+            wrap, other = (node.body, node.orelse) if ddp[0] else (node.orelse, node.body)
+            if isinstance(wrap[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+                continue
+            only = _bound(other) - _bound(wrap)
+        else:
             continue
-        branches = (node.body, node.orelse)
-        ddp = [any(isinstance(c, ast.Call) and DDP_CTOR.match(call_name(c)) for s in b for c in ast.walk(s))
-               for b in branches]
-        if ddp[0] == ddp[1]:
-            continue
-        wrap, other = (node.body, node.orelse) if ddp[0] else (node.orelse, node.body)
-        if isinstance(wrap[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break)):
-            continue
-        only = _bound(other) - _bound(wrap)
         if not only:
             continue
         block, scope = _block_of(node, parents)
         if block is None:
             continue
         before = _bound(block[:block.index(node)])
+        if not node.orelse and scope is not None:  # also what the scope binds on an earlier line (a loop target)
+            before |= {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                       and n.lineno < node.lineno}
+            before |= _bound([s for s in ast.walk(scope) if isinstance(s, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                              ast.ClassDef, ast.Global, ast.Nonlocal)) and s is not scope and s.lineno < node.lineno])
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = scope.args
             before |= {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
@@ -467,6 +477,11 @@ def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> lis
             if isinstance(n.ctx, ast.Load) and not _under_same_test(n, node, parents):
                 out.append((n, node))
     return out
+
+
+_DIST_TEST = re.compile(r"is_initialized\(\)|get_world_size\(\)\s*>|world_size\s*>\s*1|\bdistributed\b|\bddp\b|"
+                        r"is_distributed|local_rank\s*!=\s*-1|num_processes\s*>\s*1")
+"""A test that is true only in a distributed run (a group exists, several processes)."""
 
 
 def _under_same_test(read: ast.AST, branch: ast.If, parents: Mapping[ast.AST, ast.AST]) -> bool:

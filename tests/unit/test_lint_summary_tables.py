@@ -23,7 +23,7 @@ COLUMN = "caught before launch by"
 NONE = "—"
 RULE_MODULES = [ROOT / "helpers" / "lint" / f for f in ("__init__.py", "python_rules.py", "agreement_rules.py", "signature_rules.py", "deepspeed_rules.py",
                                                        "accelerate_rules.py", "shell_rules.py", "contract_rules.py",
-                                                       "cross_rules.py", "grad_sync_rules.py")] + [ROOT / "helpers" / "launch_traps.py", ROOT / "helpers" / "launch_parse.py",
+                                                       "cross_rules.py", "grad_sync_rules.py", "engine_args_rules.py")] + [ROOT / "helpers" / "launch_traps.py", ROOT / "helpers" / "launch_parse.py",
                                                                        ROOT / "helpers" / "script_traps.py"]
 
 

@@ -1,0 +1,103 @@
+"""What a script hands to ``deepspeed.initialize`` against what the engine does with it.
+
+``deepspeed.initialize(model=, optimizer=, lr_scheduler=, training_data=, ...)`` documents each argument's type
+(https://deepspeed.readthedocs.io/en/latest/initialize.html): the engine steps ``lr_scheduler`` itself after every
+optimizer step, with no argument, and wraps ``training_data`` in its own ``DeepSpeedDataLoader`` with a
+``DistributedSampler``.  A call is read as ``deepspeed.initialize`` when it is that function, or when it passes
+``training_data=`` (the keyword only DeepSpeed's initialize takes; a project's wrapper that forwards to it, such as
+DALLE-pytorch's ``distr_backend.distribute``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from helpers.lint.python_rules import PythonLinter
+
+_DS_INIT = "https://deepspeed.readthedocs.io/en/latest/initialize.html"
+_ITERABLE = re.compile(r"\bwds\.|WebDataset\(|IterableDataset\(|streaming\s*=\s*True|\.to_iterable_dataset\(")
+"""A value built as an iterable-style dataset: webdataset pipelines, ``datasets``' streaming datasets."""
+
+
+def _engine_calls(lt: PythonLinter) -> list[ast.Call]:
+    from helpers.lint.python_rules import _call_name
+
+    return [c for c in lt._calls() if (_call_name(c)[1] == "initialize" and "deepspeed" in _call_name(c)[0])
+            or any(k.arg == "training_data" for k in c.keywords)]
+
+
+def _values(expr: ast.AST) -> list[ast.AST]:
+    """The values ``expr`` can take: both branches of ``a if cond else b``."""
+    return _values(expr.body) + _values(expr.orelse) if isinstance(expr, ast.IfExp) else [expr]
+
+
+def _bound_to(lt: PythonLinter, name: str, test: re.Pattern[str] | str) -> ast.Assign | None:
+    """An assignment ``name = <value>`` in the file whose value's source matches ``test``."""
+    for a in lt.nodes:
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets):
+            src = ast.unparse(a.value)
+            if (test.search(src) if isinstance(test, re.Pattern) else test in src):
+                return a
+    return None
+
+
+def _iterable_made(lt: PythonLinter, name: str, classes: set[str], depth: int = 0) -> ast.Assign | None:
+    """The assignment that makes ``name`` an iterable-style dataset: its value is one (:data:`_ITERABLE`, a class of
+    ``classes``), or is derived from a name that is (``ds = filtered.map(...).batched(...)`` after ``filtered =
+    wds.WebDataset(...).select(...)``), followed three assignments deep."""
+    for a in lt.nodes:
+        if not (isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)):
+            continue
+        src = ast.unparse(a.value)
+        if _ITERABLE.search(src) or any(re.search(rf"\b{c}\(", src) for c in classes):
+            return a
+        if depth < 3 and any(_iterable_made(lt, n.id, classes, depth + 1) for n in ast.walk(a.value)
+                             if isinstance(n, ast.Name) and n.id != name and isinstance(n.ctx, ast.Load)
+                             and not (isinstance(lt.parents.get(n), ast.Call) and lt.parents[n].func is n)):
+            return a
+    return None
+
+
+def _iterable_classes(lt: PythonLinter) -> set[str]:
+    return {n.name for n in lt.nodes if isinstance(n, ast.ClassDef)
+            and any(ast.unparse(b).endswith("IterableDataset") for b in n.bases)}
+
+
+def rule_engine_args(lt: PythonLinter) -> None:
+    """``ds-plateau-scheduler``: a ``ReduceLROnPlateau`` passed as ``lr_scheduler``: the engine calls
+    ``lr_scheduler.step()`` after each optimizer step with no metric, and ``ReduceLROnPlateau.step(metrics)`` needs
+    one (``TypeError: step() missing 1 required positional argument: 'metrics'``, or a decay never driven by the
+    loss; lucidrains/DALLE-pytorch#303 stopped passing it).  ``ds-iterable-training-data``: an iterable-style dataset
+    (webdataset, a streaming ``datasets`` dataset, an ``IterableDataset`` subclass of the file) passed as
+    ``training_data``: the engine builds a ``DistributedSampler`` over it, and ``DataLoader`` refuses a sampler with an
+    IterableDataset ("DataLoader with IterableDataset: expected unspecified sampler option"; DALLE-pytorch#367)."""
+    if "training_data" not in lt.text and "initialize" not in lt.text:
+        return
+    iterable_classes = _iterable_classes(lt)
+    found: set[str] = set()  # one finding per argument kind
+    for call in _engine_calls(lt):
+        for kw in call.keywords:
+            for value in _values(kw.value) if kw.arg in ("lr_scheduler", "training_data") else ():
+                if not isinstance(value, ast.Name) or kw.arg in found:
+                    continue
+                if kw.arg == "lr_scheduler" and (made := _bound_to(lt, value.id, "ReduceLROnPlateau(")) is not None:
+                    lt.add("ds-plateau-scheduler", "error", call,
+                           f"lr_scheduler={value.id} is a ReduceLROnPlateau (line {made.lineno}): the DeepSpeed engine "
+                           "steps its scheduler after every optimizer step with no metric, and ReduceLROnPlateau.step "
+                           "needs one ('step() missing 1 required positional argument: metrics')",
+                           "keep the scheduler out of deepspeed.initialize (lr_scheduler=None) and call "
+                           f"{value.id}.step(val_loss) yourself", _DS_INIT)
+                    found.add(kw.arg)
+                if kw.arg == "training_data":
+                    made = _iterable_made(lt, value.id, iterable_classes)
+                    if made is not None:
+                        lt.add("ds-iterable-training-data", "error", call,
+                               f"training_data={value.id} is an iterable-style dataset (line {made.lineno}): the "
+                               "DeepSpeed engine wraps it in a DataLoader with a DistributedSampler, which an "
+                               "IterableDataset refuses ('DataLoader with IterableDataset: expected unspecified sampler "
+                               "option')", "pass training_data=None and iterate your own loader (shard the stream by "
+                               "rank, e.g. wds.split_by_node)", _DS_INIT)
+                        found.add(kw.arg)
