@@ -470,6 +470,47 @@ def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
            "init_process_group", _DIST + "#torch.distributed.all_gather_object")
 
 
+_BINDS = re.compile(r"set_device|device_id\s*=|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\(")
+
+
+def _collective_before_engine_binds(lt: PythonLinter) -> None:
+    """``deepspeed.init_distributed()`` (nccl on CUDA: ``get_accelerator().communication_backend_name()``), then a
+    collective in the same block (``if get_rank() != 0: dist.barrier()``, rank 0 downloading first) before
+    ``deepspeed.initialize``, with no device bound anywhere in the file: the engine binds each rank's GPU only inside
+    ``initialize`` (``get_accelerator().set_device(local_rank)``), so that collective runs while every rank's current
+    device is cuda:0 and each rank builds its NCCL communicator there (deepspeedai/DeepSpeedExamples#931 added
+    ``get_accelerator().set_device(local_rank)`` before ``init_distributed``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "init_distributed" not in lt.text or _BINDS.search(re.sub(r"#.*", "", lt.text)):
+        return
+    for n in lt.nodes:
+        block = getattr(n, "body", None)
+        if not isinstance(block, list):
+            continue
+        init = next((i for i, s in enumerate(block) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                     and _call_name(s.value)[1] == "init_distributed" and "deepspeed" in _call_name(s.value)[0]
+                     and not any(k.arg in ("dist_backend",) and ast.unparse(k.value) not in ("'nccl'", '"nccl"')
+                                 for k in s.value.keywords)), None)
+        if init is None:
+            continue
+        for stmt in block[init + 1:]:
+            calls = lt._calls(stmt)
+            if any(_call_name(c)[1] == "initialize" and "deepspeed" in _call_name(c)[0] for c in calls):
+                break
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            hit = next((c for c in calls if lt.collective_name(c)), None)
+            if hit is not None:
+                lt.add("collective-before-set-device", "warning", hit,
+                       f"{lt.collective_name(hit)} runs after deepspeed.init_distributed() (line {block[init].lineno}) "
+                       "and before deepspeed.initialize binds each rank's GPU: every rank's current device is still "
+                       "cuda:0, so each builds its NCCL communicator and buffers on GPU 0",
+                       "get_accelerator().set_device(local_rank) (or torch.cuda.set_device) before init_distributed",
+                       _DIST + "#torch.distributed.all_gather_object")
+                return
+
+
 def rule_collective_before_set_device(lt: PythonLinter) -> None:
     """A collective earlier in the same block than ``torch.cuda.set_device``, in a file that uses nccl: the collective
     runs while every rank's current device is still cuda:0, so NCCL sets up its communicator and buffers there (the
@@ -478,6 +519,7 @@ def rule_collective_before_set_device(lt: PythonLinter) -> None:
     allenai/OLMo#720 measured the extra memory on GPU 0)."""
     from helpers.lint.python_rules import _call_name
 
+    _collective_before_engine_binds(lt)
     if "nccl" not in lt.text or "set_device" not in lt.text:
         return
 

@@ -101,3 +101,29 @@ def test_undefined_name_in_the_branch_that_wraps_the_model():
     assert "undefined-name" not in ids(("train.py", text.replace("unwrapped_params", "nonwrapped_numel")))
     # an excerpt (globals undefined outside the branch too) is not read
     assert "undefined-name" not in ids(("train.py", text + "    wrap(net, args.fsdp)\n"))
+
+
+def test_script_arguments_end_at_a_redirection_or_a_pipe():
+    from helpers import launch_parse
+
+    spec = launch_parse.parse("torchrun --nproc-per-node 2 train.py --lr 1 2>&1 | tee log.txt\n")
+    assert spec.script_args == ("--lr", "1")
+    assert launch_parse.parse("deepspeed train.py --x 1 > out.log\n").script_args == ("--x", "1")
+
+
+def test_a_collective_between_init_distributed_and_initialize_with_no_device_bound():
+    text = """
+    import torch, deepspeed
+    def main(args):
+        deepspeed.init_distributed()
+        if torch.distributed.get_rank() != 0:
+            torch.distributed.barrier()
+        data = load()
+        engine, opt, loader, _ = deepspeed.initialize(args=args, model=net, training_data=data)
+    """
+    assert "collective-before-set-device" in ids(("train.py", text))
+    bound = text.replace("        deepspeed.init_distributed()\n",
+                         "        torch.cuda.set_device(args.local_rank)\n        deepspeed.init_distributed()\n")
+    assert "collective-before-set-device" not in ids(("train.py", bound))
+    gloo = text.replace("init_distributed()", "init_distributed(dist_backend='gloo')")
+    assert "collective-before-set-device" not in ids(("train.py", gloo))
