@@ -141,8 +141,8 @@ def parse_options(args: list[str], value_opts: set[str]) -> tuple[dict[str, str]
     """Walk a launcher's argv: ``(values, flags, script, script_args)``.
 
     An option in ``value_opts`` takes a value (``--opt=v`` or ``--opt v``); any other ``-...`` word is a
-    flag; the first other word is the script and everything after it its arguments, up to a redirection or a pipe
-    (``2>&1 | tee log``).  Option names are normalised (``_`` -> ``-``), as the launchers accept both spellings.
+    flag; the first other word is the script and everything after it its arguments.  Option names are
+    normalised (``_`` -> ``-``), as the launchers accept both spellings.
     """
     vals: dict[str, str] = {}
     flags: set[str] = set()
@@ -159,16 +159,9 @@ def parse_options(args: list[str], value_opts: set[str]) -> tuple[dict[str, str]
         elif a.startswith("-"):
             flags.add(nkey)
         else:
-            rest = args[i + 1:]
-            end = next((j for j, w in enumerate(rest) if _SHELL_END.fullmatch(w)), len(rest))
-            return vals, flags, a, tuple(rest[:end])
+            return vals, flags, a, tuple(args[i + 1:])
         i += 1
     return vals, flags, "", ()
-
-
-_SHELL_END = re.compile(r"\d*[<>].*|&?\|{1,2}|&&|;|&")
-"""A word that ends a command's arguments: a redirection (``2>&1``, ``>log``) or a pipe / list operator (bash's
-control operators, https://www.gnu.org/software/bash/manual/html_node/Definitions.html)."""
 
 
 TORCHRUN_VALUE = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--rdzv-id",

@@ -2676,6 +2676,21 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
             break
 
 
+def _path_names(lt: PythonLinter, expr: ast.AST) -> set[str]:
+    """The names a path expression is built from, an attribute chain kept whole (``args.results_dir``, not ``args``:
+    two fields of one namespace are two paths)."""
+    out: set[str] = set()
+    for x in ast.walk(expr):
+        if isinstance(x, ast.Attribute) and isinstance(lt.parents.get(x), ast.Attribute):
+            continue  # part of a longer chain
+        if isinstance(x, ast.Attribute) and not isinstance(lt.parents.get(x), ast.Call) or \
+                isinstance(x, ast.Attribute) and lt.parents[x].func is not x:  # type: ignore[attr-defined]
+            out.add(ast.unparse(x))
+        elif isinstance(x, ast.Name) and not isinstance(lt.parents.get(x), ast.Attribute):
+            out.add(x.id)
+    return out
+
+
 def _path_leaf(expr: ast.AST) -> str | None:
     """The file name a path expression ends in when it is written out (``d / "stats.txt"``,
     ``os.path.join(d, "ckpt.pt")``, ``f"{d}/log.txt"``, ``"out/a.json"``), else None."""
@@ -2715,11 +2730,11 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                 leaves: set[str | None] = set()
                 for c in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Call)):
                     if lt._write_kind(c) == "file":
-                        names.update(x.id for a in _written_paths(c) for x in ast.walk(a) if isinstance(x, ast.Name))
+                        names.update(x for a in _written_paths(c) for x in _path_names(lt, a))
                         leaves.update(_path_leaf(a) for a in _written_paths(c))
                 for a in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Assign)):
                     if any(isinstance(t, ast.Name) and t.id in names for t in a.targets):
-                        names.update(x.id for x in ast.walk(a.value) if isinstance(x, ast.Name))
+                        names.update(_path_names(lt, a.value))
                 if not names:
                     continue
                 hit = None
@@ -2738,7 +2753,7 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                             continue
                         at = _READS_PATH[name]
                         args = c.args if at is None else c.args[at:at + 1]
-                        if any(isinstance(x, ast.Name) and x.id in names for a in args for x in ast.walk(a)) and \
+                        if any(x in names for a in args for x in _path_names(lt, a)) and \
                                 not (None not in leaves and all(_path_leaf(a) not in leaves | {None} for a in args)):
                             hit = c  # (not where both name their files and the names differ: stats.txt, checkpoint.pth)
                             break

@@ -316,6 +316,7 @@ class _Taint:
         self.spawned_params = spawned_params
         self.sites: dict[str, list[ast.AST]] = {}  # name -> the assignments that made it rank-dependent
         self.parents: dict[ast.AST, ast.AST] = {}  # set by PythonLinter: for the flow check of _late
+        self.rank_arg_is_local = False  # set by PythonLinter: argparse's --rank is also spelled --local_rank
 
     def _late(self, read: ast.Name) -> bool:
         """Whether ``read`` cannot see a rank value: it reads a local of its function (not a parameter, not
@@ -357,6 +358,9 @@ class _Taint:
             key = _env_key(sub)
             if key in RANK_ENV:
                 return True
+            if isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Constant) and \
+                    sub.slice.value in RANK_ATTRS:
+                return True  # config["rank"]: a run's settings holding the rank (ParallelWaveGAN's trainer)
         return False
 
     def is_rank_value(self, node: ast.AST | None) -> bool:
@@ -416,8 +420,8 @@ class _Taint:
         if isinstance(node, ast.Attribute):
             # Accelerate's ``process_index`` is "the index of the current process" across all nodes;
             # ``local_process_index`` the one on this node (https://huggingface.co/docs/accelerate/package_reference/accelerator)
-            return node.attr in GLOBAL_RANK_ATTRS or (node.attr == "rank" and _src(node.value) in ("args", "self.args",
-                                                                                                   "cfg", "config", "opt"))
+            return node.attr in GLOBAL_RANK_ATTRS or (node.attr == "rank" and not self.rank_arg_is_local and
+                                                      _src(node.value) in ("args", "self.args", "cfg", "config", "opt"))
         if isinstance(node, ast.JoinedStr):
             return any(isinstance(v, ast.FormattedValue) and self.is_global_rank(v.value) for v in node.values)
         return False
@@ -529,6 +533,10 @@ class PythonLinter:
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
         self.taint.parents = self.parents
+        # parser.add_argument("--rank", "--local_rank", ...): the launcher's --local_rank lands in args.rank
+        self.taint.rank_arg_is_local = bool(re.search(
+            r"add_argument\(\s*['\"]--rank['\"]\s*,\s*['\"]--local[-_]rank['\"]|"
+            r"add_argument\(\s*['\"]--local[-_]rank['\"]\s*,\s*['\"]--rank['\"]", text))
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

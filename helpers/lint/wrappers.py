@@ -112,7 +112,16 @@ def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
                 prepares.append((list(t.elts) if isinstance(t, ast.Tuple) else [t], node))
         elif isinstance(node, ast.Call) and call_name(node) in UNWRAP_CALLS:
             hf.update(a.id for a in node.args[:1] if isinstance(a, ast.Name))
-    return [(t.id, at) for targets, at in prepares for t in targets if isinstance(t, ast.Name) and t.id in hf]
+    out = [(t.id, at) for targets, at in prepares for t in targets if isinstance(t, ast.Name) and t.id in hf]
+    # results = accelerator.prepare(model, ...) then model = results[0]: the wrapper reaches the name by index
+    held = {targets[0].id for targets, _at in prepares if len(targets) == 1 and isinstance(targets[0], ast.Name)}
+    for node in ast.walk(tree) if held else ():
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id in hf and isinstance(node.value, ast.Subscript) and \
+                isinstance(node.value.value, ast.Name) and node.value.value.id in held and \
+                isinstance(node.value.slice, ast.Constant) and isinstance(node.value.slice.value, int):
+            out.append((node.targets[0].id, node))
+    return out
 
 
 BUFFER_FREE_LAYERS = frozenset({

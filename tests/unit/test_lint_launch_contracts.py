@@ -103,14 +103,6 @@ def test_undefined_name_in_the_branch_that_wraps_the_model():
     assert "undefined-name" not in ids(("train.py", text + "    wrap(net, args.fsdp)\n"))
 
 
-def test_script_arguments_end_at_a_redirection_or_a_pipe():
-    from helpers import launch_parse
-
-    spec = launch_parse.parse("torchrun --nproc-per-node 2 train.py --lr 1 2>&1 | tee log.txt\n")
-    assert spec.script_args == ("--lr", "1")
-    assert launch_parse.parse("deepspeed train.py --x 1 > out.log\n").script_args == ("--x", "1")
-
-
 def test_a_collective_between_init_distributed_and_initialize_with_no_device_bound():
     text = """
     import torch, deepspeed
