@@ -140,6 +140,8 @@ RULES: dict[str, str] = {
     # helpers.lint.engine_args_rules (what deepspeed.initialize is given)
     "ds-plateau-scheduler": "https://deepspeed.readthedocs.io/en/latest/initialize.html",
     "ds-iterable-training-data": "https://deepspeed.readthedocs.io/en/latest/initialize.html",
+    "module-attr-without-ddp": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.unwrap_model",
+    "collective-in-sampler": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",
     "ema-before-to-device": "https://github.com/huggingface/pytorch-image-models/blob/main/timm/utils/model_ema.py",
     "gather-not-for-metrics": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.gather_for_metrics",
     "launcher-option-after-script": "https://docs.pytorch.org/docs/stable/elastic/run.html",

@@ -1985,6 +1985,83 @@ def _own_calls(loop: ast.For | ast.While | ast.AsyncFor) -> list[ast.Call]:
     return out
 
 
+_DATA_BASES = re.compile(r"(?:^|\.)(?:Sampler|BatchSampler|DistributedSampler|IterableDataset|Dataset)$")
+
+
+def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
+    """``model.module`` read on a model ``accelerator.prepare`` returned, with no test that it is wrapped: under one
+    process (a single-GPU run, a debug run) ``prepare`` returns the model itself, which has no ``module`` attribute
+    ("AttributeError: ... object has no attribute 'module'"); Accelerate's documented way to reach the model under any
+    wrapper is ``accelerator.unwrap_model(model)`` ("unwraps the model from the additional layer possible added by
+    prepare()", ``_ACC``; PixArt-sigma's train.py logged ``model.module.h``).  Not under an ``if`` / conditional that
+    tests ``hasattr``, ``isinstance``, ``module`` or the process count."""
+    from helpers.lint.python_rules import _call_name
+
+    if ".module" not in lt.text or ".prepare(" not in lt.text:
+        return
+    prepared: dict[str, tuple[ast.AST | None, int]] = {}  # name -> (the function that bound it, line)
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _call_name(n.value)[1] == "prepare" and \
+                "accelerator" in _call_name(n.value)[0].lower():
+            for tgt in n.targets:
+                for x in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt]):
+                    if isinstance(x, ast.Name) and "model" in x.id.lower() or isinstance(x, ast.Name) and \
+                            any(isinstance(a, ast.Name) and a.id == x.id for a in n.value.args[:1]):
+                        prepared[x.id] = (lt._enclosing_function(n), n.lineno)
+    if not prepared:
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Attribute) and node.attr == "module" and isinstance(node.value, ast.Name)
+                and node.value.id in prepared and isinstance(node.ctx, ast.Load)):
+            continue
+        scope, line = prepared[node.value.id]
+        fn = lt._enclosing_function(node)
+        if scope is not None and (fn is not scope or node.lineno < line):
+            continue  # bound in a function: only its own later reads
+        if scope is None and fn is not None and any(
+                isinstance(a, (ast.Assign, ast.AugAssign)) and any(isinstance(x, ast.Name) and x.id == node.value.id
+                                                                   for x in ast.walk(a) if isinstance(x, ast.Name)
+                                                                   and isinstance(x.ctx, ast.Store))
+                for a in ast.walk(fn)) and not any(isinstance(g, ast.Global) and node.value.id in g.names
+                                                   for g in ast.walk(fn)):
+            continue  # the function has a local of that name
+        guards = [a for a in _ancestors(lt, node) if isinstance(a, (ast.If, ast.IfExp, ast.While))]
+        if any(re.search(r"hasattr|isinstance|type\(|DDP|DistributedDataParallel|module|num_processes|distributed|"
+                         r"world_size|DistributedType",
+                         ast.unparse(g.test)) for g in guards):
+            continue
+        if any(isinstance(a, ast.Call) and _call_name(a)[1] in ("hasattr", "getattr") for a in _ancestors(lt, node)):
+            continue
+        lt.add("module-attr-without-ddp", "warning", node,
+               f"{node.value.id}.module: {node.value.id} is what accelerator.prepare returned (line {line}), which is "
+               "the model itself under one process: AttributeError 'module' on a single-GPU run",
+               f"accelerator.unwrap_model({node.value.id})", _ACC + "#accelerate.Accelerator.unwrap_model")
+        return
+
+
+def rule_collective_in_sampler(lt: PythonLinter) -> None:
+    """A collective (``dist.barrier()``, ``accelerator.wait_for_everyone()``, an all-reduce) inside the ``__iter__`` /
+    ``__getitem__`` / ``__next__`` of a Sampler or Dataset class: it runs once per batch or sample this rank's data
+    yields, and each rank's sampler decides that from its own data (buckets exhausted, uneven shards), so the ranks
+    call it a different number of times and the last ones wait forever ("Every rank of the group calls the same
+    collectives in the same order", ``_COLL``); in DataLoader workers (num_workers > 0) there is no process group at all
+    (bghira/SimpleTuner removed the per-batch wait_for_everyone from its MultiAspectSampler)."""
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)
+                and any(_DATA_BASES.search(ast.unparse(b)) for b in n.bases)):
+        for fn in (b for b in cls.body if isinstance(b, ast.FunctionDef)
+                   and b.name in ("__iter__", "__getitem__", "__next__", "__getitems__")):
+            hit = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and lt.collective_name(c)), None)
+            if hit is None:
+                continue
+            lt.add("collective-in-sampler", "warning", hit,
+                   f"{lt.collective_name(hit)} runs in {cls.name}.{fn.name}: once per item this rank's data yields, "
+                   "which differs between ranks (and in a DataLoader worker no process group exists): the ranks "
+                   "reach it a different number of times and hang",
+                   "synchronise in the training loop (once per step or epoch), not inside the sampler or dataset",
+                   _COLL)
+            return
+
+
 def rule_barrier_every_step(lt: PythonLinter) -> None:
     """A barrier (``dist.barrier()``, ``accelerator.wait_for_everyone()``) as a plain statement of the training-step
     loop (the loop whose own iteration calls ``backward``/``optimizer.step``), under no condition: every step waits
@@ -2937,6 +3014,8 @@ def run(lt: PythonLinter) -> ScriptContract:
     rule_env_not_a_number(lt)
     rule_distributed_api_unknown(lt)
     rule_barrier_every_step(lt)
+    rule_collective_in_sampler(lt)
+    rule_module_attr_without_ddp(lt)
     rule_gather_not_for_metrics(lt)
     rule_ema_before_to_device(lt)
     engine_args_rules.rule_engine_args(lt)

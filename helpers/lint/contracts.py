@@ -304,6 +304,14 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("deepspeed.initialize", "training_data is a map-style Dataset: the engine builds a DistributedSampler over it, "
        "which an IterableDataset refuses", "https://deepspeed.readthedocs.io/en/latest/initialize.html",
        "ds-iterable-training-data"),
+    _c("LightningModule.log", "An epoch-level value logged from a step (on_epoch=True; the default in validation and "
+       "test) is a torchmetrics Metric or is logged with sync_dist=True: otherwise each process averages its own batches",
+       "https://lightning.ai/docs/pytorch/stable/extensions/logging.html#automatic-logging", "metric-not-reduced"),
+    _c("Sampler / Dataset", "No collective runs inside a sampler's or dataset's iteration: each rank yields a number of "
+       "items its own data decides, and DataLoader workers hold no process group", _COLL, "collective-in-sampler"),
+    _c("Accelerator.prepare", "The model prepare returns is wrapped only when several processes run: reach the model "
+       "with accelerator.unwrap_model, not .module", _ACC + "#accelerate.Accelerator.unwrap_model",
+       "module-attr-without-ddp"),
     _c("argparse (the training script's parser)", "Every option the script's parser declares required=True is "
        "passed on the launch line ('error: the following arguments are required')",
        "https://docs.python.org/3/library/argparse.html#required", "script-arg-missing"),

@@ -113,11 +113,40 @@ def _modulo_zero(test: ast.AST) -> tuple[str, int, str, bool] | None:
     return counter, offset, modulus, isinstance(test.ops[0], ast.Eq)
 
 
+def _skip_sync_on_the_step(lt: PythonLinter) -> None:
+    """``flag = (i + 1) % n == 0`` (true on the last micro-step of each accumulation window, the one that must
+    all-reduce) handed to ``fabric.no_backward_sync(model, enabled=flag)`` / ``accelerator.no_sync`` as the
+    "skip the sync" switch: the gradient sync is skipped exactly on the step boundary and done on the other micro-steps
+    (Fabric: "enabled: Whether the context manager is enabled or not. True means skip the sync, False means do not
+    skip", https://lightning.ai/docs/fabric/stable/api/fabric_methods.html#no-backward-sync; lit-llama's
+    finetune_full.py, fixed to ``% n != 0``)."""
+    boundary: dict[str, ast.Assign] = {}
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            got = _modulo_zero(n.value)
+            if got is not None and got[3]:
+                boundary[n.targets[0].id] = n
+    if not boundary:
+        return
+    for c in (x for x in lt.nodes if isinstance(x, ast.Call) and call_name(x) == "no_backward_sync"):
+        flag = next((k.value for k in c.keywords if k.arg == "enabled"), c.args[1] if len(c.args) > 1 else None)
+        if isinstance(flag, ast.Name) and flag.id in boundary:
+            made = boundary[flag.id]
+            lt.add("no-sync-misaligned", "warning", c,
+                   f"no_backward_sync(..., enabled={flag.id}) skips the gradient sync when {flag.id} is true, and "
+                   f"{flag.id} = `{ast.unparse(made.value)}` (line {made.lineno}) is true on the last micro-step of each "
+                   "window, the one that must all-reduce before the optimizer step: the sync runs on the other "
+                   "micro-steps instead", f"{flag.id} = `{ast.unparse(made.value).replace('==', '!=')}` (true while "
+                   "accumulating)", "https://lightning.ai/docs/fabric/stable/api/fabric_methods.html#no-backward-sync")
+            return
+
+
 def rule_no_sync_misaligned(lt: PythonLinter) -> None:
     """The micro-step that all-reduces is not the one before ``optimizer.step()``: ``no_sync`` chosen by
     ``i % n != 0`` (so ``i % n == 0`` syncs) while the step runs when ``(i + 1) % n == 0``.  The gradients the
     optimizer applies then hold the later micro-steps' rank-local contributions, so replicas diverge
     (modelscope/FunASR#3472)."""
+    _skip_sync_on_the_step(lt)
     if "no_sync" not in lt.text:
         return
     syncs: list[tuple[ast.AST, tuple[str, int, str, bool]]] = []   # the predicate under which a micro-step syncs

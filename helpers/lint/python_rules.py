@@ -533,6 +533,7 @@ class PythonLinter:
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
         self.taint.parents = self.parents
+        self._callbacks: dict[str, list[ast.Call]] | None = None  # see _callback_sites
         # parser.add_argument("--rank", "--local_rank", ...): the launcher's --local_rank lands in args.rank
         self.taint.rank_arg_is_local = bool(re.search(
             r"add_argument\(\s*['\"]--rank['\"]\s*,\s*['\"]--local[-_]rank['\"]|"
@@ -809,6 +810,7 @@ class PythonLinter:
         self.rule_ddp_wrapper_attribute()
         self.rule_amp_initialize_after_ddp()
         self.rule_unbound_after_ddp_branch()
+        self.rule_lightning_epoch_log_not_synced()
         self.rule_metric_not_reduced()
         self.rule_rank_gated_model_change()
         self.rule_rank_gated_object_used()
@@ -1367,8 +1369,14 @@ class PythonLinter:
         its own."""
         if not name:
             return []
-        return [c for c in self._calls() if _call_name(c)[1] not in _STARTERS and any(
-            isinstance(a, ast.Name) and a.id == name for a in [*c.args, *(k.value for k in c.keywords)])]
+        if self._callbacks is None:  # name -> the calls that pass it as a value, built once per file
+            self._callbacks = {}
+            for c in self._calls():
+                if _call_name(c)[1] in _STARTERS:
+                    continue
+                for a in {a.id for a in [*c.args, *(k.value for k in c.keywords)] if isinstance(a, ast.Name)}:
+                    self._callbacks.setdefault(a, []).append(c)
+        return self._callbacks.get(name, [])
 
     def _in_memory(self, node: ast.AST, call: ast.Call) -> bool:
         """``node`` names an in-memory buffer (``io.BytesIO()`` / ``io.StringIO()``) assigned in the function of
@@ -2036,6 +2044,41 @@ class PythonLinter:
                          "dist.all_reduce(t, op=dist.ReduceOp.AVG)",
                          "https://github.com/karpathy/llm.c/pull/551")
                 break
+
+    def rule_lightning_epoch_log_not_synced(self) -> None:
+        """``self.log(name, value, on_epoch=True)`` in a LightningModule without ``sync_dist=True``, where ``value`` is a
+        tensor computed in the step (not a torchmetrics ``Metric`` object, which syncs itself): at the epoch's end each
+        process averages only its own batches, and the value logged (and monitored by ``ModelCheckpoint`` /
+        ``EarlyStopping``) is the logging process's shard.  Lightning's own warning when it sees this in validation or
+        test: "It is recommended to use `self.log(..., sync_dist=True)` when logging on epoch level in distributed
+        setting to accumulate the metric across devices" (lightning/pytorch/trainer/connectors/logger_connector/
+        result.py; https://lightning.ai/docs/pytorch/stable/extensions/logging.html#automatic-logging).  In
+        ``validation_step`` / ``test_step`` ``on_epoch`` is True by default; in ``training_step`` only when written."""
+        if "LightningModule" not in self.text or "self.log(" not in self.text:
+            return
+        for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)
+                    and any(_src(b).endswith("LightningModule") for b in n.bases)):
+            for fn in (b for b in cls.body if isinstance(b, ast.FunctionDef)):
+                step = fn.name in ("validation_step", "test_step")
+                if not step and fn.name != "training_step":
+                    continue
+                for c in (x for x in ast.walk(fn) if isinstance(x, ast.Call) and _src(x.func) == "self.log"):
+                    kws = {k.arg: k.value for k in c.keywords if k.arg}
+                    on_epoch = kws.get("on_epoch")
+                    epoch = (isinstance(on_epoch, ast.Constant) and on_epoch.value is True) or \
+                        (step and on_epoch is None)
+                    sync = kws.get("sync_dist")
+                    if not epoch or (sync is not None and not (isinstance(sync, ast.Constant) and sync.value is False)):
+                        continue
+                    value = c.args[1] if len(c.args) > 1 else kws.get("value")
+                    if not isinstance(value, ast.Name):
+                        continue  # self.val_acc (a Metric object), a dict, a literal: not a per-process tensor
+                    self.add("metric-not-reduced", "warning", c,
+                             f"{_src(c)[:60]} logs an epoch-level value without sync_dist=True: each process averages "
+                             "only its own batches, so the logged (and monitored) number is one process's shard",
+                             "self.log(..., sync_dist=True), or log a torchmetrics Metric object (it syncs itself)",
+                             "https://lightning.ai/docs/pytorch/stable/extensions/logging.html#automatic-logging")
+                    return
 
     def rule_amp_initialize_after_ddp(self) -> None:
         """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,

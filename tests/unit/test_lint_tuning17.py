@@ -74,3 +74,68 @@ def test_the_wrapper_reaches_a_model_through_the_prepare_results_index():
     assert "ddp-wrapper-attribute" in ids(("train.py", text))
     unwrapped = text.replace("dtype = transformer.dtype", "dtype = accelerator.unwrap_model(transformer).dtype")
     assert "ddp-wrapper-attribute" not in ids(("train.py", unwrapped))
+
+
+def test_lightning_epoch_level_log_without_sync_dist():
+    text = """
+    import lightning as L
+    class Model(L.LightningModule):
+        def validation_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            self.log("val/loss", loss, prog_bar=True)
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            self.log("train/loss", loss, on_step=True)
+            return loss
+    """
+    assert "metric-not-reduced" in ids(("model.py", text))
+    synced = text.replace('self.log("val/loss", loss, prog_bar=True)', 'self.log("val/loss", loss, sync_dist=True)')
+    assert "metric-not-reduced" not in ids(("model.py", synced))
+    metric_object = text.replace('self.log("val/loss", loss, prog_bar=True)', 'self.log("val/acc", self.val_acc)')
+    assert "metric-not-reduced" not in ids(("model.py", metric_object))
+
+
+def test_a_collective_inside_a_sampler_iteration():
+    text = """
+    import torch
+    class BucketSampler(torch.utils.data.Sampler):
+        def __iter__(self):
+            for batch in self.buckets():
+                self.accelerator.wait_for_everyone()
+                yield batch
+    """
+    assert "collective-in-sampler" in ids(("sampler.py", text))
+    outside = text.replace("                self.accelerator.wait_for_everyone()\n", "") + \
+        "    def sync(self):\n        self.accelerator.wait_for_everyone()\n"
+    assert "collective-in-sampler" not in ids(("sampler.py", outside))
+
+
+def test_module_read_on_a_prepared_model_that_may_be_unwrapped():
+    text = """
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    def train():
+        print(model.module.h)
+    model = accelerator.prepare(model)
+    train()
+    """
+    assert "module-attr-without-ddp" in ids(("train.py", text))
+    assert "module-attr-without-ddp" not in ids(("train.py", text.replace("model.module.h",
+                                                                          "accelerator.unwrap_model(model).h")))
+    guarded = text.replace("        print(model.module.h)",
+                           "        if hasattr(model, 'module'):\n            print(model.module.h)")
+    assert "module-attr-without-ddp" not in ids(("train.py", guarded))
+
+
+def test_an_accumulation_flag_true_on_the_step_that_must_sync():
+    text = """
+    for iter_num in range(max_iters):
+        is_accumulating = (iter_num + 1) % gradient_accumulation_steps == 0
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            fabric.backward(loss_fn(model(x), y))
+        if not is_accumulating:
+            optimizer.step()
+    """
+    assert "no-sync-misaligned" in ids(("train.py", text))
+    right = text.replace("% gradient_accumulation_steps == 0", "% gradient_accumulation_steps != 0")
+    assert "no-sync-misaligned" not in ids(("train.py", right))
