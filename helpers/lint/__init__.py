@@ -76,6 +76,7 @@ RULES: dict[str, str] = {
     "same-seed-every-rank": "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
     # helpers.lint.agreement_rules (what every rank computes alike; one default process group)
     # helpers.lint.signature_rules (keywords against the installed APIs' signatures)
+    "api-unknown-attribute": "https://huggingface.co/docs/accelerate/en/package_reference/utilities",
     "api-unknown-kwarg": "https://huggingface.co/docs/accelerate/en/package_reference/utilities",
     "dist-api-unknown": "https://docs.pytorch.org/docs/stable/distributed.html",
     "env-int-parse": "https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES",

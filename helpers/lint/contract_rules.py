@@ -3038,6 +3038,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     grad_sync_rules.run(lt)
     agreement_rules.run(lt)
     signature_rules.rule_api_unknown_kwarg(lt)
+    signature_rules.rule_api_unknown_attribute(lt)
     collect_cpu_tensor_facts(lt)
     lt.facts.contract = sc
     return sc

@@ -312,6 +312,10 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("Accelerator.prepare", "The model prepare returns is wrapped only when several processes run: reach the model "
        "with accelerator.unwrap_model, not .module", _ACC + "#accelerate.Accelerator.unwrap_model",
        "module-attr-without-ddp"),
+    _c("Accelerator / AcceleratorState / PartialState", "Attributes read are ones the object has (the rank is "
+       "process_index; the DeepSpeed plugin's methods are on AcceleratorState().deepspeed_plugin): getattr with a "
+       "default silently answers the default", "https://huggingface.co/docs/accelerate/en/package_reference/state",
+       "api-unknown-attribute"),
     _c("argparse (the training script's parser)", "Every option the script's parser declares required=True is "
        "passed on the launch line ('error: the following arguments are required')",
        "https://docs.python.org/3/library/argparse.html#required", "script-arg-missing"),

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 SIGNATURES = Path(__file__).resolve().parents[1] / "data" / "api_signatures.json"
 APIS: dict[str, str] = {
     "accelerate.Accelerator": "accelerate.Accelerator",
+    "accelerate.AcceleratorState": "accelerate.state.AcceleratorState",
+    "accelerate.PartialState": "accelerate.state.PartialState",
     "accelerate.DeepSpeedPlugin": "accelerate.utils.DeepSpeedPlugin",
     "accelerate.FullyShardedDataParallelPlugin": "accelerate.utils.FullyShardedDataParallelPlugin",
     "accelerate.DistributedDataParallelKwargs": "accelerate.utils.DistributedDataParallelKwargs",
@@ -52,13 +54,41 @@ _DOCS = {"accelerate": "https://huggingface.co/docs/accelerate/en/package_refere
          "deepspeed": "https://deepspeed.readthedocs.io/en/latest/initialize.html"}
 
 
+ATTRIBUTE_APIS = {"accelerate.Accelerator": (), "accelerate.AcceleratorState": ("accelerate.PartialState",),
+                  "accelerate.PartialState": (), "accelerate.DeepSpeedPlugin": ()}
+"""The classes whose instance attributes are recorded too (``"attributes"``), each with the classes whose attributes
+its instances also carry (an ``AcceleratorState`` shares ``PartialState``'s state dict: accelerate/state.py)."""
+
+
+def _attributes(cls: type) -> list[str]:
+    """What an instance of ``cls`` can answer: ``dir(cls)`` and every ``self.X = ...`` in the source of the classes of
+    its MRO that belong to the same package (instance attributes set in ``__init__`` and methods)."""
+    import inspect
+    import textwrap
+
+    out = set(dir(cls))
+    package = cls.__module__.split(".")[0]
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith(package):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        out.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                   and isinstance(n.value, ast.Name) and n.value.id == "self")
+    return sorted(out)
+
+
 def generate() -> dict[str, dict[str, object]]:
     """The signatures of :data:`APIS` from the installed packages: ``{key: {"params": [...], "varkw": bool,
-    "version": "x.y"}}`` (imports torch, Accelerate and DeepSpeed: seconds)."""
+    "version": "x.y"}}``, with ``"attributes"`` for :data:`ATTRIBUTE_APIS` (imports torch, Accelerate and DeepSpeed:
+    seconds)."""
     import importlib
     import inspect
 
     out: dict[str, dict[str, object]] = {}
+    classes: dict[str, type] = {}
     for key, path in APIS.items():
         module, _, name = path.rpartition(".")
         obj = getattr(importlib.import_module(module), name)
@@ -67,6 +97,9 @@ def generate() -> dict[str, dict[str, object]]:
         out[key] = {"params": sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)),
                     "varkw": any(p.kind == p.VAR_KEYWORD for p in params),
                     "version": str(getattr(package, "__version__", "?"))}
+        classes[key] = obj
+    for key, shared in ATTRIBUTE_APIS.items():
+        out[key]["attributes"] = sorted(set(_attributes(classes[key])).union(*(_attributes(classes[s]) for s in shared)))
     return out
 
 
@@ -117,4 +150,81 @@ def rule_api_unknown_kwarg(lt: PythonLinter) -> None:
                    f"{meant}=...", _DOCS[key.split(".")[0]])
 
 
-__all__ = ["APIS", "SIGNATURES", "generate", "rule_api_unknown_kwarg", "signatures"]
+_INSTANCE_OF = {"Accelerator": "accelerate.Accelerator", "AcceleratorState": "accelerate.AcceleratorState",
+                "PartialState": "accelerate.PartialState"}
+
+
+def _accelerate_instances(lt: PythonLinter) -> dict[str, str]:
+    """Source of an expression (``accelerator``, ``self.accelerator``, ``state``) -> the Accelerate class it holds:
+    bound from ``Accelerator(...)`` / ``AcceleratorState()`` / ``PartialState()`` in the file, and ``accelerator`` /
+    ``self.accelerator`` (the name every Accelerate example gives it) when the file imports Accelerate."""
+    from helpers.lint.python_rules import _call_name
+
+    out: dict[str, str] = {"accelerator": "accelerate.Accelerator", "self.accelerator": "accelerate.Accelerator"}
+    for n in lt.nodes:
+        if not isinstance(n, ast.Assign):
+            continue
+        values = [n.value.body, n.value.orelse] if isinstance(n.value, ast.IfExp) else [n.value]
+        made = next((_call_name(v)[1] for v in values if isinstance(v, ast.Call) and _call_name(v)[1] in _INSTANCE_OF),
+                    None)  # `state = AcceleratorState() if is_initialized() else None`: the state when not None
+        if made is not None:
+            for tgt in n.targets:
+                out[ast.unparse(tgt)] = _INSTANCE_OF[made]
+    return out
+
+
+def rule_api_unknown_attribute(lt: PythonLinter) -> None:
+    """``api-unknown-attribute``: an attribute an Accelerate object does not have, by the installed classes
+    (:data:`ATTRIBUTE_APIS`: ``dir()`` plus every ``self.X =`` of their source).  ``getattr(accelerator, "rank", 0)``
+    always answers the default (Accelerate's name is ``process_index``: every process takes rank 0; bghira/SimpleTuner
+    wrote every rank's training state to one file); ``AcceleratorState().zero3_init_context_manager`` reads a
+    ``DeepSpeedPlugin`` attribute on the state (AttributeError; huggingface/diffusers#3410).  A plain read is reported
+    only when the name belongs to another of these classes or is one slip from one of the object's own (a name far
+    from all may be another release's)."""
+    if "ccelerat" not in lt.text:
+        return
+    sigs = signatures()
+    instances = _accelerate_instances(lt)
+    stored = {n.attr for n in lt.nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)} | \
+        {c.args[1].value for c in lt.nodes if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and
+         c.func.id == "setattr" and len(c.args) > 1 and isinstance(c.args[1], ast.Constant)}
+    for node in lt.nodes:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and \
+                len(node.args) == 3 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            key = instances.get(ast.unparse(node.args[0]))
+            attrs = sigs.get(key, {}).get("attributes") if key else None
+            name = node.args[1].value
+            if attrs and name not in attrs and not name.startswith("_") and name not in stored:  # a project's own
+                # attribute set on the object (accelerator._lycoris_wrapped_network = ...) is not Accelerate's
+                meant = next(iter(difflib.get_close_matches(name, [a for a in attrs if not a.startswith("_")], n=1,
+                                                            cutoff=0.6)), None)
+                lt.add("api-unknown-attribute", "warning", node,
+                       f"{ast.unparse(node)[:60]}: {key.split('.')[1]} has no '{name}' (accelerate "
+                       f"{sigs[key]['version']}), so this always answers the default"
+                       + (f"; its attribute is '{meant}'" if meant else ""),
+                       f"{ast.unparse(node.args[0])}.{meant or '<the attribute meant>'}", _DOCS["accelerate"])
+                return
+        if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+            continue
+        base = node.value
+        key = _INSTANCE_OF.get(base.func.id) if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and \
+            not base.args else instances.get(ast.unparse(base))
+        attrs = sigs.get(key, {}).get("attributes") if key else None
+        if not attrs or node.attr in attrs or node.attr.startswith("_") or node.attr in stored:
+            continue
+        owner = next((k for k, v in sigs.items() if k != key and node.attr in v.get("attributes", ())), None)
+        meant = next(iter(difflib.get_close_matches(node.attr, [a for a in attrs if not a.startswith("_")], n=1,
+                                                    cutoff=0.85)), None)
+        if owner is None and meant is None:
+            continue
+        where = f"it is {owner.split('.')[1]}'s" if owner else f"its attribute is '{meant}'"
+        lt.add("api-unknown-attribute", "error", node,
+               f"{ast.unparse(node)[:60]}: {key.split('.')[1]} has no '{node.attr}' ({where}; accelerate "
+               f"{sigs[key]['version']}): AttributeError when the line runs",
+               "AcceleratorState().deepspeed_plugin." + node.attr if owner == "accelerate.DeepSpeedPlugin"
+               else f"{ast.unparse(base)}.{meant or '<the attribute meant>'}", _DOCS["accelerate"])
+        return
+
+
+__all__ = ["APIS", "ATTRIBUTE_APIS", "SIGNATURES", "generate", "rule_api_unknown_attribute", "rule_api_unknown_kwarg",
+           "signatures"]

@@ -139,3 +139,29 @@ def test_an_accumulation_flag_true_on_the_step_that_must_sync():
     assert "no-sync-misaligned" in ids(("train.py", text))
     right = text.replace("% gradient_accumulation_steps == 0", "% gradient_accumulation_steps != 0")
     assert "no-sync-misaligned" not in ids(("train.py", right))
+
+
+def test_an_attribute_accelerate_objects_do_not_have():
+    rank = """
+    import json
+    class SaveHook:
+        def save(self, path):
+            rank = getattr(self.accelerator, "rank", 0)
+            json.dump({}, open(f"{path}/state-{rank}.json", "w"))
+    """
+    assert "api-unknown-attribute" in ids(("hooks.py", rank))
+    assert "api-unknown-attribute" not in ids(("hooks.py", rank.replace('"rank"', '"process_index"')))
+    own = rank + "    def wrap(self):\n        self.accelerator.rank = 3\n"      # the project sets it itself
+    assert "api-unknown-attribute" not in ids(("hooks.py", own))
+    plugin = """
+    import accelerate
+    from accelerate.state import AcceleratorState
+    def contexts():
+        deepspeed_plugin = AcceleratorState() if accelerate.state.is_initialized() else None
+        if deepspeed_plugin is None:
+            return []
+        return [deepspeed_plugin.zero3_init_context_manager(enable=False)]
+    """
+    assert "api-unknown-attribute" in ids(("train.py", plugin))
+    fixed = plugin.replace("AcceleratorState() if", "AcceleratorState().deepspeed_plugin if")
+    assert "api-unknown-attribute" not in ids(("train.py", fixed))
