@@ -61,8 +61,8 @@ its instances also carry (an ``AcceleratorState`` shares ``PartialState``'s stat
 
 
 def _attributes(cls: type) -> list[str]:
-    """What an instance of ``cls`` can answer: ``dir(cls)`` and every ``self.X = ...`` in the source of the classes of
-    its MRO that belong to the same package (instance attributes set in ``__init__`` and methods)."""
+    """The public names an instance of ``cls`` can answer: ``dir(cls)`` and every ``self.X = ...`` in the source of the
+    classes of its MRO that belong to the same package (instance attributes set in ``__init__`` and methods)."""
     import inspect
     import textwrap
 
@@ -77,7 +77,7 @@ def _attributes(cls: type) -> list[str]:
             continue
         out.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                    and isinstance(n.value, ast.Name) and n.value.id == "self")
-    return sorted(out)
+    return sorted(a for a in out if not a.startswith("_"))  # public names only: the rule skips private ones
 
 
 def generate() -> dict[str, dict[str, object]]:
