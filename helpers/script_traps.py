@@ -14,6 +14,7 @@ interpreter given where the launcher wants a script.  The lexer (logical lines, 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from helpers import sources
 from helpers.checks import Check
@@ -201,14 +202,9 @@ def _c_without_command_traps(text: str) -> list[Check]:
 _LAUNCHER_VALUES = {"torchrun": TORCHRUN_VALUE, "deepspeed": DEEPSPEED_VALUE, "accelerate": ACCELERATE_VALUE}
 
 
-def _interpreter_as_script_traps(text: str) -> list[Check]:
-    """``launcher-program-not-script``: ``torchrun ... python train.py`` (or ``deepspeed`` / ``accelerate launch``).  The
-    launcher's first positional argument is the training script, which it runs with its own Python
-    (torchrun: "training_script: Full path to the (single GPU) training program/script", started as ``python -u
-    script``, https://docs.pytorch.org/docs/stable/elastic/run.html); an interpreter there is run as a script
-    (``python -u python train.py``: "can't find '__main__' module") unless ``--no-python`` says the program is run as
-    it is (wenet's run.sh, fixed in wenet-e2e/wenet#2024)."""
-    out: list[Check] = []
+def _launcher_lines(text: str) -> Iterator[tuple[int, str, set[str], str, tuple[str, ...]]]:
+    """``(line number, launcher, its flags, script, script arguments)`` of each logical line that starts torchrun,
+    deepspeed or accelerate launch (inside an ``srun`` payload too: the first word after ``srun`` that begins one)."""
     for number, line in join_continuations(text):
         if line.lstrip().startswith("#"):
             continue
@@ -218,7 +214,19 @@ def _interpreter_as_script_traps(text: str) -> list[Check]:
         if got is None:
             continue
         kind, argv = got
-        _, flags, script, _ = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        _, flags, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        yield number, kind, flags, script, rest
+
+
+def _interpreter_as_script_traps(text: str) -> list[Check]:
+    """``launcher-program-not-script``: ``torchrun ... python train.py`` (or ``deepspeed`` / ``accelerate launch``).  The
+    launcher's first positional argument is the training script, which it runs with its own Python
+    (torchrun: "training_script: Full path to the (single GPU) training program/script", started as ``python -u
+    script``, https://docs.pytorch.org/docs/stable/elastic/run.html); an interpreter there is run as a script
+    (``python -u python train.py``: "can't find '__main__' module") unless ``--no-python`` says the program is run as
+    it is (wenet's run.sh, fixed in wenet-e2e/wenet#2024)."""
+    out: list[Check] = []
+    for number, kind, flags, script, _ in _launcher_lines(text):
         if not re.fullmatch(r"python[0-9.]*", script.rsplit("/", 1)[-1]) or flags & {"--no-python"}:
             continue
         hit = trap("launcher-program-not-script", "FAIL", "script",
@@ -256,17 +264,8 @@ def _launcher_option_after_script_traps(text: str) -> list[Check]:
     ``script_args:<option as written>`` so that ``runbook lint`` drops it where the linted script defines that
     option itself (:func:`helpers.lint.cross_rules.settle`)."""
     out: list[Check] = []
-    for number, line in join_continuations(text):
-        if line.lstrip().startswith("#"):
-            continue
-        got = launcher_argv(split_words(line))
-        if got is not None and got[0] == "srun":
-            got = next((g for i in range(len(got[1])) if (g := launcher_argv(got[1][i:])) and g[0] != "srun"), None)
-        if got is None or got[0] not in _LAUNCHER_ONLY:
-            continue
-        kind, argv = got
-        _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES[kind])
-        if not script or re.fullmatch(r"python[0-9.]*", script.rsplit("/", 1)[-1]):
+    for number, kind, _, script, rest in _launcher_lines(text):
+        if kind not in _LAUNCHER_ONLY or not script or re.fullmatch(r"python[0-9.]*", script.rsplit("/", 1)[-1]):
             continue
         hit_opt = next((a.split("=", 1)[0] for a in rest if a == "--" or
                         a.split("=", 1)[0].replace("_", "-") in _LAUNCHER_ONLY[kind]), None)

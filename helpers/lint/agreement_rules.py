@@ -255,8 +255,7 @@ def rule_init_twice(lt: PythonLinter) -> None:
                     not _guarded(lt, c) and \
                     not _other_branch(lt, c, made[0]):
                 lt.add("init-twice", "error", c,
-                       f"{what if what != 'init_process_group' else 'init_process_group'} here, after {made[1]} at "
-                       f"line {made[0]} made the default process group on "
+                       f"{what} here, after {made[1]} at line {made[0]} made the default process group on "
                        "this path: torch raises 'ValueError: trying to initialize the default process group twice!' "
                        "(Accelerator() and deepspeed.init_distributed() make it under a multi-process launcher)",
                        "keep one of the two, or test torch.distributed.is_initialized() before init_process_group",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from helpers.lint import agreement_rules, engine_args_rules, grad_sync_rules, signature_rules
 from helpers.lint.contracts import _ACC, _COLL, _DATA, _DDP, _DIST, _FABRIC, _FSDP, _INIT, _SBATCH_ENV, _TORCHRUN
-from helpers.lint.wrappers import assign_targets
+from helpers.lint.wrappers import accelerator_prepare, assign_targets
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -1100,7 +1100,7 @@ def _per_process(node: ast.AST) -> bool:
                "num_processes" in ast.unparse(n.right) for n in ast.walk(node))
 
 
-def _len_of_unprepared(lt: PythonLinter, prep: ast.Call, scope: ast.AST) -> None:
+def _len_of_unprepared(lt: PythonLinter, stmt: ast.Assign, scope: ast.AST) -> None:
     """``self.train_dataloader = accelerator.prepare(train_dataloader)`` then ``total_steps = epochs *
     len(train_dataloader)``: the name still holds the unprepared loader, whose length counts every process's
     batches; each process iterates the prepared one, about ``1 / num_processes`` of it, so the step budget and the
@@ -1108,8 +1108,8 @@ def _len_of_unprepared(lt: PythonLinter, prep: ast.Call, scope: ast.AST) -> None
     goes into a step count (an assignment to a name with ``step``, ``iters`` or ``total`` in it)."""
     from helpers.lint.python_rules import _call_name
 
-    stmt = lt.parents.get(prep)
-    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+    prep = stmt.value
+    if len(stmt.targets) != 1 or not isinstance(prep, ast.Call):
         return
     target = stmt.targets[0]
     outs = target.elts if isinstance(target, ast.Tuple) else [target]
@@ -1148,9 +1148,9 @@ def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
     """
     from helpers.lint.python_rules import _call_name
 
-    for prep in lt._calls():
-        if _call_name(prep)[1] == "prepare" and "accelerator" in _call_name(prep)[0].lower():
-            _len_of_unprepared(lt, prep, lt._enclosing_function(prep) or lt.tree)
+    for stmt in lt.nodes:
+        if accelerator_prepare(stmt):
+            _len_of_unprepared(lt, stmt, lt._enclosing_function(stmt) or lt.tree)  # type: ignore[arg-type]
     if "num_processes" not in lt.text or ".prepare(" not in lt.text:
         return
     for prep in lt._calls():
@@ -1988,6 +1988,11 @@ def _own_calls(loop: ast.For | ast.While | ast.AsyncFor) -> list[ast.Call]:
 _DATA_BASES = re.compile(r"(?:^|\.)(?:Sampler|BatchSampler|DistributedSampler|IterableDataset|Dataset)$")
 
 
+def _stored_names(node: ast.AST) -> set[str]:
+    """The names ``node`` assigns (``Name`` nodes in a store context anywhere inside it)."""
+    return {x.id for x in ast.walk(node) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store)}
+
+
 def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
     """``model.module`` read on a model ``accelerator.prepare`` returned, with no test that it is wrapped: under one
     process (a single-GPU run, a debug run) ``prepare`` returns the model itself, which has no ``module`` attribute
@@ -2001,9 +2006,8 @@ def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
         return
     prepared: dict[str, tuple[ast.AST | None, int]] = {}  # name -> (the function that bound it, line)
     for n in lt.nodes:
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _call_name(n.value)[1] == "prepare" and \
-                "accelerator" in _call_name(n.value)[0].lower():
-            for tgt in n.targets:
+        if accelerator_prepare(n):
+            for tgt in n.targets:  # type: ignore[attr-defined]
                 for x in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt]):
                     if isinstance(x, ast.Name) and "model" in x.id.lower() or isinstance(x, ast.Name) and \
                             any(isinstance(a, ast.Name) and a.id == x.id for a in n.value.args[:1]):
@@ -2018,12 +2022,10 @@ def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(node)
         if scope is not None and (fn is not scope or node.lineno < line):
             continue  # bound in a function: only its own later reads
-        if scope is None and fn is not None and any(
-                isinstance(a, (ast.Assign, ast.AugAssign)) and any(isinstance(x, ast.Name) and x.id == node.value.id
-                                                                   for x in ast.walk(a) if isinstance(x, ast.Name)
-                                                                   and isinstance(x.ctx, ast.Store))
-                for a in ast.walk(fn)) and not any(isinstance(g, ast.Global) and node.value.id in g.names
-                                                   for g in ast.walk(fn)):
+        name = node.value.id
+        if scope is None and fn is not None and \
+                any(isinstance(a, (ast.Assign, ast.AugAssign)) and name in _stored_names(a) for a in ast.walk(fn)) and \
+                not any(isinstance(g, ast.Global) and name in g.names for g in ast.walk(fn)):
             continue  # the function has a local of that name
         guards = [a for a in _ancestors(lt, node) if isinstance(a, (ast.If, ast.IfExp, ast.While))]
         if any(re.search(r"hasattr|isinstance|type\(|DDP|DistributedDataParallel|module|num_processes|distributed|"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from helpers import launch_parse
 from helpers.checks import Check
@@ -254,6 +254,13 @@ def _stray_positional(spec: LaunchSpec, sc: ScriptContract) -> str | None:
     return None
 
 
+def _names_option(given: str, options: Collection[str]) -> bool:
+    """The option word ``given`` (``--lr``, ``--data``) names one of ``options``: itself, or a prefix of a long option
+    (argparse's ``allow_abbrev``, on by default: https://docs.python.org/3/library/argparse.html#allow-abbrev)."""
+    return given in options or (given.startswith("--") and any(o.startswith(given) for o in options
+                                                                if o.startswith("--")))
+
+
 def _unknown_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, script: str) -> list[Check]:
     options = sc.options or set()
     stray = _stray_positional(spec, sc)
@@ -269,8 +276,8 @@ def _unknown_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, sc
         if not arg.startswith("-") or re.fullmatch(r"-\d.*", arg) or "$" in arg or "{" in arg:
             continue
         name = arg.split("=", 1)[0]
-        if name in options or (name.startswith("--") and any(o.startswith(name) for o in options if o.startswith("--"))):
-            continue  # argparse accepts a unique prefix of a long option (allow_abbrev)
+        if _names_option(name, options):
+            continue
         return [finding("script-arg-unknown", "error", path, line,
                         f"the launch line passes {name} to {os.path.basename(script)}, whose argparse parser "
                         f"({script}:{sc.options_line}) does not define it: 'error: unrecognized arguments: {arg}'",
@@ -291,12 +298,12 @@ def _missing_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, sc
         if "$" in arg and not (i and args[i - 1].startswith("-") and "=" not in args[i - 1]) and \
                 not (arg.startswith("-") and "=" in arg and "$" not in arg.split("=", 1)[0]):
             return []  # the expansion may hold the options themselves
-    given = [a.split("=", 1)[0] for a in args if a.startswith("-") and not re.fullmatch(r"-\d.*", a)]
+    given = [g for g in (a.split("=", 1)[0] for a in args if a.startswith("-") and not re.fullmatch(r"-\d.*", a))
+             if g != "--"]  # a bare "--" names no option
     for names, decl in sc.extra.get("required_options", ()):  # type: ignore[attr-defined]
         if any("local_rank" in n or "local-rank" in n for n in names):
             continue
-        if any(g in names or (g.startswith("--") and len(g) > 2 and any(n.startswith(g) for n in names if n.startswith("--")))
-               for g in given):
+        if any(_names_option(g, names) for g in given):
             continue
         return [finding("script-arg-missing", "error", path, line,
                         f"{os.path.basename(script)} declares {names[-1]} required ({script}:{decl}) and the launch "

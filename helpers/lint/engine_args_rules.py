@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,23 +35,17 @@ def _values(expr: ast.AST) -> list[ast.AST]:
     return _values(expr.body) + _values(expr.orelse) if isinstance(expr, ast.IfExp) else [expr]
 
 
-def _bound_to(lt: PythonLinter, name: str, test: re.Pattern[str] | str) -> ast.Assign | None:
-    """An assignment ``name = <value>`` in the file whose value's source matches ``test``."""
-    for a in lt.nodes:
-        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets):
-            src = ast.unparse(a.value)
-            if (test.search(src) if isinstance(test, re.Pattern) else test in src):
-                return a
-    return None
+def _assignments(lt: PythonLinter, name: str) -> Iterator[ast.Assign]:
+    """The assignments ``name = <value>`` of the file."""
+    return (a for a in lt.nodes if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                                     for t in a.targets))
 
 
 def _iterable_made(lt: PythonLinter, name: str, classes: set[str], depth: int = 0) -> ast.Assign | None:
     """The assignment that makes ``name`` an iterable-style dataset: its value is one (:data:`_ITERABLE`, a class of
     ``classes``), or is derived from a name that is (``ds = filtered.map(...).batched(...)`` after ``filtered =
     wds.WebDataset(...).select(...)``), followed three assignments deep."""
-    for a in lt.nodes:
-        if not (isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)):
-            continue
+    for a in _assignments(lt, name):
         src = ast.unparse(a.value)
         if _ITERABLE.search(src) or any(re.search(rf"\b{c}\(", src) for c in classes):
             return a
@@ -83,21 +78,25 @@ def rule_engine_args(lt: PythonLinter) -> None:
             for value in _values(kw.value) if kw.arg in ("lr_scheduler", "training_data") else ():
                 if not isinstance(value, ast.Name) or kw.arg in found:
                     continue
-                if kw.arg == "lr_scheduler" and (made := _bound_to(lt, value.id, "ReduceLROnPlateau(")) is not None:
+                if kw.arg == "lr_scheduler":
+                    made = next((a for a in _assignments(lt, value.id) if "ReduceLROnPlateau(" in ast.unparse(a.value)),
+                                None)
+                    if made is None:
+                        continue
                     lt.add("ds-plateau-scheduler", "error", call,
                            f"lr_scheduler={value.id} is a ReduceLROnPlateau (line {made.lineno}): the DeepSpeed engine "
                            "steps its scheduler after every optimizer step with no metric, and ReduceLROnPlateau.step "
                            "needs one ('step() missing 1 required positional argument: metrics')",
                            "keep the scheduler out of deepspeed.initialize (lr_scheduler=None) and call "
                            f"{value.id}.step(val_loss) yourself", _DS_INIT)
-                    found.add(kw.arg)
-                if kw.arg == "training_data":
+                else:
                     made = _iterable_made(lt, value.id, iterable_classes)
-                    if made is not None:
-                        lt.add("ds-iterable-training-data", "error", call,
-                               f"training_data={value.id} is an iterable-style dataset (line {made.lineno}): the "
-                               "DeepSpeed engine wraps it in a DataLoader with a DistributedSampler, which an "
-                               "IterableDataset refuses ('DataLoader with IterableDataset: expected unspecified sampler "
-                               "option')", "pass training_data=None and iterate your own loader (shard the stream by "
-                               "rank, e.g. wds.split_by_node)", _DS_INIT)
-                        found.add(kw.arg)
+                    if made is None:
+                        continue
+                    lt.add("ds-iterable-training-data", "error", call,
+                           f"training_data={value.id} is an iterable-style dataset (line {made.lineno}): the "
+                           "DeepSpeed engine wraps it in a DataLoader with a DistributedSampler, which an "
+                           "IterableDataset refuses ('DataLoader with IterableDataset: expected unspecified sampler "
+                           "option')", "pass training_data=None and iterate your own loader (shard the stream by "
+                           "rank, e.g. wds.split_by_node)", _DS_INIT)
+                found.add(kw.arg)

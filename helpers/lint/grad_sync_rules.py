@@ -115,8 +115,7 @@ def _modulo_zero(test: ast.AST) -> tuple[str, int, str, bool] | None:
 
 def _skip_sync_on_the_step(lt: PythonLinter) -> None:
     """``flag = (i + 1) % n == 0`` (true on the last micro-step of each accumulation window, the one that must
-    all-reduce) handed to ``fabric.no_backward_sync(model, enabled=flag)`` / ``accelerator.no_sync`` as the
-    "skip the sync" switch: the gradient sync is skipped exactly on the step boundary and done on the other micro-steps
+    all-reduce) handed to ``fabric.no_backward_sync(model, enabled=flag)`` as the "skip the sync" switch: the gradient sync is skipped exactly on the step boundary and done on the other micro-steps
     (Fabric: "enabled: Whether the context manager is enabled or not. True means skip the sync, False means do not
     skip", https://lightning.ai/docs/fabric/stable/api/fabric_methods.html#no-backward-sync; lit-llama's
     finetune_full.py, fixed to ``% n != 0``)."""

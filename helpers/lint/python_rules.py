@@ -286,6 +286,11 @@ def _error_exit(stmt: ast.stmt, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
+def _epoch_loop(node: ast.AST) -> bool:
+    """``node`` is a ``for`` loop over epochs (``epoch`` in its target or its iterable)."""
+    return isinstance(node, ast.For) and ("epoch" in _src(node.target).lower() or "epoch" in _src(node.iter).lower())
+
+
 _PATHLIKE = re.compile(r"(?i)^(?:['\"f].*|.*(?:path|file|ckpt|checkpoint|fname|filename)\w*|os\.path\.join\(.*)$")
 """An argument's source that names a file (a string, an f-string, a ``*path`` / ``*file`` / ``ckpt*`` name, a join)."""
 _STARTERS = frozenset({"spawn", "start_processes", "Process", "Thread", "Pool", "submit", "map", "apply_async",
@@ -1117,8 +1122,7 @@ class PythonLinter:
                                 for k in c.keywords)]
         if not samplers:
             return
-        epoch_loop = any(isinstance(n, ast.For) and ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower())
-                         for n in self.nodes)
+        epoch_loop = any(_epoch_loop(n) for n in self.nodes)
         if epoch_loop and set_epochs:
             self.add("sampler-no-set-epoch", "warning", set_epochs[0],
                      f"{_src(set_epochs[0])[:60]} runs once, before the epoch loop: the sampler's seed is fixed by "
@@ -1141,8 +1145,7 @@ class PythonLinter:
                 return False
             node = self.parents.get(node)
         scope = node if node is not None else self.tree
-        return any(isinstance(n, ast.For) and n.lineno > call.lineno and
-                   ("epoch" in _src(n.target).lower() or "epoch" in _src(n.iter).lower()) for n in ast.walk(scope))
+        return any(_epoch_loop(n) and n.lineno > call.lineno for n in ast.walk(scope))
 
     def rule_rank_sliced_data(self) -> None:
         """D9/D22: each rank slices its own share (uneven lengths) without a sampler or Join."""
@@ -1552,11 +1555,8 @@ class PythonLinter:
                 continue  # a per-rank file name
             if path_args and isinstance(path_args[0], ast.Name) and self._opened_per_rank(path_args[0], call):
                 continue  # torch.save(data, f) into `with open(f"{name}.{rankstr()}.pth", "wb") as f`
-            dumping = self.parents.get(call)
             if name == "dump" and call.args and _CONFIG_NAME.fullmatch(_src(call.args[0])) or \
-                    name == "open" and self._config_dump_only(call) or \
-                    name == "open" and isinstance(dumping, ast.Call) and _call_name(dumping)[1] == "dump" and \
-                    dumping.args and _CONFIG_NAME.fullmatch(_src(dumping.args[0])):
+                    name == "open" and self._config_dump_only(call):
                 continue  # the run's configuration dumped: the same bytes from every rank, the last leaves the same file
             if path_args and self._in_memory(path_args[0], call):
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
@@ -1594,8 +1594,12 @@ class PythonLinter:
                      "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
 
     def _config_dump_only(self, call: ast.Call) -> bool:
-        """``with open(path, "w") as f: yaml.dump(args, f)``: the block only dumps the run's configuration."""
-        w = self.parents.get(self.parents.get(call))
+        """``with open(path, "w") as f: yaml.dump(args, f)`` (the block only dumps the run's configuration), or
+        ``yaml.dump(config, open(path, "w"))`` (the file opened as the dump's own argument)."""
+        dumping = self.parents.get(call)
+        if isinstance(dumping, ast.Call) and _call_name(dumping)[1] == "dump":
+            return bool(dumping.args) and bool(_CONFIG_NAME.fullmatch(_src(dumping.args[0])))
+        w = self.parents.get(dumping)
         if not isinstance(w, ast.With) or not w.body:
             return False
         return all(isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and _call_name(st.value)[1] == "dump"

@@ -157,7 +157,7 @@ _INSTANCE_OF = {"Accelerator": "accelerate.Accelerator", "AcceleratorState": "ac
 def _accelerate_instances(lt: PythonLinter) -> dict[str, str]:
     """Source of an expression (``accelerator``, ``self.accelerator``, ``state``) -> the Accelerate class it holds:
     bound from ``Accelerator(...)`` / ``AcceleratorState()`` / ``PartialState()`` in the file, and ``accelerator`` /
-    ``self.accelerator`` (the name every Accelerate example gives it) when the file imports Accelerate."""
+    ``self.accelerator`` (the name every Accelerate example gives it)."""
     from helpers.lint.python_rules import _call_name
 
     out: dict[str, str] = {"accelerator": "accelerate.Accelerator", "self.accelerator": "accelerate.Accelerator"}
@@ -196,8 +196,7 @@ def rule_api_unknown_attribute(lt: PythonLinter) -> None:
             name = node.args[1].value
             if attrs and name not in attrs and not name.startswith("_") and name not in stored:  # a project's own
                 # attribute set on the object (accelerator._lycoris_wrapped_network = ...) is not Accelerate's
-                meant = next(iter(difflib.get_close_matches(name, [a for a in attrs if not a.startswith("_")], n=1,
-                                                            cutoff=0.6)), None)
+                meant = next(iter(difflib.get_close_matches(name, attrs, n=1, cutoff=0.6)), None)
                 lt.add("api-unknown-attribute", "warning", node,
                        f"{ast.unparse(node)[:60]}: {key.split('.')[1]} has no '{name}' (accelerate "
                        f"{sigs[key]['version']}), so this always answers the default"
@@ -213,8 +212,7 @@ def rule_api_unknown_attribute(lt: PythonLinter) -> None:
         if not attrs or node.attr in attrs or node.attr.startswith("_") or node.attr in stored:
             continue
         owner = next((k for k, v in sigs.items() if k != key and node.attr in v.get("attributes", ())), None)
-        meant = next(iter(difflib.get_close_matches(node.attr, [a for a in attrs if not a.startswith("_")], n=1,
-                                                    cutoff=0.85)), None)
+        meant = next(iter(difflib.get_close_matches(node.attr, attrs, n=1, cutoff=0.85)), None)
         if owner is None and meant is None:
             continue
         where = f"it is {owner.split('.')[1]}'s" if owner else f"its attribute is '{meant}'"
