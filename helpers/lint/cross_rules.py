@@ -166,7 +166,7 @@ def nccl_unbound_across_files(facts: Sequence[object]) -> list[Check]:
     for every rank (deepmodeling/deepmd-kit: GPU 0 runs out of memory first).  Only where the linted files hold both
     the nccl ``init_process_group`` and a ``DistributedDataParallel(device_ids=...)`` (the whole set-up is in view)
     and none binds the device; a single file with a bare ``'cuda'`` is the error ``nccl-no-device-binding`` of
-    :func:`helpers.lint.contract_rules.rule_nccl_no_device_binding` already.  A warning: a launcher may set
+    :func:`helpers.lint.device_rules.rule_nccl_no_device_binding` already.  A warning: a launcher may set
     ``CUDA_VISIBLE_DEVICES`` per process."""
     contracts = [(f.path, f.contract) for f in facts if getattr(f, "contract", None) is not None]  # type: ignore[attr-defined]
     if len(contracts) < 2 or any(sc.extra.get("binds_device") or sc.spawns for _p, sc in contracts):

@@ -21,10 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[0-8]_*.ipynb"))
 COLUMN = "caught before launch by"
 NONE = "—"
-RULE_MODULES = [ROOT / "helpers" / "lint" / f for f in ("__init__.py", "python_rules.py", "agreement_rules.py", "signature_rules.py", "deepspeed_rules.py",
-                                                       "accelerate_rules.py", "shell_rules.py", "contract_rules.py",
-                                                       "cross_rules.py", "grad_sync_rules.py", "engine_args_rules.py")] + [ROOT / "helpers" / "launch_traps.py", ROOT / "helpers" / "launch_parse.py",
-                                                                       ROOT / "helpers" / "script_traps.py"]
+RULE_MODULES = sorted((ROOT / "helpers" / "lint").glob("*.py")) + [ROOT / "helpers" / f for f in (
+    "launch_traps.py", "launch_parse.py", "script_traps.py")]
 
 
 def _cells(line: str) -> list[str]:

@@ -190,7 +190,7 @@ def test_the_torch_distributed_names_are_the_installed_torchs():
 
     import torch.distributed as tdist
 
-    from helpers.lint.contract_rules import torch_distributed_names
+    from helpers.lint.collective_rules import torch_distributed_names
 
     have = {n for n in dir(tdist) if n[:1].islower()} | {m.name for m in pkgutil.iter_modules(tdist.__path__)
                                                           if m.name[:1].islower()}

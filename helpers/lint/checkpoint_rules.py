@@ -1,0 +1,276 @@
+"""Contract rules on files every rank shares: a directory made on one rank and read or written by all, save hooks and
+trackers on every rank, a rank restored from a checkpoint over the launcher's (D23; https://docs.pytorch.org/docs/stable/notes/serialization.html).
+Run by :func:`helpers.lint.contract_rules.run`."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from helpers.lint.contract_ast import statement_blocks
+from helpers.lint.contracts import _ACC, _DIST, _TORCHRUN
+
+if TYPE_CHECKING:
+    from helpers.lint.python_rules import PythonLinter
+
+
+
+BLANK_TRACKER = frozenset({"finish", "log", "main_process_only", "start", "store_init_configuration"})
+"""What the stand-in tracker answers: ``Accelerator.get_tracker`` returns ``GeneralTracker(_blank=True)`` on every
+process that holds no tracker ("Handle tracker only made on main process", accelerate/accelerator.py get_tracker;
+W&B, TensorBoard, MLflow ... trackers are made on the main process only, ``main_process_only = True`` in
+accelerate/tracking.py); ``dir()`` of that object in accelerate 1.15 is this set."""
+
+
+def rule_tracker_on_every_rank(lt: PythonLinter) -> None:
+    """``accelerator.get_tracker("wandb").run`` (or ``.tracker``, ``.log_images`` ...) outside a main-process gate:
+    on the other processes ``get_tracker`` returns a blank ``GeneralTracker`` without the run, so they stop with
+    ``AttributeError: 'GeneralTracker' object has no attribute 'run'`` (allenai/open-instruct#1539 moved its
+    ``wandb_tracker.run.url`` reads under ``accelerator.is_main_process``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "get_tracker" not in lt.text:
+        return
+    tracker_names: set[str] = set()
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _call_name(node.value)[1] == "get_tracker":
+            tracker_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in lt.nodes:
+        if not isinstance(node, ast.Attribute) or node.attr in BLANK_TRACKER or node.attr.startswith("_"):
+            continue
+        v = node.value
+        direct = isinstance(v, ast.Call) and _call_name(v)[1] == "get_tracker"
+        if not (direct or isinstance(v, ast.Name) and v.id in tracker_names):
+            continue
+        if lt._rank_gate(node) is not None or lt._after_rank_exit(node):
+            continue
+        fn = lt._enclosing_function(node)
+        if fn is not None and lt._function_only_called_gated(fn):
+            continue
+        lt.add("main-process-object-every-rank", "error", node,
+               f"{ast.unparse(node)[:70]} runs on every process, but only the main process holds the tracker: the "
+               f"others get a blank GeneralTracker, which has no '{node.attr}' (AttributeError on every rank but 0)",
+               "read it under `if accelerator.is_main_process:` (or keep the value from the main process)",
+               _ACC + "#accelerate.Accelerator.get_tracker")
+
+
+_RANK_FIELDS = frozenset({"local_rank", "global_rank", "rank", "node_rank"})
+"""Per-process option fields (the world size is the same in every process: reloading it loses nothing of this one)."""
+
+
+def _attr_targets(node: ast.Assign, name: str) -> set[str]:
+    """``{attr}`` of every ``name.attr`` the assignment sets, tuple targets included."""
+    from helpers.lint.wrappers import flat_targets
+
+    return {t.attr for t in flat_targets(node)
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name}
+
+
+_LOADERS = frozenset({"load", "safe_load", "full_load", "loads"})
+
+
+def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
+    """Options reloaded from a saved file (``opt = argparse.Namespace(**yaml.load(f))``, ``args = torch.load(...)
+    ["args"]``) after the process's rank was put in them, and the rank read again afterwards: the file was written
+    by one process (rank 0) of an earlier run, so every process now carries rank 0's ``local_rank``/``global_rank``
+    (torchrun sets RANK/LOCAL_RANK/WORLD_SIZE for each process at each start, ``_TORCHRUN`` environment variables;
+    ultralytics/yolov5#1810: after --resume every rank called set_device(0))."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"\b(?:local_rank|global_rank)\b", lt.text):
+        return
+    by_scope: dict[ast.AST | None, list[ast.Assign]] = {}  # each function's own assignments (None: module level)
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign):
+            by_scope.setdefault(lt._enclosing_function(n), []).append(n)
+    for scope, stmts in by_scope.items():
+        fn = lt.tree if scope is None else scope
+        for node in stmts:
+            if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                continue
+            name = node.targets[0].id
+            if not any(isinstance(c, ast.Call) and _call_name(c)[1] in _LOADERS for c in ast.walk(node.value)):
+                continue
+            before = {a for n in stmts if n.lineno < node.lineno for a in _attr_targets(n, name)} & _RANK_FIELDS
+            if not before:
+                continue  # the rank was never put in these options: nothing of this process is lost
+            again = {a for n in stmts if n.lineno > node.lineno for a in _attr_targets(n, name)}
+            reads = [a for a in ast.walk(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
+                     and isinstance(a.value, ast.Name) and a.value.id == name and a.attr in before - again
+                     and a.lineno > node.lineno]
+            if reads:
+                lt.add("rank-overwritten-on-resume", "error", node,
+                       f"{name} is replaced from a saved file here after this process's {', '.join(sorted(before))} "
+                       f"was put in it, and {name}.{reads[0].attr} is read again (line {reads[0].lineno}): the file "
+                       "holds the values of the process that wrote it (rank 0), so every process now has them",
+                       f"keep the process's own values across the reload (save {name}.local_rank and "
+                       f"{name}.global_rank before it and set them again after)", _TORCHRUN + "#environment-variables")
+                break
+
+
+def rule_rank_gated_directory(lt: PythonLinter) -> None:
+    """A directory created under a rank gate (``if rank == 0: os.makedirs(ckpt_dir)``) and written into on every
+    rank later in the same function, with no barrier between: the other ranks may get there before rank 0 made it,
+    or run on a node that never makes it (a node-local disk), and fail with FileNotFoundError
+    (karpathy/nanochat: every rank saves its optimizer shard into the directory rank 0 creates).  ``os.makedirs``'s
+    ``exist_ok=True`` makes it safe on every rank (https://docs.python.org/3/library/os.html#os.makedirs)."""
+    from helpers.lint.python_rules import _call_name, _written_paths
+
+    if "makedirs" not in lt.text and "mkdir" not in lt.text:
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in ("makedirs", "mkdir") or lt._rank_gate(c) is None:
+            continue
+        target = c.args[0] if c.args and name == "makedirs" else c.func.value if isinstance(c.func, ast.Attribute) \
+            and recv not in ("os",) else None
+        if not isinstance(target, ast.Name):
+            continue
+        fn = lt._enclosing_function(c) or lt.tree
+        names = {target.id}
+        for n in ast.walk(fn):  # paths built from it: p = os.path.join(d, ...), d / "x", f"{d}/x"
+            if isinstance(n, ast.Assign) and n.lineno > c.lineno and any(
+                    isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
+                names.update(t.id for t in n.targets if isinstance(t, ast.Name))
+        if any(_call_name(n)[1] in ("makedirs", "mkdir") and lt._rank_gate(n) is None for n in ast.walk(fn)
+               if isinstance(n, ast.Call)):
+            continue  # made on every rank too
+        later = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n, "lineno", 0) > c.lineno),
+                       key=lambda n: n.lineno)
+        for w in later:
+            wname = _call_name(w)[1]
+            if wname == "barrier":
+                break
+            if lt._write_kind(w) != "file" or lt._rank_gate(w) is not None:
+                continue  # what writes a file: the one list of python_rules (torch.save, open(p, "w"), ...)
+            if not any(isinstance(x, ast.Name) and x.id in names for a in _written_paths(w) for x in ast.walk(a)):
+                continue
+            lt.add("rank-gated-object-used", "warning", w,
+                   f"{ast.unparse(w)[:60]} runs on every rank and writes into {target.id}, which only "
+                   f"`{ast.unparse(getattr(lt._rank_gate(c), 'test', c))[:40]}` creates (line {c.lineno}), with no "
+                   "barrier between: another rank can get there first, or run on a node where it was never made "
+                   "(FileNotFoundError)",
+                   f"create it on every rank (os.makedirs({target.id}, exist_ok=True) is safe to repeat), or "
+                   "barrier() after rank 0 creates it", "https://docs.python.org/3/library/os.html#os.makedirs")
+            break
+
+
+def _path_names(lt: PythonLinter, expr: ast.AST) -> set[str]:
+    """The names a path expression is built from, an attribute chain kept whole (``args.results_dir``, not ``args``:
+    two fields of one namespace are two paths)."""
+    out: set[str] = set()
+    for x in ast.walk(expr):
+        if isinstance(x, ast.Attribute) and isinstance(lt.parents.get(x), ast.Attribute):
+            continue  # part of a longer chain
+        if isinstance(x, ast.Attribute) and not isinstance(lt.parents.get(x), ast.Call) or \
+                isinstance(x, ast.Attribute) and lt.parents[x].func is not x:  # type: ignore[attr-defined]
+            out.add(ast.unparse(x))
+        elif isinstance(x, ast.Name) and not isinstance(lt.parents.get(x), ast.Attribute):
+            out.add(x.id)
+    return out
+
+
+def _path_leaf(expr: ast.AST) -> str | None:
+    """The file name a path expression ends in when it is written out (``d / "stats.txt"``,
+    ``os.path.join(d, "ckpt.pt")``, ``f"{d}/log.txt"``, ``"out/a.json"``), else None."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        expr = expr.right
+    elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "join" and expr.args:
+        expr = expr.args[-1]
+    elif isinstance(expr, ast.JoinedStr) and expr.values and isinstance(expr.values[-1], ast.Constant):
+        tail = str(expr.values[-1].value)
+        return tail.rsplit("/", 1)[-1] or None if "/" in tail or len(expr.values) == 1 else None
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value:
+        return expr.value.rstrip("/").rsplit("/", 1)[-1] or None
+    return None
+
+
+_READS_PATH = {"from_pretrained": None, "load": 0, "open": 0, "read_csv": 0, "read_json": 0, "load_file": 0}
+"""Calls that read a file or directory, and which argument names it (None: any argument, as in
+``PeftModel.from_pretrained(base, adapter_dir)``); ``open`` only without a write mode."""
+
+
+def rule_rank_gated_file_read(lt: PythonLinter) -> None:
+    """A file written under a rank gate (``if is_main_process: model.save_pretrained(adapter_dir)``) and read right
+    after on every rank, with no barrier between: the other ranks may read before rank 0 has written it (an older
+    copy, or FileNotFoundError), the race ``dist.barrier()`` after the gated write removes (openvla/openvla: every
+    rank loaded the LoRA adapter rank 0 was still saving).  The write and the read are in the same block."""
+    from helpers.lint.python_rules import _call_name, _written_paths
+
+    for block in statement_blocks(lt):
+        for i, stmt in enumerate(block):
+            if not (isinstance(stmt, ast.If) and lt.taint.rank_test(stmt.test)):
+                continue
+            names: set[str] = set()
+            leaves: set[str | None] = set()
+            for c in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Call)):
+                if lt._write_kind(c) == "file":
+                    names.update(x for a in _written_paths(c) for x in _path_names(lt, a))
+                    leaves.update(_path_leaf(a) for a in _written_paths(c))
+            for a in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Assign)):
+                if any(isinstance(t, ast.Name) and t.id in names for t in a.targets):
+                    names.update(_path_names(lt, a.value))
+            if not names:
+                continue
+            hit = None
+            for later in block[i + 1:]:
+                for c in (n for n in ast.walk(later) if isinstance(n, ast.Call)):
+                    recv, name = _call_name(c)
+                    if name == "barrier" or name == "wait_for_everyone":
+                        hit = False
+                        break
+                    if name not in _READS_PATH or lt._rank_gate(c) is not None:
+                        continue
+                    if name == "open" and any(isinstance(m, ast.Constant) and isinstance(m.value, str) and
+                                              set(m.value) & set("wax") for m in c.args[1:2]):
+                        continue
+                    if name == "load" and recv not in ("torch", "json", "yaml", "np", "numpy", "pickle"):
+                        continue
+                    at = _READS_PATH[name]
+                    args = c.args if at is None else c.args[at:at + 1]
+                    if any(x in names for a in args for x in _path_names(lt, a)) and \
+                            not (None not in leaves and all(_path_leaf(a) not in leaves | {None} for a in args)):
+                        hit = c  # (not where both name their files and the names differ: stats.txt, checkpoint.pth)
+                        break
+                if hit is not None:
+                    break
+            if hit:
+                lt.add("rank-gated-object-used", "warning", hit,
+                       f"{ast.unparse(hit)[:60]} runs on every rank and reads what only `"
+                       f"{ast.unparse(stmt.test)[:40]}` writes (line {stmt.lineno}), with no barrier between: "
+                       "the other ranks can read it before it is written (an old copy, or FileNotFoundError)",
+                       "call dist.barrier() (accelerator.wait_for_everyone()) after the gated write, before "
+                       "the read", _DIST + "#torch.distributed.barrier")
+
+
+def rule_save_hook_every_rank(lt: PythonLinter) -> None:
+    """A function registered with ``accelerator.register_save_state_pre_hook`` that writes (``save_pretrained``,
+    ``torch.save``) with no main-process test: Accelerate calls the hook from ``save_state`` in every process that
+    calls it, and under DeepSpeed or FSDP every process must (``save_state`` gathers the sharded state), so each
+    writes the same files (huggingface/diffusers#4929 put the hooks' writes under ``accelerator.is_main_process``;
+    https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.register_save_state_pre_hook)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "register_save_state_pre_hook" not in lt.text:
+        return
+    hooks = {c.args[0].id for c in lt._calls() if _call_name(c)[1] == "register_save_state_pre_hook" and c.args
+             and isinstance(c.args[0], ast.Name)}
+    for node in lt.nodes:
+        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in hooks):
+            continue
+        for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            recv, name = _call_name(c)
+            if not (name == "save_pretrained" or name == "save" and recv in ("torch", "safetensors.torch")):
+                continue
+            if lt._rank_gate(c) is not None or lt._after_rank_exit(c):
+                break
+            lt.add("write-on-every-rank", "warning", c,
+                   f"{ast.unparse(c)[:60]} in the save_state hook {node.name} runs in every process that calls "
+                   "save_state, which under DeepSpeed or FSDP is every process: N processes write the same files",
+                   "write under `if accelerator.is_main_process:` inside the hook (still pop the weights on every "
+                   "process)", _ACC + "#accelerate.Accelerator.register_save_state_pre_hook")
+            break
+
+
+__all__ = ["BLANK_TRACKER", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_save_hook_every_rank", "rule_tracker_on_every_rank"]

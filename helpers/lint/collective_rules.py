@@ -1,0 +1,653 @@
+"""Contract rules on process groups and collectives: a collective before ``init_process_group`` or on one process
+without a group, reductions that sum where a mean was meant, CPU tensors handed to NCCL, gathers of per-rank shapes,
+barriers per step or inside a sampler, results discarded, names ``torch.distributed`` lacks
+(https://docs.pytorch.org/docs/stable/distributed.html).  Run by :func:`helpers.lint.contract_rules.run`."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from helpers.lint.contract_ast import ancestors, assigned_once, const, kwarg, moved, statement_blocks
+from helpers.lint.contracts import _ACC, _COLL, _DIST, _INIT
+
+if TYPE_CHECKING:
+    from helpers.lint.contract_rules import ScriptContract
+    from helpers.lint.python_rules import PythonLinter
+
+
+
+def rule_init_contract(lt: PythonLinter, sc: ScriptContract) -> None:
+    """init_process_group: rank/world_size with tcp:// or a store; nothing distributed before it."""
+    from helpers.lint.python_rules import _call_name
+
+    for c in lt._calls():
+        if _call_name(c)[1] != "init_process_group":
+            continue
+        method = const(kwarg(c, "init_method"))
+        uses_store = kwarg(c, "store") is not None
+        if (isinstance(method, str) and method.startswith(("tcp://", "file://")) or uses_store) and \
+                not any(k.arg is None for k in c.keywords) and len(c.args) <= 2:
+            missing = [k for k in ("rank", "world_size") if kwarg(c, k) is None]
+            if missing:
+                lt.add("init-missing-rank-world-size", "error", c,
+                       f"init_process_group({'store' if uses_store else method}) without {' and '.join(missing)}: "
+                       "with a tcp:// or file:// method or a store, rank and world_size must be given "
+                       "('ValueError: ... rank ... world_size ... required')",
+                       "pass rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']), or use "
+                       "init_method='env://' under torchrun", _INIT)
+    _collective_before_init(lt)
+    _collective_without_group_on_one_process(lt)
+
+
+_NEEDS_GROUP = {"get_rank", "get_world_size", "barrier", "all_reduce", "all_gather", "broadcast", "reduce",
+                "DistributedDataParallel", "DDP", "DistributedSampler", "new_group", "all_gather_object"}
+
+
+def _collective_before_init(lt: PythonLinter) -> None:
+    """A statement before ``init_process_group`` in the same block that needs the default group."""
+    from helpers.lint.python_rules import _call_name
+
+    for block in statement_blocks(lt):
+        init_at = next((i for i, s in enumerate(block) if isinstance(s, (ast.Expr, ast.Assign)) and
+                        isinstance(s.value, ast.Call) and _call_name(s.value)[1] == "init_process_group"), None)
+        if not init_at:
+            continue
+        for stmt in block[:init_at]:
+            if not isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                continue  # a branch may guard it (if dist.is_initialized())
+            for c in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+                recv, name = _call_name(c)
+                if name not in _NEEDS_GROUP or (name in ("reduce", "broadcast", "all_reduce", "barrier")
+                                                and recv not in ("dist", "torch.distributed")):
+                    continue
+                if name == "DistributedSampler" and kwarg(c, "num_replicas") is not None:
+                    continue
+                if name in lt.functions and recv in ("", "self", "cls"):
+                    continue  # the file's own get_rank() (one that reads RANK from the environment), not dist's
+                lt.add("collective-before-init", "error", c,
+                       f"{(recv + '.') if recv else ''}{name}() runs before init_process_group (line "
+                       f"{block[init_at].lineno}): 'Default process group has not been initialized, please make "
+                       "sure to call init_process_group'", "call init_process_group first", _INIT)
+                break
+
+
+_INIT_HELPER = re.compile(r"(?i)^(init_process_group|setup_dist\w*|init_dist\w*|dist_init\w*|setup_ddp|"
+                          r"init_distributed\w*|setup_distributed\w*)$")
+_MULTI_TEST = re.compile(r"(?i)world_size|distributed|is_initialized|\bddp\b|use_ddp|n_?gpus?\b|num_gpus|"
+                         r"gpu_count|device_count|parallel|multi_?gpu|num_processes")
+_GROUP_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
+                      "all_gather_object", "broadcast_object_list", "gather_object", "reduce_scatter", "all_to_all"}
+
+
+def _under_multi_test(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node`` runs only when several processes run: in the body of ``if world_size > 1:`` (``if args.distributed``,
+    ``if dist.is_initialized()``...), or in the ``else`` of its negation (``if world_size == 1: ... else:``)."""
+    child, p = node, lt.parents.get(node)
+    while p is not None:
+        if isinstance(p, (ast.If, ast.IfExp, ast.While)) and _MULTI_TEST.search(ast.unparse(p.test)):
+            inverted = bool(re.search(r"^not\b|==\s*1\b|<=\s*1\b|<\s*2\b", ast.unparse(p.test)))
+            in_body = child is p.body or (isinstance(p.body, list) and child in p.body)
+            in_else = child is p.orelse or (isinstance(p.orelse, list) and child in p.orelse)
+            if (in_body and not inverted) or (in_else and inverted):
+                return True
+        child, p = p, lt.parents.get(p)
+    return False
+
+
+def _reached_unguarded(lt: PythonLinter, fn: ast.AST, depth: int = 0) -> bool:
+    """Some call of the function ``fn`` in this file (``fn(...)``, ``obj.fn(...)``) runs under no test of the process
+    count, directly or through a caller that is itself so reached (three levels); False when nothing here calls it."""
+    from helpers.lint.python_rules import _call_name
+
+    name = getattr(fn, "name", None)
+    for c in lt._calls():
+        if _call_name(c)[1] != name or c in ast.walk(fn):
+            continue
+        if _under_multi_test(lt, c):
+            continue
+        caller = lt._enclosing_function(c)
+        if caller is None or depth >= 3 or _reached_unguarded(lt, caller, depth + 1):
+            return True
+    return False
+
+
+def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
+    """The group is made only for several processes (``if world_size > 1: setup_dist(...)``, no ``else``) and a
+    ``torch.distributed`` collective elsewhere in the file runs under no such test: the one-process run (``run(rank=0,
+    world_size=1)``) reaches it with no default group and stops with "Default process group has not been
+    initialized" (``_INIT``; lifeiteng/vall-e: ``torch.distributed.barrier()`` after each checkpoint, fixed by
+    ``if world_size > 1:``).  One finding, at the first such collective."""
+    from helpers.lint.python_rules import _call_name
+
+    def count_test(test: ast.AST) -> bool:  # a test of the process count; `if not is_initialized()` is an
+        src = ast.unparse(test)               # init-once guard, not one
+        return bool(_MULTI_TEST.search(src)) and not re.search(r"not\s+[\w.]*is_initialized\(", src)
+
+    conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test)
+                   and not n.orelse and any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1])
+                                            for s in n.body for c in ast.walk(s))]
+    if not conditional or any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1]) and
+                              not any(isinstance(a, ast.If) and count_test(a.test) for a in ancestors(lt, c))
+                              for c in lt._calls()):
+        return  # the group is made unconditionally somewhere too
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in _GROUP_COLLECTIVES or recv not in ("dist", "torch.distributed"):
+            continue
+        if _under_multi_test(lt, c):
+            continue
+        fn = lt._enclosing_function(c)
+        if fn is not None and any(isinstance(s, ast.If) and s.lineno < c.lineno and
+                                  _MULTI_TEST.search(ast.unparse(s.test)) and
+                                  any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in ast.walk(fn)):
+            continue  # an early return for the one-process case
+        if fn is not None and not _reached_unguarded(lt, fn):
+            continue  # called only under a process-count test (`if args.distributed: top1.all_reduce()`), or not here
+        init = conditional[0]
+        lt.add("collective-before-init", "error", c,
+               f"{recv}.{name}() runs under no test of the process count, while the group is made only under `"
+               f"{ast.unparse(init.test)[:40]}` (line {init.lineno}): the one-process run reaches it with no group "
+               "('Default process group has not been initialized, please make sure to call init_process_group')",
+               f"guard it like the set-up: if {ast.unparse(init.test)[:40]}: {recv}.{name}()", _INIT)
+        return
+
+
+_MEAN_NAME = re.compile(r"(?i)loss|acc|metric|err|score|ppl|perplexity")
+_WORLD_WORDS = re.compile(r"world_size|get_world_size|num_processes|num_replicas|n_gpus|ngpus|nranks|size\(\)")
+
+
+def rule_allreduce_sum_not_averaged(lt: PythonLinter) -> None:
+    """A loss or metric all-reduced with the default ``ReduceOp.SUM`` and then used (logged, printed, compared) with no
+    division by the world size: ``all_reduce``'s op defaults to SUM ("op (optional): One of the values from
+    torch.distributed.ReduceOp", SUM by default, ``_COLL``), so the value is N times the mean (NERSC's sc22 tutorial
+    logged the step-0 losses world_size times too large).  Not reported when the tensor is divided after the call, or
+    the op is AVG / MAX / MIN."""
+    from helpers.lint.python_rules import _call_name
+
+    if "all_reduce" not in lt.text:
+        return
+    tdist = {"torch.distributed"} | {n for n, o in lt.import_origins.items() if o == "torch.distributed"}
+    for c in lt._calls():
+        recv, fname = _call_name(c)
+        if fname != "all_reduce" or recv not in tdist or not c.args or not isinstance(c.args[0], ast.Name) or \
+                not _MEAN_NAME.search(c.args[0].id):
+            continue  # torch.distributed's own all_reduce (Fabric's and others' default to a mean)
+        op = next((k.value for k in c.keywords if k.arg == "op"), c.args[1] if len(c.args) > 1 else None)
+        if op is not None and not ast.unparse(op).endswith("SUM"):
+            continue
+        name = c.args[0].id
+        scope = lt._enclosing_function(c) or lt.tree
+        if any(isinstance(n, ast.Call) and _call_name(n)[1] == "all_reduce" and n.args and
+               re.search(r"(?i)count|num|total|tokens|samples|\bn_", ast.unparse(n.args[0])) for n in ast.walk(scope)):
+            continue  # a global count is summed beside it: a sum normalised by the job's count, not by the ranks
+        later = sorted((n for n in ast.walk(scope) if getattr(n, "lineno", 0) > c.lineno),
+                       key=lambda n: (n.lineno, getattr(n, "col_offset", 0)))
+        divided = any(isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and ast.unparse(n.target) == name or
+                      isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and name in ast.unparse(n.left)
+                      for n in later)
+        if divided or _WORLD_WORDS.search(" ".join(ast.unparse(n) for n in later if isinstance(n, ast.Assign) and
+                                                   name in ast.unparse(n))):
+            continue
+        used = next((n for n in later if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)), None)
+        if used is None:
+            continue
+        lt.add("allreduce-sum-not-averaged", "warning", c,
+               f"{ast.unparse(c)[:50]} sums {name} over the ranks (all_reduce's default op is SUM) and line "
+               f"{used.lineno} uses it with no division by the world size: the value is N times the mean",
+               f"divide after the sum ({name} /= dist.get_world_size()) or reduce with op=dist.ReduceOp.AVG (nccl)",
+               _COLL)
+
+
+_TENSOR_CTORS = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "tensor", "zeros", "ones", "empty",
+                 "full", "as_tensor", "from_numpy", "Tensor"}
+
+
+_ACC_GATHERS = {"gather", "gather_for_metrics", "reduce"}
+_ACC_OPERATIONS = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/operations.py"
+
+
+_GATHER_FOR_METRICS = ("https://huggingface.co/docs/accelerate/en/package_reference/accelerator"
+                       "#accelerate.Accelerator.gather_for_metrics")
+_EVAL_LOADER = re.compile(r"(?i)\b\w*(eval|val|valid|validation|test|dev)\w*(loader|_dl|dataloader)\w*")
+
+
+def rule_gather_not_for_metrics(lt: PythonLinter) -> None:
+    """``accelerator.gather(preds)`` in a loop over an evaluation loader, its result kept for a metric: a prepared
+    loader gives every process the same number of batches by repeating samples from the start of the dataset to
+    fill the last one (``even_batches=True``, the default), so the gathered predictions hold those duplicates and the
+    metric is computed on a few samples twice; ``gather_for_metrics`` drops them ("Gathers input_data and potentially
+    drops duplicates in the last batch if on a distributed system. Should be used for gathering the inputs and
+    targets for metric calculation", ``_GATHER_FOR_METRICS``; huggingface/peft#327).  Not where the function trims the
+    duplicates itself (``samples_seen``, a slice by ``len(...dataset)``, the pre-0.12 Accelerate examples)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "gather(" not in lt.text or "accelerator" not in lt.text.lower():
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name != "gather" or "accelerator" not in recv.lower() or not c.args:
+            continue
+        loop = next((a for a in ancestors(lt, c) if isinstance(a, (ast.For, ast.AsyncFor))), None)
+        if loop is None or not _EVAL_LOADER.search(ast.unparse(loop.iter)):
+            continue
+        fn = lt._enclosing_function(c) or lt.tree
+        src = ast.unparse(fn)
+        if "samples_seen" in src or re.search(r"len\(\s*\w+(\.\w+)*\.dataset\s*\)", src) or "even_batches" in lt.text:
+            continue
+        lt.add("gather-not-for-metrics", "warning", c,
+               f"{ast.unparse(c)[:60]} gathers evaluation outputs over {ast.unparse(loop.iter)[:40]}: the prepared "
+               "loader pads its last batch with repeated samples so that every process has one, and gather keeps "
+               "them: the metric counts those samples twice",
+               f"{recv}.gather_for_metrics({ast.unparse(c.args[0])[:30]}) (drops the duplicates)", _GATHER_FOR_METRICS)
+
+
+def _cpu_ctor(expr: ast.AST) -> str | None:
+    """The constructor's name when ``expr`` is ``torch.<ctor>(...)`` (:data:`_TENSOR_CTORS`) without ``device=``: a
+    tensor made on the CPU."""
+    from helpers.lint.python_rules import _call_name
+
+    if not isinstance(expr, ast.Call):
+        return None
+    crecv, cname = _call_name(expr)
+    return cname if crecv == "torch" and cname in _TENSOR_CTORS and kwarg(expr, "device") is None else None
+
+
+def _accelerator_cpu_tensor(lt: PythonLinter) -> None:
+    """``accelerator.gather_for_metrics(torch.tensor(n))``: Accelerate's gather / reduce hand the tensor to
+    ``torch.distributed`` as it is (``_gpu_gather_one``: ``all_gather_into_tensor``; utils/operations.py,
+    :data:`_ACC_OPERATIONS`), and a multi-GPU run uses nccl, which takes CUDA tensors only ('No backend type associated
+    with device type cpu').  A ``torch.tensor(...)``-like constructor without ``device=``, inline or assigned once in
+    the same function and never moved, is a CPU tensor; on a CPU (gloo) run it works, so a warning."""
+    from helpers.lint.python_rules import _call_name
+
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if name not in _ACC_GATHERS or "accelerator" not in recv.lower() or not call.args:
+            continue
+        arg, made = call.args[0], None
+        if isinstance(arg, ast.Name):
+            made = assigned_once(lt, arg.id, call)
+            if made is None or moved(lt, arg.id, call):
+                continue
+            arg = made.value
+        cname = _cpu_ctor(arg)
+        if cname is None:
+            continue
+        where = f" (line {made.lineno})" if made is not None else ""
+        lt.add("nccl-cpu-tensor", "warning", call,
+               f"{recv}.{name}() is given a CPU tensor, torch.{cname}(...){where}: Accelerate passes it to "
+               "torch.distributed unchanged, and a multi-GPU run's nccl backend takes CUDA tensors only ('No backend "
+               "type associated with device type cpu')",
+               f"create it on the process's device: torch.{cname}(..., device={recv}.device)", _ACC_OPERATIONS)
+
+
+def rule_nccl_cpu_tensor(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A CPU tensor passed to a collective under nccl ('Tensors must be CUDA and dense'); for Accelerate's gathers see
+    :func:`_accelerator_cpu_tensor`."""
+    from helpers.lint.python_rules import _call_name
+
+    _accelerator_cpu_tensor(lt)
+    if sc.backend != "nccl":
+        return
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if name not in ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor") or \
+                recv not in ("dist", "torch.distributed") or not call.args or not isinstance(call.args[0], ast.Name):
+            continue
+        var = call.args[0].id
+        made = assigned_once(lt, var, call)
+        if made is None:
+            continue
+        cname = _cpu_ctor(made.value)
+        if cname is not None and not moved(lt, var, call):
+            lt.add("nccl-cpu-tensor", "error", call,
+                   f"{var} (torch.{cname}(...), line {made.lineno}) is a CPU tensor and the backend is nccl: "
+                   "'Tensors must be CUDA and dense'", f"create it on the GPU: torch.{cname}(..., device='cuda') or "
+                   f"{var}.cuda()", _DIST + "#backends")
+
+
+_TENSOR_GATHERS = {"gather", "gather_for_metrics", "all_gather", "all_gather_into_tensor"}
+_DATA_SIZED = {"masked_select", "nonzero", "unique", "unique_consecutive", "argwhere"}
+
+
+def _data_sized(expr: ast.AST) -> str | None:
+    """Why ``expr`` has a size that depends on the data (so on the rank), or None: boolean-mask indexing
+    (``x[mask]``, ``x[mask.bool()]``, ``x[x > 0]``) or ``masked_select`` / ``nonzero`` / ``unique``; method calls that
+    keep the size (``.float()``, ``.to(...)``, ``.detach()``) are looked through."""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
+            expr.func.attr in ("float", "half", "bfloat16", "to", "detach", "contiguous", "cpu", "cuda", "clone"):
+        expr = expr.func.value
+    if isinstance(expr, ast.Subscript):
+        index = expr.slice
+        if isinstance(index, ast.Compare) or (isinstance(index, ast.Call) and isinstance(index.func, ast.Attribute)
+                                              and index.func.attr == "bool") or \
+                (isinstance(index, (ast.Name, ast.Attribute)) and "mask" in ast.unparse(index).lower()):
+            return f"boolean-mask indexing {ast.unparse(expr)[:50]}"
+    if isinstance(expr, ast.Call):
+        name = expr.func.attr if isinstance(expr.func, ast.Attribute) else getattr(expr.func, "id", "")
+        if name in _DATA_SIZED:
+            return f"{name}() {ast.unparse(expr)[:50]}"
+    return None
+
+
+def rule_gather_variable_shape(lt: PythonLinter) -> None:
+    """A tensor whose length depends on the rank's data, gathered as it is.
+
+    ``all_gather`` / ``all_gather_into_tensor`` need the same size on every rank (torch.distributed: the output holds
+    world_size equal chunks), and Accelerate's ``gather`` / ``gather_for_metrics`` call them unchanged; its documented
+    way for tensors of different lengths is ``pad_across_processes`` first (:data:`_ACC_OPERATIONS`).  Ranks whose masks
+    keep different numbers of elements then fail with a size mismatch or hang.  The gathered value is the expression
+    itself or a name assigned once from it in the same function; a ``pad_across_processes`` of that name clears it."""
+    from helpers.lint.python_rules import _call_name
+
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if name not in _TENSOR_GATHERS or not call.args or not (
+                "accelerator" in recv.lower() and name in ("gather", "gather_for_metrics")
+                or recv in ("dist", "torch.distributed") and name in ("all_gather", "all_gather_into_tensor")):
+            continue
+        arg = call.args[1] if name in ("all_gather", "all_gather_into_tensor") and len(call.args) > 1 else call.args[0]
+        why = _data_sized(arg)
+        if why is None and isinstance(arg, ast.Name):
+            fn = lt._enclosing_function(call) or lt.tree
+            made = assigned_once(lt, arg.id, call)
+            padded = any(isinstance(n, ast.Call) and _call_name(n)[1] == "pad_across_processes" for n in ast.walk(fn))
+            if made is not None and not padded:
+                why = _data_sized(made.value)
+                why = f"{arg.id} = {why} (line {made.lineno})" if why else None
+        if why is None:
+            continue
+        lt.add("gather-variable-shape", "warning", call,
+               f"{recv}.{name}() gathers a tensor whose length depends on each rank's data ({why}): the ranks' "
+               "tensors differ in size, which all_gather does not allow (a size mismatch error or a hang)",
+               f"pad first: {recv}.pad_across_processes(t, dim=0) (then drop the padding), or gather the per-rank "
+               "counts and values of a fixed size" if "accelerator" in recv.lower() else
+               "all_gather the sizes first, pad every rank's tensor to the largest, gather, then trim", _ACC_OPERATIONS)
+
+
+def collect_cpu_tensor_facts(lt: PythonLinter) -> None:
+    """:attr:`PyFacts.collective_params` (module-level functions that pass a parameter as the tensor of
+    ``dist.all_reduce`` / ``all_gather`` / ``broadcast`` / ``reduce``), :attr:`PyFacts.cpu_tensor_args` (calls of
+    functions defined elsewhere given an inline ``torch.tensor(...)`` without ``device=``: a CPU tensor) and
+    :attr:`PyFacts.mentions_nccl`, for :func:`helpers.lint.cross_rules.cpu_tensor_to_collective_across`."""
+    from helpers.lint.python_rules import _call_name, _src
+
+    f = lt.facts
+    f.mentions_nccl = "nccl" in lt.text
+    for fn in getattr(lt.tree, "body", []):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        params = [a.arg for a in fn.args.args]
+        used = {params.index(c.args[0].id) for c in ast.walk(fn) if isinstance(c, ast.Call)
+                and _call_name(c)[0] in ("dist", "torch.distributed") and _call_name(c)[1] in
+                ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor") and c.args
+                and isinstance(c.args[0], ast.Name) and c.args[0].id in params}
+        if used:
+            f.collective_params[fn.name] = used
+    for call in lt._calls():
+        recv, name = _call_name(call)
+        if recv or name in lt.functions or not name:
+            continue
+        for i, a in enumerate(call.args):
+            if _cpu_ctor(a) is not None:
+                f.cpu_tensor_args.append((name, i, call.lineno, _src(a)[:50]))
+
+
+TORCH_DISTRIBUTED_NAMES = Path(__file__).resolve().parents[1] / "data" / "torch_distributed_names.txt"
+
+
+@lru_cache(maxsize=1)
+def torch_distributed_names() -> frozenset[str]:
+    """The lowercase names ``torch.distributed`` has (:data:`TORCH_DISTRIBUTED_NAMES`, taken from the installed torch;
+    a test keeps them equal)."""
+    return frozenset(line.strip() for line in TORCH_DISTRIBUTED_NAMES.read_text().splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def rule_distributed_api_unknown(lt: PythonLinter) -> None:
+    """``dist-api-unknown``: ``dist.<name>`` where ``dist`` is ``torch.distributed`` (``import torch.distributed as
+    dist``, ``from torch import distributed as dist``, or spelled out) and the name is none torch.distributed has
+    (:func:`torch_distributed_names`) but one a slip away from a name it has (``get_`` left out, or a close spelling):
+    ``AttributeError: module 'torch.distributed' has no attribute ...`` when that line runs (icefall's ``dist.rank()``
+    for ``dist.get_rank()``).  A name far from every known one may be an API of a newer torch (torchtitan calls
+    ``set_timeout``) and is left alone, as are capitalised names (classes such as ``ProcessGroupNCCL``, present only
+    in some builds) and a name the file assigns to the module."""
+    aliases = {"torch.distributed"} | {name for name, origin in lt.import_origins.items()
+                                       if origin == "torch.distributed" and name != "torch"}
+    aliases -= {t.id for n in lt.nodes if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if len(aliases) == 1 and "torch.distributed" not in lt.text:
+        return
+    import difflib
+
+    known = torch_distributed_names()
+    for n in lt.nodes:
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr[:1].islower() and \
+                not n.attr.startswith("_") and n.attr not in known and ast.unparse(n.value) in aliases:
+            meant = f"get_{n.attr}" if f"get_{n.attr}" in known else next(
+                iter(difflib.get_close_matches(n.attr, known, n=1, cutoff=0.85)), None)
+            if meant is None:
+                continue  # far from every name: an API of a newer torch (torchtitan's set_timeout), not a slip
+            lt.add("dist-api-unknown", "error", n,
+                   f"{ast.unparse(n)}: torch.distributed has no '{n.attr}'; '{meant}' is what it has (AttributeError "
+                   "when this line runs)", f"{ast.unparse(n.value)}.{meant}",
+                   "https://docs.pytorch.org/docs/stable/distributed.html")
+
+
+_BARRIERS = {"barrier", "wait_for_everyone", "monitored_barrier", "wait_for_everybody"}
+_STEP_CALLS = {"backward", "step"}
+
+
+def _own_calls(loop: ast.For | ast.While | ast.AsyncFor) -> list[ast.Call]:
+    """The calls one iteration of ``loop`` makes itself (not inside a nested loop, function or class)."""
+    out: list[ast.Call] = []
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                             ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+_DATA_BASES = re.compile(r"(?:^|\.)(?:Sampler|BatchSampler|DistributedSampler|IterableDataset|Dataset)$")
+
+
+def rule_collective_in_sampler(lt: PythonLinter) -> None:
+    """A collective (``dist.barrier()``, ``accelerator.wait_for_everyone()``, an all-reduce) inside the ``__iter__`` /
+    ``__getitem__`` / ``__next__`` of a Sampler or Dataset class: it runs once per batch or sample this rank's data
+    yields, and each rank's sampler decides that from its own data (buckets exhausted, uneven shards), so the ranks
+    call it a different number of times and the last ones wait forever ("Every rank of the group calls the same
+    collectives in the same order", ``_COLL``); in DataLoader workers (num_workers > 0) there is no process group at all
+    (bghira/SimpleTuner removed the per-batch wait_for_everyone from its MultiAspectSampler)."""
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)
+                and any(_DATA_BASES.search(ast.unparse(b)) for b in n.bases)):
+        for fn in (b for b in cls.body if isinstance(b, ast.FunctionDef)
+                   and b.name in ("__iter__", "__getitem__", "__next__", "__getitems__")):
+            hit = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and lt.collective_name(c)), None)
+            if hit is None:
+                continue
+            lt.add("collective-in-sampler", "warning", hit,
+                   f"{lt.collective_name(hit)} runs in {cls.name}.{fn.name}: once per item this rank's data yields, "
+                   "which differs between ranks (and in a DataLoader worker no process group exists): the ranks "
+                   "reach it a different number of times and hang",
+                   "synchronise in the training loop (once per step or epoch), not inside the sampler or dataset",
+                   _COLL)
+            return
+
+
+def rule_barrier_every_step(lt: PythonLinter) -> None:
+    """A barrier (``dist.barrier()``, ``accelerator.wait_for_everyone()``) as a plain statement of the training-step
+    loop (the loop whose own iteration calls ``backward``/``optimizer.step``), under no condition: every step waits
+    for the slowest rank ("This collective blocks processes until the whole group enters this function", ``_DIST``
+    barrier; Accelerate's wait_for_everyone "Will stop the execution of the current process until every other process
+    has reached that point ... Useful to do before saving a model", ``_ACC``).  The gradient all-reduce already
+    synchronises the step; the extra barrier stalls every rank on every step (multi-node utilisation drops).  Keep it
+    in the branch that saves or evaluates."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(b in lt.text for b in _BARRIERS):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _BARRIERS:
+            continue
+        stmt = lt.parents.get(c)
+        loop = lt.parents.get(stmt) if isinstance(stmt, ast.Expr) else None
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)) or stmt not in loop.body:
+            continue
+        steps = sorted((x for x in _own_calls(loop) if _call_name(x)[1] in _STEP_CALLS
+                        and "sched" not in _call_name(x)[0].lower()),  # a scheduler may step once an epoch
+                       key=lambda x: (_call_name(x)[1] != "backward", x.lineno))
+        if not steps:
+            continue
+        lt.add("barrier-every-step", "warning", c,
+               f"{ast.unparse(c)} runs on every iteration of the training loop (line {loop.lineno}, "
+               f"{ast.unparse(steps[0].func)} at line {steps[0].lineno}): every step waits for the slowest rank, "
+               "on top of the gradient all-reduce",
+               "call it only where it is needed: inside the save/evaluation branch (if step % save_steps == 0: "
+               "wait_for_everyone(); save on the main process)", _ACC)
+
+
+_DIST_SETUP = frozenset({"DistributedSampler", "DistributedDataParallel", "DDP", "init_process_group", "set_device",
+                         "FullyShardedDataParallel", "FSDP"})
+
+
+def _undefined_names(text: str) -> dict[tuple[int, str], int]:
+    """``{(line, name): column}`` of the names ruff's pyflakes check F821 finds undefined in ``text`` (a NameError
+    when that line runs).  ruff is the analyser (a project dependency, the linter of this code base); ``{}`` when it
+    cannot run."""
+    import json
+    import subprocess
+
+    from helpers import procs
+
+    ruff = procs.find_tool("ruff")
+    if ruff is None:
+        return {}
+    try:
+        proc = subprocess.run([ruff, "check", "--no-cache", "--isolated", "--select", "F821", "--output-format", "json",
+                               "--stdin-filename", "x.py", "-"], input=text, capture_output=True, text=True, timeout=10,
+                              check=False)
+        found = json.loads(proc.stdout or "[]")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    out: dict[tuple[int, str], int] = {}
+    for f in found:
+        m = re.search(r"`([^`]+)`", f.get("message", ""))
+        if m:
+            out[(f["location"]["row"], m.group(1))] = f["location"]["column"]
+    return out
+
+
+def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
+    """A name that decides the distributed set-up (``DistributedSampler(ds) if distributed else None``, ``if
+    distributed: model = DDP(model)``) but is defined nowhere the code can see it: that line raises ``NameError``
+    when it runs (ruff's F821 finds the undefined name; NERSC's sc22 tutorial read ``distributed`` in a function
+    whose caller set ``params.distributed``); also an undefined name read in the branch that does the set-up (FunASR's
+    FSDP wrap policy read ``unwrapped_params``): that branch runs only in the distributed job, so a single-process
+    try never reaches it.  Other undefined names are left to a general linter."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(k in lt.text for k in _DIST_SETUP):
+        return
+    undefined = None
+    for node in lt.nodes:
+        if isinstance(node, ast.IfExp):
+            test, branches = node.test, [node.body, node.orelse]
+        elif isinstance(node, ast.If):
+            test, branches = node.test, node.body + node.orelse
+        else:
+            continue
+        if not any(isinstance(c, ast.Call) and _call_name(c)[1] in _DIST_SETUP for b in branches for c in ast.walk(b)):
+            continue
+        names = list(ast.walk(test))
+        if isinstance(node, ast.If):  # and the branch that does the set-up, run only in the distributed case
+            for branch in (node.body, node.orelse):
+                if any(isinstance(c, ast.Call) and _call_name(c)[1] in _DIST_SETUP for s in branch for c in ast.walk(s)) \
+                        and not (len(branch) == 1 and isinstance(branch[0], ast.If)):  # an elif: its own If
+                    inside = [n for s in branch for n in ast.walk(s)]
+                    undefined = _undefined_names(lt.text) if undefined is None else undefined
+                    spans = {(n.lineno, n.id) for n in inside if isinstance(n, ast.Name)}
+                    if set(undefined) <= spans:  # a whole file: nothing undefined outside the branch (an excerpt
+                        names += inside         # leaves its globals undefined everywhere)
+        for n in names:
+            if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)) or \
+                    isinstance(lt.parents.get(n), ast.Attribute):
+                continue  # `args.distributed` with no `args` here is an excerpt's global, not this bug
+            undefined = _undefined_names(lt.text) if undefined is None else undefined
+            if (n.lineno, n.id) in undefined:
+                lt.add("undefined-name", "error", n,
+                       f"{n.id} {'decides' if any(n is x for x in ast.walk(test)) else 'is read in'} the distributed "
+                       "set-up here but is not defined in this scope (nor globally): "
+                       f"the line raises NameError: name '{n.id}' is not defined",
+                       f"pass it in or read it where it is set (params.{n.id}, args.{n.id})",
+                       "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
+                return
+
+
+_IN_PLACE_REDUCE = frozenset({"all_reduce", "reduce"})
+
+
+def rule_collective_same_tensor_twice(lt: PythonLinter) -> None:
+    """The same tensor all-reduced twice in one block with nothing assigned to it between the calls: ``all_reduce``
+    works in place ("the final result ... will be in tensor"; ``_COLL``), so the second call reduces the first one's
+    sum (N x N times one rank's value after a SUM); it is usually a copy-paste where another tensor was meant, which is
+    then never reduced (pyg-team/pytorch_geometric#9896: train_acc reduced three times, val_acc and test_acc never)."""
+    from helpers.lint.python_rules import _call_name
+
+    for block in statement_blocks(lt):
+        seen: dict[str, int] = {}
+        for stmt in block:
+            call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
+            if call is not None and lt.collective_name(call) and _call_name(call)[1] in _IN_PLACE_REDUCE and call.args:
+                key = ast.unparse(call.args[0])
+                if key in seen:
+                    lt.add("collective-same-tensor-twice", "warning", stmt,
+                           f"{ast.unparse(call)[:60]} reduces {key} again (first at line {seen[key]}) with nothing "
+                           f"assigned to it between: {_call_name(call)[1]} works in place, so the second call "
+                           "reduces the first one's result; another tensor was likely meant, and it is never reduced",
+                           f"reduce each tensor once: {_call_name(call)[1]}(<the other tensor>)", _COLL)
+                    del seen[key]
+                    continue
+                seen[key] = stmt.lineno
+                continue
+            if not seen:
+                continue  # nothing reduced yet in this block: no assignment to look for
+            written = {ast.unparse(t) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
+            seen = {k: v for k, v in seen.items() if not any(k == w or k.startswith(w + ".") or
+                                                             k.startswith(w + "[") for w in written)}
+
+
+_GATHERS_RETURNING = {"gather_for_metrics", "collect_results", "collect_results_gpu", "collect_results_cpu",
+                      "pad_across_processes"}
+"""Collectives that return what they gathered (Accelerate's ``gather_for_metrics`` / ``pad_across_processes``,
+mmengine's ``collect_results``), unlike ``torch.distributed.all_gather``, which fills the list it is given."""
+
+
+def rule_collective_result_discarded(lt: PythonLinter) -> None:
+    """A gathering call whose result is thrown away (an expression statement): every rank joins the collective and
+    then keeps its own unmerged data (open-mmlab/mmengine#1208: ``collect_results(self.results, size, 'gpu')`` on a
+    line of its own).  ``accelerator.gather`` / ``accelerator.reduce`` count too (they return the result:
+    :data:`_ACC`)."""
+    from helpers.lint.python_rules import _call_name
+
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)):
+            continue
+        recv, name = _call_name(n.value)
+        if not (name in _GATHERS_RETURNING or name in ("gather", "reduce") and recv.endswith("accelerator")):
+            continue
+        lt.add("collective-result-discarded", "error", n,
+               f"{ast.unparse(n)[:60]}: the gathered result is thrown away; every rank joins the collective and "
+               "then goes on with its own part only",
+               f"keep it: results = {ast.unparse(n.value)[:50]}", _ACC + "#accelerate.Accelerator.gather_for_metrics")
+
+
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -1,0 +1,450 @@
+"""Contract rules on data and randomness across ranks: ``DistributedSampler`` with ``shuffle``, loaders that every rank
+reads whole, seeds that are the same (or differ) where they must not, schedules sized from the unsharded dataset,
+resumes that skip batches each epoch (https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler,
+https://huggingface.co/docs/accelerate/package_reference/accelerator).  Run by :func:`helpers.lint.contract_rules.run`."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from helpers.lint.contract_ast import const, kwarg, statement_blocks, under_if
+from helpers.lint.contracts import _DATA
+from helpers.lint.wrappers import accelerator_prepare, assign_targets
+
+if TYPE_CHECKING:
+    from helpers.lint.python_rules import PythonLinter
+
+
+
+def rule_dataloader_sampler_and_shuffle(lt: PythonLinter) -> None:
+    """DataLoader(sampler=..., shuffle=True): 'sampler option is mutually exclusive with shuffle' (ValueError)."""
+    from helpers.lint.python_rules import _call_name
+
+    for c in lt._calls():
+        if _call_name(c)[1] != "DataLoader":
+            continue
+        sampler, shuffle = kwarg(c, "sampler"), kwarg(c, "shuffle")
+        if sampler is None or isinstance(sampler, ast.Constant):
+            continue  # no sampler, or sampler=None
+        if sampler is not None and const(shuffle) is True:
+            lt.add("dataloader-sampler-and-shuffle", "error", c,
+                   "DataLoader(sampler=..., shuffle=True): 'ValueError: sampler option is mutually exclusive with "
+                   "shuffle' (the DistributedSampler shuffles)", "drop shuffle=True; pass shuffle= to the sampler",
+                   _DATA + "#torch.utils.data.DataLoader")
+
+
+_SEED_CALLS = {"seed_everything", "manual_seed", "set_seed", "seed", "manual_seed_all"}
+_WEIGHTS_LOADED = {"load_state_dict", "from_pretrained", "load_checkpoint", "load_model", "load"}
+_FSDP_SYNC = "https://docs.pytorch.org/docs/stable/fsdp.html"
+
+
+def _seeding_functions(lt: PythonLinter) -> set[str]:
+    """Functions of this file that seed a generator from one of their parameters (``def random_seed(seed, rank):
+    torch.manual_seed(seed + rank)``): a call of one with a rank argument seeds per rank."""
+    from helpers.lint.python_rules import _call_name
+
+    out: set[str] = set()
+    for name, fn in lt.functions.items():
+        params = {a.arg for a in fn.args.args}
+        if any(isinstance(c, ast.Call) and _call_name(c)[1] in _SEED_CALLS and c.args and
+               any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(c.args[0])) for c in ast.walk(fn)):
+            out.add(name)
+    return out
+
+
+def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
+    """A seed that differs per rank (``seed_everything(1337 + fabric.global_rank)``) set before the model is built, in a
+    file that shards the model with FSDP.  DDP broadcasts rank 0's parameters when it wraps a module; FSDP does not
+    unless ``sync_module_states=True`` ("broadcast module parameters and buffers from rank 0", :data:`_FSDP_SYNC`):
+    each rank keeps the shard of its own random initialisation, so the assembled model mixes N different ones.  The
+    model is built after the seed in the same function (an ``init_module`` block, or ``model = ...(...)``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"FSDP|FullyShardedDataParallel|fully_shard|strategy\s*=\s*['\"]fsdp", lt.text) or \
+            re.search(r"sync_module_states\s*=\s*True", lt.text):
+        return
+    seeders = _seeding_functions(lt)
+    meta = bool(re.search(r"""device\(\s*['"]meta['"]|['"]meta['"]\s+if\b|init_empty_weights|device=['"]meta['"]""",
+                          lt.text))
+    for c in lt._calls():
+        name = _call_name(c)[1]
+        if name in _SEED_CALLS:
+            if not c.args or not lt.taint.is_rank(c.args[0]):
+                continue
+        elif not (name in seeders and any(lt.taint.is_rank(a) for a in [*c.args, *(k.value for k in c.keywords)])):
+            continue
+        fn = lt._enclosing_function(c) or lt.tree
+        built = None
+        for n in ast.walk(fn):
+            if getattr(n, "lineno", 0) <= c.lineno:
+                continue
+            if meta and isinstance(n, ast.Call) and _call_name(n)[1] in ("FSDP", "FullyShardedDataParallel",
+                                                                          "fully_shard"):
+                built = n  # built on the meta device: FSDP materialises and initialises the parameters when it wraps
+                break
+            if isinstance(n, ast.With) and any("init_module" in ast.unparse(i.context_expr) for i in n.items) or \
+                    isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
+                        isinstance(t, ast.Name) and "model" in t.id.lower() for t in n.targets) and \
+                    isinstance(n.value.func, ast.Name) and n.value.func.id[:1].isupper() and \
+                    n.value.func.id not in ("FSDP", "DDP", "FullyShardedDataParallel", "DistributedDataParallel"):
+                built = n
+                break
+        if built is None or any(isinstance(n, ast.Call) and _call_name(n)[1] in _WEIGHTS_LOADED and
+                                getattr(n, "lineno", 0) > built.lineno and not under_if(lt, n, fn)
+                                for n in ast.walk(fn)):
+            continue  # no model built here, or its initialisation is always replaced by loaded weights
+        lt.add("rank-seed-before-model-init", "warning", c,
+               f"{ast.unparse(c)[:60]} gives each rank its own seed before the model is built (line {built.lineno}) "
+               "and FSDP shards it without sync_module_states: every rank keeps its shard of a different random "
+               "initialisation", "seed the same on every rank before building the model, then reseed per rank "
+               "(seed + rank) for data and dropout; or pass sync_module_states=True", _FSDP_SYNC)
+
+
+def rule_same_seed_every_rank(lt: PythonLinter) -> None:
+    """A DataLoader over a ``DistributedSampler`` given ``generator=g`` with ``g.manual_seed(<no rank>)``: the workers'
+    seeds come from that generator ("base_seed is a long generated by main process using its RNG ... or a specified
+    generator", https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading), so every rank's
+    workers draw the same random stream and apply the same augmentations to their different samples (Lightning seeds
+    workers from the global rank for this reason: ``pl_worker_init_function``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text or "manual_seed" not in lt.text:
+        return
+    for c in lt._calls():
+        kws = {k.arg: k.value for k in c.keywords if k.arg}
+        gen, sampler = kws.get("generator"), kws.get("sampler")
+        if not isinstance(gen, ast.Name) or sampler is None:
+            continue
+        scope = lt._enclosing_function(c) or lt.tree
+        if not _distributed_sampler(lt, sampler, scope):
+            continue
+        for n in ast.walk(scope):
+            if not (isinstance(n, ast.Call) and _call_name(n)[1] == "manual_seed" and n.args):
+                continue
+            target = n.func.value if isinstance(n.func, ast.Attribute) else None
+            assigned = isinstance(lt.parents.get(n), ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == gen.id for t in lt.parents[n].targets)  # type: ignore[attr-defined]
+            if (isinstance(target, ast.Name) and target.id == gen.id or assigned) and not lt.taint.is_rank(n.args[0]):
+                lt.add("same-seed-every-rank", "warning", n,
+                       f"{ast.unparse(n)[:50]} seeds the DataLoader generator (line {c.lineno}) the same on every rank: "
+                       "the workers' seeds derive from it, so all ranks apply the same random augmentations to their "
+                       "shards (less diversity than one GPU: the DDP accuracy drop of ultralytics/yolov5#9545)",
+                       f"{ast.unparse(n.func)}(seed + rank) with the global rank",
+                       "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading")
+                break
+
+
+_STEP_KWARGS = ("num_training_steps", "total_steps", "T_max", "total_iters")
+
+
+def _per_process(node: ast.AST) -> bool:
+    """``node`` divides by the process count (``len(dl) / accelerator.num_processes``: the sharded length)."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)) and
+               "num_processes" in ast.unparse(n.right) for n in ast.walk(node))
+
+
+def _len_of_unprepared(lt: PythonLinter, stmt: ast.Assign, scope: ast.AST) -> None:
+    """``self.train_dataloader = accelerator.prepare(train_dataloader)`` then ``total_steps = epochs *
+    len(train_dataloader)``: the name still holds the unprepared loader, whose length counts every process's
+    batches; each process iterates the prepared one, about ``1 / num_processes`` of it, so the step budget and the
+    schedule built from it are ``num_processes`` times too long (CarperAI/trlx's SFT trainer).  Only a length that
+    goes into a step count (an assignment to a name with ``step``, ``iters`` or ``total`` in it)."""
+    from helpers.lint.python_rules import _call_name
+
+    prep = stmt.value
+    if len(stmt.targets) != 1 or not isinstance(prep, ast.Call):
+        return
+    target = stmt.targets[0]
+    outs = target.elts if isinstance(target, ast.Tuple) else [target]
+    if len(outs) != len(prep.args):
+        return
+    moved = {a.id: ast.unparse(o) for a, o in zip(prep.args, outs) if isinstance(a, ast.Name) and ast.unparse(o) != a.id
+             and "loader" in a.id.lower()}
+    for n in ast.walk(scope):
+        if not (isinstance(n, ast.Assign) and n.lineno > prep.lineno and
+                re.search(r"(?i)step|iters|total", " ".join(ast.unparse(x) for x in n.targets))):
+            continue
+        for c in (x for x in ast.walk(n.value) if isinstance(x, ast.Call) and _call_name(x)[1] == "len" and x.args):
+            arg = c.args[0]
+            if isinstance(arg, ast.Name) and arg.id in moved and not any(
+                    isinstance(a, ast.Assign) and prep.lineno < a.lineno < n.lineno and
+                    any(isinstance(x, ast.Name) and x.id == arg.id for x in a.targets) for a in ast.walk(scope)):
+                lt.add("lr-steps-from-dataset-length", "warning", c,
+                       f"len({arg.id}) is the unprepared loader's length: accelerator.prepare (line {prep.lineno}) "
+                       f"returned the sharded one as {moved[arg.id]}, which each process iterates (about 1 / "
+                       "num_processes of it), so this step count is num_processes times too large",
+                       f"len({moved[arg.id]})", "https://huggingface.co/docs/accelerate/en/basic_tutorials/migration")
+                return
+
+
+def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
+    """A scheduler length ``steps * accelerator.num_processes`` whose ``steps`` come from ``len(dataloader)`` before
+    ``accelerator.prepare`` shards that dataloader.
+
+    Two documented behaviours meet here: ``prepare`` shards a dataloader, so each process iterates about
+    ``len / num_processes`` batches (https://huggingface.co/docs/accelerate/en/basic_tutorials/migration), and the
+    prepared scheduler steps ``num_processes`` times per optimizer step (accelerate/scheduler.py
+    ``AcceleratedScheduler.step``: "the training dataloader batch size was multiplied by num_processes, so we need to
+    do num_processes steps per training step").  A length counted on the unsharded loader already holds every
+    process's batches; multiplying it by ``num_processes`` counts them twice: the schedule is ``num_processes`` times
+    too long and the learning rate never decays as set (huggingface/diffusers#8312).
+    """
+    from helpers.lint.python_rules import _call_name
+
+    for stmt in lt.nodes:
+        if accelerator_prepare(stmt):
+            _len_of_unprepared(lt, stmt, lt._enclosing_function(stmt) or lt.tree)  # type: ignore[arg-type]
+    if "num_processes" not in lt.text or ".prepare(" not in lt.text:
+        return
+    for prep in lt._calls():
+        recv, name = _call_name(prep)
+        if name != "prepare" or "accelerator" not in recv.lower():
+            continue
+        loaders = {a.id for a in prep.args if isinstance(a, ast.Name)}
+        scope = lt._enclosing_function(prep) or lt.tree
+        assigns: dict[str, list[ast.Assign | ast.AugAssign]] = {}
+        for n in ast.walk(scope):
+            if isinstance(n, (ast.Assign, ast.AugAssign)) and n.lineno < prep.lineno:
+                for t in assign_targets(n):
+                    assigns.setdefault(ast.unparse(t), []).append(n)
+
+        def above(node: ast.AST, at: ast.AST) -> bool:  # node's block encloses at (it runs on every path to at)
+            p = lt.parents.get(node)
+            q: ast.AST | None = at
+            while q is not None and q is not p:
+                q = lt.parents.get(q)
+            return q is not None
+
+        def reaching(src: str, at: ast.AST) -> list[ast.AST]:
+            """The assignments of ``src`` that can reach ``at``: above it, not in a branch that excludes it, and not
+            overwritten on every path between (a later assignment whose block encloses ``at``)."""
+            before = [a for a in assigns.get(src, ()) if a.lineno < at.lineno and not _exclusive(lt, a, at)]  # type: ignore[attr-defined]
+            return [a for a in before if not any(a.lineno < b.lineno and above(b, at) for b in before)]  # type: ignore[attr-defined]
+
+        def kind(expr: ast.AST, at: ast.AST, depth: int = 0) -> str:
+            """"sharded" (divided by the process count), "whole" (counted on the unsharded loader), or ""."""
+            if _per_process(expr):
+                return "sharded"
+            out = ""
+            todo = [expr]
+            while todo:
+                n = todo.pop()
+                if isinstance(n, ast.Call) and _call_name(n)[1] == "len" and n.args and \
+                        isinstance(n.args[0], ast.Name) and n.args[0].id in loaders:
+                    out = "whole"
+                elif isinstance(n, (ast.Name, ast.Attribute)) and depth < 6:
+                    for a in reaching(ast.unparse(n), at):
+                        k = kind(a.value, a, depth + 1)  # type: ignore[attr-defined]
+                        out = "whole" if k == "whole" else out
+                else:
+                    todo.extend(ast.iter_child_nodes(n))
+            return out
+
+        for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call) and n.lineno < prep.lineno):
+            for kw in c.keywords:
+                if kw.arg not in _STEP_KWARGS:
+                    continue
+                values: list[tuple[ast.AST, ast.AST]] = [(kw.value, c)]
+                if isinstance(kw.value, (ast.Name, ast.Attribute)):
+                    values = [(a.value, a) for a in reaching(ast.unparse(kw.value), c)]  # type: ignore[attr-defined]
+                if not any(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mult) and
+                           any("num_processes" in ast.unparse(x) for x in (v.left, v.right)) and
+                           any(kind(x, at) == "whole" for x in (v.left, v.right) if "num_processes" not in ast.unparse(x))
+                           for v, at in values):
+                    continue
+                lt.add("lr-steps-from-dataset-length", "warning", c,
+                       f"{kw.arg}={ast.unparse(kw.value)[:60]} counts steps on the dataloader before "
+                       f"accelerator.prepare (line {prep.lineno}) shards it, then multiplies by num_processes: the "
+                       "prepared scheduler already steps num_processes times per step, so the schedule is "
+                       "num_processes times too long (the learning rate never decays as set)",
+                       "count steps on the sharded length: ceil(len(loader) / accelerator.num_processes), then "
+                       "multiply by num_processes (huggingface/diffusers#8312)",
+                       "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py")
+
+
+def _exclusive(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` sit in different branches of one ``if`` (never both run)."""
+    chain: dict[ast.AST, ast.AST] = {}
+    child, p = a, lt.parents.get(a)
+    while p is not None:
+        chain[p] = child
+        child, p = p, lt.parents.get(p)
+    child, p = b, lt.parents.get(b)
+    while p is not None:
+        if p in chain:
+            if isinstance(p, ast.If):
+                ca = chain[p]
+                return (ca in p.body and child in p.orelse) or (ca in p.orelse and child in p.body)
+            return False
+        child, p = p, lt.parents.get(p)
+    return False
+
+
+def _distributed_sampler(lt: PythonLinter, sampler: ast.AST, scope: ast.AST) -> bool:
+    """``sampler`` is (or names a value built from) a DistributedSampler."""
+    from helpers.lint.python_rules import _call_name
+
+    def has(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and _call_name(n)[1] == "DistributedSampler" for n in ast.walk(node))
+
+    if has(sampler):
+        return True
+    if isinstance(sampler, ast.Name):
+        return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == sampler.id for t in n.targets)
+                   and has(n.value) for n in ast.walk(scope))
+    return False
+
+
+_ACC_RESUME = "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint"
+
+
+def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
+    """``train_dataloader = accelerator.skip_first_batches(train_dataloader, n)`` inside the epoch loop, guarded only by
+    "resuming": the skip is meant for the first epoch after a resume (Accelerate's checkpoint guide and its examples:
+    ``if resume and epoch == starting_epoch``, :data:`_ACC_RESUME`); run in every epoch it drops the first ``n``
+    batches of each, and reassigning the loop's own loader makes the next epochs iterate the skipping one."""
+    from helpers.lint.python_rules import _call_name
+
+    for call in lt._calls():
+        if _call_name(call)[1] != "skip_first_batches":
+            continue
+        node: ast.AST | None = call
+        loop, tests = None, []
+        while node is not None:
+            parent = lt.parents.get(node)
+            if isinstance(parent, ast.If) and node in parent.body:
+                tests.append(parent.test)
+            if isinstance(parent, (ast.For, ast.While)) and node in parent.body:
+                loop = parent
+                break
+            node = parent
+        if not isinstance(loop, ast.For) or not isinstance(loop.target, ast.Name):
+            continue
+        epoch = loop.target.id
+        if any(epoch in {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} for t in tests):
+            continue
+        stmt = lt.parents.get(call)
+        reassigns = isinstance(stmt, ast.Assign) and call.args and isinstance(call.args[0], ast.Name) and any(
+            isinstance(t, ast.Name) and t.id == call.args[0].id for t in stmt.targets)
+        lt.add("resume-skip-every-epoch", "warning", call,
+               f"skip_first_batches runs in every pass of 'for {epoch} in ...' (no test of {epoch}): every epoch "
+               "drops its first batches, not only the epoch the checkpoint stopped in" +
+               (f", and {call.args[0].id} itself is replaced by the skipping loader" if reassigns else ""),
+               f"skip only when resuming into the first epoch: if resume and {epoch} == starting_epoch: active = "
+               f"accelerator.skip_first_batches(loader, resume_step) else: active = loader", _ACC_RESUME)
+
+
+_PLAIN_SAMPLERS = frozenset({"SequentialSampler", "RandomSampler"})
+
+
+def rule_sampler_not_distributed(lt: PythonLinter) -> None:
+    """A sampler name given a ``DistributedSampler`` (in a branch) and then, unconditionally in the same block, a
+    ``SequentialSampler``/``RandomSampler`` before the DataLoader reads it: the distributed one is dead on every rank,
+    so each rank goes through the whole dataset (``DistributedSampler``: "restricts data loading to a subset of the
+    dataset", ``_DATA``; deepspeedai/DeepSpeedExamples#804: every rank evaluated the whole eval set)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text:
+        return
+    for block in statement_blocks(lt):
+        distributed: dict[str, int] = {}
+        for stmt in block:
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) and \
+                    _call_name(stmt.value)[1] in _PLAIN_SAMPLERS:
+                for t in (t for t in stmt.targets if isinstance(t, ast.Name) and t.id in distributed):
+                    lt.add("sampler-not-distributed", "warning", stmt,
+                           f"{t.id} = {_call_name(stmt.value)[1]}(...) replaces the DistributedSampler assigned at "
+                           f"line {distributed[t.id]} on every rank: each rank then loads the whole dataset "
+                           "(duplicated work, metrics over N copies)",
+                           "keep the distributed sampler (drop this assignment, or put it in the branch that "
+                           "runs without a process group)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+                    del distributed[t.id]
+                continue
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
+                        _call_name(n.value)[1] == "DistributedSampler":
+                    distributed.update({t.id: n.lineno for t in n.targets if isinstance(t, ast.Name)})
+                elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in distributed and \
+                        not isinstance(stmt, ast.If):
+                    distributed.pop(n.id, None)  # read before it is replaced: used as it was meant
+
+
+_SHARDS_ITSELF = re.compile(r"\.prepare\(|prepare_data_loader|auto_dataloader|setup_dataloaders|lightning|Lightning|"
+                            r"DistributedSampler|DistributedBatchSampler|ElasticDistributedSampler|split_dataset_by_node|"
+                            r"NeighborLoader|IterableDataset|wds\.|webdataset|horovod|hvd\.")
+"""What shards a loader's data across ranks without a DistributedSampler in the DataLoader call (Accelerate's and
+ignite's loader wrappers, Lightning, datasets' split_dataset_by_node, iterable datasets, PyG loaders, Horovod)."""
+
+
+def _dict_keys(lt: PythonLinter, name: str, depth: int = 2) -> dict[str, ast.expr]:
+    """The constant keys (and values) a dict held by ``name`` gets anywhere in the file: ``name = {...}`` literals and
+    ``name.update(other)`` of a literal or of another such name (``train_kwargs.update(cuda_kwargs)``)."""
+    out: dict[str, ast.expr] = {}
+    if depth < 0:
+        return out
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) and \
+                isinstance(node.value, ast.Dict):
+            out.update((k.value, v) for k, v in zip(node.value.keys, node.value.values)
+                       if isinstance(k, ast.Constant) and isinstance(k.value, str))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" and \
+                isinstance(node.func.value, ast.Name) and node.func.value.id == name and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Dict):
+                out.update((k.value, v) for k, v in zip(arg.keys, arg.values)
+                           if isinstance(k, ast.Constant) and isinstance(k.value, str))
+            elif isinstance(arg, ast.Name):
+                out.update(_dict_keys(lt, arg.id, depth - 1))
+    return out
+
+
+def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
+    """Data parallel training whose loader gives every rank the whole dataset: the file wraps its model in
+    ``DistributedDataParallel`` and builds a ``DataLoader(..., shuffle=True)`` with no ``sampler=`` while nothing in
+    the file shards the data (no DistributedSampler, no loader wrapper of a library: :data:`_SHARDS_ITSELF`); or it
+    makes a ``DistributedSampler`` that no DataLoader reads.  DDP averages gradients but splits no data: "It is up to
+    the user to ... split the data" is DistributedSampler's job ("restricts data loading to a subset of the dataset",
+    ``_DATA``), so each rank trains on every sample, N times the work per epoch (kubeflow/trainer#2012, torchft#74)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedDataParallel" not in lt.text and not re.search(r"\bDDP\(", lt.text):
+        return
+    loads = {n.id for n in lt.nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and
+                _call_name(node.value)[1].endswith("DistributedSampler")):
+            continue
+        for t in (t for t in node.targets if isinstance(t, ast.Name) and t.id not in loads):
+            lt.add("sampler-not-distributed", "warning", node,
+                   f"{t.id} = {_call_name(node.value)[1]}(...) is never read: no DataLoader gets it (sampler=), so "
+                   "each rank loads the whole dataset while DDP averages the gradients",
+                   f"DataLoader(..., sampler={t.id}) and drop shuffle=True (the sampler shuffles; call "
+                   f"{t.id}.set_epoch(epoch) every epoch)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+    if _SHARDS_ITSELF.search(lt.text):
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Call) and _call_name(node)[1] == "DataLoader"):
+            continue
+        origin = lt.import_origins.get(node.func.id, "torch") if isinstance(node.func, ast.Name) else "torch"
+        if not origin.startswith("torch"):   # dgl.dataloading.DataLoader(use_ddp=...) and other libraries' loaders
+            continue
+        kws = {k.arg: k.value for k in node.keywords}
+        for k in node.keywords:  # DataLoader(ds, **train_kwargs): the keys of the dicts that name holds
+            if k.arg is None and isinstance(k.value, ast.Name):
+                kws.update((key, v) for key, v in _dict_keys(lt, k.value.id).items() if key not in kws)
+        shuffle = kws.get("shuffle")
+        if "sampler" in kws or "batch_sampler" in kws or "use_ddp" in kws or \
+                not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
+            continue
+        lt.add("sampler-not-distributed", "warning", node,
+               "DataLoader(..., shuffle=True) without a DistributedSampler in a file that trains under "
+               "DistributedDataParallel: DDP splits no data, so every rank goes through the whole dataset (N times the "
+               "work per epoch, each sample N times)",
+               "sampler = DistributedSampler(dataset) (shuffles itself; sampler.set_epoch(epoch) every epoch) and "
+               "DataLoader(dataset, sampler=sampler, shuffle=False)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+        return
+
+
+__all__ = ["rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_rank_seed_before_model_init", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed"]

@@ -1,0 +1,780 @@
+"""Contract rules on device binding: which GPU each rank binds (``set_device``, ``LOCAL_RANK`` against the global
+rank, ``CUDA_VISIBLE_DEVICES``), what is created on the default device before binding, a model moved after it is
+wrapped, checkpoints loaded without ``map_location``, world sizes taken from one node's GPU count
+(https://docs.pytorch.org/docs/stable/elastic/run.html, https://docs.pytorch.org/docs/stable/notes/cuda.html).
+Run by :func:`helpers.lint.contract_rules.run`."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from helpers.lint.contract_ast import ancestors, kwarg, src_env_key
+from helpers.lint.contracts import _DDP, _DIST, _INIT, _TORCHRUN
+from helpers.lint.wrappers import assign_targets
+
+if TYPE_CHECKING:
+    from helpers.lint.contract_rules import ScriptContract
+    from helpers.lint.python_rules import PythonLinter
+
+
+
+_EMA_CTORS = {"ModelEma", "ModelEmaV2", "ModelEmaV3", "AveragedModel", "EMAModel"}
+_TIMM_EMA = "https://github.com/huggingface/pytorch-image-models/blob/main/timm/utils/model_ema.py"
+
+
+def rule_ema_before_to_device(lt: PythonLinter) -> None:
+    """An EMA copy of the model (timm's ``ModelEma*``, ``torch.optim.swa_utils.AveragedModel``, diffusers'
+    ``EMAModel``) made before the model is moved to its GPU (``model.to(device)`` / ``model.cuda()`` later in the
+    same function), with no device of its own: the copy is taken where the model is then (the CPU) and stays there,
+    so each update mixes CPU and CUDA tensors, or the average runs on the CPU.  timm's ModelEma: "create EMA model
+    after cuda(), DP wrapper, and AMP but before SyncBN and DDP wrapper" (``_TIMM_EMA``); AveragedModel deep-copies
+    the module onto ``device`` only when given one.  Not where the constructor is given a device that is set
+    (a ``device=''`` or ``None`` is no device)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(name in lt.text for name in _EMA_CTORS):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _EMA_CTORS or not c.args or not isinstance(c.args[0], ast.Name):
+            continue
+        device = kwarg(c, "device")
+        if device is not None and not (isinstance(device, ast.Constant) and device.value in ("", None)) and \
+                not isinstance(device, ast.IfExp):
+            continue
+        if isinstance(device, ast.IfExp) and not any(isinstance(b, ast.Constant) and b.value in ("", None)
+                                                     for b in (device.body, device.orelse)):
+            continue
+        model = c.args[0].id
+        fn = lt._enclosing_function(c) or lt.tree
+        moved = sorted((m for m in ast.walk(fn) if isinstance(m, ast.Call) and m.lineno > c.lineno and
+                        isinstance(m.func, ast.Attribute) and m.func.attr in ("to", "cuda") and
+                        isinstance(m.func.value, ast.Name) and m.func.value.id == model), key=lambda m: m.lineno)
+        if not moved or any(isinstance(m, ast.Call) and isinstance(m.func, ast.Attribute) and
+                            m.func.attr in ("to", "cuda") and isinstance(m.func.value, ast.Name) and
+                            m.func.value.id == model and m.lineno < c.lineno for m in ast.walk(fn)):
+            continue  # never moved after, or already on its device before the copy
+        lt.add("ema-before-to-device", "warning", c,
+               f"{_call_name(c)[1]}({model}, ...) copies the model here, before {ast.unparse(moved[0])[:40]} (line "
+               f"{moved[0].lineno}) moves it to the GPU: the EMA copy stays on the CPU (updates mix CPU and CUDA "
+               "tensors, or average on the CPU)",
+               f"create it after {ast.unparse(moved[0])[:40]}, or give it device=", _TIMM_EMA)
+
+
+def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
+    """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0."""
+    from helpers.lint.python_rules import _call_name
+    from helpers.lint.wrappers import DDP_CTOR
+
+    text = re.sub(r"#.*", "", lt.text)  # what the code does, not what its comments say
+    own = bool(re.search(r"set_device|torch\.cuda\.device\(|device_id\s*=|CUDA_VISIBLE_DEVICES|Accelerator\(|"
+                         r"deepspeed\.initialize|init_device_mesh|Fabric\(", text))
+    trainer = bool(re.search(r"Trainer\(", text))  # Lightning's / HF's Trainer binds it (not a class of the case's own)
+    binds = own or trainer
+    # for the case-wide form (cross_rules.nccl_unbound_across_files)
+    sc.extra["binds_device"] = own
+    sc.extra["calls_trainer"] = trainer and bool(re.search(r"(?<!class )\bTrainer\(", text))
+    sc.extra["defines_trainer"] = "Trainer" in lt.functions or any(
+        isinstance(n, ast.ClassDef) and n.name == "Trainer" for n in lt.nodes)
+    sc.extra["ddp_device_ids"] = next((c.lineno for c in lt._calls() if DDP_CTOR.match(_call_name(c)[1])
+                                       and any(k.arg == "device_ids" for k in c.keywords)), 0)
+    if sc.backend != "nccl" or sc.spawns:
+        return
+    if binds:
+        return  # the device is bound (or a framework binds it)
+    bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
+                     r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)
+    per_rank = re.search(r"f['\"]cuda:\{[^}]*local_rank[^}]*\}['\"]|torch\.device\(\s*['\"]cuda['\"]\s*,\s*\w*local_rank",
+                         text)
+    if per_rank:  # 'cuda' elsewhere is then the one-process default the rank's device replaces
+        # the tensors go to cuda:<local_rank>, the current device stays cuda:0: what NCCL runs on the current
+        # device (barrier, the object collectives, which move their pickles to torch.cuda.current_device())
+        # runs on GPU 0 from every rank of the node (karpathy/nanoGPT#116 added the set_device)
+        lt.add("nccl-no-device-binding", "warning", text.count("\n", 0, per_rank.start()) + 1,
+               f"'{per_rank.group(0)}' places the tensors, but nothing sets the current CUDA device "
+               "(torch.cuda.set_device / device_id=): under nccl, barrier() and the object collectives "
+               "(all_gather_object, broadcast_object_list) use torch.cuda.current_device(), which is cuda:0 on "
+               "every rank of a node",
+               "torch.cuda.set_device(device) right after choosing it, before init_process_group (or "
+               "init_process_group(..., device_id=device))", _DIST + "#torch.distributed.all_gather_object")
+        return
+    if not bare:
+        return
+    lt.add("nccl-no-device-binding", "error", text.count("\n", 0, bare.start()) + 1,
+           f"'{bare.group(0)}' under the nccl backend with no torch.cuda.set_device(local_rank) (nor device_id=) "
+           "anywhere: 'cuda' is cuda:0 on every rank of a node, so NCCL binds them all to GPU 0 ('Duplicate GPU "
+           "detected', or a hang in the first collective)",
+           "local_rank = int(os.environ['LOCAL_RANK']); torch.cuda.set_device(local_rank) before "
+           "init_process_group", _DIST + "#torch.distributed.all_gather_object")
+
+
+_BINDS = re.compile(r"set_device|device_id\s*=|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\(")
+
+
+def _collective_before_engine_binds(lt: PythonLinter) -> None:
+    """``deepspeed.init_distributed()`` (nccl on CUDA: ``get_accelerator().communication_backend_name()``), then a
+    collective in the same block (``if get_rank() != 0: dist.barrier()``, rank 0 downloading first) before
+    ``deepspeed.initialize``, with no device bound anywhere in the file: the engine binds each rank's GPU only inside
+    ``initialize`` (``get_accelerator().set_device(local_rank)``), so that collective runs while every rank's current
+    device is cuda:0 and each rank builds its NCCL communicator there (deepspeedai/DeepSpeedExamples#931 added
+    ``get_accelerator().set_device(local_rank)`` before ``init_distributed``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "init_distributed" not in lt.text or _BINDS.search(re.sub(r"#.*", "", lt.text)):
+        return
+    for n in lt.nodes:
+        block = getattr(n, "body", None)
+        if not isinstance(block, list):
+            continue
+        init = next((i for i, s in enumerate(block) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                     and _call_name(s.value)[1] == "init_distributed" and "deepspeed" in _call_name(s.value)[0]
+                     and not any(k.arg in ("dist_backend",) and ast.unparse(k.value) not in ("'nccl'", '"nccl"')
+                                 for k in s.value.keywords)), None)
+        if init is None:
+            continue
+        for stmt in block[init + 1:]:
+            calls = lt._calls(stmt)
+            if any(_call_name(c)[1] == "initialize" and "deepspeed" in _call_name(c)[0] for c in calls):
+                break
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            hit = next((c for c in calls if lt.collective_name(c)), None)
+            if hit is not None:
+                lt.add("collective-before-set-device", "warning", hit,
+                       f"{lt.collective_name(hit)} runs after deepspeed.init_distributed() (line {block[init].lineno}) "
+                       "and before deepspeed.initialize binds each rank's GPU: every rank's current device is still "
+                       "cuda:0, so each builds its NCCL communicator and buffers on GPU 0",
+                       "get_accelerator().set_device(local_rank) (or torch.cuda.set_device) before init_distributed",
+                       _DIST + "#torch.distributed.all_gather_object")
+                return
+
+
+def rule_collective_before_set_device(lt: PythonLinter) -> None:
+    """A collective earlier in the same block than ``torch.cuda.set_device``, in a file that uses nccl: the collective
+    runs while every rank's current device is still cuda:0, so NCCL sets up its communicator and buffers there (the
+    docs: "the device used is given by torch.cuda.current_device() and it is the user's responsibility to ensure that
+    this is set so that each rank has an individual GPU, via torch.cuda.set_device()", ``_DIST`` all_gather_object;
+    allenai/OLMo#720 measured the extra memory on GPU 0)."""
+    from helpers.lint.python_rules import _call_name
+
+    _collective_before_engine_binds(lt)
+    if "nccl" not in lt.text or "set_device" not in lt.text:
+        return
+
+    def sets_device(s: ast.AST) -> bool:
+        return any(_call_name(c)[1] == "set_device" and "cuda" in _call_name(c)[0] for c in lt._calls(s))
+
+    blocks = [b for b in (getattr(n, "body", None) for n in lt.nodes) if isinstance(b, list)]
+    for block in blocks:  # the device is bound before the group exists: every later collective uses it
+        init = next((i for i, s in enumerate(block) if any(_call_name(c)[1] == "init_process_group"
+                                                           for c in lt._calls(s))), None)
+        if init is not None and any(sets_device(s) for s in block[:init + 1]
+                                    if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))):
+            return
+    for block in blocks:
+        at = next((i for i, s in enumerate(block) if sets_device(s)), None)
+        if not at:
+            continue
+        for stmt in block[:at]:
+            if not isinstance(stmt, (ast.Expr, ast.Assign)):
+                continue  # a branch may run it only when not launched
+            hit = next((c for c in lt._calls(stmt) if lt.collective_name(c)), None)
+            if hit is not None:
+                lt.add("collective-before-set-device", "warning", hit,
+                       f"{lt.collective_name(hit)} runs before torch.cuda.set_device (line {block[at].lineno}): under "
+                       "nccl the collective uses each rank's current device, still cuda:0, so every rank of the node "
+                       "builds its NCCL communicator and buffers on GPU 0 (extra memory there, or 'Duplicate GPU "
+                       "detected')", "call torch.cuda.set_device(local_rank) before init_process_group and the first "
+                       "collective", _DIST + "#torch.distributed.all_gather_object")
+                break
+
+
+def _default_cuda(call: ast.Call) -> bool:
+    """``call`` puts something on the current CUDA device without naming one: ``device="cuda"``, ``.cuda()``."""
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args and not call.keywords:
+        return True
+    return any(k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
+               for k in call.keywords)
+
+
+def rule_cuda_before_set_device(lt: PythonLinter) -> None:
+    """CUDA work on the default device (``device="cuda"``, ``.cuda()``) in the same block before ``torch.cuda.set_device``
+    binds this rank's GPU: every rank of the node is still on cuda:0 then, so each creates a CUDA context (hundreds of
+    MB) and its tensors on GPU 0 ("it is the user's responsibility to ensure ... each rank has an individual GPU, via
+    torch.cuda.set_device()", ``_DIST``); modded-nanogpt's import-time warm-up tensor, moved below the binding
+    (KellerJordan/modded-nanogpt#161)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "set_device" not in lt.text or not re.search(r"""device\s*=\s*['"]cuda['"]|\.cuda\(\)""", lt.text):
+        return
+    for node in lt.nodes:
+        block = getattr(node, "body", None)
+        if not isinstance(block, list):
+            continue
+        at = next((i for i, st in enumerate(block) if isinstance(st, (ast.Expr, ast.Assign)) and any(
+            _call_name(c)[1] == "set_device" and "cuda" in _call_name(c)[0] for c in lt._calls(st))), None)
+        if not at:
+            continue
+        for stmt in block[:at]:
+            if not isinstance(stmt, (ast.Expr, ast.Assign)):
+                continue
+            hit = next((c for c in lt._calls(stmt) if _default_cuda(c)), None)
+            if hit is not None:
+                lt.add("cuda-before-set-device", "warning", hit,
+                       f"{ast.unparse(hit)[:50]} runs on the current CUDA device before torch.cuda.set_device (line "
+                       f"{block[at].lineno}): every rank of the node is still on cuda:0 then, so each creates a CUDA "
+                       "context and this tensor on GPU 0", "bind the device first (torch.cuda.set_device(local_rank)), "
+                       "then allocate", _DIST)
+                break
+
+
+def _placed(c: ast.Call) -> bool:
+    return kwarg(c, "map_location") is not None or len(c.args) > 1
+
+
+_CHECKPOINT_LOADERS = {"load_from_checkpoint": "https://lightning.ai/docs/pytorch/stable/common/checkpointing_basic.html",
+                       "restore_from": "https://docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/core/core.html"}
+
+
+def _load_from_checkpoint_unplaced(lt: PythonLinter) -> None:
+    """``Model.load_from_checkpoint(path)`` (Lightning: ``map_location`` "The behaviour is the same as in torch.load()")
+    or NeMo's ``Model.restore_from(path)`` (``map_location`` None: "a GPU if available", the current device) in a
+    process started per GPU (``mp.spawn`` / ``torch.multiprocessing`` workers, DDP) that never calls
+    ``torch.cuda.set_device``: every process's copy lands on GPU 0 before any ``.to(rank)``."""
+    from helpers.lint.python_rules import WRAPS_DDP, _call_name
+
+    if not re.search(WRAPS_DDP + r"|\bspawn\(|start_processes\(", lt.text) or "set_device" in lt.text:
+        return
+    for c in lt._calls():
+        name = _call_name(c)[1]
+        if name not in _CHECKPOINT_LOADERS or kwarg(c, "map_location") is not None or len(c.args) > 1:
+            continue
+        lt.add("load-without-map-location", "warning", c,
+               f"{ast.unparse(c)[:60]} without map_location in a program of one process per GPU that never calls "
+               "torch.cuda.set_device: each process restores the checkpoint onto GPU 0 (out of memory, or every "
+               "process on one GPU)", f"{name}(..., map_location=f'cuda:{{rank}}') or map_location='cpu' (then "
+               ".to(rank)); or torch.cuda.set_device(rank) first", _CHECKPOINT_LOADERS[name])
+
+
+def rule_load_without_map_location(lt: PythonLinter) -> None:
+    """``torch.load(path)`` with no ``map_location`` in a multi-GPU program: every rank loads onto the saving GPU.
+
+    Each such call is a finding, unless the other branch of its ``if`` (or the ``try``/``except`` around it) loads with
+    a ``map_location``: the script chose the placement per case (pytorch/examples imagenet: no map_location only when
+    no GPU index is given).  A file that does not itself set up DDP/FSDP (a checkpoint helper module) gets the finding
+    when a file linted with it does (:attr:`PyFacts.deferred`).
+    """
+    from helpers.lint.python_rules import WRAPS_DDP, _call_name
+
+    here = bool(re.search(WRAPS_DDP, lt.text))
+    _load_from_checkpoint_unplaced(lt)
+    for c in lt._calls():
+        if _call_name(c) != ("torch", "load") or _placed(c):
+            continue
+        if c.args and lt._rank_in_name(c.args[0], c):
+            continue  # f"model_rank_{rank}.pt": each rank reads back what it saved from its own device
+        p, child, chosen = lt.parents.get(c), c, False
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not chosen:
+            if isinstance(p, ast.If):
+                other = p.orelse if child in p.body else p.body
+                chosen = any(_call_name(n) == ("torch", "load") and _placed(n) for s in other for n in ast.walk(s)
+                             if isinstance(n, ast.Call))
+            elif isinstance(p, ast.Try):
+                chosen = any(_call_name(n) == ("torch", "load") and _placed(n) for n in ast.walk(p)
+                             if isinstance(n, ast.Call))
+            child, p = p, lt.parents.get(p)
+        if chosen:
+            continue
+        lt.add("load-without-map-location", "warning", c,
+               f"{ast.unparse(c)[:60]} without map_location: torch.load puts each tensor back on the device it was "
+               "saved from (cuda:0), so every rank fills GPU 0 (out of memory, or all ranks on one GPU)",
+               "torch.load(path, map_location=f'cuda:{local_rank}') (or 'cpu')",
+               "https://docs.pytorch.org/docs/stable/generated/torch.load.html", deferred=not here)
+
+
+_LOCAL_ENV = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"}
+_LOCAL_ATTRS = {"local_rank", "local_process_index"}
+_WORLD = re.compile(r"^(world_size|num_replicas|nranks|num_processes|world)$")
+
+
+class _Local:
+    """Names holding the node-local rank (``LOCAL_RANK``, ``args.local_rank``, ``get_local_rank()``), through
+    assignments and calls of the file's functions; a name also assigned a global rank is not one."""
+
+    def __init__(self, lt: PythonLinter) -> None:
+        from helpers.lint.python_rules import _call_name, _env_key
+
+        self._call_name, self._env_key, self.lt = _call_name, _env_key, lt
+        self.names: set[str] = set()
+        global_names: set[str] = set()
+        assigns = [n for n in lt.nodes if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+        calls = [(c, lt.functions[_call_name(c)[1]]) for c in lt._calls() if _call_name(c)[1] in lt.functions
+                 and _call_name(c)[0] in ("", "self", "cls") and (c.args or c.keywords)]
+        for _ in range(3):
+            before = len(self.names)
+            for n in assigns:
+                targets = [t.id for t in assign_targets(n)
+                           if isinstance(t, ast.Name)]
+                if self.is_local(n.value):
+                    self.names.update(targets)
+                elif lt.taint.is_global_rank(n.value):
+                    global_names.update(targets)
+            for call, fn in calls:
+                params = [a.arg for a in fn.args.args]
+                if params and params[0] in ("self", "cls") and _call_name(call)[0]:
+                    params = params[1:]
+                for i, arg in enumerate(call.args):
+                    if i < len(params) and self.is_local(arg):
+                        self.names.add(params[i])
+                for kw in call.keywords:
+                    if kw.arg in params and self.is_local(kw.value):
+                        self.names.add(kw.arg)
+            if len(self.names) == before:
+                break
+        self.names -= global_names
+
+    def is_local(self, node: ast.AST | None) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in self.names or node.id in ("local_rank", "localrank", "local_rank_id")
+        if isinstance(node, ast.Attribute):
+            return node.attr in _LOCAL_ATTRS
+        if isinstance(node, (ast.Subscript, ast.Call)):
+            key = self._env_key(node)
+            if key is not None:
+                return key in _LOCAL_ENV
+        if isinstance(node, ast.Call):
+            name = self._call_name(node)[1]
+            if name in ("get_local_rank", "get_node_local_rank"):
+                return True
+            return name in ("int", "str") and bool(node.args) and self.is_local(node.args[0])
+        return False
+
+
+def _world_size(node: ast.AST) -> bool:
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and _WORLD.match(n.id) or isinstance(n, ast.Attribute) and _WORLD.match(n.attr):
+            return True
+        if isinstance(n, ast.Call) and (_call_name(n)[1] == "get_world_size" or _env_key(n) == "WORLD_SIZE"):
+            return True
+        if isinstance(n, ast.Subscript) and _env_key(n) == "WORLD_SIZE":
+            return True
+    return False
+
+
+def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
+    """The node-local rank where the global rank is meant: ``DistributedSampler(rank=local_rank)`` (its ``rank`` is
+    the "Rank of the current process within num_replicas", ``_SAMPLER``), ``init_process_group(rank=local_rank)``,
+    ``ds.shard(num_shards=world, index=local_rank)``, or ``items[local_rank]`` where ``len(items)`` is compared with the
+    world size.  On one node they coincide; on two, LOCAL_RANK repeats 0..N-1 on each node (torchrun: "LOCAL_RANK -
+    The local rank", "RANK - The global rank", ``_TORCHRUN``), so two processes take the same shard.  A warning
+    here; an error when a linted launch starts this script on several nodes (cross_rules.settle)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|local_process_index|get_local_rank", lt.text):
+        return
+    local = _Local(lt)
+    hits: list[tuple[ast.AST, str]] = []
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        kws = {k.arg: k.value for k in c.keywords if k.arg}
+        rank = kws.get("rank")
+        if name == "DistributedSampler" and rank is None and len(c.args) > 2:
+            rank = c.args[2]
+        if rank is not None and local.is_local(rank) and (name in ("DistributedSampler", "init_process_group") or
+                                                          {"num_replicas", "world_size"} & set(kws)):
+            hits.append((c, f"{name}(..., rank={ast.unparse(rank)})"))
+        if name == "shard" and "index" in kws and local.is_local(kws["index"]):
+            hits.append((c, f"{recv}.shard(..., index={ast.unparse(kws['index'])})"))
+    for n in lt.nodes:  # os.environ["RANK"] = str(local_rank): what init_process_group then reads as the global rank
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Subscript) and src_env_key(t) == "RANK"
+                                             for t in n.targets) and local.is_local(n.value) and \
+                not _one_node_master(lt, n):
+            hits.append((n, f"os.environ['RANK'] = {ast.unparse(n.value)}"))
+    indexed = [n for n in lt.nodes if isinstance(n, ast.Subscript) and local.is_local(n.slice)]
+    sized = {ast.unparse(n.args[0]) for n in lt.nodes if indexed and isinstance(n, ast.Compare) and _world_size(n)
+             for n in ast.walk(n) if isinstance(n, ast.Call) and _call_name(n)[1] == "len" and n.args}
+    for n in indexed:
+        if ast.unparse(n.value) in sized:
+            hits.append((n, f"{ast.unparse(n)} (len({ast.unparse(n.value)}) is checked against the world size)"))
+    for node, what in hits:
+        lt.add("local-rank-as-global-rank", "warning", node,
+               f"{what} uses the node-local rank where the global rank is meant: on one node they are equal, on "
+               "several every node repeats local ranks 0..N-1, so processes of different nodes take the same "
+               "shard (duplicated data, a wrongly assembled model) and the rest is never used",
+               "use the global rank: int(os.environ['RANK']) / dist.get_rank(); keep LOCAL_RANK for the device only",
+               _TORCHRUN + "#environment-variables")
+
+
+_MAIN_NAME = re.compile(r"^_?(?:(?:if_|is_)(?:main|master|primary|chief)|(?:if_|is_)?(?:main_process|main_proc|"
+                        r"master_process|rank_?0|rank_zero|global_zero))$", re.IGNORECASE)
+"""A function whose name promises the one process of the whole job (``is_main_process``, ``if_main_process``,
+``is_master``, ``is_rank_0``; not ``main``, the entry point), as opposed to one per node (``is_local_main_process``, ``is_local_rank_zero``)."""
+
+
+def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
+    """A "main process" test decided by the node-local rank: ``def if_main_process(): return
+    int(os.environ["LOCAL_RANK"]) == 0``.  LOCAL_RANK repeats 0..N-1 on every node (torchrun: "LOCAL_RANK - The
+    local rank", "RANK - The global rank", ``_TORCHRUN``), so with two nodes two processes pass the test, and what it
+    guards (data preparation, checkpoint and log writes, ``run_on_main``) runs once per node on the same shared files.
+    Accelerate keeps the two apart for this reason: ``is_main_process`` is "True for one process only",
+    ``is_local_main_process`` "True for one process per server" (``_ACC``).  Flagged where a function named for the
+    job's main process (:data:`_MAIN_NAME`, without "local"/"node") compares a local rank with 0 and reads no global
+    rank (``RANK``, ``get_rank()``) or node rank; a warning (an error under a multi-node launch, cross_rules.settle)."""
+    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|get_local_rank", lt.text):
+        return
+    local = _Local(lt)
+    for name, fn in lt.functions.items():
+        if not _MAIN_NAME.match(name):
+            continue
+        nodes = list(ast.walk(fn))
+        if any(lt.taint.is_global_rank(n) or _node_rank(n) for n in nodes):
+            continue
+        for n in nodes:
+            if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Eq, ast.NotEq)) and \
+                    any(local.is_local(x) for x in (n.left, n.comparators[0])) and \
+                    any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in (n.left, n.comparators[0])):
+                lt.add("local-rank-as-global-rank", "warning", n,
+                       f"{name}() decides the main process by {ast.unparse(n)[:60]}: every node has a local rank 0, "
+                       f"so on several nodes {name}() is true once per node and what it guards (file writes, data "
+                       "preparation) runs on each node at once",
+                       "compare the global rank: dist.get_rank() == 0 / int(os.environ['RANK']) == 0 (keep the "
+                       "local-rank test for once-per-node work, under a name that says so)",
+                       _TORCHRUN + "#environment-variables")
+                break
+    _local_gated_writes(lt, local)
+
+
+def _local_gated_writes(lt: PythonLinter, local: _Local) -> None:
+    """A file write (``torch.save``, a method of this file that writes) under ``if <local rank> == 0`` in a file that
+    also reads the global rank: the author had both and gated a job-wide write per node, so on several nodes every
+    node's local rank 0 writes the same path at once (pytorch/examples#1357: multinode.py saved its snapshot under
+    ``self.local_rank == 0``).  A per-node write to node-local disk is what the local gate is for: a warning that
+    says so."""
+    from helpers.lint.python_rules import _call_name, _src
+
+    if not any(lt.taint.is_global_rank(n) for n in lt.nodes):
+        return
+    for node in lt.nodes:
+        if not isinstance(node, ast.If):
+            continue
+        tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else [node.test]
+        gate = next((t for t in tests if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
+                     and local.is_local(t.left) and isinstance(t.comparators[0], ast.Constant)
+                     and t.comparators[0].value in (0, "0")), None)
+        if gate is None:
+            continue
+        writes: list[ast.Call] = []
+        for c in lt._calls(ast.Module(body=node.body, type_ignores=[])):
+            recv, name = _call_name(c)
+            fn = lt.functions.get(name) if recv in ("", "self", "cls") else None
+            if lt._write_kind(c) == "file":
+                writes.append(c)
+            elif fn is not None:  # a method of this file that writes (self._save_snapshot(epoch))
+                writes += [w for w in lt._calls(fn) if lt._write_kind(w) == "file"]
+        body = ast.Module(body=node.body, type_ignores=[])
+        if writes and all(_call_name(w)[1] == "open" for w in writes) and all(
+                isinstance(a, ast.Constant) for c in lt._calls(body) if _call_name(c)[1] == "write" for a in c.args):
+            continue  # every node writes the same constant bytes (composer's 'local rank zero done' signal file)
+        if writes:
+            lt.add("local-rank-as-global-rank", "warning", gate,
+                   f"`{ast.unparse(gate)}` gates a write ({_src(writes[0])[:50]}) by the node-local rank while this "
+                   "file reads the global rank too: on several nodes each node's local rank 0 writes the same path at "
+                   "once (a shared filesystem: a corrupt or interleaved file)",
+                   "gate job-wide writes by the global rank (int(os.environ['RANK']) == 0 / dist.get_rank() == 0); keep "
+                   "the local-rank gate for what each node writes to its own disk", _TORCHRUN + "#environment-variables")
+
+
+
+def _node_rank(node: ast.AST) -> bool:
+    """``node`` reads the node's index (``NODE_RANK``/``GROUP_RANK``/``SLURM_NODEID``, ``node_rank``)."""
+    from helpers.lint.python_rules import _env_key
+
+    if isinstance(node, ast.Name):
+        return node.id in ("node_rank", "group_rank", "node_id")
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("node_rank", "group_rank")
+    return isinstance(node, (ast.Subscript, ast.Call)) and _env_key(node) in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
+
+
+def rule_same_device_every_rank(lt: PythonLinter) -> None:
+    """``os.environ["CUDA_VISIBLE_DEVICES"] = "6"`` (one fixed device, no rank in it) in a distributed script: every
+    process of a node sees the same single GPU, so its ranks share it (NCCL needs one GPU per rank: 'Duplicate GPU
+    detected'), ``_DIST`` backends.  The value the last assignment of its block leaves is the one that counts."""
+    from helpers.lint.python_rules import _env_key
+
+    if not re.search(r"init_process_group|DistributedDataParallel|deepspeed|Accelerator\(", lt.text):
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and
+                _env_key(node.targets[0]) == "CUDA_VISIBLE_DEVICES"):
+            continue
+        v = node.value
+        text = v.value if isinstance(v, ast.Constant) and isinstance(v.value, (str, int)) else \
+            "".join(str(x.value) for x in v.values) if isinstance(v, ast.JoinedStr) and \
+            all(isinstance(x, ast.Constant) for x in v.values) else None
+        if text is None or not re.fullmatch(r"\s*\d+\s*,?\s*", str(text)) or lt._rank_gate(node) is not None:
+            continue
+        block = next((getattr(lt.parents.get(node), f) for f in ("body", "orelse", "finalbody")
+                      if node in (getattr(lt.parents.get(node), f, None) or [])), [node])
+        later = block[block.index(node) + 1:]
+        if any(isinstance(x, ast.Assign) and any(_env_key(t) == "CUDA_VISIBLE_DEVICES" for t in x.targets) for x in later):
+            continue
+        lt.add("same-device-every-rank", "warning", node,
+               f"CUDA_VISIBLE_DEVICES is set to {str(text).strip()!r} with no rank in it: every process of a node "
+               "sees only that one GPU, so all its ranks run on it ('Duplicate GPU detected' with nccl, or out of "
+               "memory)", "derive it from the local rank (str(local_rank)), or leave CUDA_VISIBLE_DEVICES to the "
+               "launcher and call torch.cuda.set_device(local_rank)", _DIST + "#backends")
+
+
+_LOCAL_WORLD = "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"
+
+
+def rule_world_size_as_local(lt: PythonLinter) -> None:
+    """``os.cpu_count() // dist.get_world_size()``: the node's CPUs shared out by the number of ranks in the whole job.
+
+    ``os.cpu_count()`` counts this machine's CPUs; the processes that share them are the ranks on this node,
+    torchrun's ``LOCAL_WORLD_SIZE`` (:data:`_LOCAL_WORLD`), not ``WORLD_SIZE``.  On several nodes each rank gets
+    nodes-times too few threads (0 once the job has more ranks than a node has CPUs)."""
+    world = re.compile(r"get_world_size\(|\bworld_size\b|['\"]WORLD_SIZE['\"]|num_processes\b")
+    for node in lt.nodes:
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div))):
+            continue
+        left, right = ast.unparse(node.left), ast.unparse(node.right)
+        if "cpu_count(" not in left or not world.search(right) or "local" in right.lower():
+            continue
+        lt.add("world-size-as-local", "warning", node,
+               f"{ast.unparse(node)[:70]}: the CPUs of this node are divided by the ranks of the whole job; only "
+               "the ranks on this node share them (fewer threads than the node has, 0 on a big job)",
+               "divide by the ranks on this node: int(os.environ['LOCAL_WORLD_SIZE']) (torchrun), or "
+               "torch.cuda.device_count() when every GPU runs one rank", _LOCAL_WORLD)
+
+
+def rule_grad_accum_from_device_count(lt: PythonLinter) -> None:
+    """Accumulation or batch split by ``torch.cuda.device_count()`` (GPUs on this node) instead of the world size."""
+    if "init_process_group" not in lt.text:
+        return
+    for node in lt.nodes:
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = " ".join(ast.unparse(t) for t in targets).lower()
+            if ("accum" in names or "batch" in names) and "device_count()" in ast.unparse(node.value):
+                lt.add("grad-accum-from-device-count", "warning", node,
+                       f"{ast.unparse(node)[:70]}: torch.cuda.device_count() counts this node's GPUs, not the ranks "
+                       "(several nodes, or fewer ranks than GPUs): the global batch is not the one intended",
+                       "divide by the world size: int(os.environ['WORLD_SIZE']) / dist.get_world_size()",
+                       "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables")
+
+
+_SPAWNS = {"spawn", "start_processes", "Process", "Pool"}
+
+
+def _device_count_names(lt: PythonLinter) -> set[str]:
+    """Names assigned a value built from ``torch.cuda.device_count()`` (plain and annotated assignments)."""
+    names: set[str] = set()
+    for n in lt.nodes:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and _has_device_count(n.value, names):
+            names.update(t.id for t in assign_targets(n)
+                         if isinstance(t, ast.Name))
+    return names
+
+
+def _has_device_count(node: ast.AST, names: set[str]) -> bool:
+    from helpers.lint.python_rules import _call_name
+
+    return any(isinstance(x, ast.Call) and _call_name(x)[1] == "device_count" or isinstance(x, ast.Name) and
+               x.id in names for x in ast.walk(node))
+
+
+def rule_world_size_from_device_count(lt: PythonLinter) -> None:
+    """``init_process_group(world_size=torch.cuda.device_count())`` (or ``WORLD_SIZE`` set from it) in a script that
+    does not start its own processes: the world size is the number of processes that join ("world_size: Number of
+    processes participating in the job", ``_INIT``), which a launcher decides (torchrun: WORLD_SIZE = nnodes x
+    nproc-per-node, ``_TORCHRUN``), not the GPUs this node has.  With fewer processes than GPUs
+    (``--nproc-per-node=2`` on 8 GPUs) the group never fills and init_process_group hangs; on several nodes it is
+    too small.  A script that spawns one process per GPU itself (``mp.spawn(nprocs=device_count())``) is right on
+    one node and is not reported."""
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    if "device_count" not in lt.text or "init_process_group" not in lt.text and "WORLD_SIZE" not in lt.text:
+        return
+    if any(_call_name(c)[1] in _SPAWNS for c in lt._calls()):
+        return
+    names = _device_count_names(lt)
+    hits: list[tuple[ast.AST, str]] = []
+    for c in lt._calls():
+        if _call_name(c)[1] != "init_process_group":
+            continue
+        ws = kwarg(c, "world_size") or (c.args[3] if len(c.args) > 3 else None)
+        if ws is not None and _has_device_count(ws, names):
+            hits.append((c, f"init_process_group(..., world_size={ast.unparse(ws)})"))
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and any(_env_key(t) == "WORLD_SIZE" for t in n.targets) and \
+                _has_device_count(n.value, names):
+            hits.append((n, ast.unparse(n)[:80]))
+    for node, what in hits:
+        lt.add("world-size-from-device-count", "error", node,
+               f"{what} takes the world size from torch.cuda.device_count(), the GPUs this node has, but the "
+               "processes are started by a launcher (this script spawns none): with fewer processes than GPUs the "
+               "group never fills and init_process_group hangs; on several nodes it is too small",
+               "let init_process_group read env:// (or pass world_size=int(os.environ['WORLD_SIZE']), "
+               "rank=int(os.environ['RANK']))", _INIT)
+
+
+def rule_set_device_after_init(lt: PythonLinter) -> None:
+    """``init_process_group("nccl")`` without ``device_id``, then ``torch.cuda.set_device`` later in the same block:
+    the group is made while every rank's current device is still cuda:0, and what the group does before the
+    binding (an eager init, a barrier, which guesses the device from the rank when none was used: "using GPU N to
+    perform barrier as devices used by this process are currently unknown ... call init_process_group() with a
+    device_id", ProcessGroupNCCL) starts on the wrong GPU.  The docs ask for the binding first: "it is the user's
+    responsibility to ensure that this is set so that each rank has an individual GPU, via torch.cuda.set_device()"
+    (``_DIST``; pytorch/examples#1285 moved set_device before init_process_group).  Info: a script whose first use of
+    the group comes after the binding works."""
+    from helpers.lint.python_rules import _call_name
+
+    if "set_device" not in lt.text or "nccl" not in lt.text:
+        return
+    for node in lt.nodes:
+        block = getattr(node, "body", None)
+        if not isinstance(block, list):
+            continue
+        init = next(((i, c) for i, st in enumerate(block) if isinstance(st, (ast.Expr, ast.Assign))
+                     for c in lt._calls(st) if _call_name(c)[1] == "init_process_group"), None)
+        if init is None:
+            continue
+        i, call = init
+        kws = {k.arg for k in call.keywords}
+        backend = next((a for a in [*call.args[:1], *(k.value for k in call.keywords if k.arg == "backend")]), None)
+        if "device_id" in kws or not (isinstance(backend, ast.Constant) and backend.value == "nccl"):
+            continue
+        later = next((c for st in block[i + 1:] if isinstance(st, (ast.Expr, ast.Assign))
+                      for c in lt._calls(st) if _call_name(c)[1] == "set_device"), None)
+        if later is not None:
+            # info: with the lazy init (the default) nothing runs on the group before the binding in most scripts
+            # (nanoGPT, llm.c bind right after init_process_group and work)
+            lt.add("set-device-after-init", "info", later,
+                   f"torch.cuda.set_device comes after init_process_group('nccl') (line {call.lineno}), which has no "
+                   "device_id: the group is created while every rank's current device is cuda:0 (a barrier or an eager "
+                   "init before the binding runs on GPU 0)",
+                   "call torch.cuda.set_device(local_rank) before init_process_group (or pass "
+                   "device_id=torch.device('cuda', local_rank))", _DIST + "#torch.distributed.init_process_group")
+
+
+def _one_node_master(lt: PythonLinter, node: ast.AST) -> bool:
+    """The function around ``node`` sets ``os.environ["MASTER_ADDR"]`` to a loopback literal (``localhost``,
+    ``127.0.0.1``): a one-node spawn, where the local rank is the global rank (sam2's single_proc_run)."""
+    scope = lt._enclosing_function(node) or lt.tree
+    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) and
+               a.value.value in ("localhost", "127.0.0.1") and
+               any(isinstance(t, ast.Subscript) and src_env_key(t) == "MASTER_ADDR" for t in a.targets)
+               for a in ast.walk(scope))
+
+
+_QUANTIZED = ("load_in_4bit", "load_in_8bit", "quantization_config")
+_BNB_DEVICE = "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training"
+
+
+_DDP_NAMES = ("DistributedDataParallel", "DDP", "DistributedDataParallelCPU")
+
+
+def _other_branches(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` sit in different branches of one ``if`` (body and ``elif`` / ``else``): never both run."""
+    for anc in ancestors(lt, a):
+        if isinstance(anc, ast.If):
+            in_body = any(a is n for st in anc.body for n in ast.walk(st))
+            other = anc.orelse if in_body else anc.body
+            if any(b is n for st in other for n in ast.walk(st)):
+                return True
+    return False
+
+
+def rule_ddp_before_to_device(lt: PythonLinter) -> None:
+    """The model moved (``.to(device)``, ``.cuda()``) or cast after it was wrapped in ``DistributedDataParallel``: the
+    constructor registers its gradient hooks and buckets on the parameters it was given ("you should not try to change
+    the model's parameters after wrapping up your model with DistributedDataParallel ... gradient reduction functions
+    no longer match the correct set of parameters", :data:`_DDP` warning), so move the module first, then wrap it
+    (narumiruna/pytorch-distributed-example#3)."""
+    from helpers.lint.python_rules import _call_name
+
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and
+                isinstance(node.value, ast.Call) and _call_name(node.value)[1] in _DDP_NAMES):
+            continue
+        name = node.targets[0].id
+        scope = lt._enclosing_function(node) or lt.tree
+        for c in ast.walk(scope):
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
+                    isinstance(c.func.value, ast.Name) and c.func.value.id == name and \
+                    c.func.attr in ("to", "cuda", "half", "bfloat16") and c.lineno > node.lineno and \
+                    not _other_branches(lt, node, c):
+                lt.add("ddp-before-to-device", "warning", c,
+                       f"{name}.{c.func.attr}(...) after {name} was wrapped in {_call_name(node.value)[1]} (line "
+                       f"{node.lineno}): DDP registered its gradient hooks on the parameters as they were, and moving "
+                       "or casting them afterwards leaves the reduction out of step with the parameters that train",
+                       f"move the model first ({name}.{c.func.attr}(...) on the plain module), then wrap it: "
+                       "DistributedDataParallel(model, device_ids=[local_rank])", _DDP)
+                break
+
+
+def rule_quantized_model_no_device_map(lt: PythonLinter) -> None:
+    """``from_pretrained(..., load_in_4bit=True / quantization_config=...)`` without ``device_map`` in a script that
+    runs on several processes, before anything binds the process's GPU (``set_device``, ``Accelerator()``,
+    ``PartialState()``): transformers then places the quantized weights on ``torch.cuda.current_device()`` (its
+    bitsandbytes quantizer: "The device_map was not initialized. Setting device_map to {'':
+    torch.cuda.current_device()}"), which is GPU 0 on every rank, and training refuses a quantized model on
+    another device.  TRL's multi-GPU recipe passes ``device_map={"": PartialState().process_index}`` (``_BNB_DEVICE``;
+    huggingface/trl#1353)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"load_in_4bit|load_in_8bit|BitsAndBytesConfig", lt.text) or not re.search(
+            r"Accelerator|PartialState|Trainer\(|accelerate|LOCAL_RANK|local_rank|init_process_group", lt.text):
+        return
+    binds = [c.lineno for c in lt._calls() if _call_name(c)[1] in ("set_device", "Accelerator", "PartialState")]
+    for c in lt._calls():
+        if _call_name(c)[1] != "from_pretrained":
+            continue
+        kws = {k.arg: k.value for k in c.keywords if k.arg}
+        if "device_map" in kws or None in {k.arg for k in c.keywords}:  # device_map given, or **kwargs may hold it
+            continue
+        q = next((k for k in _QUANTIZED if k in kws and not (isinstance(kws[k], ast.Constant) and kws[k].value in
+                                                               (False, None))), None)
+        if q is None or any(b < c.lineno for b in binds):
+            continue
+        lt.add("quantized-model-no-device-map", "warning", c,
+               f"from_pretrained(..., {q}=...) without device_map, before this process's GPU is bound: transformers "
+               "puts the quantized weights on torch.cuda.current_device(), GPU 0 on every rank ('You can't train a "
+               "model that has been loaded in 8-bit precision on a different device')",
+               "device_map={'': PartialState().process_index} (or Accelerator().local_process_index)", _BNB_DEVICE)
+
+
+_CUDA_ENV = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables"
+
+
+def rule_visible_devices_as_ordinal(lt: PythonLinter) -> None:
+    """A GPU number read from ``CUDA_VISIBLE_DEVICES`` used as this process's device index (``device_id =
+    visible[local_rank]``): CUDA makes only the listed GPUs visible and numbers them from 0 in the listed order
+    (:data:`_CUDA_ENV`), so with ``CUDA_VISIBLE_DEVICES=4,5,6,7`` rank 0 asks for device 4 of four ('invalid device
+    ordinal'), or lands on another rank's GPU (plemeri/InSPyReNet#6 used ``local_rank`` itself)."""
+    if "CUDA_VISIBLE_DEVICES" not in lt.text:
+        return
+    lists: set[str] = set()
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and "CUDA_VISIBLE_DEVICES" in ast.unparse(n.value) and "split" in ast.unparse(n.value):
+            lists.update(t.id for t in n.targets if isinstance(t, ast.Name))
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript) and isinstance(n.value.value, ast.Name)
+                and n.value.value.id in lists):
+            continue
+        names = [ast.unparse(t) for t in n.targets]
+        if not any(re.search(r"(?i)device|gpu", t) for t in names) or not lt.taint.is_rank(n.value.slice):
+            continue
+        lt.add("visible-devices-as-ordinal", "error", n,
+               f"{ast.unparse(n)[:60]} takes a GPU number from CUDA_VISIBLE_DEVICES as this process's device index, "
+               "but CUDA renumbers the visible GPUs from 0: with CUDA_VISIBLE_DEVICES=4,5,6,7 rank 0 asks for "
+               "device 4 of 4 ('invalid device ordinal') or takes another rank's GPU",
+               f"use the local rank itself as the index: {names[0]} = local_rank", _CUDA_ENV)
+
+
+__all__ = ["rule_collective_before_set_device", "rule_cuda_before_set_device", "rule_ddp_before_to_device", "rule_ema_before_to_device", "rule_grad_accum_from_device_count", "rule_load_without_map_location", "rule_local_rank_as_global_rank", "rule_main_process_by_local_rank", "rule_nccl_no_device_binding", "rule_quantized_model_no_device_map", "rule_same_device_every_rank", "rule_set_device_after_init", "rule_visible_devices_as_ordinal", "rule_world_size_as_local", "rule_world_size_from_device_count"]

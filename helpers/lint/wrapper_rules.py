@@ -1,0 +1,259 @@
+"""Contract rules on the model wrappers' ordering and surface: FSDP's optimizer after wrapping, backward through the
+engine, SyncBatchNorm under DDP, ``.module`` on what may not be wrapped, FSDP under ``inference_mode``, a 2-D mesh
+without a group, attributes the wrapper does not have (https://docs.pytorch.org/docs/stable/fsdp.html,
+https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html).  Run by
+:func:`helpers.lint.contract_rules.run`."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from helpers.lint.contract_ast import ancestors
+from helpers.lint.contracts import _ACC, _FABRIC, _FSDP
+from helpers.lint.wrappers import accelerator_prepare, assign_targets
+
+if TYPE_CHECKING:
+    from helpers.lint.python_rules import PythonLinter
+
+
+
+def rule_fsdp_optimizer_before_wrap(lt: PythonLinter) -> None:
+    """The optimizer built from ``model.parameters()`` before ``model = FSDP(model)`` / ``fully_shard(model)``."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"FullyShardedDataParallel|\bFSDP\(|fully_shard\(", lt.text):
+        return
+    for node in lt.nodes:
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        opt_from: dict[str, ast.stmt] = {}
+        for stmt in body:
+            for c in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+                recv, name = _call_name(c)
+                if (recv.startswith(("torch.optim", "optim")) or name in ("AdamW", "Adam", "SGD")) and c.args:
+                    m = re.match(r"^(\w+)\.parameters\(\)$", ast.unparse(c.args[0]) if c.args else "")
+                    if m:
+                        opt_from.setdefault(m.group(1), stmt)
+                if name == "configure_optimizers" and re.fullmatch(r"\w+", recv):
+                    opt_from.setdefault(recv, stmt)  # model.configure_optimizers(): built from model.parameters()
+                if name in ("FullyShardedDataParallel", "FSDP", "fully_shard") and c.args and \
+                        isinstance(c.args[0], ast.Name) and c.args[0].id in opt_from:
+                    lt.add("fsdp-optimizer-before-wrap", "error", c,
+                           f"the optimizer (line {opt_from[c.args[0].id].lineno}) was built from "
+                           f"{c.args[0].id}.parameters() before {name} replaced them: it updates the unsharded "
+                           "originals, not the parameters FSDP trains (FSDP docs: build the optimizer after wrapping)",
+                           "create the optimizer after FSDP(...) / fully_shard(...)", _FSDP)
+
+
+def rule_wrapper_raw_backward(lt: PythonLinter) -> None:
+    """``loss.backward()`` in a script whose training goes through ``Accelerator.prepare`` / ``Fabric.setup``."""
+    from helpers.lint.python_rules import _call_name
+
+    wrappers: dict[str, str] = {}
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1:
+            name = _call_name(node.value)[1]
+            target = ast.unparse(node.targets[0])
+            if name in ("Accelerator", "Fabric"):
+                wrappers[target] = name
+    if not wrappers:
+        return
+    calls = [(_call_name(c), c) for c in lt._calls()]
+    prepared = {recv for (recv, name), _ in calls if recv in wrappers and name in ("prepare", "setup", "setup_module")}
+    if not prepared or any(recv in wrappers and name == "backward" for (recv, name), _ in calls):
+        return
+    for (recv, name), c in calls:
+        if name != "backward" or not recv or recv in wrappers or c.args or recv.endswith(("accelerator", "fabric")) \
+                or recv in ("torch.autograd", "autograd") or "engine" in recv.lower() or "scaler" in recv:
+            continue
+        w = sorted(prepared)[0]
+        kind = wrappers[w]
+        lt.add("wrapper-raw-backward", "warning", c,
+               f"{recv}.backward() in a script trained through {kind} ({w}): {kind}'s backward applies the loss "
+               "scaling (fp16), the DeepSpeed engine's backward and gradient accumulation; a plain backward skips "
+               "them (DeepSpeed raises, fp16 gradients overflow)",
+               f"{w}.backward({recv})", _ACC + "#accelerate.Accelerator.backward" if kind == "Accelerator"
+               else _FABRIC + "#backward")
+
+
+def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
+    """SyncBatchNorm under single-process DataParallel (SyncBatchNorm docs: DDP with one GPU per process only)."""
+    text = lt.text
+    m = re.search(r"convert_sync_batchnorm|SyncBatchNorm\(", text)
+    # a DDP wrap anywhere (DDP(...), or a wrapper named for it: yolov5's smart_DDP) means the SyncBatchNorm branch is
+    # the distributed one and DataParallel the single-process one
+    if m and re.search(r"\bDataParallel\(", text) and not re.search(r"DistributedDataParallel|DDP\(", text):
+        lt.add("syncbn-without-ddp", "error", text.count("\n", 0, m.start()) + 1,
+               "SyncBatchNorm with nn.DataParallel: SyncBatchNorm works only inside DistributedDataParallel with one "
+               "GPU per process ('SyncBatchNorm expected input tensor to be on GPU' / 'Default process group has not "
+               "been initialized')", "use DistributedDataParallel (torchrun, one process per GPU), or plain "
+               "BatchNorm under DataParallel", "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html")
+
+
+def _stored_names(node: ast.AST) -> set[str]:
+    """The names ``node`` assigns (``Name`` nodes in a store context anywhere inside it)."""
+    return {x.id for x in ast.walk(node) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store)}
+
+
+def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
+    """``model.module`` read on a model ``accelerator.prepare`` returned, with no test that it is wrapped: under one
+    process (a single-GPU run, a debug run) ``prepare`` returns the model itself, which has no ``module`` attribute
+    ("AttributeError: ... object has no attribute 'module'"); Accelerate's documented way to reach the model under any
+    wrapper is ``accelerator.unwrap_model(model)`` ("unwraps the model from the additional layer possible added by
+    prepare()", ``_ACC``; PixArt-sigma's train.py logged ``model.module.h``).  Not under an ``if`` / conditional that
+    tests ``hasattr``, ``isinstance``, ``module`` or the process count."""
+    from helpers.lint.python_rules import _call_name
+
+    if ".module" not in lt.text or ".prepare(" not in lt.text:
+        return
+    prepared: dict[str, tuple[ast.AST | None, int]] = {}  # name -> (the function that bound it, line)
+    for n in lt.nodes:
+        if accelerator_prepare(n):
+            for tgt in n.targets:  # type: ignore[attr-defined]
+                for x in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt]):
+                    if isinstance(x, ast.Name) and "model" in x.id.lower() or isinstance(x, ast.Name) and \
+                            any(isinstance(a, ast.Name) and a.id == x.id for a in n.value.args[:1]):
+                        prepared[x.id] = (lt._enclosing_function(n), n.lineno)
+    if not prepared:
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Attribute) and node.attr == "module" and isinstance(node.value, ast.Name)
+                and node.value.id in prepared and isinstance(node.ctx, ast.Load)):
+            continue
+        scope, line = prepared[node.value.id]
+        fn = lt._enclosing_function(node)
+        if scope is not None and (fn is not scope or node.lineno < line):
+            continue  # bound in a function: only its own later reads
+        name = node.value.id
+        if scope is None and fn is not None and \
+                any(isinstance(a, (ast.Assign, ast.AugAssign)) and name in _stored_names(a) for a in ast.walk(fn)) and \
+                not any(isinstance(g, ast.Global) and name in g.names for g in ast.walk(fn)):
+            continue  # the function has a local of that name
+        guards = [a for a in ancestors(lt, node) if isinstance(a, (ast.If, ast.IfExp, ast.While))]
+        if any(re.search(r"hasattr|isinstance|type\(|DDP|DistributedDataParallel|module|num_processes|distributed|"
+                         r"world_size|DistributedType",
+                         ast.unparse(g.test)) for g in guards):
+            continue
+        if any(isinstance(a, ast.Call) and _call_name(a)[1] in ("hasattr", "getattr") for a in ancestors(lt, node)):
+            continue
+        lt.add("module-attr-without-ddp", "warning", node,
+               f"{node.value.id}.module: {node.value.id} is what accelerator.prepare returned (line {line}), which is "
+               "the model itself under one process: AttributeError 'module' on a single-GPU run",
+               f"accelerator.unwrap_model({node.value.id})", _ACC + "#accelerate.Accelerator.unwrap_model")
+        return
+
+
+def rule_undefined_attribute(lt: PythonLinter) -> None:
+    """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
+    assigns ``X`` nor defines it: AttributeError at run time."""
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        if cls.bases or cls.keywords or cls.decorator_list:
+            continue
+        src = ast.unparse(cls)
+        if re.search(r"setattr|__getattr__|__dict__|__slots__", src) or \
+                not any(isinstance(n, ast.FunctionDef) and n.name == "__init__" for n in cls.body):
+            continue
+        called = {id(n.func) for n in ast.walk(cls) if isinstance(n, ast.Call)}  # self.method(): maybe cut from an excerpt
+        defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in assign_targets(n) if isinstance(t, ast.Name)}
+        reads = []
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                if isinstance(n.ctx, (ast.Store, ast.Del)):
+                    defined.add(n.attr)
+                elif id(n) not in called:
+                    reads.append(n)
+        for n in (t for node in ast.walk(cls) if isinstance(node, (ast.Tuple, ast.List)) for t in node.elts):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                defined.add(n.attr)
+        for n in reads:
+            if n.attr not in defined and not n.attr.startswith("__"):
+                lt.add("undefined-attribute", "error", n,
+                       f"self.{n.attr} is read in {cls.name} but never assigned there: AttributeError: '{cls.name}' "
+                       f"object has no attribute '{n.attr}'", f"assign self.{n.attr} in __init__ (or use the attribute "
+                       "the class does set)", "https://docs.python.org/3/reference/datamodel.html#object.__getattr__")
+                break
+
+
+_INFERENCE_MODE = "https://docs.pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"
+
+
+def rule_fsdp_inference_mode(lt: PythonLinter) -> None:
+    """A function under ``@torch.inference_mode()`` (or a ``with torch.inference_mode():`` block) in a file that trains
+    with FSDP: tensors made in inference mode "cannot be used in autograd later" (``_INFERENCE_MODE``), and FSDP
+    keeps the parameters it unshards during that forward, so the next training step fails
+    (Lightning-AI/litgpt#703 replaced it with torch.no_grad() for FSDP)."""
+    if not re.search(r"FSDPStrategy|FullyShardedDataParallel|fully_shard|strategy=[\"']fsdp", lt.text) or \
+            "inference_mode" not in lt.text:
+        return
+    for node in lt.nodes:
+        sites: list[ast.AST] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            sites = [d for d in node.decorator_list if "inference_mode" in ast.unparse(d)]
+        elif isinstance(node, ast.With):
+            sites = [i.context_expr for i in node.items if "inference_mode" in ast.unparse(i.context_expr)]
+        for site in sites[:1]:
+            if isinstance(site, ast.Call) and any(isinstance(a, ast.Constant) and a.value is False for a in site.args):
+                continue  # inference_mode(False): autograd on
+            lt.add("fsdp-inference-mode", "warning", site,
+                   "torch.inference_mode() around a model that FSDP shards: the parameters FSDP gathers there become "
+                   "inference tensors, which autograd refuses later ('Inference tensors cannot be saved for backward')",
+                   "use torch.no_grad() for evaluation under FSDP", _INFERENCE_MODE)
+
+
+_TP_TUTORIAL = "https://docs.pytorch.org/tutorials/intermediate/TP_tutorial.html"
+
+
+def _two_dim_mesh(node: ast.AST) -> bool:
+    """``init_device_mesh("cuda", (dp, tp), ...)`` / ``DeviceMesh("cuda", torch.arange(n).view(-1, tp))``: a mesh
+    of two (or more) dimensions."""
+    from helpers.lint.python_rules import _call_name
+
+    if not isinstance(node, ast.Call):
+        return False
+    name = _call_name(node)[1]
+    if name == "init_device_mesh":
+        shape = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mesh_shape"),
+                                                              None)
+        return isinstance(shape, (ast.Tuple, ast.List)) and len(shape.elts) >= 2
+    if name == "DeviceMesh" and len(node.args) > 1:
+        return any(isinstance(c, ast.Call) and _call_name(c)[1] in ("view", "reshape") and len(c.args) >= 2
+                   for c in ast.walk(node.args[1]))
+    return False
+
+
+def rule_fsdp_mesh_without_group(lt: PythonLinter) -> None:
+    """FSDP wraps a model that tensor parallelism already split over one dimension of a 2-D device mesh, without
+    being told the other dimension (``device_mesh=mesh["dp"]`` / ``process_group=`` / ``fully_shard(mesh=...)``): it
+    shards and reduces over the whole world, TP peers included, instead of over the data-parallel ranks only
+    (pytorch/examples#1160 passed the data-parallel group; the 2-D recipe in :data:`_TP_TUTORIAL` gives FSDP the
+    ``dp`` sub-mesh).  Reported for a function that builds a 2-D mesh, calls ``parallelize_module`` and then wraps."""
+    from helpers.lint.python_rules import _call_name
+
+    if "parallelize_module" not in lt.text:
+        return
+    for fn in [n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [lt.tree]:
+        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+        if not any(_two_dim_mesh(c) for c in calls) or not any(_call_name(c)[1] == "parallelize_module" for c in calls):
+            continue
+        for c in calls:
+            name = _call_name(c)[1]
+            if name not in ("FSDP", "FullyShardedDataParallel", "fully_shard"):
+                continue
+            if any(k.arg in ("device_mesh", "process_group", "mesh") or k.arg is None for k in c.keywords) or \
+                    (name == "fully_shard" and len(c.args) > 1):
+                continue
+            lt.add("fsdp-mesh-without-group", "warning", c,
+                   f"{ast.unparse(c)[:60]} wraps a model that parallelize_module split over a 2-D device mesh, but "
+                   "names no mesh or group: FSDP shards and all-reduces over the whole world, the tensor-parallel "
+                   "peers included, not over the data-parallel dimension",
+                   f"pass the data-parallel part: {name}(model, device_mesh=mesh['dp'])"
+                   if name != "fully_shard" else "fully_shard(model, mesh=mesh['dp'])", _TP_TUTORIAL)
+            break
+
+
+__all__ = ["rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
