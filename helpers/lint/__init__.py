@@ -365,7 +365,7 @@ def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list
     file sets up data parallelism."""
     from helpers.lint import contract_rules, python_rules
 
-    passed: dict[str, set[int]] = {}
+    passed: dict[str, set[int | str]] = {}
     for _text, _got, fact in scripts.values():
         for name, positions in fact.ddp_passed.items():  # type: ignore[attr-defined]
             passed.setdefault(name, set()).update(positions)

@@ -111,7 +111,7 @@ class PyFacts:
     contract: object = None                 # helpers.lint.contract_rules.ScriptContract (launch-facing facts)
     wraps_ddp: bool = False                 # the file builds DDP/FSDP or calls init_process_group itself
     defines: set[str] = field(default_factory=set)              # module-level functions of the file
-    ddp_passed: dict[str, set[int]] = field(default_factory=dict)  # imported function -> args given a DDP module
+    ddp_passed: dict[str, set[int | str]] = field(default_factory=dict)  # imported function -> args (positions, keywords) given a DDP module
     rank_funcs: set[str] = field(default_factory=set)           # module-level functions that return a rank value
     rank_passed: dict[str, set[str | int]] = field(default_factory=dict)  # callee not defined here -> rank args
     classes: set[str] = field(default_factory=set)              # module-level classes of the file
@@ -497,10 +497,10 @@ def _complementary(a: ast.expr, b: ast.expr) -> bool:
 class PythonLinter:
     """Lint one Python file: :meth:`run` returns the findings; :attr:`facts` the cross-file facts."""
 
-    def __init__(self, path: str, text: str, ddp_params: dict[str, set[int]] | None = None,
+    def __init__(self, path: str, text: str, ddp_params: dict[str, set[int | str]] | None = None,
                  rank_seeds: RankSeeds | None = None):
         """``ddp_params``: functions of this file that another linted file calls with a DDP-wrapped module, and at
-        which argument positions (:attr:`PyFacts.ddp_passed` of that file)."""
+        which argument positions or keywords (:attr:`PyFacts.ddp_passed` of that file)."""
         self.path, self.text = path, text
         _forget_names()
         self.tree = ast.parse(text, filename=path)
@@ -2421,7 +2421,7 @@ def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
 
 
 def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLinter], None]] = (),
-                ddp_params: dict[str, set[int]] | None = None,
+                ddp_params: dict[str, set[int | str]] | None = None,
                 rank_seeds: RankSeeds | None = None) -> tuple[list[Check], PyFacts]:
     """Lint one Python file (``extra_rules``: see :meth:`PythonLinter.run`; ``ddp_params``, ``rank_seeds``: see
     :class:`PythonLinter` and :meth:`PythonLinter._seed_rank_from_other_files`).

@@ -174,21 +174,34 @@ class Wrapped:
         attrs: ``self.X`` attributes holding a wrapped module -> whether it broadcasts buffers.
         stored: per scope, ``[(line, name, attr)]`` plain attributes stored on a name (``model.names = ...``).
         passed_out: calls of functions this file does not define (imported) that pass a wrapped module:
-            function name -> argument positions.
+            function name -> argument positions and keyword names.
     """
 
     assigns: dict[tuple[ast.AST, str], list[tuple[int, bool, bool]]] = field(default_factory=dict)
     params: dict[ast.AST, dict[str, bool]] = field(default_factory=dict)
     attrs: dict[str, bool] = field(default_factory=dict)
     stored: dict[ast.AST, list[tuple[int, str, str]]] = field(default_factory=dict)
-    passed_out: dict[str, set[int]] = field(default_factory=dict)
+    passed_out: dict[str, set[int | str]] = field(default_factory=dict)
+
+
+def _parameter(fn: ast.FunctionDef | ast.AsyncFunctionDef, at: int | str, method_call: bool) -> str | None:
+    """The parameter of ``fn`` that receives argument ``at`` of a call: a position (``self``/``cls`` skipped when
+    the call is ``obj.method(...)``) or a keyword (``evaluate(model=model)``); None when ``fn`` has no such
+    parameter (it lands in ``*args`` / ``**kwargs``)."""
+    if isinstance(at, str):
+        names = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        return at if at in names else None
+    params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    if method_call and params and params[0] in ("self", "cls"):
+        params = params[1:]
+    return params[at] if at < len(params) else None
 
 
 class WrapperFlow:
     """The analysis over one parsed file (``tree``, each node's ``parents``, the file's ``functions`` by name)."""
 
     def __init__(self, tree: ast.AST, text: str, parents: Mapping[ast.AST, ast.AST], functions: Mapping[str, ast.AST],
-                 external: Mapping[str, set[int]] | None = None):
+                 external: Mapping[str, set[int | str]] | None = None):
         self.tree, self.parents, self.functions = tree, parents, functions
         self._class_defs: dict[str, ast.ClassDef] | None = None
         self.w = Wrapped()
@@ -202,10 +215,10 @@ class WrapperFlow:
         for name, positions in (external or {}).items():
             fn = functions.get(name)
             if fn is not None and not isinstance(fn, ast.Lambda):
-                args = [a.arg for a in fn.args.args]  # type: ignore[union-attr]
-                for i in positions:
-                    if i < len(args):
-                        self.w.params.setdefault(fn, {})[args[i]] = True
+                for at in positions:
+                    param = _parameter(fn, at, False)  # type: ignore[arg-type]
+                    if param is not None:
+                        self.w.params.setdefault(fn, {})[param] = True
         for _ in range(2):  # parameters fed by wrapped values, then the assignments that use them
             self._assignments()
             self._parameters()
@@ -385,19 +398,19 @@ class WrapperFlow:
             local = isinstance(f, ast.Name) or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
                                                 and f.value.id in ("self", "cls"))
             fn = self.functions.get(name) if local else None
-            for i, arg in enumerate(call.args):
+            given: list[tuple[int | str, ast.expr]] = [*enumerate(call.args),
+                                                        *((k.arg, k.value) for k in call.keywords if k.arg)]
+            for at, arg in given:
                 wrapped, bcast = self.state(arg, call)
                 if not wrapped:
                     continue
                 if fn is None or isinstance(fn, ast.Lambda):
                     if isinstance(f, ast.Name) and name not in self.functions:
-                        self.w.passed_out.setdefault(name, set()).add(i)
+                        self.w.passed_out.setdefault(name, set()).add(at)
                     continue
-                params = [a.arg for a in fn.args.args]  # type: ignore[union-attr]
-                if params and params[0] in ("self", "cls") and isinstance(f, ast.Attribute):
-                    params = params[1:]
-                if i < len(params):
-                    self.w.params.setdefault(fn, {})[params[i]] = bcast
+                param = _parameter(fn, at, isinstance(f, ast.Attribute))  # type: ignore[arg-type]
+                if param is not None:
+                    self.w.params.setdefault(fn, {})[param] = bcast
 
     def _stores(self) -> None:
         for n in ast.walk(self.tree):

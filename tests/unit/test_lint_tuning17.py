@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
-from helpers.lint import lint_texts
+from helpers.lint import contract_rules, lint_texts
+from helpers.lint.python_rules import PythonLinter, lint_python
 
 
 def ids(*files: tuple[str, str]) -> list[str]:
@@ -165,3 +166,44 @@ def test_an_attribute_accelerate_objects_do_not_have():
     assert "api-unknown-attribute" in ids(("train.py", plugin))
     fixed = plugin.replace("AcceleratorState() if", "AcceleratorState().deepspeed_plugin if")
     assert "api-unknown-attribute" not in ids(("train.py", fixed))
+
+
+def test_a_ddp_model_passed_by_keyword_to_a_rank0_evaluation():
+    """icefall: ``evaluate(model=model)`` under ``if rank == 0`` runs the DDP forward (a buffer broadcast) on one rank;
+    the wrapped value is followed through keyword arguments as through positions, in one file and across files."""
+    text = """
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    def evaluate(model, dl):
+        with torch.no_grad():
+            for b in dl:
+                model(b)
+    def train_one_epoch(model, dl, rank):
+        for i, b in enumerate(dl):
+            model(b).sum().backward()
+            if rank == 0 and i % 10 == 0:
+                evaluate(model=model, dl=dl)
+    def run(rank, world_size):
+        dist.init_process_group("nccl", rank=rank, world_size=world_size)
+        torch.cuda.set_device(rank)
+        model = DDP(torch.nn.Linear(2, 2).cuda(), device_ids=[rank])
+        train_one_epoch(model=model, dl=[], rank=rank)
+    """
+    assert "rank-gated-collective" in ids(("train.py", text))
+    unwrapped = text.replace("evaluate(model=model, dl=dl)", "evaluate(model=model.module, dl=dl)")
+    assert "rank-gated-collective" not in ids(("train.py", unwrapped))
+    other = text.replace("evaluate(model=model, dl=dl)", "evaluate(dl=dl, model=torch.nn.Linear(2, 2))")
+    assert "rank-gated-collective" not in ids(("train.py", other))
+    caller = """
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from evalmod import evaluate
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(2, 2).cuda())
+    evaluate([], model=model)
+    """
+    _got, fact = lint_python("train.py", textwrap.dedent(caller), (contract_rules.run,))
+    assert fact.ddp_passed == {"evaluate": {"model"}}
+    lib = "def evaluate(dl, model=None):\n    return model.module\n"
+    linter = PythonLinter("evalmod.py", lib, ddp_params=fact.ddp_passed)
+    assert list(linter.wrappers.w.params.values()) == [{"model": True}]
