@@ -627,18 +627,52 @@ from the manifest's categories and causes before the set's first run (ids that n
 that would name it)."""
 
 
+CAUSE_RULES18: dict[str, set[str]] = {
+    "collective-under-rank0-guard": {"rank-gated-collective"},
+    "missing-sampler-set-epoch": {"sampler-no-set-epoch"},
+    "ddp-unused-parameters": {"ddp-unused-parameters"},
+    "launcher-env-contract-broken": {"launcher-env-unset", "slurm-env-misuse", "launcher-env-ignored"},
+    "rank0-only-resource-used-on-all-ranks": {"main-process-object-every-rank"},
+    "missing-distributed-sampler": {"sampler-not-distributed"},
+    "ddp-only-code-path-broken": {"undefined-attribute"},
+    "lr-schedule-vs-num-processes": {"lr-steps-from-dataset-length"},
+    "wrong-device-per-rank": {"nccl-no-device-binding", "collective-before-set-device", "cuda-before-set-device",
+                              "same-device-every-rank"},
+    "write-on-every-rank": {"write-on-every-rank"},
+    "slurm-rendezvous-site-config": {"ifname-unset"},
+    "collective-on-subset-of-ranks": {"rank-early-exit-collective", "rank-gated-collective"},
+    "ddp-wrap-without-trainable-params": {"ddp-no-trainable-params"},
+    "launch-script-env-derivation": {"master-addr-multiple-ips", "nproc-exceeds-gpus"},
+    "checkpoint-load-without-map-location": {"load-without-map-location"},
+    "save-wrapped-model-state-dict": {"ddp-wrapper-attribute"},
+    "launcher-local-rank-arg-contract": {"local-rank-arg-under-launcher", "script-arg-unknown"},
+    "launcher-flag-malformed": {"command-unparsable", "launcher-option-unknown"},
+    "missing-cuda-set-device": {"nccl-no-device-binding", "collective-before-set-device"},
+    "uneven-batches-across-ranks": {"uneven-batches"},
+    "fsdp-grad-clip-local-norm": {"fsdp-clip-grad-norm"},
+    "invalid-accelerate-fsdp-config": {"acc-invalid-config"},
+    "rank-dependent-init-seed-under-fsdp": {"rank-seed-before-model-init"},
+    "slurm-launch-line-broken": {"srun-payload-split", "deepspeed-ssh", "srun-no-script"},
+    "gathered-results-unused": {"collective-result-discarded", "gathered-result-unused"},
+}
+"""Blind set 18 (tests/data/lint/blind18): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+
+
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`, ``blind17``: :data:`CAUSE_RULES17`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`, ``blind17``: :data:`CAUSE_RULES17`, ``blind18``: :data:`CAUSE_RULES18`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
              "blind11": CAUSE_RULES11, "blind12": CAUSE_RULES12, "blind13": CAUSE_RULES13,
              "blind14": CAUSE_RULES14, "blind15": CAUSE_RULES15,
-             "blind16": CAUSE_RULES16, "blind17": CAUSE_RULES17}.get(
+             "blind16": CAUSE_RULES16, "blind17": CAUSE_RULES17,
+             "blind18": CAUSE_RULES18}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
