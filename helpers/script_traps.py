@@ -13,8 +13,10 @@ interpreter given where the launcher wants a script.  The lexer (logical lines, 
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterator
+from functools import lru_cache
 
 from helpers import sources
 from helpers.checks import Check
@@ -91,7 +93,8 @@ def text_traps(text: str) -> list[Check]:
             + _direct_task_traps(text) + _expansion_traps(text) + _broken_continuation_traps(text)
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
-            + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text))
+            + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text)
+            + _launcher_parser_traps(text) + _srun_no_program_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -205,17 +208,83 @@ _LAUNCHER_VALUES = {"torchrun": TORCHRUN_VALUE, "deepspeed": DEEPSPEED_VALUE, "a
 def _launcher_lines(text: str) -> Iterator[tuple[int, str, set[str], str, tuple[str, ...]]]:
     """``(line number, launcher, its flags, script, script arguments)`` of each logical line that starts torchrun,
     deepspeed or accelerate launch (inside an ``srun`` payload too: the first word after ``srun`` that begins one)."""
+    for number, kind, argv, _legacy in _launcher_argvs(text):
+        _, flags, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        yield number, kind, flags, script, rest
+
+
+def _launcher_argvs(text: str) -> Iterator[tuple[int, str, list[str], bool]]:
+    """``(line number, launcher, its argv, legacy)`` of each logical line that starts a launcher (as
+    :func:`_launcher_lines`); ``legacy``: ``python -m torch.distributed.launch``."""
     for number, line in join_continuations(text):
         if line.lstrip().startswith("#"):
             continue
-        got = launcher_argv(split_words(line))
+        words = split_words(line)
+        got = launcher_argv(words)
         if got is not None and got[0] == "srun":  # the launcher srun starts: the first word that begins one
             got = next((g for i in range(len(got[1])) if (g := launcher_argv(got[1][i:])) and g[0] != "srun"), None)
         if got is None:
             continue
-        kind, argv = got
-        _, flags, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
-        yield number, kind, flags, script, rest
+        yield number, got[0], got[1], "torch.distributed.launch" in words
+
+
+@lru_cache(maxsize=4)
+def _launcher_parser(kind: str, legacy: bool) -> argparse.ArgumentParser | None:
+    """The launcher's own argument parser: torchrun's ``torch.distributed.run.get_args_parser()`` (plus the legacy
+    launcher's ``--use-env``, as ``torch.distributed.launch.parse_args`` adds it), ``accelerate launch``'s
+    ``launch_command_parser()``; None for another launcher or when the package is not installed."""
+    try:
+        if kind == "torchrun":
+            from torch.distributed.run import get_args_parser
+
+            parser = get_args_parser()
+            if legacy:
+                parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
+            return parser
+        if kind == "accelerate":
+            from accelerate.commands.launch import launch_command_parser
+
+            return launch_command_parser()
+    except ImportError:
+        return None
+    return None
+
+
+def _launcher_parser_traps(text: str) -> list[Check]:
+    """``launcher-option-unknown``: an option before the training script that the launcher's own parser rejects
+    (:func:`_launcher_parser`): torchrun and ``accelerate launch`` read their options with argparse and stop with
+    "unrecognized arguments" (an unknown option, ``-—nproc-per-node`` typed with an em dash) or "ambiguous option"
+    (an abbreviation two options share) before any rank starts.  Only the words before the script are given to the
+    parser, with a stand-in script (what follows the script is the script's own)."""
+    import contextlib
+    import io
+
+    out: list[Check] = []
+    for number, kind, argv, legacy in _launcher_argvs(text):
+        _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        head = argv[:len(argv) - len(rest) - 1] if script else list(argv)
+        if not any(w.startswith("-") for w in head) or any("$" in w or "`" in w for w in head):
+            continue  # nothing to check, or words the shell expands first
+        parser = _launcher_parser(kind, legacy)
+        if parser is None:
+            continue
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                _ns, extra = parser.parse_known_args([*head, "train.py"])
+            unknown = [w for w in extra if w.startswith("-")]
+            problem = f"unrecognized arguments: {' '.join(unknown)}" if unknown else ""
+        except SystemExit:
+            problem = (err.getvalue().strip().splitlines() or ["error"])[-1].split("error: ", 1)[-1]
+        if not problem:
+            continue
+        hit = trap("launcher-option-unknown", "FAIL", "command",
+                   f"{kind}'s own parser rejects this line before the script: '{problem}', so no rank starts",
+                   f"write the option as {kind} --help lists it (two ASCII hyphens, the full name)",
+                   _LAUNCHER_DOCS.get(kind, _LAUNCHER_DOCS["torchrun"]))
+        hit.line_no = number
+        out.append(hit)
+    return out
 
 
 def _interpreter_as_script_traps(text: str) -> list[Check]:
@@ -710,6 +779,40 @@ def _direct_script(words: list[str]) -> str | None:
         module = words[j + 1] if j + 1 < len(words) else ""
         return None if not module or module.startswith(_LAUNCH_MODULES) else module
     return words[j] if j < len(words) else None
+
+
+def _srun_no_program_traps(text: str) -> list[Check]:
+    """``srun-no-script``: ``srun [options] python`` (or ``bash`` / ``sh``) with no script, ``-c`` or ``-m`` after the
+    interpreter.  An interpreter given no program reads it from standard input (python(1): "read from standard
+    input"), and srun gives the tasks no input in a batch job (srun(1) ``--input``: by default only task 0 gets
+    srun's stdin, which ``sbatch`` points at /dev/null): every task exits at once, having run nothing, and the job
+    step "succeeds"."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        words = split_words(line)
+        if line.lstrip().startswith("#") or not words:
+            continue
+        got = launcher_argv(words)
+        if got is None or got[0] != "srun":
+            continue
+        args, i = got[1], 0
+        while i < len(args) and args[i].startswith("-"):
+            i += 2 if args[i] in _SRUN_VALUE_OPTS else 1
+        task = args[i:]
+        if not task or not re.fullmatch(r"python[0-9.]*|bash|sh", task[0].rsplit("/", 1)[-1]):
+            continue
+        rest = task[1:]
+        if any(not w.startswith("-") or w in ("-c", "-m", "-") for w in rest) or \
+                any(w in (";", "&&", "||", "|", "<", "<<") or w.startswith("<") for w in rest):
+            continue  # a program (script, -c, -m, stdin given) follows
+        hit = trap("srun-no-script", "FAIL", "command",
+                   f"srun starts '{' '.join(task)}' with no script: each task's interpreter reads its program from "
+                   "standard input, which a batch job's tasks do not have, so they all exit at once having run "
+                   "nothing", f"srun [options] {task[0]} train.py ... (or srun [options] torchrun ... train.py)",
+                   "https://slurm.schedmd.com/srun.html#OPT_input")
+        hit.line_no = number
+        out.append(hit)
+    return out
 
 
 def _direct_task_traps(text: str) -> list[Check]:

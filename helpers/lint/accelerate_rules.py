@@ -1,7 +1,8 @@
 """Rules for Accelerate YAML configs (D5, D17, D18, Gilbreth 4.3 / Gilbreth 8.12 failure mode 3).
 
 The file is validated with Accelerate's own ``ClusterConfig`` (unknown keys and bad values are
-its errors); the cross-field rules are checked here.
+its errors), its ``fsdp_config`` with Accelerate's own ``FullyShardedDataParallelPlugin`` (given the environment
+``accelerate launch`` would give it); the cross-field rules are checked here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,59 @@ DS_FILE_IGNORES = ("gradient_accumulation_steps", "gradient_clipping", "zero_sta
 _ACC_LAUNCH = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/commands/launch.py"
 """``_validate_launch_command``: a config's ``distributed_type`` NO leaves ``multi_gpu`` off, then ``num_processes > 1``
 with several GPUs visible sets it on with the warning quoted in :func:`lint_accelerate`."""
+
+
+_FSDP_ENV: dict[str, tuple[str, bool]] = {
+    "fsdp_version": ("FSDP_VERSION", False), "fsdp_sharding_strategy": ("FSDP_SHARDING_STRATEGY", False),
+    "fsdp_reshard_after_forward": ("FSDP_RESHARD_AFTER_FORWARD", True),
+    "fsdp_offload_params": ("FSDP_OFFLOAD_PARAMS", True), "fsdp_min_num_params": ("FSDP_MIN_NUM_PARAMS", False),
+    "fsdp_auto_wrap_policy": ("FSDP_AUTO_WRAP_POLICY", False),
+    "fsdp_transformer_layer_cls_to_wrap": ("FSDP_TRANSFORMER_CLS_TO_WRAP", False),
+    "fsdp_backward_prefetch": ("FSDP_BACKWARD_PREFETCH", False), "fsdp_state_dict_type": ("FSDP_STATE_DICT_TYPE", False),
+    "fsdp_forward_prefetch": ("FSDP_FORWARD_PREFETCH", True), "fsdp_use_orig_params": ("FSDP_USE_ORIG_PARAMS", True),
+    "fsdp_cpu_ram_efficient_loading": ("FSDP_CPU_RAM_EFFICIENT_LOADING", True),
+    "fsdp_sync_module_states": ("FSDP_SYNC_MODULE_STATES", True),
+    "fsdp_activation_checkpointing": ("FSDP_ACTIVATION_CHECKPOINTING", True),
+}
+"""``fsdp_config`` key -> (the environment variable ``accelerate launch`` sets for the script, lower-cased or not):
+accelerate/utils/launch.py ``prepare_multi_gpu_env`` (``str(args.fsdp_x)``, ``.lower()`` for the booleans).  The
+script's ``FullyShardedDataParallelPlugin`` reads them back in its ``__post_init__``."""
+
+
+def _fsdp_plugin_error(fsdp: dict[str, Any]) -> str | None:
+    """What Accelerate's ``FullyShardedDataParallelPlugin`` raises (its ``ValueError`` text) when a script launched
+    with this ``fsdp_config`` builds it, or None when it accepts it (or Accelerate is not installed).
+
+    The plugin is built under the environment ``accelerate launch`` would set (:data:`_FSDP_ENV`).  Its
+    ``sync_module_states`` branch asks for the current GPU, which the machine running the linter need not have: the
+    device look-up is answered with device 0 for the duration of the check (it only builds a closure over it), so
+    the values after it are still checked."""
+    import os
+    from unittest import mock
+
+    try:
+        import torch
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        from accelerate.utils import dataclasses as acc_dataclasses
+    except ImportError:
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FSDP_")}
+    env["ACCELERATE_USE_FSDP"] = "true"
+    for key, value in fsdp.items():
+        key = key if key.startswith("fsdp") else "fsdp_" + key  # as _validate_launch_command copies them
+        if key in _FSDP_ENV and value is not None:
+            var, lower = _FSDP_ENV[key]
+            env[var] = str(value).lower() if lower else str(value)
+    try:
+        with mock.patch.dict(os.environ, env, clear=True), \
+                mock.patch.object(acc_dataclasses, "is_cuda_available", lambda: True), \
+                mock.patch.object(torch.cuda, "current_device", lambda: 0):
+            FullyShardedDataParallelPlugin()
+    except ValueError as exc:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - anything else is about this machine, not the file
+        return None
+    return None
 
 
 def _line(text: str, key: str) -> int:
@@ -101,6 +155,14 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
         add("acc-invalid-config", "error", "", f"Accelerate's ClusterConfig rejects it: {exc}", "fix the value", "D5")
     ds = data.get("deepspeed_config") or {}
     dist_type = str(data.get("distributed_type", ""))
+    fsdp = data.get("fsdp_config")
+    if dist_type == "FSDP" and isinstance(fsdp, dict) and not out:
+        error = _fsdp_plugin_error(fsdp)
+        if error:
+            bad = next((k for k in fsdp if str(fsdp[k]) in error), "fsdp_config")
+            add("acc-invalid-config", "error", bad, f"Accelerate's FullyShardedDataParallelPlugin rejects fsdp_config "
+                f"when the script builds it under accelerate launch: {error}", "fix the value (accelerate config "
+                "writes valid files)", "D5")
     if isinstance(ds, dict) and ds.get("deepspeed_config_file"):
         clash = [k for k in DS_FILE_IGNORES if k in ds]
         if clash:

@@ -55,6 +55,51 @@ def rule_tracker_on_every_rank(lt: PythonLinter) -> None:
                _ACC + "#accelerate.Accelerator.get_tracker")
 
 
+
+_RANK0_RUN_MAKERS = re.compile(r"\bWandbLogger\(|\.init_trackers\(")
+"""What starts the W&B run on the main process only: Lightning's ``WandbLogger`` (its ``experiment`` is
+``@rank_zero_experiment``: the other ranks get a dummy,
+https://lightning.ai/docs/pytorch/stable/extensions/generated/lightning.pytorch.loggers.WandbLogger.html) and
+Accelerate's ``Accelerator.init_trackers`` (``@on_main_process``)."""
+
+
+def rule_raw_wandb_log(lt: PythonLinter) -> None:
+    """A module-level ``wandb.log(...)`` on every rank where the run is started by ``WandbLogger`` or
+    ``accelerator.init_trackers`` (:data:`_RANK0_RUN_MAKERS`) and nothing calls ``wandb.init``: the main process has
+    a run, the others have none and stop with "You must call wandb.init() before wandb.log()" (W&B's distributed
+    guide: log from the process that called ``wandb.init``, https://docs.wandb.ai/guides/track/log/distributed-training/).
+    The maker may be in another linted file (the facts :attr:`PyFacts.raw_wandb_logs` / ``starts_rank0_run`` feed
+    :func:`helpers.lint.cross_rules.raw_wandb_across_files`)."""
+    from helpers.lint.python_rules import _call_name
+
+    # one process has the run too: only a run of several processes (a Lightning strategy / device count set, or an
+    # Accelerate script, made to be started by accelerate launch) has ranks without it
+    lt.facts.starts_rank0_run = bool(_RANK0_RUN_MAKERS.search(lt.text)) and (
+        ".init_trackers(" in lt.text or bool(re.search(r"(?i)ddp|fsdp|deepspeed|strategy\s*=|num_nodes|devices\s*=",
+                                                      lt.text)))
+    lt.facts.calls_wandb_init = "wandb.init(" in lt.text
+    if "wandb.log(" not in lt.text:
+        return
+    for c in lt._calls():
+        if _call_name(c) != ("wandb", "log") or lt._rank_gate(c) is not None or lt._after_rank_exit(c):
+            continue
+        fn = lt._enclosing_function(c)
+        if fn is not None and lt._function_only_called_gated(fn):
+            continue
+        lt.facts.raw_wandb_logs.append(c.lineno)
+    if lt.facts.raw_wandb_logs and lt.facts.starts_rank0_run and not lt.facts.calls_wandb_init:
+        lt.add("main-process-object-every-rank", "error", lt.facts.raw_wandb_logs[0], RAW_WANDB_MESSAGE,
+               RAW_WANDB_FIX, "https://docs.wandb.ai/guides/track/log/distributed-training/")
+        lt.facts.raw_wandb_logs = []  # reported here; nothing left for the case-wide form
+
+
+RAW_WANDB_MESSAGE = ("wandb.log(...) runs on every rank, but the W&B run is started on the main process only "
+                     "(WandbLogger / accelerator.init_trackers) and nothing calls wandb.init: every other rank stops "
+                     "with 'You must call wandb.init() before wandb.log()'")
+RAW_WANDB_FIX = ("log through the logger (self.logger.experiment / accelerator.log), or gate it: if "
+                 "self.global_rank == 0 / accelerator.is_main_process")
+
+
 _RANK_FIELDS = frozenset({"local_rank", "global_rank", "rank", "node_rank"})
 """Per-process option fields (the world size is the same in every process: reloading it loses nothing of this one)."""
 
@@ -273,4 +318,4 @@ def rule_save_hook_every_rank(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["BLANK_TRACKER", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_save_hook_every_rank", "rule_tracker_on_every_rank"]
+__all__ = ["BLANK_TRACKER", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_tracker_on_every_rank"]

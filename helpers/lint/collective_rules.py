@@ -650,4 +650,44 @@ def rule_collective_result_discarded(lt: PythonLinter) -> None:
                f"keep it: results = {ast.unparse(n.value)[:50]}", _ACC + "#accelerate.Accelerator.gather_for_metrics")
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+
+_INTO_OUTPUT = {"all_gather_object": (0, 1), "all_gather": (0, 1), "gather_object": (1, 0), "gather": (1, 0)}
+"""torch.distributed collectives that write every rank's part into an output list and leave this rank's input as it
+was: name -> (output position, input position): ``all_gather_object(object_list, obj)``, ``all_gather(tensor_list,
+tensor)``, ``gather_object(obj, object_gather_list, dst)``, ``gather(tensor, gather_list, dst)`` (``_COLL``)."""
+
+
+def rule_local_used_after_gather(lt: PythonLinter) -> None:
+    """``dist.all_gather_object(all_preds, preds)`` then, on rank 0 only (under a rank test, or after ``if rank != 0:
+    return``), the input ``preds`` read where the gathered ``all_preds`` was meant: the input still holds rank 0's
+    part only, so rank 0 writes or scores a 1/N share of the results (mlfoundations/open_flamingo: predictions
+    looked up in the local dict by keys from the gathered one).  Only when the gathered output is read too in that
+    function (the author gathered for a reason) and the input is not rebound after the gather."""
+    from helpers.lint.python_rules import _call_name
+
+    if "gather" not in lt.text:
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in _INTO_OUTPUT or not re.search(r"dist|distributed", recv) or len(c.args) < 2 or \
+                not all(isinstance(a, ast.Name) for a in c.args[:2]):
+            continue
+        at_out, at_in = _INTO_OUTPUT[name]
+        out, local = c.args[at_out].id, c.args[at_in].id  # type: ignore[attr-defined]
+        fn = lt._enclosing_function(c) or lt.tree
+        later = [n for n in ast.walk(fn) if getattr(n, "lineno", 0) > c.end_lineno]  # type: ignore[operator]
+        if any(isinstance(n, ast.Name) and n.id == local and isinstance(n.ctx, ast.Store) for n in later) or \
+                not any(isinstance(n, ast.Name) and n.id == out and isinstance(n.ctx, ast.Load) for n in later):
+            continue
+        fed = {id(a) for g in later if isinstance(g, ast.Call) and lt.collective_name(g) for a in ast.walk(g)}
+        read = next((n for n in later if isinstance(n, ast.Name) and n.id == local and isinstance(n.ctx, ast.Load)
+                     and id(n) not in fed and (lt._rank_gate(n) is not None or lt._after_rank_exit(n))), None)
+        if read is None:
+            continue
+        lt.add("collective-result-discarded", "warning", read,
+               f"{local} is read on one rank after {name}({out}, {local}) (line {c.lineno}) gathered every rank's "
+               f"part into {out}: {local} still holds this rank's part only, so the rank-0 results cover 1/N of the "
+               "data", f"use {out} (the gathered parts) here", _DIST + "#torch.distributed.all_gather_object")
+
+
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -44,6 +44,12 @@ _NO_VALUE_ACTIONS = {"store_true", "store_false", "store_const", "append_const",
 """argparse actions that take no value on the command line (https://docs.python.org/3/library/argparse.html#action)."""
 
 
+_TORCH_RANK_READ = re.compile(r"""(?:environ\.get|getenv|environ\.setdefault)\(\s*['"](?:LOCAL_|GROUP_)?RANK['"]|"""
+                              r"""environ\[\s*['"](?:LOCAL_)?RANK['"]\s*\](?!\s*=[^=])|local_rank|(?:dist|distributed)\.get_rank\(""")
+"""A read of the rank torchrun gives a process (``RANK`` / ``LOCAL_RANK`` from the environment, not an assignment to
+them; ``args.local_rank``; a rank asked of a process group)."""
+
+
 @dataclass
 class ScriptContract:
     """What a script declares about how it is launched (for the launch line <-> script rules).
@@ -136,6 +142,10 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
                 backend = one.value if one is not None else backend
             if isinstance(const(backend), str):
                 sc.backend = str(const(backend)).lower()
+            if backend is None and kwarg(c, "device_id") is None and not any(k.arg is None for k in c.keywords):
+                # no backend: c10d picks the one registered for the accelerator it detects, nccl for CUDA (both
+                # gloo and nccl before 2.6) -- _DIST, init_process_group's ``backend``
+                sc.extra["default_backend"] = True
             method = const(kwarg(c, "init_method"))
             explicit = any(k.arg in ("store",) or k.arg is None for k in c.keywords) or len(c.args) > 1 or \
                 (isinstance(method, str) and not method.startswith("env://")) or \
@@ -162,6 +172,9 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
     if not sc.backend and sc.extra.get("backend_attr") in defaults:
         sc.backend = defaults[str(sc.extra["backend_attr"])].lower()  # backend=args.dist_backend, default 'nccl'
     sc.extra["sets_visible_devices"] = "CUDA_VISIBLE_DEVICES" in text
+    if sc.init_line and not sc.env_init and re.search(r"SLURM_PROCID|PMI_RANK|MV2_COMM_WORLD_RANK|OMPI_COMM_WORLD_RANK",
+                                                      text) and not _TORCH_RANK_READ.search(text):
+        sc.extra["rank_from_scheduler_only"] = sc.init_line  # lint_cross: wrong under torchrun
     sc.local_rank_arg = bool({"--local_rank", "--local-rank"} & options)
     sc.extra["literal_options"] = frozenset(options)  # the option strings written out, even where others are added
     if plain_argparse and "HfArgumentParser" in text and sc.options_line:
@@ -251,7 +264,9 @@ def run(lt: PythonLinter) -> ScriptContract:
     checkpoint_rules.rule_save_hook_every_rank(lt)
     device_rules.rule_visible_devices_as_ordinal(lt)
     collective_rules.rule_collective_result_discarded(lt)
+    collective_rules.rule_local_used_after_gather(lt)
     data_rules.rule_lr_steps_from_dataset_length(lt)
+    data_rules.rule_lr_steps_given_per_step(lt, sc.options)
     collective_rules.rule_nccl_cpu_tensor(lt, sc)
     collective_rules.rule_gather_variable_shape(lt)
     device_rules.rule_world_size_as_local(lt)
@@ -271,11 +286,13 @@ def run(lt: PythonLinter) -> ScriptContract:
     device_rules.rule_ema_before_to_device(lt)
     engine_args_rules.rule_engine_args(lt)
     checkpoint_rules.rule_tracker_on_every_rank(lt)
+    checkpoint_rules.rule_raw_wandb_log(lt)
     env_rules.rule_master_port_per_node(lt)
     checkpoint_rules.rule_rank_overwritten_on_resume(lt)
     wrapper_rules.rule_undefined_attribute(lt)
     data_rules.rule_sampler_not_distributed(lt)
     data_rules.rule_loader_without_distributed_sampler(lt)
+    data_rules.rule_per_rank_outputs_from_whole_loader(lt)
     collective_rules.rule_collective_same_tensor_twice(lt)
     device_rules.rule_ddp_before_to_device(lt)
     collective_rules.rule_undefined_distributed_flag(lt)
@@ -286,6 +303,8 @@ def run(lt: PythonLinter) -> ScriptContract:
     device_rules.rule_set_device_after_init(lt)
     device_rules.rule_quantized_model_no_device_map(lt)
     wrapper_rules.rule_fsdp_inference_mode(lt)
+    wrapper_rules.rule_fsdp_clip_grad_norm(lt)
+    wrapper_rules.rule_ddp_frozen_model(lt)
     grad_sync_rules.run(lt)
     agreement_rules.run(lt)
     signature_rules.rule_api_unknown_kwarg(lt)

@@ -204,6 +204,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("Accelerator.gather / gather_for_metrics, mmengine collect_results", "They return what they gathered: a call "
        "whose result is not kept leaves each rank with its own part only", _ACC + "#accelerate.Accelerator.gather_for_metrics",
        "collective-result-discarded"),
+    _c("torch.distributed.all_gather_object / all_gather / gather_object", "Every rank's part lands in the output "
+       "list; the input stays this rank's part: code after the gather that reads the input on one rank sees 1/N of "
+       "the data", _DIST + "#torch.distributed.all_gather_object", "collective-result-discarded"),
     _c("torch.distributed.launch", "Since PyTorch 2.0 it passes --local-rank=N: a script's parser must accept that "
        "spelling", _LAUNCH, "local-rank-arg-under-launcher"),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collective: every rank calls the function around "
@@ -322,6 +325,11 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torchrun, deepspeed, accelerate launch", "The launcher's own options (process and node counts, rendezvous, "
        "hosts) come before the training script: everything after the script is handed to the script unread",
        _TORCHRUN, "launcher-option-after-script"),
+    _c("torchrun, accelerate launch", "Every option before the training script is one the launcher's own argparse "
+       "parser declares (written in full or as an unambiguous prefix): anything else stops it with 'unrecognized "
+       "arguments' / 'ambiguous option'", _TORCHRUN, "launcher-option-unknown"),
+    _c("srun", "The task is a program: an interpreter alone (srun python) reads its program from standard input, "
+       "which a batch job's tasks do not get", "https://slurm.schedmd.com/srun.html#OPT_input", "srun-no-script"),
     _c("torchrun", "With the c10d rendezvous every node passes the same --rdzv-id and --rdzv-endpoint", _TORCHRUN,
        note="each node's line is decided where it is typed; one srun line gives every node the same values"),
     _c("torch.distributed.launch", "The legacy launcher passes --local-rank=N (dashed since PyTorch 2.0) unless "
@@ -486,6 +494,15 @@ CONTRACTS: tuple[Contract, ...] = (
        "(info)"),
     _c("FullyShardedDataParallel", "The optimizer is created after wrapping (FSDP replaces the parameters)",
        _FSDP, "fsdp-optimizer-before-wrap"),
+    _c("FullyShardedDataParallel", "Gradient clipping goes through the module's own clip_grad_norm_: torch's utility "
+       "sees only this rank's shard of the gradients (a different norm on every rank)", _FSDP,
+       "fsdp-clip-grad-norm"),
+    _c("DistributedDataParallel", "The wrapped module has at least one parameter that requires a gradient (the "
+       "constructor raises otherwise)", "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py",
+       "ddp-no-trainable-params"),
+    _c("torchrun", "Each process learns its rank from RANK / LOCAL_RANK / WORLD_SIZE in its environment: code that "
+       "takes them from SLURM or MPI variables only gets the defaults under torchrun", _TORCHRUN + "#environment-variables",
+       "launcher-env-ignored"),
     _c("FullyShardedDataParallel", "A FULL_STATE_DICT state_dict() is a collective on every rank; with "
        "rank0_only/offload_to_cpu only rank 0 holds the copy", _FSDP,
        ("rank-gated-collective", "fsdp-full-state-dict-all-ranks")),

@@ -122,8 +122,11 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 f"init_process_group(backend='nccl') but {path} requests no GPU (no --gpus-per-node / --gres=gpu): "
                 "'ProcessGroupNCCL is only supported with GPUs, no GPUs found!'",
                 "request GPUs (#SBATCH --gpus-per-node=N) or use backend='gloo' on CPU nodes", _INIT))
+    out += _scheduler_rank_under_torchrun(facts, launches)
     out += _lightning(facts, launches)
     out += nccl_unbound_across_files(facts)
+    out += set_epoch_across_files(facts)
+    out += raw_wandb_across_files(facts)
     out += env_required_across(facts, launches)
     return out
 
@@ -186,6 +189,72 @@ def nccl_unbound_across_files(facts: Sequence[object]) -> list[Check]:
                     "so NCCL and implicit CUDA work put a context and buffers of every rank on GPU 0",
                     "torch.cuda.set_device(local_rank) before init_process_group (or "
                     "init_process_group(..., device_id=torch.device('cuda', local_rank)))", _DDP_SRC)]
+
+
+def _scheduler_rank_under_torchrun(facts: Sequence[object],
+                                   launches: Sequence[tuple[str, str, LaunchSpec | None]]) -> list[Check]:
+    """A torchrun / ``torch.distributed.launch`` line starting several processes, while the linted code that calls
+    ``init_process_group(rank=..., world_size=...)`` takes the rank only from a scheduler's variables
+    (``SLURM_PROCID``, ``PMI_RANK``, ``OMPI_COMM_WORLD_RANK``) and never reads ``RANK`` / ``LOCAL_RANK``: torchrun gives
+    each process its rank in ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` (``_TORCHRUN``, environment variables), the
+    scheduler's variables are absent (or hold srun's task index), so every process takes the default (rank 0 of
+    world size 1) and they collide on one rendezvous port ("Address already in use"; SAFECount's dist_helper)."""
+    def several(text: str, sp: LaunchSpec) -> bool:  # a count given by a variable ($1, $NGPU) is not one process
+        count = re.search(r"--nproc[-_]per[-_]node[= ]\s*(\S+)", text)
+        return sp.nproc_per_node != 1 or sp.nnodes != 1 or (count is not None and count.group(1) != "1")
+
+    runs = [(p, t, sp) for p, t, sp in launches if sp is not None and sp.kind == "torchrun" and several(t, sp)]
+    if not runs:
+        return []
+    out: list[Check] = []
+    for f in facts:
+        sc = getattr(f, "contract", None)
+        line = sc.extra.get("rank_from_scheduler_only") if sc is not None else None
+        if line:
+            path = runs[0][0]
+            out.append(finding(
+                "launcher-env-ignored", "error", f.path, line,  # type: ignore[attr-defined]
+                f"init_process_group takes its rank and world size from SLURM/MPI variables only, while "
+                f"{os.path.basename(path)} starts several processes with torchrun, which "
+                "sets RANK, LOCAL_RANK and WORLD_SIZE instead: every process becomes rank 0 of 1 (the processes "
+                "collide on the rendezvous port: 'Address already in use')",
+                "read RANK / WORLD_SIZE / LOCAL_RANK first (int(os.environ['RANK'])), falling back to the scheduler's "
+                "variables", _TORCHRUN + "#environment-variables"))
+    return out
+
+
+def set_epoch_across_files(facts: Sequence[object]) -> list[Check]:
+    """A shuffling ``DistributedSampler`` made in one file (a loader factory) and the epoch loop in another, and no
+    linted file calls ``set_epoch``: the sampler's order is seeded by its epoch, so every epoch replays the first one's
+    order (D22; the sampler's docs: "calling the set_epoch() method at the beginning of each epoch before creating the
+    DataLoader iterator is necessary to make shuffling work properly across multiple epochs").  The single-file form
+    is :meth:`helpers.lint.python_rules.PythonLinter.rule_sampler_set_epoch`."""
+    if any(getattr(f, "calls_set_epoch", False) for f in facts):
+        return []
+    makers = [f for f in facts if getattr(f, "shuffling_sampler", 0)]
+    loops = [f for f in facts if getattr(f, "epoch_loop", False)]
+    if not makers or not loops:
+        return []
+    maker = makers[0]
+    return [finding("sampler-no-set-epoch", "warning", maker.path, maker.shuffling_sampler,  # type: ignore[attr-defined]
+                    f"DistributedSampler shuffles with a seed fixed by its epoch; the epoch loop is in "
+                    f"{os.path.basename(loops[0].path)} and no linted file calls set_epoch: every epoch "  # type: ignore[attr-defined]
+                    "sees the same order (silent)",
+                    "call loader.sampler.set_epoch(epoch) at the start of each epoch", "D22")]
+
+
+def raw_wandb_across_files(facts: Sequence[object]) -> list[Check]:
+    """A ``wandb.log`` on every rank in one file (a LightningModule) while another file starts the W&B run on the
+    main process only (``WandbLogger`` passed to the Trainer, ``accelerator.init_trackers``) and no linted file calls
+    ``wandb.init``: the case-wide form of :func:`helpers.lint.checkpoint_rules.rule_raw_wandb_log`."""
+    from helpers.lint.checkpoint_rules import RAW_WANDB_FIX, RAW_WANDB_MESSAGE
+
+    if any(getattr(f, "calls_wandb_init", False) for f in facts) or \
+            not any(getattr(f, "starts_rank0_run", False) for f in facts):
+        return []
+    logs = [(f.path, line) for f in facts for line in getattr(f, "raw_wandb_logs", [])[:1]]  # type: ignore[attr-defined]
+    return [finding("main-process-object-every-rank", "error", path, line, RAW_WANDB_MESSAGE, RAW_WANDB_FIX,
+                    "https://docs.wandb.ai/guides/track/log/distributed-training/") for path, line in logs[:1]]
 
 
 def _nodes(spec: LaunchSpec | None, text: str) -> int:

@@ -264,6 +264,63 @@ def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
                        "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py")
 
 
+
+def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> None:
+    """A scheduler handed to ``accelerator.prepare`` whose ``num_training_steps`` is an optimizer-step count the user
+    gives (``args.max_train_steps``, an argparse option) with no ``num_processes`` in it: the prepared scheduler
+    steps ``num_processes`` times per optimizer step (accelerate/scheduler.py ``AcceleratedScheduler.step``, unless
+    ``split_batches=True`` or ``step_scheduler_with_optimizer=False``), so with N processes the warm-up and the decay
+    end after 1/N of the run (huggingface/diffusers: the examples' schedulers were given
+    ``max_train_steps * accelerator.num_processes``).  A count taken from the unsharded loader's length is right as it
+    is (:func:`rule_lr_steps_from_dataset_length` checks that one); only the option's own path is wrong, so the
+    finding names the option.  Not in a DeepSpeed script (``DummyScheduler`` / ``DummyOptim``): under DeepSpeed the
+    prepared scheduler is a ``DeepSpeedSchedulerWrapper`` whose ``step`` does nothing and the engine steps the
+    scheduler once per optimizer step (accelerate/utils/deepspeed.py)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not options or ".prepare(" not in lt.text or "Accelerator(" not in lt.text or \
+            re.search(r"DummyScheduler|DummyOptim", lt.text):
+        return  # a DeepSpeed script: the engine steps the scheduler once per step (DeepSpeedSchedulerWrapper.step)
+    for c in lt._calls():
+        if _call_name(c)[1] == "Accelerator" and any(
+                k.arg in ("split_batches", "step_scheduler_with_optimizer") or k.arg is None for k in c.keywords):
+            return  # the scheduler steps once per optimizer step (or the settings are not visible)
+    for prep in (n.value for n in lt.nodes if accelerator_prepare(n)):
+        assert isinstance(prep, ast.Call)
+        prepared = {a.id for a in prep.args if isinstance(a, ast.Name)}
+        scope = lt._enclosing_function(prep) or lt.tree
+        assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < prep.lineno]
+        for a in assigns:
+            if not (isinstance(a.value, ast.Call) and any(isinstance(t, ast.Name) and t.id in prepared
+                                                          for t in a.targets)):
+                continue
+            name = _call_name(a.value)[1]
+            if not (name == "get_scheduler" or re.search(r"schedule", name)):
+                continue
+            steps = kwarg(a.value, "num_training_steps")
+            if steps is None:
+                continue
+            sources = [steps]
+            if isinstance(steps, ast.Name):
+                sources = [b.value for b in assigns if any(isinstance(t, ast.Name) and t.id == steps.id
+                                                            for t in b.targets)] or sources
+            text = " ".join(ast.unparse(x) for x in sources)
+            if re.search(r"num_processes|world_size|num_gpus|n_gpu", text):
+                continue
+            given = next((n for x in sources for n in ast.walk(x) if isinstance(n, ast.Attribute) and
+                          isinstance(n.value, ast.Name) and n.value.id in ("args", "opt", "cfg", "config") and
+                          "step" in n.attr and {f"--{n.attr}", f"--{n.attr.replace('_', '-')}"} & options), None)
+            if given is None:
+                continue
+            lt.add("lr-steps-from-dataset-length", "warning", a.value,
+                   f"num_training_steps={ast.unparse(steps)[:60]} counts optimizer steps from --{given.attr}, but the "
+                   f"scheduler goes through accelerator.prepare (line {prep.lineno}), which steps it num_processes "
+                   "times per optimizer step: with N processes (not under DeepSpeed, whose engine steps it once) the "
+                   "schedule ends after 1/N of the run",
+                   f"num_training_steps={ast.unparse(steps)[:40]} * accelerator.num_processes (and the warm-up too)",
+                   "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py")
+
+
 def _exclusive(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
     """``a`` and ``b`` sit in different branches of one ``if`` (never both run)."""
     chain: dict[ast.AST, ast.AST] = {}
@@ -447,4 +504,49 @@ def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
         return
 
 
-__all__ = ["rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_rank_seed_before_model_init", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed"]
+
+def rule_per_rank_outputs_from_whole_loader(lt: PythonLinter) -> None:
+    """A script that runs as several processes (``init_process_group``), iterates a torch ``DataLoader`` with no
+    sampler, and writes one output file per rank inside that loop (``torch.save(x, f"r{rank}_{i}.pth")``): the
+    per-rank files say the work is meant to be split, but nothing splits the input (no ``DistributedSampler``, no
+    rank in the dataset or loader, no library loader that shards), so every rank processes the whole dataset and
+    the outputs hold each sample world-size times (``DistributedSampler``: "restricts data loading to a subset of
+    the dataset", ``_DATA``; hkchengrex/MMAudio: latents extracted under torchrun, each clip N times)."""
+    from helpers.lint.python_rules import _call_name, _written_paths
+
+    if "init_process_group" not in lt.text or _SHARDS_ITSELF.search(lt.text):
+        return
+    loaders: dict[str, ast.Call] = {}
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                _call_name(node.value)[1] == "DataLoader" and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name):
+            call = node.value
+            origin = lt.import_origins.get(call.func.id, "torch") if isinstance(call.func, ast.Name) else "torch"
+            given = [*call.args, *(k.value for k in call.keywords)]
+            names = {n.id for a in given for n in ast.walk(a) if isinstance(n, ast.Name)}
+            given += [a.value for a in lt.nodes if isinstance(a, ast.Assign) and  # how the dataset was built
+                      any(isinstance(t, ast.Name) and t.id in names for t in a.targets)]
+            if not origin.startswith("torch") or any(k.arg in ("sampler", "batch_sampler", None) for k in call.keywords) \
+                    or any(lt.taint.is_rank_value(n) for a in given for n in ast.walk(a)):
+                continue
+            loaders[node.targets[0].id] = call
+    for loop in (n for n in lt.nodes if isinstance(n, ast.For)):
+        read = {n.id for n in ast.walk(loop.iter) if isinstance(n, ast.Name)} & set(loaders)
+        if not read:
+            continue
+        for call in (c for stmt in loop.body for c in ast.walk(stmt) if isinstance(c, ast.Call)):
+            if lt._write_kind(call) != "file" or lt._rank_gate(call) is not None:
+                continue
+            if any(lt.taint.is_rank_value(n) for p in _written_paths(call) for n in ast.walk(p)):
+                name = sorted(read)[0]
+                lt.add("sampler-not-distributed", "warning", loaders[name],
+                       f"every rank iterates all of {name} (a DataLoader with no sampler, nothing rank-dependent in "
+                       f"it) and writes its own file per batch (line {call.lineno}): each rank processes the whole "
+                       "dataset, so the per-rank outputs repeat every sample world-size times",
+                       "DataLoader(dataset, sampler=DistributedSampler(dataset, shuffle=False), ...) so each rank "
+                       "takes its share", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+                return
+
+
+__all__ = ["rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_per_rank_outputs_from_whole_loader", "rule_rank_seed_before_model_init", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed"]

@@ -63,7 +63,10 @@ def rule_ema_before_to_device(lt: PythonLinter) -> None:
 
 
 def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
-    """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0."""
+    """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0.  Also where
+    ``init_process_group()`` names no backend: c10d then uses the backend registered for the detected accelerator,
+    nccl for CUDA (``_DIST``: "If neither backend nor device_id is provided, c10d will detect the accelerator on the
+    run-time machine"), and the rule still needs the script's own CUDA use ('cuda', ``.cuda()``)."""
     from helpers.lint.python_rules import _call_name
     from helpers.lint.wrappers import DDP_CTOR
 
@@ -79,8 +82,8 @@ def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
         isinstance(n, ast.ClassDef) and n.name == "Trainer" for n in lt.nodes)
     sc.extra["ddp_device_ids"] = next((c.lineno for c in lt._calls() if DDP_CTOR.match(_call_name(c)[1])
                                        and any(k.arg == "device_ids" for k in c.keywords)), 0)
-    if sc.backend != "nccl" or sc.spawns:
-        return
+    if (sc.backend != "nccl" and not sc.extra.get("default_backend")) or sc.spawns:
+        return  # a script that names no backend gets nccl for its CUDA tensors (the check below needs CUDA use)
     if binds:
         return  # the device is bound (or a framework binds it)
     bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"

@@ -133,6 +133,12 @@ class PyFacts:
     constructs: dict[str, int] = field(default_factory=dict)  # names this file calls -> first line (classes, functions)
     trains_data_parallel: bool = False      # DDP / FSDP / Fabric / Accelerate / DeepSpeed: ranks that split data
     download_funcs: dict[str, int] = field(default_factory=dict)  # functions that download with no rank-first guard
+    calls_set_epoch: bool = False           # some sampler's set_epoch is called in the file
+    epoch_loop: bool = False                # the file has a loop over epochs
+    shuffling_sampler: int = 0              # line of a shuffling DistributedSampler in a file with no epoch loop
+    raw_wandb_logs: list[int] = field(default_factory=list)  # ungated wandb.log lines (checkpoint_rules.rule_raw_wandb_log)
+    starts_rank0_run: bool = False          # WandbLogger( / accelerator.init_trackers(: a W&B run on the main process only
+    calls_wandb_init: bool = False
     ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
 
@@ -1120,9 +1126,12 @@ class PythonLinter:
         samplers = [c for c in self._calls() if _call_name(c)[1] in classes
                     and not any(k.arg == "shuffle" and isinstance(k.value, ast.Constant) and k.value.value is False
                                 for k in c.keywords)]
-        if not samplers:
-            return
         epoch_loop = any(_epoch_loop(n) for n in self.nodes)
+        self.facts.calls_set_epoch, self.facts.epoch_loop = bool(set_epochs), epoch_loop
+        if not samplers or self._sampler_handed_on(samplers):
+            return
+        if not epoch_loop and not set_epochs:
+            self.facts.shuffling_sampler = samplers[0].lineno  # the loop may be in another file (cross_rules)
         if epoch_loop and set_epochs:
             self.add("sampler-no-set-epoch", "warning", set_epochs[0],
                      f"{_src(set_epochs[0])[:60]} runs once, before the epoch loop: the sampler's seed is fixed by "
@@ -1133,6 +1142,24 @@ class PythonLinter:
                      "DistributedSampler shuffles with a seed fixed by its epoch, and set_epoch is never called: every "
                      "epoch sees the same order (silent)",
                      "call sampler.set_epoch(epoch) at the start of each epoch", "D22")
+
+    def _sampler_handed_on(self, samplers: list[ast.Call]) -> bool:
+        """A sampler made here is passed to a function this file does not define (``train(..., sampler=sampler1)``
+        imported from a utility module, pytorch/examples' FSDP T5): that function may call its ``set_epoch``, which this
+        file cannot see."""
+        names = {t.id for n in self.nodes if isinstance(n, ast.Assign) and n.value in samplers
+                 for t in n.targets if isinstance(t, ast.Name)}
+        imported = {a.asname or a.name.split(".")[0] for n in self.nodes if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names}
+        for c in self._calls():
+            recv, name = _call_name(c)
+            outside = (isinstance(c.func, ast.Name) and name in imported) or \
+                (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and recv in imported)
+            if not outside or name in ("DataLoader", "BatchSampler"):
+                continue  # a method of a local object (loader_args.update(...)), or the loader itself
+            if any(isinstance(a, ast.Name) and a.id in names for a in [*c.args, *(k.value for k in c.keywords)]):
+                return True
+        return False
 
     def _set_epoch_once(self, call: ast.Call) -> bool:
         """``call`` (a ``set_epoch``) runs once per run: its epoch is a constant, or it sits outside every loop in a

@@ -147,8 +147,8 @@ def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
 
 
 def rule_undefined_attribute(lt: PythonLinter) -> None:
-    """``self.X`` read as a value (not called) in a class with an ``__init__`` and no base classes, that never
-    assigns ``X`` nor defines it: AttributeError at run time."""
+    """``self.X`` read as a value (not called; an augmented assignment ``self.X //= n`` reads it first) in a class with
+    an ``__init__`` and no base classes, that never assigns ``X`` nor defines it: AttributeError at run time."""
     for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
         if cls.bases or cls.keywords or cls.decorator_list:
             continue
@@ -161,9 +161,12 @@ def rule_undefined_attribute(lt: PythonLinter) -> None:
         defined |= {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                     for t in assign_targets(n) if isinstance(t, ast.Name)}
         reads = []
+        augmented = {id(n.target) for n in ast.walk(cls) if isinstance(n, ast.AugAssign)}  # x += 1 reads x first
         for n in ast.walk(cls):
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
-                if isinstance(n.ctx, (ast.Store, ast.Del)):
+                if id(n) in augmented:
+                    reads.append(n)
+                elif isinstance(n.ctx, (ast.Store, ast.Del)):
                     defined.add(n.attr)
                 elif id(n) not in called:
                     reads.append(n)
@@ -256,4 +259,92 @@ def rule_fsdp_mesh_without_group(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+
+def rule_fsdp_clip_grad_norm(lt: PythonLinter) -> None:
+    """``torch.nn.utils.clip_grad_norm_(m.parameters(), ...)`` where ``m`` holds a ``FullyShardedDataParallel``
+    (FSDP1) module: each rank holds only its shard of the gradients, so the norm torch's utility computes is the
+    local shard's and every rank clips by a different factor.  FSDP's own method is the contract:
+    ``FullyShardedDataParallel.clip_grad_norm_``, "the default torch util is not applicable here, because each rank
+    only has a partial view of all the grads in the model, so calling it for FSDP models would lead to different
+    scaling being applied per subset of model parameters" (``_FSDP``).  Not for ``NO_SHARD``, and not for FSDP2's
+    ``fully_shard`` (DTensor gradients: torch's utility is the documented way there).  A plain name is matched in
+    the function that wrapped it (another function's ``model`` may be the DDP one: wenet's per-engine branches); a
+    ``self.`` attribute in the whole class."""
+    from helpers.lint.python_rules import _call_name
+
+    if "clip_grad_norm_" not in lt.text or not re.search(r"\bFSDP\(|FullyShardedDataParallel\(", lt.text):
+        return
+    wrapped: dict[tuple[str, ast.AST | None], int] = {}  # (name, its function; None for a self. attribute)
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                _call_name(node.value)[1] in ("FSDP", "FullyShardedDataParallel") and \
+                "NO_SHARD" not in ast.unparse(node.value):
+            for t in node.targets:
+                attr = isinstance(t, ast.Attribute) and ast.unparse(t).startswith("self.")
+                wrapped.setdefault((ast.unparse(t), None if attr else lt._enclosing_function(node)), node.lineno)
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name != "clip_grad_norm_" or recv not in ("torch.nn.utils", "nn.utils", "utils", "") or not c.args:
+            continue
+        arg = c.args[0]
+        if not (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "parameters"):
+            continue
+        held = ast.unparse(arg.func.value)
+        key = (held, None if held.startswith("self.") else lt._enclosing_function(c))
+        if key in wrapped:
+            lt.add("fsdp-clip-grad-norm", "warning", c,
+                   f"torch.nn.utils.clip_grad_norm_({held}.parameters(), ...) on the FSDP module made at line "
+                   f"{wrapped[key]}: each rank sees only its shard of the gradients, so each computes a different "
+                   "norm and clips by a different factor (the reported norm is a shard's)",
+                   f"{held}.clip_grad_norm_(max_norm) (FullyShardedDataParallel's own, which reduces the norm "
+                   "across ranks)", _FSDP + "#torch.distributed.fsdp.FullyShardedDataParallel.clip_grad_norm_")
+
+
+
+def _freezes_all(node: ast.AST, model: str) -> bool:
+    """``node`` sets ``requires_grad`` off for every parameter of ``model``: ``for p in model.parameters():
+    p.requires_grad = False`` or ``model.requires_grad_(False)``."""
+    if isinstance(node, ast.For) and ast.unparse(node.iter) == f"{model}.parameters()" and \
+            isinstance(node.target, ast.Name):
+        return any(isinstance(s, ast.Assign) and any(ast.unparse(t) == f"{node.target.id}.requires_grad"
+                                                     for t in s.targets)
+                   and isinstance(s.value, ast.Constant) and s.value.value is False for s in node.body)
+    return isinstance(node, ast.Call) and ast.unparse(node.func) == f"{model}.requires_grad_" and \
+        bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value is False
+
+
+def rule_ddp_frozen_model(lt: PythonLinter) -> None:
+    """``DistributedDataParallel(model)`` when every parameter of ``model`` has ``requires_grad`` off: DDP's
+    constructor refuses it ("DistributedDataParallel is not needed when a module doesn't have any parameter that
+    requires a gradient", torch/nn/parallel/distributed.py ``__init__``).  Found where the whole model is frozen
+    (``for p in model.parameters(): p.requires_grad = False`` / ``model.requires_grad_(False)``) above the wrap in
+    the same function, or after it in the same loop (the next pass wraps the frozen model: ACEsuit/mace evaluated
+    its second-stage model that way), and nothing in that function turns ``requires_grad`` back on."""
+    from helpers.lint.python_rules import _call_name
+    from helpers.lint.wrappers import DDP_CTOR
+
+    if "requires_grad" not in lt.text:
+        return
+    for c in lt._calls():
+        if not (DDP_CTOR.match(_call_name(c)[1]) and c.args and isinstance(c.args[0], ast.Name)):
+            continue
+        model = c.args[0].id
+        fn = lt._enclosing_function(c) or lt.tree
+        if re.search(r"requires_grad\s*=\s*True|requires_grad_\((True)?\)", ast.unparse(fn)):
+            continue
+        freezes = [n for n in ast.walk(fn) if _freezes_all(n, model)]
+        loops = {id(a) for a in ancestors(lt, c) if isinstance(a, (ast.For, ast.While))}
+        hit = next((f for f in freezes if f.lineno < c.lineno or
+                    any(id(a) in loops for a in ancestors(lt, f))), None)
+        if hit is None:
+            continue
+        where = "above" if hit.lineno < c.lineno else "later in the same loop, so the next pass wraps it frozen"
+        lt.add("ddp-no-trainable-params", "error", c,
+               f"DistributedDataParallel({model}) with every parameter of {model} frozen (line {hit.lineno}, {where}):"
+               " the constructor raises 'DistributedDataParallel is not needed when a module doesn't have any "
+               "parameter that requires a gradient'",
+               f"wrap {model} before freezing it, or evaluate the frozen model unwrapped (no DDP for inference)",
+               "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py")
+
+
+__all__ = ["rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]

@@ -29,8 +29,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-DDP_CTOR = re.compile(r"^(\w*DistributedDataParallel|\w*DDP)$")
-"""Constructor names that return a DDP wrapper (``DDP`` is the usual import alias)."""
+DDP_CTOR = re.compile(r"^(?!\w*(?i:unwrap))(\w*DistributedDataParallel|\w*DDP|\w*(?i:ddp_?wrap|wrap_?(?:\w+_)?ddp)\w*)$")
+"""Constructor names that return a DDP wrapper (``DDP`` is the usual import alias; a project's ``ddp_wrap(model,
+ctx)`` / ``wrap_model_ddp(...)`` helper; not ``ddp_setup`` or ``is_ddp``, which return no model)."""
 UNWRAP_CALLS = frozenset({"de_parallel", "unwrap_model", "unwrap", "get_unwrapped_model", "_unwrap_model",
                           "unwrap_module", "get_model"})
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -206,7 +207,7 @@ class WrapperFlow:
         self._class_defs: dict[str, ast.ClassDef] | None = None
         self.w = Wrapped()
         self.returns_ddp: set[str] = set()
-        if not re.search(r"DistributedDataParallel|DDP\(", text) and not external:
+        if not re.search(r"DistributedDataParallel|DDP\(|(?i:ddp_?wrap|wrap_?\w*ddp)\w*\(", text) and not external:
             return
         for name, fn in functions.items():
             values = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]

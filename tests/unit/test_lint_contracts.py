@@ -264,6 +264,9 @@ LAUNCH_EXAMPLES = {
                                 "--nnodes=2 --node-rank=$SLURM_NODEID --master-addr=$MASTER_ADDR train.py'\n",
     "nnodes-mismatch": "#!/bin/bash\n#SBATCH --nodes=2\nsrun torchrun --nnodes=4 --rdzv-backend=c10d "
                        "--rdzv-endpoint=h:1 train.py\n",
+    "launcher-option-unknown": "torchrun -\u2014nproc-per-node=8 train.py",
+    "srun-no-script": "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=8\nsrun --cpu_bind=v python\n"
+                      "deepspeed train.py\n",
 }
 
 
