@@ -250,6 +250,18 @@ def _launcher_parser(kind: str, legacy: bool) -> argparse.ArgumentParser | None:
     return None
 
 
+def _options_before_script(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The words of ``argv`` up to the training script, as ``parser`` reads them: an option the parser declares with a
+    value takes the next word (unless written ``--opt=value``); the first word that is neither an option nor a value
+    is the script.  An option the parser does not know is taken to have no value (argparse then reports it)."""
+    takes_value = {opt for action in parser._actions for opt in action.option_strings  # noqa: SLF001 - argparse's own table
+                   if action.nargs != 0}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-":
+        i += 2 if argv[i] in takes_value and "=" not in argv[i] else 1
+    return argv[:min(i, len(argv))]
+
+
 def _launcher_parser_traps(text: str) -> list[Check]:
     """``launcher-option-unknown``: an option before the training script that the launcher's own parser rejects
     (:func:`_launcher_parser`): torchrun and ``accelerate launch`` read their options with argparse and stop with
@@ -261,13 +273,12 @@ def _launcher_parser_traps(text: str) -> list[Check]:
 
     out: list[Check] = []
     for number, kind, argv, legacy in _launcher_argvs(text):
-        _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
-        head = argv[:len(argv) - len(rest) - 1] if script else list(argv)
-        if not any(w.startswith("-") for w in head) or any("$" in w or "`" in w for w in head):
-            continue  # nothing to check, or words the shell expands first
         parser = _launcher_parser(kind, legacy)
         if parser is None:
             continue
+        head = _options_before_script(parser, argv)
+        if not any(w.startswith("-") for w in head) or any("$" in w or "`" in w for w in head):
+            continue  # nothing to check, or words the shell expands first
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):

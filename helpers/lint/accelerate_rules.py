@@ -159,7 +159,7 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
     if dist_type == "FSDP" and isinstance(fsdp, dict) and not out:
         error = _fsdp_plugin_error(fsdp)
         if error:
-            bad = next((k for k in fsdp if str(fsdp[k]) in error), "fsdp_config")
+            bad = next((k for k in fsdp if not isinstance(fsdp[k], bool) and str(fsdp[k]) in error), "fsdp_config")
             add("acc-invalid-config", "error", bad, f"Accelerate's FullyShardedDataParallelPlugin rejects fsdp_config "
                 f"when the script builds it under accelerate launch: {error}", "fix the value (accelerate config "
                 "writes valid files)", "D5")
