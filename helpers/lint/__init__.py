@@ -151,6 +151,7 @@ RULES: dict[str, str] = {
     "fsdp-clip-grad-norm": "https://docs.pytorch.org/docs/stable/fsdp.html",
     "ddp-no-trainable-params": "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py",
     "launcher-env-ignored": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
+    "lightning-sampler-replaced": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#use-distributed-sampler",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
     "allreduce-sum-not-averaged": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",

@@ -477,6 +477,10 @@ CONTRACTS: tuple[Contract, ...] = (
        "scheduler steps num_processes times per step: a schedule counted on the unsharded loader is not multiplied "
        "again", "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py",
        "lr-steps-from-dataset-length"),
+    _c("torch.optim.lr_scheduler / transformers' and diffusers' get_scheduler (outside Accelerate)", "The scheduler "
+       "steps once per optimizer step, whatever the world size: its warm-up and total step counts are optimizer steps, "
+       "and a count multiplied by the world size (Accelerate's convention for its prepared scheduler) stretches it",
+       "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py", "lr-steps-from-dataset-length"),
     _c("Accelerator", "With deepspeed_config_file, the accumulation/clipping/ZeRO/precision keys of the YAML are "
        "not set", _ACC_DS, "acc-ds-file-overrides"),
     _c("Accelerator", "Trackers exist on the main process only: get_tracker() returns a blank GeneralTracker "
@@ -503,6 +507,10 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torchrun", "Each process learns its rank from RANK / LOCAL_RANK / WORLD_SIZE in its environment: code that "
        "takes them from SLURM or MPI variables only gets the defaults under torchrun", _TORCHRUN + "#environment-variables",
        "launcher-env-ignored"),
+    _c("Lightning Trainer", "use_distributed_sampler (default True) wraps any DataLoader sampler that is not a "
+       "DistributedSampler in a DistributedSamplerWrapper: a sampler that already shards by rank is sharded twice "
+       "unless it is set to False", "https://lightning.ai/docs/pytorch/stable/common/trainer.html#use-distributed-sampler",
+       "lightning-sampler-replaced"),
     _c("FullyShardedDataParallel", "A FULL_STATE_DICT state_dict() is a collective on every rank; with "
        "rank0_only/offload_to_cpu only rank 0 holds the copy", _FSDP,
        ("rank-gated-collective", "fsdp-full-state-dict-all-ranks")),

@@ -127,6 +127,7 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
     out += nccl_unbound_across_files(facts)
     out += set_epoch_across_files(facts)
     out += raw_wandb_across_files(facts)
+    out += lightning_sampler_replaced(facts)
     out += env_required_across(facts, launches)
     return out
 
@@ -241,6 +242,33 @@ def set_epoch_across_files(facts: Sequence[object]) -> list[Check]:
                     f"{os.path.basename(loops[0].path)} and no linted file calls set_epoch: every epoch "  # type: ignore[attr-defined]
                     "sees the same order (silent)",
                     "call loader.sampler.set_epoch(epoch) at the start of each epoch", "D22")]
+
+
+def lightning_sampler_replaced(facts: Sequence[object]) -> list[Check]:
+    """A DataLoader given a sampler class of the linted files that shards by rank itself (not a
+    ``DistributedSampler`` subclass), under a Lightning ``Trainer`` that leaves ``use_distributed_sampler`` at its
+    default: Lightning then wraps any sampler that is not a ``DistributedSampler`` in its
+    ``DistributedSamplerWrapper`` (``_requires_distributed_sampler``: "not isinstance(dataloader.sampler,
+    DistributedSampler)"), which shards what the sampler already sharded: each rank gets 1/N of its share, the epoch
+    is N times shorter and the step counts differ from the sampler's length (RVC-Boss/GPT-SoVITS set
+    ``use_distributed_sampler=False`` for its bucket sampler).  Lightning's docs: "If you want to disable this logic,
+    you can pass False and add your own distributed sampler"
+    (https://lightning.ai/docs/pytorch/stable/common/trainer.html#use-distributed-sampler)."""
+    trainers = [getattr(f, "lightning_trainer", 0) for f in facts]
+    if not any(t > 0 for t in trainers) or any(t < 0 for t in trainers):
+        return []
+    own = {name: (f.path, line) for f in facts for name, line in getattr(f, "rank_samplers", {}).items()}  # type: ignore[attr-defined]
+    for f in facts:
+        for cls, line in getattr(f, "loader_samplers", []):
+            if cls in own:
+                return [finding("lightning-sampler-replaced", "warning", f.path, line,  # type: ignore[attr-defined]
+                                f"DataLoader(sampler={cls}(...)): {cls} ({os.path.basename(own[cls][0])}:{own[cls][1]}) "
+                                "splits the data by rank itself, and the Lightning Trainer keeps "
+                                "use_distributed_sampler=True, so Lightning wraps it in a DistributedSamplerWrapper "
+                                "that splits it again: each rank sees 1/N of its share",
+                                "Trainer(..., use_distributed_sampler=False) (the sampler already shards)",
+                                "https://lightning.ai/docs/pytorch/stable/common/trainer.html#use-distributed-sampler")]
+    return []
 
 
 def raw_wandb_across_files(facts: Sequence[object]) -> list[Check]:

@@ -321,6 +321,36 @@ def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> 
                    "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py")
 
 
+
+def rule_lr_steps_times_world_size(lt: PythonLinter) -> None:
+    """A scheduler sized ``steps * world_size`` (Accelerate's convention for its prepared scheduler, which steps
+    ``num_processes`` times per optimizer step: accelerate/scheduler.py) in a script that does not use Accelerate:
+    its scheduler steps once per optimizer step, so the warm-up and the decay last ``world_size`` times longer than the
+    run and the learning rate never gets where it was set to go (hao-ai-lab/FastVideo's training pipeline)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "Accelerator(" in lt.text or "accelerator" in lt.text or "world_size" not in lt.text:
+        return
+    for c in lt._calls():
+        name = _call_name(c)[1]
+        if not (name == "get_scheduler" or re.search(r"_schedule_with_warmup$|^get_\w*schedule", name)):
+            continue
+        for k in c.keywords:
+            if k.arg not in ("num_training_steps", "num_warmup_steps") or not isinstance(k.value, ast.BinOp) or \
+                    not isinstance(k.value.op, ast.Mult):
+                continue
+            sides = [ast.unparse(k.value.left), ast.unparse(k.value.right)]
+            if any(re.search(r"world_size|num_processes|num_gpus", x) for x in sides) and \
+                    any("step" in x and not re.search(r"world_size|num_processes", x) for x in sides):
+                lt.add("lr-steps-from-dataset-length", "warning", c,
+                       f"{k.arg}={ast.unparse(k.value)[:60]}: multiplied by the world size, as for Accelerate's "
+                       "prepared scheduler (stepped num_processes times per step), but this scheduler is stepped once per "
+                       "optimizer step: the schedule lasts world_size times longer than the run",
+                       f"{k.arg}={sides[0] if 'step' in sides[0] else sides[1]}",
+                       "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py")
+                return
+
+
 def _exclusive(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
     """``a`` and ``b`` sit in different branches of one ``if`` (never both run)."""
     chain: dict[ast.AST, ast.AST] = {}
@@ -549,4 +579,39 @@ def rule_per_rank_outputs_from_whole_loader(lt: PythonLinter) -> None:
                 return
 
 
-__all__ = ["rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_per_rank_outputs_from_whole_loader", "rule_rank_seed_before_model_init", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed"]
+
+def collect_sampler_facts(lt: PythonLinter) -> None:
+    """Facts for :func:`helpers.lint.cross_rules.lightning_sampler_replaced`: the sampler classes this file defines
+    that shard by rank themselves (a ``Sampler`` / ``BatchSampler`` subclass, not a ``DistributedSampler`` one, whose
+    body reads ``num_replicas`` / ``get_world_size()`` / ``get_rank()``), the ``DataLoader(sampler=...)`` /
+    ``batch_sampler=`` calls and the class each is given, and a Lightning ``Trainer(...)`` call with whether it sets
+    ``use_distributed_sampler`` (``replace_sampler_ddp`` before Lightning 2.0)."""
+    from helpers.lint.python_rules import _call_name
+
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        bases = [ast.unparse(b) for b in cls.bases]
+        if any("DistributedSampler" in b for b in bases) or not any(re.search(r"(?:^|\.)(Batch)?Sampler\b", b)
+                                                                    for b in bases):
+            continue
+        if re.search(r"num_replicas|get_world_size\(|get_rank\(", ast.unparse(cls)):
+            lt.facts.rank_samplers[cls.name] = cls.lineno
+    made: dict[str, str] = {}
+    for node in lt.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name):
+            made[node.targets[0].id] = _call_name(node.value)[1]
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name == "DataLoader":
+            for k in c.keywords:
+                if k.arg in ("sampler", "batch_sampler"):
+                    given = _call_name(k.value)[1] if isinstance(k.value, ast.Call) else \
+                        made.get(k.value.id, "") if isinstance(k.value, ast.Name) else ""
+                    if given:
+                        lt.facts.loader_samplers.append((given, c.lineno))
+        elif name == "Trainer" and re.search(r"lightning", lt.text):
+            sets = any(k.arg in ("use_distributed_sampler", "replace_sampler_ddp") or k.arg is None for k in c.keywords)
+            lt.facts.lightning_trainer = -1 if sets else (lt.facts.lightning_trainer or c.lineno)
+
+
+__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_seed_before_model_init", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed"]

@@ -139,6 +139,9 @@ class PyFacts:
     raw_wandb_logs: list[int] = field(default_factory=list)  # ungated wandb.log lines (checkpoint_rules.rule_raw_wandb_log)
     starts_rank0_run: bool = False          # WandbLogger( / accelerator.init_trackers(: a W&B run on the main process only
     calls_wandb_init: bool = False
+    rank_samplers: dict[str, int] = field(default_factory=dict)  # Sampler subclasses that shard by rank -> line
+    loader_samplers: list[tuple[str, int]] = field(default_factory=list)  # (class given to DataLoader(sampler=), line)
+    lightning_trainer: int = 0              # line of a Lightning Trainer(...); -1: one sets use_distributed_sampler
     ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
 

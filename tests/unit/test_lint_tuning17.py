@@ -207,3 +207,59 @@ def test_a_ddp_model_passed_by_keyword_to_a_rank0_evaluation():
     lib = "def evaluate(dl, model=None):\n    return model.module\n"
     linter = PythonLinter("evalmod.py", lib, ddp_params=fact.ddp_passed)
     assert list(linter.wrappers.w.params.values()) == [{"model": True}]
+
+
+def test_a_rank_sharding_sampler_under_lightnings_default_sampler_replacement():
+    """GPT-SoVITS: Lightning wraps a sampler that is not a DistributedSampler in its DistributedSamplerWrapper, so a
+    bucket sampler that already shards by rank is sharded twice unless use_distributed_sampler=False."""
+    sampler = """
+    import torch.distributed as dist
+    from torch.utils.data import Sampler
+    class BucketSampler(Sampler):
+        def __init__(self, dataset, batch_size):
+            self.num_replicas = dist.get_world_size()
+            self.rank = dist.get_rank()
+        def __iter__(self):
+            return iter(range(self.rank, 100, self.num_replicas))
+    """
+    module = """
+    from torch.utils.data import DataLoader
+    from bucket import BucketSampler
+    def train_dataloader(ds):
+        sampler = BucketSampler(ds, batch_size=8)
+        return DataLoader(ds, batch_size=8, sampler=sampler)
+    """
+    train = """
+    from lightning.pytorch import Trainer
+    trainer = Trainer(devices=-1, strategy="ddp")
+    """
+    files = [("bucket.py", sampler), ("data.py", module), ("train.py", train)]
+    assert "lightning-sampler-replaced" in ids(*files)
+    off = train.replace('strategy="ddp"', 'strategy="ddp", use_distributed_sampler=False')
+    assert "lightning-sampler-replaced" not in ids(*files[:2], ("train.py", off))
+    plain = sampler.replace("self.num_replicas = dist.get_world_size()", "self.n = 1").replace(
+        "self.rank = dist.get_rank()", "self.start = 0").replace("self.rank, 100, self.num_replicas", "self.start, 100")
+    assert "lightning-sampler-replaced" not in ids(("bucket.py", plain), *files[1:])
+    subclass = sampler.replace("from torch.utils.data import Sampler", "from torch.utils.data import DistributedSampler")
+    subclass = subclass.replace("class BucketSampler(Sampler)", "class BucketSampler(DistributedSampler)")
+    assert "lightning-sampler-replaced" not in ids(("bucket.py", subclass), *files[1:])
+
+
+def test_a_plain_scheduler_stretched_by_the_world_size():
+    """FastVideo: Accelerate's convention (steps x num_processes) on a scheduler that Accelerate does not step."""
+    text = """
+    import torch.distributed as dist
+    from diffusers.optimization import get_scheduler
+    class Pipeline:
+        def __init__(self, args, optimizer):
+            self.world_size = dist.get_world_size()
+            self.lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
+                                              num_warmup_steps=args.lr_warmup_steps * self.world_size,
+                                              num_training_steps=args.max_train_steps * self.world_size)
+    """
+    assert "lr-steps-from-dataset-length" in ids(("pipeline.py", text))
+    plain = text.replace(" * self.world_size", "")
+    assert "lr-steps-from-dataset-length" not in ids(("pipeline.py", plain))
+    accelerate = text.replace("import torch.distributed as dist", "import torch.distributed as dist\n"
+                              "from accelerate import Accelerator\naccelerator = Accelerator()")
+    assert "lr-steps-from-dataset-length" not in ids(("pipeline.py", accelerate))

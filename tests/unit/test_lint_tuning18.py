@@ -190,7 +190,8 @@ def test_a_launcher_option_its_own_parser_rejects():
     for fine in ("torchrun --nproc_per_node=8 --nnodes 1 train.py --whatever 1\n",
                  "python -m torch.distributed.launch --use_env --nproc_per_node=2 train.py\n",
                  "accelerate launch --num_processes 8 --mixed_precision bf16 train.py\n",
-                 "torchrun $EXTRA --nproc_per_node=8 train.py\n"):
+                 "torchrun $EXTRA --nproc_per_node=8 train.py\n",
+                 "torchrun --signals-to-handle SIGTERM --nproc_per_node 2 train.py\n"):
         assert "launcher-option-unknown" not in ids(("run.sh", fine)), fine
 
 
