@@ -262,37 +262,61 @@ def _options_before_script(parser: argparse.ArgumentParser, argv: list[str]) -> 
     return argv[:min(i, len(argv))]
 
 
-def _launcher_parser_traps(text: str) -> list[Check]:
-    """``launcher-option-unknown``: an option before the training script that the launcher's own parser rejects
-    (:func:`_launcher_parser`): torchrun and ``accelerate launch`` read their options with argparse and stop with
-    "unrecognized arguments" (an unknown option, ``-—nproc-per-node`` typed with an em dash) or "ambiguous option"
-    (an abbreviation two options share) before any rank starts.  Only the words before the script are given to the
-    parser, with a stand-in script (what follows the script is the script's own)."""
+def launcher_rejects(kind: str, argv: list[str], legacy: bool = False) -> str:
+    """What the launcher's own parser says of ``argv`` (its words, the training script and its arguments included),
+    or "" when it accepts the words before the script (or the launcher's package is not installed).  torchrun and
+    ``accelerate launch`` are asked through their parsers (:func:`_launcher_parser`); the ``deepspeed`` runner builds
+    its parser inside ``deepspeed.launcher.runner.parse_args``, which is called on the words before the script with a
+    stand-in script (its ``user_args`` take the rest)."""
     import contextlib
     import io
 
-    out: list[Check] = []
-    for number, kind, argv, legacy in _launcher_argvs(text):
+    err = io.StringIO()
+    try:
+        if kind == "deepspeed":
+            _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES["deepspeed"])
+            head = argv[:len(argv) - len(rest) - 1] if script else list(argv)
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:  # (importing it logs its accelerator detection: kept out of the lint's output)
+                    from deepspeed.launcher import runner
+                except ImportError:
+                    return ""
+                err.truncate(0)
+                err.seek(0)
+                runner.parse_args([*head, "train.py"])
+            return ""
         parser = _launcher_parser(kind, legacy)
         if parser is None:
-            continue
+            return ""
         head = _options_before_script(parser, argv)
-        if not any(w.startswith("-") for w in head) or any("$" in w or "`" in w for w in head):
-            continue  # nothing to check, or words the shell expands first
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                _ns, extra = parser.parse_known_args([*head, "train.py"])
-            unknown = [w for w in extra if w.startswith("-")]
-            problem = f"unrecognized arguments: {' '.join(unknown)}" if unknown else ""
-        except SystemExit:
-            problem = (err.getvalue().strip().splitlines() or ["error"])[-1].split("error: ", 1)[-1]
+        with contextlib.redirect_stderr(err):
+            _ns, extra = parser.parse_known_args([*head, "train.py"])
+        unknown = [w for w in extra if w.startswith("-")]
+        return f"unrecognized arguments: {' '.join(unknown)}" if unknown else ""
+    except SystemExit:
+        return (err.getvalue().strip().splitlines() or ["error"])[-1].split("error: ", 1)[-1]
+
+
+def _launcher_parser_traps(text: str) -> list[Check]:
+    """``launcher-option-unknown``: an option before the training script that the launcher's own parser rejects
+    (:func:`launcher_rejects`): torchrun, ``accelerate launch`` and the ``deepspeed`` runner read their options with
+    argparse and stop with "unrecognized arguments" (an unknown option, ``-—nproc-per-node`` typed with an em
+    dash, a script option written before the script) or "ambiguous option" (an abbreviation two options share) before
+    any rank starts.  Lines whose options hold shell expansions or a documentation placeholder (``{num_gpus}``,
+    ``<N>``) are left alone."""
+    out: list[Check] = []
+    for number, kind, argv, legacy in _launcher_argvs(text):
+        _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
+        head = argv[:len(argv) - len(rest) - 1] if script else list(argv)
+        if not any(w.startswith("-") for w in head) or any(re.search(r"[$`{}<>]", w) for w in head):
+            continue  # nothing to check, words the shell expands first, or a placeholder ({num_gpus}, <N>)
+        problem = launcher_rejects(kind, argv, legacy)
         if not problem:
             continue
         hit = trap("launcher-option-unknown", "FAIL", "command",
                    f"{kind}'s own parser rejects this line before the script: '{problem}', so no rank starts",
-                   f"write the option as {kind} --help lists it (two ASCII hyphens, the full name)",
-                   _LAUNCHER_DOCS.get(kind, _LAUNCHER_DOCS["torchrun"]))
+                   f"write the option as {kind} --help lists it (two ASCII hyphens, the full name), and the "
+                   "script's own options after the script", _LAUNCHER_DOCS.get(kind, _LAUNCHER_DOCS["torchrun"]))
         hit.line_no = number
         out.append(hit)
     return out

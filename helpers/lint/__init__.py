@@ -152,6 +152,13 @@ RULES: dict[str, str] = {
     "ddp-no-trainable-params": "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py",
     "launcher-env-ignored": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
     "lightning-sampler-replaced": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#use-distributed-sampler",
+    "sampler-seed-per-rank": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "sampler-rng-differs": "https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py",
+    "eval-shard-unreduced": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "collective-in-data-dependent-branch": "D21",
+    "scheduler-steps-per-microbatch": "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation",
+    "ddp-buffer-after-wrap": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "rank-gated-data-setup": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "shell-var-unset": "https://www.shellcheck.net/wiki/SC2153",
     "mpirun-count-flags": "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php",
     "allreduce-sum-not-averaged": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",
@@ -215,6 +222,8 @@ def _kind(path: str, text: str) -> str:
     low = path.lower()
     if low.endswith(".py"):
         return "python"
+    if low.endswith((".md", ".markdown")):
+        return "markdown"
     if low.endswith(".json"):
         return "json"
     if low.endswith((".yaml", ".yml")):
@@ -224,6 +233,32 @@ def _kind(path: str, text: str) -> str:
     if text.lstrip().startswith("{"):
         return "json"
     return "shell"
+
+
+_FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
+_SHELL_INFO = {"", "bash", "sh", "shell", "console", "zsh", "shellsession"}
+
+
+def markdown_shell(text: str) -> list[str]:
+    """The shell code blocks of a Markdown file (a README with its launch lines), each as a text whose line numbers are
+    the README's (the lines before it blank): the fenced blocks whose info string is empty or a shell (``bash``,
+    ``sh``, ``console``...), a ``$ `` prompt dropped.  The prose and the other languages' blocks are not shell and are
+    not linted; each block is its own launch (a README shows several ways to start the same script)."""
+    blocks: list[str] = []
+    lines: list[str] | None = None
+    fence = ""
+    shell = False
+    for number, line in enumerate(text.splitlines()):
+        m = _FENCE.match(line)
+        if lines is None and m:
+            fence, shell, lines = m.group(1), m.group(2).lower() in _SHELL_INFO, [""] * (number + 1)
+        elif lines is not None and line.strip().startswith(fence):
+            if shell and any(x.strip() for x in lines):
+                blocks.append("\n".join(lines) + "\n")
+            lines = None
+        elif lines is not None:
+            lines.append(re.sub(r"^(\s*)\$ ", r"\1", line))
+    return blocks
 
 
 def _unreadable(path: str, exc: BaseException) -> Check:
@@ -282,6 +317,13 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     ds_files.append((path, text, data))
                 elif kind == "yaml" and accelerate_rules.is_accelerate_config(data):
                     acc_files.append((path, text, data))
+            elif kind == "markdown":
+                for block in markdown_shell(text):
+                    got, spec = shell_rules.lint_shell(path, block)
+                    findings += [f for f in got if f.id != "shell-syntax-error"]  # blocks are excerpts, not a script
+                    launches.append((path, block, spec))
+                    if spec is not None:
+                        specs.append(spec)
             elif accelerate_rules.from_env_report(text) is not None:  # `accelerate env` output (- key: value)
                 acc_files.append((path, text, accelerate_rules.from_env_report(text)))
             else:
@@ -438,4 +480,4 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], command: str | None = No
     return bad + lint_texts(files, command)
 
 
-__all__ = ["RULES", "UNREADABLE", "lint_paths", "lint_texts"]
+__all__ = ["RULES", "UNREADABLE", "lint_paths", "lint_texts", "markdown_shell"]

@@ -477,6 +477,23 @@ def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, bool]) 
     return memo[id(scope)]
 
 
+_MULTI_PROCESS = re.compile(r"""environ(?:\.get)?[\[(]\s*['"](?:LOCAL_)?RANK['"]|getenv\(\s*['"](?:LOCAL_)?RANK['"]|"""
+                            r"""\.get_rank\(\)""")
+"""A script that reads its rank (from the launcher's environment, or asks the process group) is run as several
+processes (TabPFN's finetuning example, "torchrun --nproc-per-node=N", gates its prints on LOCAL_RANK)."""
+
+
+def _sklearn_fetch(lt: PythonLinter, c: ast.Call) -> bool:
+    """``sklearn.datasets.fetch_*(...)`` (``fetch_openml``, ``fetch_covtype``...): each fetcher downloads into the
+    shared ``data_home`` cache when the data is not there yet ("Load the ... dataset (download it if necessary)",
+    https://scikit-learn.org/stable/api/sklearn.datasets.html), with no lock between processes."""
+    name = call_name(c)
+    if not name.startswith("fetch_"):
+        return False
+    func = ast.unparse(c.func)
+    return "sklearn" in func or lt.import_origins.get(name, "").startswith("sklearn")
+
+
 def rule_download_every_rank(lt: PythonLinter) -> None:
     """A dataset downloaded (``download=True``) by every rank at once: each process fetches and unpacks into the same
     ``root`` (the dataset classes check for finished files, not for a download in progress: torchvision's
@@ -488,13 +505,13 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
     facts = lt.facts
     memo: dict[int, bool] = {}
     for c in lt._calls():
-        if not any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
-                   for k in c.keywords) or _rank_first_guarded(lt, c, memo):
+        if not (any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in c.keywords) or _sklearn_fetch(lt, c)) or _rank_first_guarded(lt, c, memo):
             continue
         fn = lt._enclosing_function(c)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.download_funcs.setdefault(fn.name, c.lineno)
-        if facts.trains_data_parallel:
+        if facts.trains_data_parallel or _MULTI_PROCESS.search(lt.text):
             lt.add("download-every-rank", "warning", c,
                    f"{ast.unparse(c)[:50]} downloads on every rank at once into the same root: the processes race on "
                    "the same archive and files", "download on one rank first: if rank != 0: barrier(); download; if "

@@ -651,6 +651,55 @@ def rule_collective_result_discarded(lt: PythonLinter) -> None:
 
 
 
+
+_FS_TEST = re.compile(r"(?:os\.path\.(?:exists|isfile|isdir)|\.exists|\.is_file|\.is_dir|glob|listdir)\(")
+"""A test of the filesystem: its answer depends on when each rank looks (a rank-0 download or save in progress)."""
+
+
+_MAKES_FILE = re.compile(r"download|urlretrieve|load_state_dict_from_url|snapshot_download|makedirs|mkdir|copy")
+"""Calls that create the file or directory a branch tested for (downloads, copies, directories)."""
+
+
+def rule_collective_in_filesystem_branch(lt: PythonLinter) -> None:
+    """A collective in one branch of ``if os.path.exists(path):`` and none in the other: whether the file is there
+    depends on when each rank looks (rank 0 downloading or saving it, a shared filesystem's delay), so some ranks take
+    the branch with the barrier and the others skip it: the barrier never completes, or pairs with an unrelated one
+    (Peterande/D-FINE: the pretrained weights' download barrier only where the file was missing).  Only where that
+    path itself makes a file (a download, a save, a directory): a file that was there before the run (a checkpoint
+    to resume) is seen alike by every rank.  Collectives must be reached on every rank (D21); test on rank 0 and
+    broadcast the answer, or barrier on every path."""
+    from helpers.lint.python_rules import _call_name
+
+    if not _FS_TEST.search(lt.text):
+        return
+
+    def collectives(stmts: list[ast.stmt]) -> list[ast.Call]:
+        out = []
+        for st in stmts:
+            for c in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
+                if lt.collective_name(c) or _call_name(c)[1].endswith("barrier"):
+                    out.append(c)
+        return out
+
+    for node in lt.nodes:
+        if not (isinstance(node, ast.If) and _FS_TEST.search(ast.unparse(node.test))) or lt.taint.rank_test(node.test):
+            continue
+        body, other = collectives(node.body), collectives(node.orelse)
+        if bool(body) == bool(other):
+            continue
+        side = node.body if body else node.orelse
+        if not any(isinstance(c, ast.Call) and (lt._write_kind(c) == "file" or _MAKES_FILE.search(_call_name(c)[1]))
+                   for st in side for c in ast.walk(st)):
+            continue  # nothing on that path makes the file: it was there (or not) before the run, alike on all ranks
+        hit = (body or other)[0]
+        lt.add("collective-in-data-dependent-branch", "warning", hit,
+               f"{ast.unparse(hit.func)}() is reached only when `{ast.unparse(node.test)[:60]}` is "
+               f"{'true' if body else 'false'}, a test of the filesystem that ranks can answer differently (rank 0 "
+               "downloading or writing that file): the ranks that go the other way never join it (hang, or it pairs "
+               "with another barrier)", "decide on rank 0 and broadcast the answer (broadcast_object_list), or make "
+               "every path reach the same collectives", "D21")
+
+
 _INTO_OUTPUT = {"all_gather_object": (0, 1), "all_gather": (0, 1), "gather_object": (1, 0), "gather": (1, 0)}
 """torch.distributed collectives that write every rank's part into an output list and leave this rank's input as it
 was: name -> (output position, input position): ``all_gather_object(object_list, obj)``, ``all_gather(tensor_list,
@@ -690,4 +739,4 @@ def rule_local_used_after_gather(lt: PythonLinter) -> None:
                "data", f"use {out} (the gathered parts) here", _DIST + "#torch.distributed.all_gather_object")
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -169,6 +169,12 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
                                  r"SLURM_PROCID|OMPI_COMM_WORLD_RANK|PMI_RANK|MPI\.COMM_WORLD|mpi4py|"
                                  r"environ\.update\(", text):
         sc.env_init = False  # the script supplies RANK / WORLD_SIZE itself
+    # the script asks whether a launcher started it (RANK read with a -1 / None default, `"RANK" in os.environ`,
+    # torch's is_torchelastic_launched()): run with plain python it takes its one-process path, no process group
+    sc.extra["checks_launch"] = bool(re.search(
+        r"""environ\.get\(\s*['"](?:LOCAL_|GLOBAL_)?RANK['"]\s*,\s*['"]?-1|['"](?:LOCAL_)?RANK['"]\s+(?:not\s+)?in\s+"""
+        r"""os\.environ|environ\.get\(\s*['"](?:LOCAL_)?RANK['"]\s*\)\s+is\s+(?:not\s+)?None|"""
+        r"""is_torchelastic_launched\(""", text))
     if not sc.backend and sc.extra.get("backend_attr") in defaults:
         sc.backend = defaults[str(sc.extra["backend_attr"])].lower()  # backend=args.dist_backend, default 'nccl'
     sc.extra["sets_visible_devices"] = "CUDA_VISIBLE_DEVICES" in text
@@ -242,10 +248,63 @@ def _under_rank_test(lt: PythonLinter, node: ast.AST) -> bool:
     return False
 
 
+_SELF = re.compile(r"__file__|sys\.argv\[0\]")
+
+
+def rule_self_launch(lt: PythonLinter, sc: ScriptContract) -> None:
+    """A script that starts itself through a launcher (``cmd = ["deepspeed", f"--num_gpus={n}", script_path] +
+    args`` with ``script_path = os.path.abspath(__file__)``, run by ``subprocess``): the command is a launch line
+    like any other, checked against the launcher's own parser (:func:`helpers.script_traps.launcher_rejects`:
+    ``launcher-option-unknown``), and against this script's parser: the ``deepspeed`` launcher appends
+    ``--local_rank=N`` to the script's arguments (unless ``--no_local_rank``), which a plain ``parse_args()`` without
+    that option rejects ("unrecognized arguments: --local_rank=0"; ``local-rank-arg-under-launcher``; Roblox/FAI-RL).
+    The list's non-literal words (f-strings, names) stand in as placeholders; only its literal options are read."""
+    from helpers.script_traps import launcher_rejects
+
+    if not _SELF.search(lt.text):
+        return
+    selfs = {t.id for n in lt.nodes if isinstance(n, ast.Assign) and _SELF.search(ast.unparse(n.value))
+             for t in n.targets if isinstance(t, ast.Name)}
+    for node in lt.nodes:
+        if not (isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant)):
+            continue
+        kind = {"deepspeed": "deepspeed", "torchrun": "torchrun"}.get(str(node.elts[0].value))
+        if kind is None:
+            continue
+        at = next((i for i, e in enumerate(node.elts) if isinstance(e, ast.Name) and e.id in selfs or
+                   _SELF.search(ast.unparse(e))), None)
+        if at is None:
+            continue
+        words: list[str] = []
+        for e in node.elts[1:at]:
+            if isinstance(e, ast.Constant) and isinstance(e.value, str):
+                words.append(e.value)
+            elif isinstance(e, ast.JoinedStr):
+                words.append("".join(v.value if isinstance(v, ast.Constant) else "1" for v in e.values))
+            else:
+                words.append("value")
+        problem = launcher_rejects(kind, [*words, "script.py"])
+        if problem:
+            lt.add("launcher-option-unknown", "error", node,
+                   f"this script starts itself with {kind} {' '.join(words)} <script>: {kind}'s own parser rejects "
+                   f"it before the script ('{problem}'), so no rank starts",
+                   f"put the launcher's options before the script and the script's own after it ({kind} --help lists "
+                   "the launcher's)", "https://docs.pytorch.org/docs/stable/elastic/run.html" if kind == "torchrun" else
+                   "https://www.deepspeed.ai/getting-started/")
+        elif kind == "deepspeed" and "--no_local_rank" not in words and "--no-local-rank" not in words and \
+                sc.options is not None and "--local_rank" not in sc.options:
+            lt.add("local-rank-arg-under-launcher", "error", node,
+                   "this script starts itself with the deepspeed launcher, which appends --local_rank=N to its "
+                   "arguments, and its parser does not define --local_rank: every rank stops with 'unrecognized "
+                   "arguments: --local_rank=0'", 'parser.add_argument("--local_rank", type=int, default=-1) (or pass '
+                   "--no_local_rank to deepspeed)", "https://www.deepspeed.ai/getting-started/#launching-deepspeed-training")
+
+
 def run(lt: PythonLinter) -> ScriptContract:
     """Run the single-file contract rules on ``lt``; return the script's :class:`ScriptContract`."""
     sc = script_contract(lt)
     data_rules.rule_dataloader_sampler_and_shuffle(lt)
+    rule_self_launch(lt, sc)
     collective_rules.rule_init_contract(lt, sc)
     device_rules.rule_nccl_no_device_binding(lt, sc)
     device_rules.rule_collective_before_set_device(lt)
@@ -265,9 +324,11 @@ def run(lt: PythonLinter) -> ScriptContract:
     device_rules.rule_visible_devices_as_ordinal(lt)
     collective_rules.rule_collective_result_discarded(lt)
     collective_rules.rule_local_used_after_gather(lt)
+    collective_rules.rule_collective_in_filesystem_branch(lt)
     data_rules.rule_lr_steps_from_dataset_length(lt)
     data_rules.rule_lr_steps_given_per_step(lt, sc.options)
     data_rules.rule_lr_steps_times_world_size(lt)
+    data_rules.rule_raw_scheduler_in_accumulate(lt)
     collective_rules.rule_nccl_cpu_tensor(lt, sc)
     collective_rules.rule_gather_variable_shape(lt)
     device_rules.rule_world_size_as_local(lt)
@@ -295,6 +356,10 @@ def run(lt: PythonLinter) -> ScriptContract:
     data_rules.rule_loader_without_distributed_sampler(lt)
     data_rules.rule_per_rank_outputs_from_whole_loader(lt)
     data_rules.collect_sampler_facts(lt)
+    data_rules.rule_sampler_seed_per_rank(lt)
+    data_rules.rule_sampler_rng_differs(lt)
+    data_rules.rule_shard_read_on_one_rank(lt)
+    data_rules.rule_rank_gated_data_setup(lt)
     collective_rules.rule_collective_same_tensor_twice(lt)
     device_rules.rule_ddp_before_to_device(lt)
     collective_rules.rule_undefined_distributed_flag(lt)
@@ -307,6 +372,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     wrapper_rules.rule_fsdp_inference_mode(lt)
     wrapper_rules.rule_fsdp_clip_grad_norm(lt)
     wrapper_rules.rule_ddp_frozen_model(lt)
+    wrapper_rules.rule_ddp_buffer_after_wrap(lt)
     grad_sync_rules.run(lt)
     agreement_rules.run(lt)
     signature_rules.rule_api_unknown_kwarg(lt)

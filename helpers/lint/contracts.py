@@ -504,6 +504,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedDataParallel", "The wrapped module has at least one parameter that requires a gradient (the "
        "constructor raises otherwise)", "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py",
        "ddp-no-trainable-params"),
+    _c("DistributedDataParallel", "All parameters and buffers are registered by the time it is created: none added "
+       "or removed later", _DDP, "ddp-buffer-after-wrap"),
     _c("torchrun", "Each process learns its rank from RANK / LOCAL_RANK / WORLD_SIZE in its environment: code that "
        "takes them from SLURM or MPI variables only gets the defaults under torchrun", _TORCHRUN + "#environment-variables",
        "launcher-env-ignored"),
@@ -511,6 +513,22 @@ CONTRACTS: tuple[Contract, ...] = (
        "DistributedSampler in a DistributedSamplerWrapper: a sampler that already shards by rank is sharded twice "
        "unless it is set to False", "https://lightning.ai/docs/pytorch/stable/common/trainer.html#use-distributed-sampler",
        "lightning-sampler-replaced"),
+    _c("DistributedSampler", "seed is identical across all processes (each rank takes its slice of one shared "
+       "permutation)", _DATA + "#torch.utils.data.distributed.DistributedSampler", "sampler-seed-per-rank"),
+    _c("DistributedSampler (and samplers that slice by rank)", "Every replica draws the same permutation (a generator "
+       "seeded with seed + epoch) before taking its rank's slice: the processes' global random states differ",
+       "https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py", "sampler-rng-differs"),
+    _c("DistributedSampler", "Each rank reads only its subset: a loader through it read on one rank alone covers "
+       "1/world_size of the data", _DATA + "#torch.utils.data.distributed.DistributedSampler", "eval-shard-unreduced"),
+    _c("torch.distributed collectives", "Every rank reaches the same collectives: a branch on the filesystem "
+       "(os.path.exists) can go differently on different ranks, so a collective on one side only is not reached by all",
+       _COLL, "collective-in-data-dependent-branch"),
+    _c("Accelerator.accumulate", "The prepared optimizer skips its step on accumulation micro-steps; a scheduler "
+       "stepped in the same block follows it only when it too is prepared (or stepped under sync_gradients)",
+       "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation", "scheduler-steps-per-microbatch"),
+    _c("datasets map / filter under Accelerate", "A transform returns a new dataset: run on one rank only, the other "
+       "ranks keep the unprocessed one (main_process_first runs it on every rank, rank 0 first)",
+       _ACC + "#accelerate.Accelerator.main_process_first", "rank-gated-data-setup"),
     _c("FullyShardedDataParallel", "A FULL_STATE_DICT state_dict() is a collective on every rank; with "
        "rank0_only/offload_to_cpu only rank 0 holds the copy", _FSDP,
        ("rank-gated-collective", "fsdp-full-state-dict-all-ranks")),

@@ -351,6 +351,58 @@ def rule_lr_steps_times_world_size(lt: PythonLinter) -> None:
                 return
 
 
+
+def rule_raw_scheduler_in_accumulate(lt: PythonLinter) -> None:
+    """``lr_scheduler.step()`` inside ``with accelerator.accumulate(model):`` for a scheduler that no
+    ``accelerator.prepare`` call is given (the optimizer is): the prepared optimizer skips its step on the
+    accumulation micro-steps, but a raw scheduler steps every time it is called, so the schedule runs
+    ``gradient_accumulation_steps`` times too fast (Accelerate's gradient accumulation guide: prepare the scheduler,
+    whose ``step`` follows the optimizer's, https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation;
+    starVLA).  Not where the step is guarded by ``accelerator.sync_gradients``."""
+    from helpers.lint.python_rules import _call_name
+
+    if ".accumulate(" not in lt.text or "prepare" not in lt.text:
+        return
+    schedulers = {ast.unparse(t) for n in lt.nodes if isinstance(n, ast.Assign) for t in n.targets
+                  if re.search(r"sched", ast.unparse(t))}
+    prepared: set[str] = set()
+    optimizers: set[str] = set()
+    for c in lt._calls():
+        name = _call_name(c)[1]
+        if "prepare" in name or "setup_distributed" in name:
+            given = {ast.unparse(a) for a in c.args}
+            prepared |= given
+            optimizers |= {g for g in given if "optim" in g}
+    if not optimizers:
+        return  # the optimizer's preparation is not in view: nothing to compare the scheduler with
+    for w in (n for n in lt.nodes if isinstance(n, ast.With)):
+        if not any(isinstance(i.context_expr, ast.Call) and _call_name(i.context_expr)[1] == "accumulate"
+                   for i in w.items):
+            continue
+        for c in (n for n in ast.walk(w) if isinstance(n, ast.Call)):
+            if not (isinstance(c.func, ast.Attribute) and c.func.attr == "step"):
+                continue
+            held = ast.unparse(c.func.value)
+            held_name = held.split(".")[-1]
+            if held not in schedulers and not any(x.split(".")[-1] == held_name for x in schedulers) or \
+                    held in prepared or any(x.split(".")[-1] == held_name for x in prepared):
+                continue
+            guard = lt.parents.get(c)
+            while guard is not None and guard is not w and not (isinstance(guard, ast.If) and
+                                                                "sync_gradients" in ast.unparse(guard.test)):
+                guard = lt.parents.get(guard)
+            if guard is not w:
+                continue
+            lt.add("scheduler-steps-per-microbatch", "warning", c,
+                   f"{held}.step() inside accelerator.accumulate(...), but {held} is not given to accelerator.prepare "
+                   "(the optimizer is): the prepared optimizer skips its step on accumulation micro-steps, this "
+                   "scheduler steps on every one, so the schedule runs gradient_accumulation_steps times too fast",
+                   f"pass {held} to accelerator.prepare too (its step then follows the optimizer's), or step it under "
+                   "`if accelerator.sync_gradients:`",
+                   "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation")
+            return
+
+
 def _exclusive(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
     """``a`` and ``b`` sit in different branches of one ``if`` (never both run)."""
     chain: dict[ast.AST, ast.AST] = {}
@@ -411,6 +463,13 @@ def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
             continue
         epoch = loop.target.id
         if any(epoch in {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} for t in tests):
+            continue
+        # the resume test itself changes in the loop: a flag cleared in the skipping branch (``if resume_step is
+        # not None: ...; resume_step = None``) or a step read again each pass (a checkpoint per split): once only
+        tested = {n.id for t in tests for n in ast.walk(t) if isinstance(n, ast.Name)}
+        stored = {t.id for n in ast.walk(loop) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                  for t in assign_targets(n) if isinstance(t, ast.Name)}
+        if tested & stored:
             continue
         stmt = lt.parents.get(call)
         reassigns = isinstance(stmt, ast.Assign) and call.args and isinstance(call.args[0], ast.Name) and any(
@@ -535,6 +594,173 @@ def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
 
 
 
+def rule_sampler_seed_per_rank(lt: PythonLinter) -> None:
+    """``DistributedSampler(..., seed=s)`` with ``s`` that differs between ranks (it is computed from the rank, or
+    from the clock on each process): every replica shuffles with its own permutation and takes its slice of it, so the
+    slices overlap and some samples are never seen.  The sampler's contract: "seed (int, optional) - random seed used
+    to shuffle the sampler if shuffle=True.  This number should be identical across all processes in the distributed
+    group" (``_DATA``; NVlabs/LongLive seeded it with ``time.time() * rank``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text or "seed" not in lt.text:
+        return
+    for c in lt._calls():
+        if not _call_name(c)[1].endswith("DistributedSampler"):
+            continue
+        seed = kwarg(c, "seed")
+        if seed is None:
+            continue
+        sources = [seed]
+        if isinstance(seed, ast.Name):
+            fn = lt._enclosing_function(c) or lt.tree
+            sources += [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno and
+                        any(isinstance(t, ast.Name) and t.id == seed.id for t in a.targets)]
+        ranked = any(lt.taint.is_rank_value(n) or (isinstance(n, ast.Call) and _call_name(n)[1] == "get_rank")
+                     for x in sources for n in ast.walk(x))
+        clock = any(isinstance(n, ast.Call) and ast.unparse(n.func) in ("time.time", "time.time_ns", "time.perf_counter")
+                    for x in sources for n in ast.walk(x))
+        if ranked or clock:
+            lt.add("sampler-seed-per-rank", "error", c,
+                   f"DistributedSampler(seed={ast.unparse(seed)[:40]}): the seed is {'rank' if ranked else 'clock'}-"
+                   "dependent, so each rank shuffles its own permutation and takes its slice of it: the slices overlap "
+                   "and some samples are never seen in an epoch",
+                   "one seed for every rank (a constant, or args.seed), and sampler.set_epoch(epoch) for a new order "
+                   "each epoch", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+
+
+_SHUFFLES = re.compile(r"^(?:torch\.randperm|random\.shuffle|np\.random\.permutation|numpy\.random\.permutation|"
+                       r"np\.random\.shuffle|numpy\.random\.shuffle|random\.sample)$")
+"""Shuffles that draw from the process's global random state unless given a generator."""
+
+
+def rule_sampler_rng_differs(lt: PythonLinter) -> None:
+    """A sampler class that takes its rank's slice of a permutation (``indices[self.rank::self.num_replicas]``) and
+    draws that permutation from the process's global random state (``torch.randperm(n)`` with no ``generator=``,
+    ``random.shuffle``): the ranks' global states differ (model initialisation, dropout, augmentation), so each rank
+    slices a different permutation, the slices overlap and some samples are never seen.  ``DistributedSampler``
+    itself shuffles with ``g = torch.Generator(); g.manual_seed(self.seed + self.epoch)`` so that every replica draws
+    the same one (torch/utils/data/distributed.py ``__iter__``; Wuziyi616/nerv)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "num_replicas" not in lt.text:
+        return
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        if not any("Sampler" in ast.unparse(b) for b in cls.bases):
+            continue
+        body = ast.unparse(cls)
+        if not re.search(r"\[\s*self\.rank\s*:[^\]]*self\.num_replicas\s*\]", body):
+            continue
+        for c in (n for n in ast.walk(cls) if isinstance(n, ast.Call)):
+            recv, name = _call_name(c)
+            full = f"{recv}.{name}" if recv else name
+            if _SHUFFLES.match(full) and not any(k.arg in ("generator", "random_state") for k in c.keywords):
+                lt.add("sampler-rng-differs", "error", c,
+                       f"{full}(...) in {cls.name}, which then takes self.rank's slice: with no generator it draws from "
+                       "this process's global random state, which differs between ranks, so the ranks slice different "
+                       "permutations (overlapping shards, samples never seen)",
+                       "g = torch.Generator(); g.manual_seed(self.seed + self.epoch); torch.randperm(n, generator=g)",
+                       "https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py")
+                break
+
+
+_BUILTIN_READS = frozenset({"len", "print", "str", "repr", "enumerate", "iter", "tqdm", "id", "type", "isinstance"})
+"""Calls that look at a loader without running a pass over it for a result (a length in a log line, a progress bar
+around the loop that every rank runs)."""
+
+
+def _other_branch_reads(lt: PythonLinter, node: ast.AST, name: str) -> bool:
+    """The ``else`` of the rank gate around ``node`` reads ``name`` too (a progress bar on rank 0, the plain loop on
+    the others): every rank goes through the loader."""
+    child, p = node, lt.parents.get(node)
+    while p is not None:
+        if isinstance(p, ast.If) and child in p.body and lt.taint.rank_test(p.test):
+            return any(isinstance(n, ast.Name) and n.id == name for s in p.orelse for n in ast.walk(s))
+        child, p = p, lt.parents.get(p)
+    return False
+
+
+def rule_shard_read_on_one_rank(lt: PythonLinter) -> None:
+    """A loader whose sampler is a ``DistributedSampler`` read only under a rank gate (``if dist.get_rank() == 0:
+    acc = validate(val_loader, ...)``): the sampler gives each rank "a subset of the dataset" (``_DATA``), so rank 0
+    alone sees 1/world_size of it, and the accuracy it reports (and the best checkpoint chosen by it) depends on the
+    GPU count (megvii-research/Sparsebit's ImageNet example).  Evaluate on every rank and reduce, or give the rank-0
+    evaluation a loader without the distributed sampler."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text:
+        return
+    samplers = {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and _call_name(n.value)[1].endswith("DistributedSampler") for t in n.targets if isinstance(t, ast.Name)}
+    loaders = {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and _call_name(n.value)[1] == "DataLoader" and isinstance(kwarg(n.value, "sampler"), ast.Name)
+               and kwarg(n.value, "sampler").id in samplers  # type: ignore[union-attr]
+               for t in n.targets if isinstance(t, ast.Name)}
+    if not loaders:
+        return
+    for node in lt.nodes:
+        read = None
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _BUILTIN_READS):
+            read = next((a.id for a in node.args if isinstance(a, ast.Name) and a.id in loaders), None)
+        elif isinstance(node, ast.For):
+            read = next((n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name) and n.id in loaders), None)
+        if read is None or lt._rank_gate(node) is None or _other_branch_reads(lt, node, read):
+            continue
+        lt.add("eval-shard-unreduced", "warning", node,
+               f"{read} reads through a DistributedSampler, but only under a rank gate: that rank sees its own "
+               "1/world_size shard, so what it computes (an accuracy, a best checkpoint) depends on the GPU count",
+               "run it on every rank and reduce the sums (dist.all_reduce), or give the one-rank pass a loader "
+               "without the distributed sampler", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+        return
+
+
+_TRANSFORM = re.compile(r"(?:\.|\b)(?:map|filter|select|shuffle|train_test_split|cast_column)\w*\(")
+"""A datasets transform (``ds.map(...)``, ``ds.filter(...)``): it returns a new dataset; the old one is unchanged."""
+
+
+def rule_rank_gated_data_setup(lt: PythonLinter) -> None:
+    """A dataset rebound to its processed form only under a rank gate (``if accelerator.is_main_process:
+    vectorized_datasets = filter_fn(...)``), then read by every rank: ``datasets``' ``map`` / ``filter`` return a new
+    dataset and leave the old one as it was, so the other ranks keep the raw data (or the name unset) and train or
+    evaluate on something else than rank 0 (huggingface/distil-whisper).  Accelerate's idiom runs the transform on
+    every rank inside ``with accelerator.main_process_first():`` (rank 0 writes the cache, the others read it,
+    https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.main_process_first)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not _TRANSFORM.search(lt.text):
+        return
+    partials = {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and _call_name(n.value)[1] == "partial" and n.value.args and _TRANSFORM.search(
+                    ast.unparse(n.value.args[0]) + "(") for t in n.targets if isinstance(t, ast.Name)}
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target = node.targets[0]
+        base = target.value if isinstance(target, ast.Subscript) else target
+        if not isinstance(base, ast.Name):
+            continue
+        value = ast.unparse(node.value)
+        if not (_TRANSFORM.search(value) or any(re.search(rf"\b{re.escape(p)}\(", value) for p in partials)):
+            continue
+        gate = lt._rank_gate(node)
+        if gate is None or isinstance(gate, ast.If) and gate.orelse:
+            continue
+        fn = lt._enclosing_function(node) or lt.tree
+        later = next((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == base.id and
+                      isinstance(n.ctx, ast.Load) and n.lineno > node.end_lineno and lt._rank_gate(n) is None
+                      and not lt._after_rank_exit(n)), None)  # type: ignore[operator]
+        if later is None or any(isinstance(n, ast.Name) and n.id == base.id and isinstance(n.ctx, ast.Store) and
+                                node.end_lineno < n.lineno <= later.lineno and lt._rank_gate(n) is None  # type: ignore[operator]
+                                for n in ast.walk(fn)):
+            continue  # rebound on every rank before the read (rank 0 saved it, all load it: parler-tts)
+        lt.add("rank-gated-data-setup", "warning", node,
+               f"{ast.unparse(target)} gets its processed dataset only on the gated rank, and every rank reads "
+               f"{base.id} later (line {later.lineno}): map/filter return a new dataset, so the other ranks keep the "
+               "unprocessed one", "run the transform on every rank inside `with accelerator.main_process_first():` "
+               "(rank 0 builds the cache, the others load it)",
+               "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.main_process_first")
+        return
+
+
 def rule_per_rank_outputs_from_whole_loader(lt: PythonLinter) -> None:
     """A script that runs as several processes (``init_process_group``), iterates a torch ``DataLoader`` with no
     sampler, and writes one output file per rank inside that loop (``torch.save(x, f"r{rank}_{i}.pth")``): the
@@ -614,4 +840,4 @@ def collect_sampler_facts(lt: PythonLinter) -> None:
             lt.facts.lightning_trainer = -1 if sets else (lt.facts.lightning_trainer or c.lineno)
 
 
-__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_seed_before_model_init", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed"]
+__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_shard_read_on_one_rank"]

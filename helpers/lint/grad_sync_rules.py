@@ -323,9 +323,60 @@ def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
             break
 
 
+
+_NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "parameters", "named_parameters", "buffers", "train",
+                          "eval", "to", "cuda", "cpu", "zero_grad", "requires_grad_", "modules", "named_modules",
+                          "children", "apply", "half", "float", "bfloat16", "save_pretrained", "generate",
+                          "get_input_embeddings", "resize_token_embeddings", "register_buffer"})
+"""Methods of the unwrapped module that are not a training forward (reading, moving, saving, generating)."""
+
+
+def rule_module_method_forward(lt: PythonLinter) -> None:
+    """``model = DistributedDataParallel(...)``, then a training step that runs the model through methods of the
+    wrapped module (``model.module.encode(...)``, ``model.module.decode(...)``) and calls ``backward()``, with no call
+    of the wrapper itself in that function: DDP prepares the gradient all-reduce in its own ``forward``
+    (``_pre_forward``), so a backward through ``model.module``'s methods is not synchronised and every rank trains
+    its own copy (hkproj/pytorch-transformer-distributed).  Calls under ``torch.no_grad()`` (evaluation) do not
+    count."""
+    if ".module." not in lt.text or ".backward(" not in lt.text:
+        return
+    scopes = [f for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))] + [lt.tree]
+    for fn in scopes:
+        calls = [c for c in _calls(fn) if lt._enclosing_function(c) is (None if fn is lt.tree else fn)]
+        backward = [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "backward"]
+        if not backward:
+            continue
+        direct = {c.func.id for c in calls if isinstance(c.func, ast.Name)} | \
+            {ast.unparse(c.func) for c in calls if isinstance(c.func, ast.Attribute)}
+        for c in calls:
+            f = c.func
+            if not (isinstance(f, ast.Attribute) and f.attr not in _NOT_FORWARD and isinstance(f.value, ast.Attribute)
+                    and f.value.attr == "module" and isinstance(f.value.value, (ast.Name, ast.Attribute))):
+                continue
+            holder = f.value.value
+            if not lt.wrappers.state(holder, c)[0] or ast.unparse(holder) in direct or \
+                    not any(b.lineno > c.lineno for b in backward):
+                continue
+            ctx = lt.parents.get(c)
+            while ctx is not None and ctx is not fn and not (isinstance(ctx, ast.With) and any(
+                    isinstance(i.context_expr, ast.Call) and call_name(i.context_expr) in _NO_GRAD for i in ctx.items)):
+                ctx = lt.parents.get(ctx)
+            if ctx is not fn and fn is not lt.tree:
+                continue  # under torch.no_grad()
+            lt.add("ddp-bypassed", "error", c,
+                   f"{ast.unparse(f)}(...) runs the forward through the module inside the DDP wrapper, and this "
+                   f"function then calls backward() (line {min(b.lineno for b in backward if b.lineno > c.lineno)}) "
+                   "without ever calling the wrapper: DDP prepares its gradient all-reduce in its own forward, so "
+                   "the gradients are not synchronised and every rank trains its own copy",
+                   f"run the training forward through the wrapper ({ast.unparse(holder)}(...)): put encode/decode/"
+                   "project in the module's forward", _DDP_DOC)
+            break
+
+
 def run(lt: PythonLinter) -> None:
     """Run the gradient-synchronisation rules on ``lt``."""
     rule_forward_bypasses_ddp(lt)
+    rule_module_method_forward(lt)
     rule_sync_flag_after_forward(lt)
     rule_no_sync_backward_only(lt)
     rule_no_sync_misaligned(lt)

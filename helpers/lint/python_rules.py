@@ -209,8 +209,12 @@ def _env_key(node: ast.AST) -> str | None:
 
 
 def _launch_check(test: ast.Compare) -> bool:
-    """``test`` compares with ``-1`` only (``local_rank != -1``, ``int(os.environ.get("RANK", -1)) != -1``): whether
-    the program was launched distributed, the same answer on every rank (not a rank gate, not a rank value)."""
+    """``test`` compares with ``-1`` only (``local_rank != -1``, ``int(os.environ.get("RANK", -1)) != -1``) or with
+    ``None`` by identity (``os.environ.get("RANK") is not None``): whether the program was launched distributed, the
+    same answer on every rank (not a rank gate, not a rank value)."""
+    if all(isinstance(op, (ast.Is, ast.IsNot)) for op in test.ops) and all(
+            isinstance(c, ast.Constant) and c.value is None for c in test.comparators):
+        return True  # os.environ.get("RANK") is not None: set by the launcher for every process, or for none
     vals: list[ast.AST] = []
     for c in test.comparators:
         vals += c.elts if isinstance(c, (ast.List, ast.Tuple, ast.Set)) else [c]
@@ -693,6 +697,14 @@ class PythonLinter:
             return None
         if self.wrappers.forward(call):
             return f"{_src(call.func)}(...) (the DistributedDataParallel forward broadcasts the module's buffers)"
+        if name in ("DistributedDataParallel", "DDP") and name not in self.functions and call.args:
+            # DDP.__init__ checks every rank's parameter shapes (_verify_param_shape_across_processes, an all-gather)
+            # and broadcasts rank 0's parameters and buffers (_sync_module_states): torch/nn/parallel/distributed.py
+            return f"{name}(...) (its constructor all-gathers the parameter shapes and broadcasts rank 0's weights)"
+        if name == "prepare" and "accelerator" in recv.lower() and any(
+                isinstance(a, ast.Name) and _MODEL_ATTR.search(a.id) for a in call.args):
+            return (f"{recv}.prepare(model) (under several processes it wraps the model in DistributedDataParallel, "
+                    "whose constructor broadcasts rank 0's weights)")
         if recv in self.module_aliases and name in self.imported_collectives:
             return f"{recv}.{name}() -> {self.imported_collectives[name]}"  # another linted file's helper
         if not recv and name in self.module_aliases and name in self.imported_collectives and name not in self.functions:
@@ -1321,12 +1333,20 @@ class PythonLinter:
                              "when some parameters really get no gradient",
                              "keep it only if DDP reports unused parameters without it", "D8")
             if name == "MixedPrecision" and not any(k.arg is None for k in c.keywords):
-                missing = [k for k in ("param_dtype", "reduce_dtype", "buffer_dtype") if k not in kws]
-                if missing:
+                # D14: param and reduce dtypes decided together.  FSDP's MixedPrecision: reduce_dtype None with a
+                # param_dtype "takes on the param_dtype value, still running gradient reduction in low precision";
+                # buffer_dtype None keeps buffers as they are (not cast), FSDP's documented default, so a config
+                # that sets param and reduce dtypes and leaves buffers alone is not reported (LlamaGen's FSDP trainer)
+                missing = [k for k in ("param_dtype", "reduce_dtype") if k not in kws]
+                if len(missing) == 1:
                     self.add("fsdp-partial-mixed-precision", "warning", c,
-                             f"MixedPrecision leaves {', '.join(missing)} unset: those tensors stay fp32 (buffers) or "
-                             "reduce in a dtype you did not choose",
-                             "set param_dtype, reduce_dtype and buffer_dtype explicitly", "D14")
+                             f"MixedPrecision sets {'reduce_dtype' if missing[0] == 'param_dtype' else 'param_dtype'} "
+                             f"but not {missing[0]}: "
+                             + ("gradients are reduced in the low parameter dtype (reduce_dtype takes param_dtype)"
+                                if missing[0] == "reduce_dtype" else "parameters stay fp32 while gradients are "
+                                "reduced in the dtype set"),
+                             "set param_dtype and reduce_dtype together (bf16 params with fp32 reduction is the safe "
+                             "default), and buffer_dtype where buffers must follow", "D14")
             # an option left out defaults to False, one set at run time may be False; a literal False is the author's
             # choice (accelerate's peak-memory example gathers on every rank on purpose) and is not flagged
             if name == "FullStateDictConfig" and any(not isinstance(kws.get(k), ast.Constant) or kws[k].value is None
@@ -1564,12 +1584,15 @@ class PythonLinter:
     def rule_writes_on_every_rank(self) -> None:
         """D23: a file written by every rank to the same path (a race), with no rank gate.
 
-        Runs in a file that sets up the distributed job itself, or that rank-gates another write of its own
-        (:meth:`_gates_its_writes`: the same file then leaves one write ungated)."""
+        Runs in a file that sets up the distributed job itself (a Lightning Trainer given a distributed strategy
+        included), or that rank-gates another write of its own (:meth:`_gates_its_writes`: the same file then leaves
+        one write ungated)."""
         collective_fns = self._functions_with_collectives()
         if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
-                         r"FullyShardedDataParallel", self.text) and not self._gates_its_writes() and not collective_fns:
-            return
+                         r"FullyShardedDataParallel|DDPStrategy|FSDPStrategy|DeepSpeedStrategy|"
+                         r"strategy\s*=\s*['\"](?:ddp|fsdp|deepspeed)", self.text) and not self._gates_its_writes() \
+                and not collective_fns:
+            return  # (a Lightning Trainer given a distributed strategy runs the module's hooks on every process)
         self._inherited_saves_every_rank()
         for call in self._calls():
             recv, name = _call_name(call)
@@ -1577,8 +1600,10 @@ class PythonLinter:
             tracker = kind == "tracker"
             if not kind:
                 continue
-            if any(k.arg in ("is_main_process", "save_function") for k in call.keywords):
-                continue
+            if any(k.arg in ("is_main_process", "save_function") for k in call.keywords) or any(
+                    k.arg in ("only_rank0", "rank0_only", "main_process_only") and isinstance(k.value, ast.Constant)
+                    and k.value.value is True for k in call.keywords):
+                continue  # the callee is told who writes (ColossalAI's strategy.save_model(..., only_rank0=True))
             path_args = _written_paths(call)
             if any(self.taint.is_rank(a) or self._rank_in_name(a, call)
                    for a in [*path_args, *(k.value for k in call.keywords if k.arg in ("f", "file"))]):

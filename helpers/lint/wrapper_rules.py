@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 from helpers.lint.contract_ast import ancestors
-from helpers.lint.contracts import _ACC, _FABRIC, _FSDP
+from helpers.lint.contracts import _ACC, _DDP, _FABRIC, _FSDP
 from helpers.lint.wrappers import accelerator_prepare, assign_targets
 
 if TYPE_CHECKING:
@@ -347,4 +347,41 @@ def rule_ddp_frozen_model(lt: PythonLinter) -> None:
                "https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py")
 
 
-__all__ = ["rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+
+_REGISTERS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
+
+
+def rule_ddp_buffer_after_wrap(lt: PythonLinter) -> None:
+    """``model.register_buffer(...)`` (or ``register_parameter`` / ``add_module``) on a model after
+    ``DistributedDataParallel`` or ``accelerator.prepare`` wrapped it: DDP's contract, "This module assumes all
+    parameters are registered in the model by the time it is created. No parameters should be added nor removed
+    later. Same applies to buffers" (``_DDP``); the new tensor is not in DDP's bookkeeping (and is created on the CPU:
+    the next buffer broadcast fails, xiuqhou/Salience-DETR).  Register it before wrapping."""
+    from helpers.lint.python_rules import _call_name
+
+    if not any(r in lt.text for r in _REGISTERS):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] not in _REGISTERS or not isinstance(c.func, ast.Attribute):
+            continue
+        holder = c.func.value
+        if isinstance(holder, ast.Attribute) and holder.attr == "module":
+            holder = holder.value  # model.module.register_buffer(...): the module inside the wrapper
+        if not isinstance(holder, (ast.Name, ast.Attribute)):
+            continue
+        wrapped = lt.wrappers.state(holder, c)[0]
+        if not wrapped:
+            src = ast.unparse(holder)
+            wrapped = any(accelerator_prepare(n) and n.lineno < c.lineno and any(
+                ast.unparse(t) == src for t in assign_targets(n) for t in
+                (t.elts if isinstance(t, ast.Tuple) else [t])) for n in lt.nodes)
+        if wrapped:
+            lt.add("ddp-buffer-after-wrap", "error", c,
+                   f"{ast.unparse(c.func)}(...) after {ast.unparse(holder)} was wrapped for data parallelism: DDP "
+                   "assumes every parameter and buffer is registered when it is created ('No parameters should be "
+                   "added nor removed later. Same applies to buffers'); this one is outside its bookkeeping (a CPU "
+                   "tensor its next buffer broadcast trips on)",
+                   "register it on the model before DistributedDataParallel(...) / accelerator.prepare(...)", _DDP)
+
+
+__all__ = ["rule_ddp_buffer_after_wrap", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]

@@ -37,7 +37,10 @@ def test_crashing_rank_is_named_with_its_traceback(no_leftovers):
                      verbose=False)
     assert not r.ok and not r.hung and not r.timed_out
     assert r.returncode != 0
-    assert r.ranks[1].exit_code == 1
+    # 1 from the uncaught RuntimeError; or SIGABRT when torch's teardown of the live process group aborts after the
+    # traceback ("terminate called without an active exception" on that rank's stderr: a c10d/gloo thread still
+    # joinable at interpreter exit), which a loaded machine makes more likely (seen once in a clean-clone CI run)
+    assert r.ranks[1].exit_code in (1, -signal.SIGABRT)
     assert r.first_failure is not None and r.first_failure.rank == 1
     assert "simulated failure on rank 1 at step 2" in r.first_failure.traceback
     assert r.failed_ranks == [0, 1]  # rank 0 was torn down by torchrun (non-zero too)
