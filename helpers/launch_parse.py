@@ -243,12 +243,20 @@ def _deepspeed(args: list[str]) -> dict[str, Any]:
     return spec
 
 
+_RUNNERS = {"uv": 1, "poetry": 1, "pipenv": 1, "pdm": 1, "hatch": 1, "nohup": 0, "exec": 0}
+"""Words that run the command after them unchanged: ``uv run`` / ``poetry run``... (1: followed by ``run``), ``nohup``
+and ``exec`` (0: nothing else)."""
+
+
 def launcher_argv(words: list[str]) -> tuple[str, list[str]] | None:
-    """``(launcher, args)`` when ``words`` starts a launcher (after ``VAR=value`` prefixes)."""
+    """``(launcher, args)`` when ``words`` starts a launcher (after ``VAR=value`` prefixes and a runner that passes the
+    command on unchanged: ``uv run``, ``poetry run``, ``nohup``, ``exec``)."""
     i = 0
     while i < len(words) and ASSIGN.match(words[i]) and not words[i].startswith("-"):
         i += 1
     w = words[i:]
+    while w and w[0] in _RUNNERS and (len(w) > 1 and w[1] == "run" or _RUNNERS[w[0]] == 0):
+        w = w[1 + (w[0] in ("uv", "poetry", "pipenv", "pdm", "hatch")):]  # `uv run deepspeed ...`, `nohup torchrun ...`
     if not w:
         return None
     head = w[0].rsplit("/", 1)[-1]

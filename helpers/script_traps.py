@@ -94,7 +94,8 @@ def text_traps(text: str) -> list[Check]:
             + _c_without_command_traps(text) + _unset_launcher_var_traps(text) + _payload_split_traps(text, heredoc)
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
             + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text)
-            + _launcher_parser_traps(text) + _srun_no_program_traps(text))
+            + _launcher_parser_traps(text) + _srun_no_program_traps(text) + _nproc_from_task_count_traps(text)
+            + _program_node_count_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -814,6 +815,57 @@ def _direct_script(words: list[str]) -> str | None:
         module = words[j + 1] if j + 1 < len(words) else ""
         return None if not module or module.startswith(_LAUNCH_MODULES) else module
     return words[j] if j < len(words) else None
+
+
+def _nproc_from_task_count_traps(text: str) -> list[Check]:
+    """``slurm-env-misuse``: torchrun's ``--nproc-per-node`` given ``$SLURM_NTASKS_PER_NODE`` (or ``$SLURM_NTASKS``).
+    Those count the tasks srun starts (sbatch(1): "Number of tasks requested per node"); with torchrun as the per-node
+    launcher there is one task per node, so torchrun starts one worker on a node of N GPUs (or, with N tasks per node,
+    N launchers of N workers each).  The workers per node are the GPUs per node (``$SLURM_GPUS_ON_NODE``)
+    (OpenRLHF's batch script: one worker on 8-GPU nodes)."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if line.lstrip().startswith("#"):
+            continue
+        m = re.search(r"--nproc[-_]per[-_]node[= ]+[\"']?\$\{?(SLURM_NTASKS_PER_NODE|SLURM_NTASKS|SLURM_TASKS_PER_NODE)\b",
+                      line)
+        if not m:
+            continue
+        hit = trap("slurm-env-misuse", "FAIL", "nproc_per_node",
+                   f"--nproc-per-node takes ${m.group(1)}, the number of tasks srun starts, but torchrun is the per-node "
+                   "launcher (one task per node): it starts that many workers, one on a node of several GPUs (or "
+                   "tasks x tasks processes)", "--nproc-per-node=$SLURM_GPUS_ON_NODE (or the GPU count per node)",
+                   "https://slurm.schedmd.com/sbatch.html#OPT_SLURM_NTASKS_PER_NODE")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+def _program_node_count_traps(text: str) -> list[Check]:
+    """``nnodes-mismatch`` for the node count a batch script tells the training program itself: a Hydra / config
+    override ``trainer.nnodes=1`` (``num_nodes=``, ``--num_nodes``) that differs from the allocation's ``#SBATCH
+    --nodes``.  The program sizes its world (and, under Ray or Lightning, places its workers) from that number, so the
+    other nodes of the allocation sit idle or the program waits for nodes that never join (volcengine/verl's
+    Ray-on-SLURM example).  Only literal numbers on both sides; a value from ``$SLURM_NNODES`` is right by design."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    if not re.fullmatch(r"\d{1,6}", alloc):
+        return []
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        if line.lstrip().startswith("#") or re.search(r"\btorchrun\b|torch\.distributed\.(?:run|launch)\b", line):
+            continue  # torchrun's own --nnodes is _nnodes_traps'
+        for m in re.finditer(r"(?:(?<=\s)|^)(?:[\w.+]*\.)?(nnodes|num_nodes)=(\d{1,6})\b|--(num[-_]nodes)[= ](\d{1,6})\b",
+                             line):
+            value = m.group(2) or m.group(4)
+            if value != alloc:
+                hit = trap("nnodes-mismatch", "FAIL", "nnodes",
+                           f"{m.group(0).strip()} tells the program {value} node(s), but the allocation has "
+                           f"#SBATCH --nodes={alloc}: it sizes its world (and places its workers) for {value}",
+                           f"{m.group(0).strip().rsplit(value, 1)[0]}$SLURM_NNODES", "https://slurm.schedmd.com/sbatch.html#OPT_nodes")
+                hit.line_no = number
+                out.append(hit)
+                break
+    return out
 
 
 def _srun_no_program_traps(text: str) -> list[Check]:

@@ -296,6 +296,9 @@ def _reads_clock(test: ast.AST, scope: ast.AST, assigned: dict[tuple[ast.AST, st
         return got
     for name in {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}:
         sets = [value for line, value in assigned.get((scope, name), ()) if line < test.lineno]
+        if sets and isinstance(sets[-1], ast.Call) and re.search(r"(?i)sync|broadcast|all_?reduce|agree",
+                                                                 call_name(sets[-1])):
+            continue  # the clock's verdict made common to all ranks first (OLMo's synchronize_flag broadcasts it)
         if sets and (got := _clock(sets[-1])) is not None:
             return got
     return None

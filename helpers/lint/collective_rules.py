@@ -700,6 +700,39 @@ def rule_collective_in_filesystem_branch(lt: PythonLinter) -> None:
                "every path reach the same collectives", "D21")
 
 
+
+def rule_exception_skips_collective(lt: PythonLinter) -> None:
+    """``try: loss = model(batch); loss.backward() except SomeError: continue`` in the training loop of a data
+    parallel script: the exception depends on this rank's batch, so one rank skips the step's backward (DDP's
+    gradient all-reduce) while the others run it and wait for it: the collectives no longer line up (a hang, or
+    gradients averaged with the next step's; NVIDIA-NeMo/Automodel's skipped micro-batches).  Every rank must make the
+    same collectives (D21): agree on skipping (all-reduce a flag) or make the step a no-op on every rank."""
+    from helpers.lint.python_rules import WRAPS_DDP
+
+    if ".backward(" not in lt.text or not re.search(WRAPS_DDP, lt.text):
+        return
+    for t in (n for n in lt.nodes if isinstance(n, ast.Try)):
+        if not any(isinstance(a, (ast.For, ast.While)) for a in ancestors(lt, t)):
+            continue
+        backward = next((c for st in t.body for c in ast.walk(st) if isinstance(c, ast.Call) and
+                         isinstance(c.func, ast.Attribute) and c.func.attr == "backward"), None)
+        if backward is None:
+            continue
+        for h in t.handlers:
+            skip = next((x for x in h.body if isinstance(x, (ast.Continue, ast.Break, ast.Return))), None)
+            if skip is None or any(isinstance(x, ast.Raise) for x in ast.walk(h)) or \
+                    (h.type is not None and "StopIteration" in ast.unparse(h.type)):
+                continue  # (StopIteration: the data ran out, on every rank at the same step with equal shards)
+            lt.add("exception-skips-collective", "warning", skip,
+                   f"the except clause (line {h.lineno}) skips this step with `{ast.unparse(skip)}` when "
+                   f"{ast.unparse(h.type) if h.type else 'an exception'} is raised on this rank: its backward "
+                   f"(line {backward.lineno}, DDP's gradient all-reduce) does not run while the other ranks run theirs, "
+                   "so the collectives stop lining up (hang, or mixed steps)",
+                   "agree across ranks first (all-reduce a skip flag and skip together), or filter the data so every "
+                   "rank can run the step", "D21")
+            break
+
+
 _INTO_OUTPUT = {"all_gather_object": (0, 1), "all_gather": (0, 1), "gather_object": (1, 0), "gather": (1, 0)}
 """torch.distributed collectives that write every rank's part into an output list and leave this rank's input as it
 was: name -> (output position, input position): ``all_gather_object(object_list, obj)``, ``all_gather(tensor_list,
@@ -739,4 +772,4 @@ def rule_local_used_after_gather(lt: PythonLinter) -> None:
                "data", f"use {out} (the gathered parts) here", _DIST + "#torch.distributed.all_gather_object")
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

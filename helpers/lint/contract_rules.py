@@ -153,6 +153,9 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             sc.env_init = not explicit  # env:// reads MASTER_ADDR/MASTER_PORT (and RANK/WORLD_SIZE unless given)
             if isinstance(backend, ast.Attribute) and not sc.backend:
                 sc.extra["backend_attr"] = backend.attr
+        elif name == "initialize" and recv.endswith("deepspeed") and kwarg(c, "args") is not None and \
+                (kwarg(c, "config") is not None or kwarg(c, "config_params") is not None):
+            sc.extra["ds_config_in_call"] = c.lineno  # lint_cross: and --deepspeed_config on the launch line
         elif name in ("spawn", "start_processes", "Process", "launch", "elastic_launch", "notebook_launcher"):
             sc.spawns = True
         elif name == "set_device" and "cuda" in recv and c.args:
@@ -325,6 +328,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     collective_rules.rule_collective_result_discarded(lt)
     collective_rules.rule_local_used_after_gather(lt)
     collective_rules.rule_collective_in_filesystem_branch(lt)
+    collective_rules.rule_exception_skips_collective(lt)
     data_rules.rule_lr_steps_from_dataset_length(lt)
     data_rules.rule_lr_steps_given_per_step(lt, sc.options)
     data_rules.rule_lr_steps_times_world_size(lt)
@@ -360,6 +364,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     data_rules.rule_sampler_rng_differs(lt)
     data_rules.rule_shard_read_on_one_rank(lt)
     data_rules.rule_rank_gated_data_setup(lt)
+    data_rules.rule_loader_wrapped_before_prepare(lt)
     collective_rules.rule_collective_same_tensor_twice(lt)
     device_rules.rule_ddp_before_to_device(lt)
     collective_rules.rule_undefined_distributed_flag(lt)

@@ -523,12 +523,21 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("torch.distributed collectives", "Every rank reaches the same collectives: a branch on the filesystem "
        "(os.path.exists) can go differently on different ranks, so a collective on one side only is not reached by all",
        _COLL, "collective-in-data-dependent-branch"),
+    _c("DistributedDataParallel backward", "Every rank runs each step's backward (the gradient all-reduce): a step one "
+       "rank skips on its own (an exception caught and `continue`) leaves the others waiting", _DDP,
+       "exception-skips-collective"),
     _c("Accelerator.accumulate", "The prepared optimizer skips its step on accumulation micro-steps; a scheduler "
        "stepped in the same block follows it only when it too is prepared (or stepped under sync_gradients)",
        "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation", "scheduler-steps-per-microbatch"),
     _c("datasets map / filter under Accelerate", "A transform returns a new dataset: run on one rank only, the other "
        "ranks keep the unprocessed one (main_process_first runs it on every rank, rank 0 first)",
        _ACC + "#accelerate.Accelerator.main_process_first", "rank-gated-data-setup"),
+    _c("Accelerator.prepare", "It shards the DataLoaders it is given and returns other objects unchanged: a loader "
+       "wrapped first (cycle(dl), a generator) is not split across processes", _ACC + "#accelerate.Accelerator.prepare",
+       "loader-wrapped-before-prepare"),
+    _c("deepspeed.initialize", "The config comes once: from args.deepspeed_config (the --deepspeed_config launch "
+       "argument) or from config= / config_params=, not both (an assertion otherwise)",
+       "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/__init__.py", "ds-config-twice"),
     _c("FullyShardedDataParallel", "A FULL_STATE_DICT state_dict() is a collective on every rank; with "
        "rank0_only/offload_to_cpu only rank 0 holds the copy", _FSDP,
        ("rank-gated-collective", "fsdp-full-state-dict-all-ranks")),

@@ -105,6 +105,15 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
                 "torchrun passes no --local-rank (it sets LOCAL_RANK in the environment) and the script takes its "
                 "device from args.local_rank: every rank keeps the default (all on one GPU, or not distributed)",
                 "local_rank = int(os.environ['LOCAL_RANK'])", _TORCHRUN))
+        given = [a.split("=", 1)[0] for a in spec.script_args]
+        if sc.extra.get("ds_config_in_call") and ({"--deepspeed_config", "--deepscale_config"} & set(given)):
+            out.append(finding(
+                "ds-config-twice", "error", script, sc.extra["ds_config_in_call"],
+                f"deepspeed.initialize(args=args, config=...) here, and {path} passes --deepspeed_config: with both, "
+                "DeepSpeed stops with 'Not sure how to proceed, we were given deepspeed configs in the deepspeed "
+                "arguments and deepspeed.initialize() function call'",
+                "give the config once: drop config= from deepspeed.initialize, or --deepspeed_config from the launch "
+                "line", "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/__init__.py"))
         if sc.options is not None:
             out += _unknown_args(path, line, spec, sc, script)
             out += _missing_args(path, line, spec, sc, script)

@@ -761,6 +761,44 @@ def rule_rank_gated_data_setup(lt: PythonLinter) -> None:
         return
 
 
+def rule_loader_wrapped_before_prepare(lt: PythonLinter) -> None:
+    """A DataLoader wrapped in something else (``cycle(dl)``, a generator, a custom iterator) and that wrapper handed
+    to ``accelerator.prepare``: ``prepare`` shards the objects it recognises (``DataLoader``: "prepare_data_loader"
+    replaces its sampler with one that splits the data across processes) and returns the others unchanged, so every
+    process iterates the whole dataset (lucidrains/denoising-diffusion-pytorch; Accelerate's
+    https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.prepare).  Prepare
+    the DataLoader itself, then wrap what it returns."""
+    from helpers.lint.python_rules import _call_name
+
+    if ".prepare(" not in lt.text or "DataLoader(" not in lt.text:
+        return
+    loaders = {ast.unparse(t) for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and _call_name(n.value)[1] == "DataLoader" for t in n.targets}
+    wrapped: dict[str, tuple[str, int]] = {}
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _call_name(n.value)[1] not in (
+                "DataLoader", "prepare", "prepare_data_loader", "skip_first_batches") and n.value.args and \
+                any(ast.unparse(a) in loaders for a in n.value.args):
+            for t in n.targets:
+                wrapped[ast.unparse(t)] = (_call_name(n.value)[1], n.lineno)
+    if not wrapped:
+        return
+    for n in (x for x in lt.nodes if accelerator_prepare(x)):
+        call = n.value
+        assert isinstance(call, ast.Call)
+        hit = next((ast.unparse(a) for a in call.args if ast.unparse(a) in wrapped
+                    and wrapped[ast.unparse(a)][1] < call.lineno), None)
+        if hit is None:
+            continue
+        how, line = wrapped[hit]
+        lt.add("loader-wrapped-before-prepare", "warning", call,
+               f"{hit} = {how}(<DataLoader>) (line {line}) is handed to accelerator.prepare, which shards DataLoaders "
+               f"and returns anything else unchanged: {how}(...) is not one, so every process iterates the whole "
+               "dataset", f"prepare the DataLoader first, then wrap it: dl = accelerator.prepare(dl); {hit} = {how}(dl)",
+               "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.prepare")
+        return
+
+
 def rule_per_rank_outputs_from_whole_loader(lt: PythonLinter) -> None:
     """A script that runs as several processes (``init_process_group``), iterates a torch ``DataLoader`` with no
     sampler, and writes one output file per rank inside that loop (``torch.save(x, f"r{rank}_{i}.pth")``): the
@@ -840,4 +878,4 @@ def collect_sampler_facts(lt: PythonLinter) -> None:
             lt.facts.lightning_trainer = -1 if sets else (lt.facts.lightning_trainer or c.lineno)
 
 
-__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_shard_read_on_one_rank"]
+__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_shard_read_on_one_rank"]

@@ -266,12 +266,16 @@ def rule_load_without_map_location(lt: PythonLinter) -> None:
     Each such call is a finding, unless the other branch of its ``if`` (or the ``try``/``except`` around it) loads with
     a ``map_location``: the script chose the placement per case (pytorch/examples imagenet: no map_location only when
     no GPU index is given).  A file that does not itself set up DDP/FSDP (a checkpoint helper module) gets the finding
-    when a file linted with it does (:attr:`PyFacts.deferred`).
+    when a file linted with it does (:attr:`PyFacts.deferred`).  Not in a file that saves its checkpoints from CPU
+    copies (``offload_to_cpu=True``): what it loads back is on the CPU.
     """
     from helpers.lint.python_rules import WRAPS_DDP, _call_name
 
     here = bool(re.search(WRAPS_DDP, lt.text))
     _load_from_checkpoint_unplaced(lt)
+    if re.search(r"offload_to_cpu\s*=\s*True", lt.text) and "torch.save(" in lt.text:
+        return  # the file writes its checkpoints from CPU copies (FullStateDictConfig(offload_to_cpu=True)): they load
+        # back onto the CPU (pytorch/examples' FSDP checkpoint handler)
     for c in lt._calls():
         if _call_name(c) != ("torch", "load") or _placed(c):
             continue

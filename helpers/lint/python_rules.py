@@ -66,7 +66,7 @@ WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*acceler
                             r"distributed_state|state|self\.state|metric|.*metric.*|.*_metric)$", re.IGNORECASE)
 _MODEL_ATTR = re.compile(r"(?:^|_)(?:model|unet|text_encoder|transformer|policy|critic)(?:_|$)")
 """``self`` attributes that hold a model (``model``, ``ref_model``, ``unet``, ``text_encoder_one``...)."""
-WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes"}
+WRITE_CALLS = {"save_pretrained", "to_csv", "to_json", "savefig", "save_model", "write_text", "write_bytes", "push_to_hub"}
 TRACKER_RUNS = {("wandb", "init"), ("mlflow", "start_run"), ("neptune", "init_run"), ("Task", "init"),
                 ("comet_ml", "Experiment")}
 """Calls that start an experiment-tracker run: one per process unless gated (W&B's distributed guide, method 1: "only
@@ -898,6 +898,12 @@ class PythonLinter:
                 # `if fsdp_enabled or is_master: save_checkpoint(...)`: every rank enters under the sharded setup,
                 # where gathering a state dict is a collective; under DDP only the writer needs the state dict
                 continue
+            if re.search(r"(?i)collective$", _call_name(call)[0].rsplit(".", 1)[-1]):
+                # a method of a collective object made for some ranks (Fabric's TorchCollective over a subgroup):
+                # its members are decided where it is made (Lightning's decoupled RL example: `if global_rank == 1:
+                # player_trainer_collective.broadcast_object_list(...)`); a `group=` argument alone is not enough
+                # (a rank of the group may still take the other arm: issue_hangs.py's subgroup_mismatch)
+                continue
             if self._init_in_same_branch(gate, call):
                 # `if is_ddp: init_process_group(); barrier()`: the ranks that skip the branch have no process
                 # group at all, so there is nobody for them to leave waiting
@@ -1471,6 +1477,28 @@ class PythonLinter:
             child, p = p, self.parents.get(p)
         return False
 
+    def _under_rank_only_object(self, node: ast.AST) -> bool:
+        """``node`` sits under ``if x is not None:`` (or ``if x:``) where every value but ``None`` given to ``x`` in its
+        function is given under a rank gate: ``ema = None`` then ``if is_main_process(): ema = EMAModel(...)``, so
+        only that rank enters the branch (lerobot's EMA push)."""
+        fn = self._enclosing_function(node) or self.tree
+        p = self.parents.get(node)
+        while p is not None and p is not fn:
+            if isinstance(p, ast.If):
+                t = p.test
+                name = t.id if isinstance(t, ast.Name) else (
+                    t.left.id if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and len(t.ops) == 1 and
+                    isinstance(t.ops[0], ast.IsNot) and isinstance(t.comparators[0], ast.Constant) and
+                    t.comparators[0].value is None else None)
+                if name:
+                    sets = [a for a in ast.walk(fn) if isinstance(a, ast.Assign) and
+                            any(isinstance(x, ast.Name) and x.id == name for x in a.targets)
+                            and not (isinstance(a.value, ast.Constant) and a.value.value is None)]
+                    if sets and all(self._rank_gate(a) is not None for a in sets):
+                        return True
+            p = self.parents.get(p)
+        return False
+
     def _write_kind(self, call: ast.Call) -> str:
         """What ``call`` writes: ``"tracker"`` (starts an experiment-tracker run, :data:`TRACKER_RUNS`), ``"file"``
         (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`), ``"delete"``
@@ -1496,6 +1524,8 @@ class PythonLinter:
             # a model sharded by FSDP/DeepSpeed through Accelerate: save_pretrained gathers the shards (DTensor
             # full_tensor, a collective), so every rank calls it (accelerate's nd_parallel example)
             return ""
+        if name == "push_to_hub" and re.search(r"(?i)trainer$", recv):
+            return ""  # transformers' Trainer.push_to_hub returns on every process but the main one
         if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
                 (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
                  and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):
@@ -1584,13 +1614,14 @@ class PythonLinter:
     def rule_writes_on_every_rank(self) -> None:
         """D23: a file written by every rank to the same path (a race), with no rank gate.
 
-        Runs in a file that sets up the distributed job itself (a Lightning Trainer given a distributed strategy
-        included), or that rank-gates another write of its own (:meth:`_gates_its_writes`: the same file then leaves
+        Runs in a file that sets up the distributed job itself (a Lightning Trainer given a distributed strategy, or
+        transformers' TrainingArguments given a DeepSpeed config, included), or that rank-gates another write of its own (:meth:`_gates_its_writes`: the same file then leaves
         one write ungated)."""
         collective_fns = self._functions_with_collectives()
         if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
                          r"FullyShardedDataParallel|DDPStrategy|FSDPStrategy|DeepSpeedStrategy|"
-                         r"strategy\s*=\s*['\"](?:ddp|fsdp|deepspeed)", self.text) and not self._gates_its_writes() \
+                         r"strategy\s*=\s*['\"](?:ddp|fsdp|deepspeed)|\bdeepspeed\s*=\s*[\w'\"]", self.text) \
+                and not self._gates_its_writes() \
                 and not collective_fns:
             return  # (a Lightning Trainer given a distributed strategy runs the module's hooks on every process)
         self._inherited_saves_every_rank()
@@ -1617,7 +1648,8 @@ class PythonLinter:
                 continue  # torch.save(obj, io.BytesIO()): this process's memory, not a shared file
             if name == "open" and self._truncate_only(call):
                 continue  # `with open(log, "w"): pass` empties the file: every rank leaves the same empty file
-            if self._rank_gate(call) is not None or self._after_rank_exit(call) or self._single_process_only(call):
+            if self._rank_gate(call) is not None or self._after_rank_exit(call) or self._single_process_only(call) \
+                    or self._under_rank_only_object(call):
                 continue
             fn = self._enclosing_function(call)
             if fn is not None and fn not in self._gating_functions() and fn not in collective_fns and \
