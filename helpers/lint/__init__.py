@@ -55,6 +55,7 @@ RULES: dict[str, str] = {
     "nccl-no-device-binding": "https://docs.pytorch.org/docs/stable/distributed.html",
     "collective-before-set-device": "https://docs.pytorch.org/docs/stable/distributed.html",
     "fsdp-optimizer-before-wrap": "https://docs.pytorch.org/docs/stable/fsdp.html",
+    "fsdp-optimizer-incompatible": "https://docs.pytorch.org/docs/stable/fsdp.html#torch.distributed.fsdp.CPUOffload",
     "wrapper-raw-backward": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "syncbn-without-ddp": "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html",
     "load-without-map-location": "https://docs.pytorch.org/docs/stable/generated/torch.load.html",
@@ -126,6 +127,8 @@ RULES: dict[str, str] = {
     "ds-zero3-save-without-gather": "https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training",
     "ds-auto-raw-initialize": "D18",
     "ds-fp16-and-bf16": "D17",
+    "clock-dependent-path": "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html",
+    "ds-precision-mismatch": "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options",
     # helpers.lint.accelerate_rules
     "acc-invalid-config": "D5",
     "acc-ds-file-overrides": "D17",
@@ -294,6 +297,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     scripts: dict[str, tuple[str, list[Check], python_rules.PyFacts]] = {}
     ds_files: list[tuple[str, str, dict]] = []
     acc_files: list[tuple[str, str, dict]] = []
+    recipes: list[tuple[str, str, dict]] = []  # YAML files of HF TrainingArguments
     specs = []
     launches: list[tuple[str, str, object]] = []
     for path, text in files:
@@ -320,6 +324,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     ds_files.append((path, text, data))
                 elif kind == "yaml" and accelerate_rules.is_accelerate_config(data):
                     acc_files.append((path, text, data))
+                elif kind == "yaml" and cross_rules.training_arguments(data) is not None:
+                    recipes.append((path, text, data))
             elif kind == "markdown":
                 for block in markdown_shell(text):
                     got, spec = shell_rules.lint_shell(path, block)
@@ -349,6 +355,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.sampler_seed_across(facts)
     findings += cross_rules.iterable_not_sharded_across(facts)
     findings += cross_rules.download_every_rank_across(facts)
+    findings += cross_rules.clock_path_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)
@@ -390,7 +397,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     "float32: 'mat1 and mat2 must have the same dtype, but got Float and BFloat16'",
                     "create inputs with dtype=torch.bfloat16 (or cast the batch: x.to(model_engine.dtype))",
                     "Gilbreth 7.5"))
-    findings += cross_rules.ds_args_mismatch(launches, ds_files, acc_files)  # type: ignore[arg-type]
+    findings += cross_rules.ds_args_mismatch(launches, ds_files, acc_files, recipes)  # type: ignore[arg-type]
+    findings += cross_rules.fsdp_offload_bnb(launches, recipes, acc_files)  # type: ignore[arg-type]
     findings += cross_rules.ds_scheduler_overrides(launches, ds_files, facts)  # type: ignore[arg-type]
     findings += cross_rules.zero3_unwrapped_save(facts, ds_files, acc_files)  # type: ignore[arg-type]
     accel = next(((f.path, f.accelerator_grad_accum[0], str(f.accelerator_grad_accum[1])) for f in facts

@@ -342,6 +342,94 @@ def rule_clock_gated_collective(lt: PythonLinter) -> None:
                "#collective-functions")
 
 
+_DIR_NAME = re.compile(r"(?i)dir|path|folder|root|output|ckpt|checkpoint|save")
+_EVERY_RANK_SAVES = frozenset({"save_state", "save_checkpoint"})
+"""Saves that every rank calls with the same directory and writes its own files into: Accelerate's
+``save_state`` (each process's RNG state, its model/optimizer shards under DeepSpeed or FSDP), a DeepSpeed engine's
+``save_checkpoint`` ("all processes must call this method", each writing its ZeRO partition)."""
+_DS_SAVE = "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html"
+
+
+def _target_key(t: ast.AST) -> str | None:
+    return t.id if isinstance(t, ast.Name) else (t.attr if isinstance(t, ast.Attribute) else None)
+
+
+def clock_paths(lt: PythonLinter) -> dict[str, int]:
+    """Names and attributes assigned a path derived from this process's clock (``now = datetime.now(); run_dir =
+    f"{now:%H-%M-%S}"; self.output_dir = Path("outputs") / run_dir``): ``{name or attribute: line}``, for those whose name says directory/path/output.  Followed through plain
+    assignments (names and attributes, by their last component) to a fixed point."""
+    if not any(w in lt.text for w in ("now(", "time(", "strftime(")):
+        return {}
+    clocked: set[str] = set()
+    out: dict[str, int] = {}
+    assigns = [n for n in lt.nodes if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+    for _ in range(4):
+        grew = False
+        for n in assigns:
+            value = n.value  # type: ignore[union-attr]
+            reads = {x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(value)
+                     if isinstance(x, (ast.Name, ast.Attribute))}
+            timed = _clock(value) is not None or bool(reads & clocked) or \
+                any(isinstance(c, ast.Call) and call_name(c) == "strftime" and isinstance(c.func, ast.Attribute)
+                    and ast.unparse(c.func.value) == "time" and len(c.args) == 1 for c in ast.walk(value))
+            if not timed:
+                continue
+            for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                key = _target_key(t)
+                if key and key not in clocked:
+                    clocked.add(key)
+                    grew = True
+                    if _DIR_NAME.search(key):
+                        out.setdefault(key, n.lineno)
+        if not grew:
+            break
+    return out
+
+
+def every_rank_save_dirs(lt: PythonLinter) -> dict[str, int]:
+    """The names and attributes the directory of an every-rank save is built from (``accelerator.save_state(ckpt_dir)``
+    with ``ckpt_dir = get_step_checkpoint_dir(cfg.output_dir, step)``: ``{"output_dir": line, "ckpt_dir": line}``),
+    one level of assignment followed; only names that say directory/path/output.  Empty in a file that broadcasts
+    (``broadcast_object_list``: the directory may be made common there)."""
+    out: dict[str, int] = {}
+    if re.search(r"\bbroadcast\w*\(", lt.text):
+        return out
+    values = {_target_key(t): n.value for n in lt.nodes if isinstance(n, ast.Assign) for t in n.targets
+              if _target_key(t)}
+    for c in lt._calls():
+        if call_name(c) not in _EVERY_RANK_SAVES or not (c.args or c.keywords) or lt._rank_gate(c) is not None:
+            continue
+        arg = c.args[0] if c.args else c.keywords[0].value
+        for x in [arg] + [values[k] for k in {_target_key(y) for y in ast.walk(arg)} if k in values]:
+            for y in ast.walk(x):
+                key = _target_key(y)
+                if key and _DIR_NAME.search(key):
+                    out.setdefault(key, c.lineno)
+    return out
+
+
+def rule_clock_dependent_path(lt: PythonLinter) -> None:
+    """``clock-dependent-path``: the directory of an every-rank save (:data:`_EVERY_RANK_SAVES`) built from this
+    process's clock (:func:`clock_paths`) in the same file: each rank reads its own clock, so ranks started across a
+    tick of the format (a second for ``%H-%M-%S``) name different directories and the checkpoint's per-rank files
+    land apart (a checkpoint missing shards or RNG states that load_state cannot read back; OpenTau's fix
+    broadcasts rank 0's output_dir).  Accelerate's ``save_state`` and DeepSpeed's ``save_checkpoint`` are called by
+    every process with one directory (:data:`_DS_SAVE`).  The same across files:
+    :func:`helpers.lint.cross_rules.clock_path_across`."""
+    clocked = clock_paths(lt)
+    lt.facts.clock_paths = clocked
+    saves = every_rank_save_dirs(lt)
+    lt.facts.save_dir_names = saves
+    for key, line in saves.items():
+        if key in clocked:
+            lt.add("clock-dependent-path", "warning", _line_node(line),
+                   f"this save's directory comes from {key} (line {clocked[key]}), built from this process's clock: "
+                   "every rank reads its own, so ranks started across a tick name different directories and the "
+                   "checkpoint's per-rank files land apart", "decide the directory on rank 0 and broadcast it "
+                   "(dist.broadcast_object_list([out_dir], src=0)), or name it from the config / job id", _DS_SAVE)
+            return
+
+
 def _attr_of_name(node: ast.AST | None) -> str | None:
     """``args.seed`` -> ``seed`` (an attribute of a plain name that is not ``self``/``cls``); None otherwise."""
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id not in ("self", "cls"):
@@ -543,8 +631,9 @@ def run(lt: PythonLinter) -> None:
     rule_iterable_not_sharded(lt)
     rule_rank_shard_unused(lt)
     rule_download_every_rank(lt)
+    rule_clock_dependent_path(lt)
 
 
-__all__ = ["rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
+__all__ = ["clock_paths", "every_rank_save_dirs", "rule_clock_dependent_path", "rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
            "rule_download_every_rank", "rule_iterable_not_sharded", "rule_rank_shard_unused",
            "rule_sampler_seed_per_rank", "run"]

@@ -441,7 +441,11 @@ CONTRACTS: tuple[Contract, ...] = (
        "\"8\" is a string)", _DS_CFG + "#batch-size-related-parameters", "ds-invalid-value"),
     _c("DeepSpeed config with the HF Trainer", "A value that is not \"auto\" equals the matching TrainingArguments "
        "value (per_device_train_batch_size, gradient_accumulation_steps, max_grad_norm, learning_rate...), given or "
-       "default", _HF_DS + "#deepspeed-and-trainer-parameter-summary", "ds-args-mismatch"),
+       "default; fp16.enabled / bf16.enabled equal --fp16 / --bf16), from the launch line or a YAML recipe of them",
+       _HF_DS + "#deepspeed-and-trainer-parameter-summary", "ds-args-mismatch"),
+    _c("DeepSpeed engine", "With bf16 (fp16) enabled the engine's weights are bfloat16 (float16): the script's "
+       "own dtype for that precision is the same half type", _DS_CFG + "#bfloat16-training-options",
+       "ds-precision-mismatch"),
     _c("DeepSpeed config", "fp16 and bf16 are not both enabled", _DS_CFG + "#bfloat16-training-options",
        "ds-fp16-and-bf16"),
     _c("DeepSpeed config with the HF Trainer", "A \"scheduler\" section replaces the Trainer's --lr_scheduler_type "
@@ -498,6 +502,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "(info)"),
     _c("FullyShardedDataParallel", "The optimizer is created after wrapping (FSDP replaces the parameters)",
        _FSDP, "fsdp-optimizer-before-wrap"),
+    _c("FullyShardedDataParallel", "With CPUOffload(offload_params=True) the optimizer step runs on CPU: the "
+       "optimizer works on CPU tensors (bitsandbytes' 8-bit/paged optimizers ran on CUDA only; bitsandbytes#89)",
+       _FSDP + "#torch.distributed.fsdp.CPUOffload", "fsdp-optimizer-incompatible"),
     _c("FullyShardedDataParallel", "Gradient clipping goes through the module's own clip_grad_norm_: torch's utility "
        "sees only this rank's shard of the gradients (a different norm on every rank)", _FSDP,
        "fsdp-clip-grad-norm"),

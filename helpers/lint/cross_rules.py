@@ -450,12 +450,18 @@ HF_MATCHED = (("train_micro_batch_size_per_gpu", "per_device_train_batch_size", 
               ("gradient_accumulation_steps", "gradient_accumulation_steps", 1),
               ("gradient_clipping", "max_grad_norm", 1.0),
               ("optimizer.params.lr", "learning_rate", 5e-5),
+              ("optimizer.params.eps", "adam_epsilon", 1e-8),
               ("optimizer.params.weight_decay", "weight_decay", 0.0),
               ("scheduler.params.warmup_max_lr", "learning_rate", 5e-5),
-              ("scheduler.params.warmup_num_steps", "warmup_steps", 0))
+              ("scheduler.params.warmup_num_steps", "warmup_steps", 0),
+              ("fp16.enabled", "fp16", False),
+              ("bf16.enabled", "bf16", False))
 """DeepSpeed key <-> HF ``TrainingArguments`` field and its default, as ``HfTrainerDeepSpeedConfig.trainer_config_process``
-(transformers/integrations/deepspeed.py) matches them: a value that is not ``"auto"`` must equal the argument."""
+(transformers/integrations/deepspeed.py) matches them with ``fill_match``: a value that is not ``"auto"`` must equal
+the argument (``fp16.enabled`` against ``fp16 or fp16_full_eval``, ``bf16.enabled`` against ``bf16 or
+bf16_full_eval``)."""
 _HF_DOCS = "https://huggingface.co/docs/transformers/en/deepspeed#deepspeed-and-trainer-parameter-summary"
+_HF_KEYS = {hf for _ds, hf, _d in HF_MATCHED}
 
 
 def _cli(args: Sequence[str]) -> dict[str, str]:
@@ -489,42 +495,152 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _flag(text: str) -> bool | None:
+    low = text.strip().strip("'\"").lower()
+    return True if low in ("true", "1", "yes") else (False if low in ("false", "0", "no") else None)
+
+
+def training_arguments(data: object) -> dict[str, str] | None:
+    """The HF ``TrainingArguments`` a YAML recipe holds, as ``{field: text}`` (booleans as ``"true"``/``"false"``):
+    the mapping itself, or one of its top-level sections (``training:``), when it names ``output_dir`` and at least one
+    field the DeepSpeed integration matches (:data:`HF_MATCHED`).  ``None`` when it holds none (any other YAML)."""
+    if not isinstance(data, dict):
+        return None
+    for part in [data] + [v for v in data.values() if isinstance(v, dict)]:
+        if "output_dir" in part and _HF_KEYS & set(part):
+            return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in part.items()
+                    if v is not None and not isinstance(v, (dict, list))}
+    return None
+
+
+def _differs(ds_val: object, hf_text: str | None, default: object) -> tuple[bool, object]:
+    """Whether the DeepSpeed value ``ds_val`` differs from the argument (its text, or its default); and that value."""
+    if isinstance(default, bool):
+        hf_bool = _flag(hf_text) if hf_text is not None else default
+        return (hf_bool is not None and isinstance(ds_val, bool) and ds_val != hf_bool), hf_bool
+    hf_val = _number(hf_text) if hf_text is not None else default
+    if hf_val is None or not isinstance(ds_val, (int, float)) or isinstance(ds_val, bool):
+        return False, hf_val
+    return float(ds_val) != float(hf_val), hf_val  # type: ignore[arg-type]
+
+
 def ds_args_mismatch(launches: Sequence[tuple[str, str, LaunchSpec | None]],
-                     ds_files: Sequence[tuple[str, str, dict]], acc_files: Sequence[tuple[str, str, dict]]) -> list[Check]:
+                     ds_files: Sequence[tuple[str, str, dict]], acc_files: Sequence[tuple[str, str, dict]],
+                     recipes: Sequence[tuple[str, str, dict]] = ()) -> list[Check]:
     """``ds-args-mismatch``: a DeepSpeed value (JSON via ``--deepspeed``, or an Accelerate YAML's ``deepspeed_config``)
     that differs from the HF ``TrainingArguments`` the launch line passes (or their defaults), which the HF
-    integration refuses ('Please correct the following DeepSpeed config values that mismatch TrainingArguments')."""
+    integration refuses ('Please correct the following DeepSpeed config values that mismatch TrainingArguments').
+
+    ``recipes`` are YAML files of TrainingArguments (:func:`training_arguments`): one that names its DeepSpeed file
+    (``deepspeed: ds.json``) is matched against it; one that names none, against every DeepSpeed JSON linted with it
+    (they were passed together), and then as a warning: the script may pick another file.
+    """
     out: list[Check] = []
-    for _path, _text, spec in launches:
-        if spec is None:
-            continue
-        cli = _cli(spec.script_args)
-        if "output_dir" not in cli:
-            continue  # not HF TrainingArguments
-        ds_name = os.path.basename(cli.get("deepspeed", ""))
-        targets = [(p, t, d, True) for p, t, d in ds_files if ds_name and os.path.basename(p) == ds_name]
-        targets += [(p, t, d.get("deepspeed_config"), False) for p, t, d in acc_files
-                    if isinstance(d.get("deepspeed_config"), dict) and str(d.get("distributed_type")) == "DEEPSPEED"]
+    sources: list[tuple[dict[str, str], str, bool]] = []  # (arguments, where they come from, certain link)
+    for path, _text, spec in launches:
+        if spec is not None:
+            cli = _cli(spec.script_args)
+            if "output_dir" in cli:  # HF TrainingArguments
+                sources.append((cli, f"the launch in {os.path.basename(path)}", True))
+    for path, _text, data in recipes:
+        args = training_arguments(data)
+        if args is not None:
+            sources.append((args, os.path.basename(path), "deepspeed" in args))
+    for args, where, certain in sources:
+        ds_name = os.path.basename(args.get("deepspeed", ""))
+        targets = [(p, t, d, True) for p, t, d in ds_files
+                   if (os.path.basename(p) == ds_name if ds_name else not certain)]
+        if certain:
+            targets += [(p, t, d.get("deepspeed_config"), False) for p, t, d in acc_files
+                        if isinstance(d.get("deepspeed_config"), dict) and str(d.get("distributed_type")) == "DEEPSPEED"]
         for path, text, data, json_file in targets:
             for ds_key, hf_key, default in HF_MATCHED:
                 ds_val = _get(data, ds_key)
-                if ds_val is None or ds_val == "auto" or (not json_file and hf_key not in cli):
+                if ds_val is None or ds_val == "auto" or (not json_file and hf_key not in args):
                     continue
-                hf_text = cli.get(hf_key)
-                hf_val = _number(hf_text) if hf_text is not None else default
-                if hf_val is None or (isinstance(ds_val, (int, float)) and not isinstance(ds_val, bool)
-                                      and float(ds_val) == float(hf_val)):
+                if isinstance(default, bool) and not ({"fp16", "bf16"} & set(args)):
+                    continue  # precision compared only where the arguments name one (a custom --output_dir parser)
+                hf_text = args.get(hf_key)
+                differs, hf_val = _differs(ds_val, hf_text, default)
+                if not differs:
                     continue
-                key = ds_key.split(".")[-1]
+                key = ds_key.split(".")[-1] if not ds_key.endswith(".enabled") else ds_key.split(".")[0]
                 m = re.search(r'^\s*"?' + re.escape(key) + r'"?\s*:', text, re.M)
                 line = text.count("\n", 0, m.start()) + 1 if m else 1
                 shown = hf_text if hf_text is not None else f"{default} (its default)"
                 out.append(finding(
-                    "ds-args-mismatch", "error", path, line,
-                    f"{ds_key}={ds_val!r} here but the launch passes --{hf_key} {shown} to the HF Trainer: 'Please "
+                    "ds-args-mismatch", "error" if certain else "warning", path, line,
+                    f"{ds_key}={ds_val!r} here but {where} sets {hf_key}={shown} for the HF Trainer: 'Please "
                     f"correct the following DeepSpeed config values that mismatch TrainingArguments values: - ds "
-                    f"{ds_key}={ds_val} vs hf {hf_key}={hf_val}'", f'"{key}": "auto" (the Trainer fills it in), or '
-                    f"pass --{hf_key} {ds_val}", _HF_DOCS))
+                    f"{ds_key}={ds_val} vs hf {hf_key}={hf_val}'", f'"{ds_key}": "auto" (the Trainer fills it in), '
+                    f"or set {hf_key} to {ds_val}", _HF_DOCS))
+    return out
+
+
+_FSDP_CPU_OFFLOAD = "https://pytorch.org/docs/stable/fsdp.html#torch.distributed.fsdp.CPUOffload"
+
+
+def _bnb_optimizer(name: str) -> bool:
+    """Whether an HF ``optim`` / axolotl ``optimizer`` name is a bitsandbytes optimizer (transformers'
+    ``OptimizerNames``: adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit/32bit, lion_8bit, paged_lion_*, rmsprop_bnb*,
+    ademamix_8bit...); torchao's ``adamw_torch_4bit`` / ``adamw_torch_8bit`` are not."""
+    low = name.strip().strip("'\"").lower()
+    return "torch" not in low and ("bnb" in low or low.endswith(("8bit", "32bit")) or low.startswith("paged_"))
+
+
+def _offloads_params(args: dict, fsdp_config: object) -> bool:
+    """Whether FSDP parameter offload is on: TrainingArguments' ``fsdp`` words (``full_shard auto_wrap offload``) or an
+    ``fsdp_config`` with ``fsdp_offload_params`` / ``offload_params`` true (Accelerate's and axolotl's spelling)."""
+    words = args.get("fsdp", "")
+    if "offload" in str(words).lower().split() or "offload" in str(words).lower():
+        return True
+    if isinstance(fsdp_config, dict):
+        return any(_flag(str(fsdp_config.get(k, ""))) for k in ("fsdp_offload_params", "offload_params"))
+    return False
+
+
+def fsdp_offload_bnb(launches: Sequence[tuple[str, str, LaunchSpec | None]], recipes: Sequence[tuple[str, str, dict]],
+                     acc_files: Sequence[tuple[str, str, dict]]) -> list[Check]:
+    """``fsdp-optimizer-incompatible``: a bitsandbytes optimizer (``optim`` / ``optimizer``: paged_adamw_8bit,
+    adamw_bnb_8bit...) with FSDP parameter offload.  PyTorch's contract for ``CPUOffload(offload_params=True)``: it
+    'offloads gradients to CPU as well, meaning that the optimizer step runs on CPU'
+    (https://pytorch.org/docs/stable/fsdp.html#torch.distributed.fsdp.CPUOffload); bitsandbytes' optimizers ran on
+    CUDA/XPU tensors only until bitsandbytes PR #1901 (2026-03), and its 8-bit states under FSDP are an open issue
+    (bitsandbytes#89).  Sources: a recipe YAML (HF TrainingArguments or axolotl: ``fsdp`` + ``fsdp_config``), or a
+    launch line's ``--optim`` with ``--fsdp ... offload`` or an Accelerate config linted with it whose
+    ``fsdp_config.fsdp_offload_params`` is true."""
+    out: list[Check] = []
+    acc_offload = next((p for p, _t, d in acc_files if str(d.get("distributed_type")) == "FSDP"
+                        and _offloads_params({}, d.get("fsdp_config"))), None)
+    items: list[tuple[str, str, dict, object]] = []
+    for path, text, data in recipes:
+        part = next((p for p in [data] + [v for v in data.values() if isinstance(v, dict)]
+                     if isinstance(p, dict) and ("optim" in p or "optimizer" in p)), None)
+        if part is not None:
+            items.append((path, text, part, part.get("fsdp_config")))
+    for path, text, spec in launches:
+        if spec is not None:
+            cli = _cli(spec.script_args)
+            if "optim" in cli or "optimizer" in cli:
+                items.append((path, text, cli, None))
+    for path, text, args, fsdp_config in items:
+        name = str(args.get("optim") or args.get("optimizer") or "")
+        if not _bnb_optimizer(name):
+            continue
+        own = _offloads_params(args, fsdp_config)
+        if not own and not acc_offload:
+            continue
+        where = "" if own else str(acc_offload)
+        m = re.search(r"(optim(izer)?\b\W*)" + re.escape(name), text)
+        line = text.count("\n", 0, m.start()) + 1 if m else 1
+        out.append(finding(
+            "fsdp-optimizer-incompatible", "warning", path, line,
+            f"{name} is a bitsandbytes optimizer and FSDP offloads the parameters to CPU"
+            f"{' (' + os.path.basename(where) + ')' if where else ''}: with offload_params 'the optimizer step runs on "
+            "CPU', and bitsandbytes' optimizers run on CUDA tensors (CPU support only since bitsandbytes PR #1901; "
+            "8-bit states under FSDP: bitsandbytes#89)",
+            "use a torch optimizer (adamw_torch / adamw_torch_fused) with offload, or keep the 8-bit optimizer and "
+            "turn FSDP offload_params off", _FSDP_CPU_OFFLOAD))
     return out
 
 
@@ -764,6 +880,19 @@ def iterable_not_sharded_across(facts: Sequence[object]) -> list[Check]:
                     f"give {name} the rank and world size and keep every world_size-th shard after the "
                     "worker split", "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset")
             for f, name, line, where in _used_in_data_parallel_file(facts, "unsharded_iterables", "constructs")]
+
+
+def clock_path_across(facts: Sequence[object]) -> list[Check]:
+    """``clock-dependent-path`` across files: a file that trains data parallel saves on every rank into a directory
+    built from a name another linted file derives from the clock (a config class's ``output_dir`` default from
+    ``datetime.now()``; :func:`helpers.lint.agreement_rules.rule_clock_dependent_path` has the contract)."""
+    return [finding("clock-dependent-path", "warning", f.path, line,  # type: ignore[attr-defined]
+                    f"this save's directory comes from {name}, which {os.path.basename(where[0])}:{where[1]} builds "
+                    "from each process's clock: ranks started across a tick name different directories and the "
+                    "checkpoint's per-rank files land apart", "decide the directory on rank 0 and broadcast it "
+                    "(accelerate.utils.broadcast_object_list / dist.broadcast_object_list), or name it from the "
+                    "config / job id", "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html")
+            for f, name, line, where in _used_in_data_parallel_file(facts, "clock_paths", "save_dir_names")]
 
 
 def download_every_rank_across(facts: Sequence[object]) -> list[Check]:

@@ -295,7 +295,7 @@ def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> 
                                                           for t in a.targets)):
                 continue
             name = _call_name(a.value)[1]
-            if not (name == "get_scheduler" or re.search(r"schedule", name)):
+            if not _builds_scheduler(name):
                 continue
             steps = kwarg(a.value, "num_training_steps")
             if steps is None:
@@ -322,6 +322,13 @@ def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> 
 
 
 
+def _builds_scheduler(name: str) -> bool:
+    """Whether a call of ``name`` builds a learning-rate schedule sized by ``num_training_steps``: transformers' /
+    diffusers' ``get_scheduler`` and ``get_*_schedule_with_warmup``, and a project's own ``*schedule*`` builder.  The
+    one test of the scheduler rules of this module."""
+    return name == "get_scheduler" or "schedule" in name
+
+
 def rule_lr_steps_times_world_size(lt: PythonLinter) -> None:
     """A scheduler sized ``steps * world_size`` (Accelerate's convention for its prepared scheduler, which steps
     ``num_processes`` times per optimizer step: accelerate/scheduler.py) in a script that does not use Accelerate:
@@ -333,7 +340,7 @@ def rule_lr_steps_times_world_size(lt: PythonLinter) -> None:
         return
     for c in lt._calls():
         name = _call_name(c)[1]
-        if not (name == "get_scheduler" or re.search(r"_schedule_with_warmup$|^get_\w*schedule", name)):
+        if not _builds_scheduler(name):
             continue
         for k in c.keywords:
             if k.arg not in ("num_training_steps", "num_warmup_steps") or not isinstance(k.value, ast.BinOp) or \
@@ -713,6 +720,42 @@ def rule_shard_read_on_one_rank(lt: PythonLinter) -> None:
         return
 
 
+def rule_rank_slice_results_on_one_rank(lt: PythonLinter) -> None:
+    """Results collected over this rank's slice (``my_keys = all_keys[rank::world_size]``; ``for k in my_keys:
+    results.append(...)``) handed to a call under a rank gate (``if local_rank == 0: aggregate_scores(results)``) with
+    no gather of them: that rank's list holds its own 1/world_size of the cases, so the metric it reports covers a
+    subset that depends on the GPU count (MIC-DKFZ/nnUNet's DDP validation).  The same contract as a
+    ``DistributedSampler``'s shard read on one rank (:func:`rule_shard_read_on_one_rank`); not where the list is
+    passed to a gather (``all_gather_object``, ``gather``)."""
+    slices = {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)
+              and isinstance(n.value.slice, ast.Slice) and n.value.slice.lower is not None
+              and n.value.slice.step is not None and lt.taint.is_rank(n.value.slice.lower)
+              for t in n.targets if isinstance(t, ast.Name)}
+    if not slices:
+        return
+    collected: dict[str, int] = {}
+    for loop in (n for n in lt.nodes if isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id in slices):
+        for c in (n for s in loop.body for n in ast.walk(s) if isinstance(n, ast.Call)):
+            if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "extend") and \
+                    isinstance(c.func.value, ast.Name):
+                collected.setdefault(c.func.value.id, loop.lineno)
+    gathered = {a.id for c in lt._calls() if "gather" in ast.unparse(c.func).lower()
+                for a in ast.walk(c) if isinstance(a, ast.Name)}
+    for c in lt._calls():
+        name = next((a.id for a in c.args if isinstance(a, ast.Name) and a.id in collected and a.id not in gathered),
+                    None)
+        if name is None or lt._rank_gate(c) is None or \
+                (isinstance(c.func, ast.Name) and c.func.id in _BUILTIN_READS):
+            continue
+        lt.add("eval-shard-unreduced", "warning", c,
+               f"{name} is filled over this rank's slice (the loop at line {collected[name]}) and read here under a rank "
+               f"gate: that rank holds only its 1/world_size of the cases, so {ast.unparse(c.func)[:40]} reports on a "
+               "subset that depends on the GPU count",
+               f"gather the lists first (dist.all_gather_object) or build {name} over every case on the rank that "
+               "reports", _DATA + "#torch.utils.data.distributed.DistributedSampler")
+        return
+
+
 _TRANSFORM = re.compile(r"(?:\.|\b)(?:map|filter|select|shuffle|train_test_split|cast_column)\w*\(")
 """A datasets transform (``ds.map(...)``, ``ds.filter(...)``): it returns a new dataset; the old one is unchanged."""
 
@@ -878,4 +921,4 @@ def collect_sampler_facts(lt: PythonLinter) -> None:
             lt.facts.lightning_trainer = -1 if sets else (lt.facts.lightning_trainer or c.lineno)
 
 
-__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_shard_read_on_one_rank"]
+__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_shard_read_on_one_rank"]

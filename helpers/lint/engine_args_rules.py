@@ -100,3 +100,58 @@ def rule_engine_args(lt: PythonLinter) -> None:
                            "option')", "pass training_data=None and iterate your own loader (shard the stream by "
                            "rank, e.g. wds.split_by_node)", _DS_INIT)
                 found.add(kw.arg)
+
+
+_BF16_WORDS = frozenset({"bf16", "bfloat16"})
+_FP16_WORDS = frozenset({"fp16", "float16", "half"})
+_DS_BF16 = "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options"
+
+
+def _precision_words(test: ast.AST) -> set[str] | None:
+    """The precision names a branch test compares with (its string constants, lowercased), or ``None`` when the test
+    negates (``!=``, ``not in``, ``not``): a negated test selects the other precision, so its body may rightly pick
+    either dtype."""
+    words: set[str] = set()
+    for node in ast.walk(test):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.NotEq, ast.NotIn, ast.IsNot)) for op in node.ops):
+            return None
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            words.add(node.value.lower())
+    return words
+
+
+def rule_precision_branch_swapped(lt: PythonLinter) -> None:
+    """``ds-precision-mismatch``: a branch taken when the config says bf16 (its test compares with ``"bf16"`` /
+    ``"bfloat16"`` and no fp16 word) whose body sets a dtype to ``torch.float16`` / ``torch.half`` and never to
+    ``torch.bfloat16``, or the converse (an fp16 test that sets ``torch.bfloat16``).  With DeepSpeed's ``bf16``
+    section enabled the engine keeps the model in bfloat16 (https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options),
+    and with Accelerate's ``mixed_precision="bf16"`` autocast runs in bfloat16: tensors the script casts to the other
+    half type meet bf16 weights ('expected ... BFloat16 but found Half') or lose range (fp16 overflows where bf16 does
+    not).  A negated test (``!=``, ``not in``) is not read."""
+    if "bf16" not in lt.text and "bfloat16" not in lt.text:
+        return
+    for node in lt.nodes:
+        if not isinstance(node, ast.If):
+            continue
+        words = _precision_words(node.test)
+        if not words:
+            continue
+        bf, fp = bool(words & _BF16_WORDS), bool(words & _FP16_WORDS)
+        if bf == fp:
+            continue
+        dtypes = {ast.unparse(s.value) for s in node.body if isinstance(s, ast.Assign)
+                  and isinstance(s.value, ast.Attribute) and isinstance(s.value.value, ast.Name)
+                  and s.value.value.id == "torch"}
+        wrong, right = ({"torch.float16", "torch.half"}, "torch.bfloat16") if bf else ({"torch.bfloat16"}, "torch.float16")
+        if not (dtypes & wrong) or right in dtypes or (not bf and "torch.half" in dtypes):
+            continue
+        stmt = next(s for s in node.body if isinstance(s, ast.Assign) and ast.unparse(s.value) in wrong)
+        said = "bf16" if bf else "fp16"
+        lt.add("ds-precision-mismatch", "warning", stmt,
+               f"this branch runs when the config says {said} (line {node.lineno}: {ast.unparse(node.test)[:60]}) and "
+               f"sets {ast.unparse(stmt.value)}: the engine's weights and autocast are "
+               f"{'bfloat16' if bf else 'float16'}, so tensors cast here meet the other half type ('expected ... "
+               f"{'BFloat16 but found Half' if bf else 'Half but found BFloat16'}')",
+               f"{ast.unparse(stmt.targets[0])[:30]} = {right}", _DS_BF16)

@@ -144,6 +144,8 @@ class PyFacts:
     lightning_trainer: int = 0              # line of a Lightning Trainer(...); -1: one sets use_distributed_sampler
     ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
+    clock_paths: dict[str, int] = field(default_factory=dict)  # names/attrs of paths built from the clock -> line
+    save_dir_names: dict[str, int] = field(default_factory=dict)  # names an every-rank save's directory is built from
 
 
 def _gate_text(gate: ast.AST) -> str:
@@ -1478,24 +1480,21 @@ class PythonLinter:
         return False
 
     def _under_rank_only_object(self, node: ast.AST) -> bool:
-        """``node`` sits under ``if x is not None:`` (or ``if x:``) where every value but ``None`` given to ``x`` in its
-        function is given under a rank gate: ``ema = None`` then ``if is_main_process(): ema = EMAModel(...)``, so
-        only that rank enters the branch (lerobot's EMA push)."""
-        fn = self._enclosing_function(node) or self.tree
+        """``node`` sits under ``if x is not None:`` (or ``if x:``) where ``x`` is made on some ranks only
+        (:meth:`_rank_only_objects`): ``ema = None`` then ``if is_main_process(): ema = EMAModel(...)``, so only that
+        rank enters the branch (lerobot's EMA push)."""
+        fn = self._enclosing_function(node)
+        made = self._rank_only_objects()
         p = self.parents.get(node)
-        while p is not None and p is not fn:
+        while p is not None and p is not (fn or self.tree):
             if isinstance(p, ast.If):
                 t = p.test
                 name = t.id if isinstance(t, ast.Name) else (
                     t.left.id if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and len(t.ops) == 1 and
                     isinstance(t.ops[0], ast.IsNot) and isinstance(t.comparators[0], ast.Constant) and
                     t.comparators[0].value is None else None)
-                if name:
-                    sets = [a for a in ast.walk(fn) if isinstance(a, ast.Assign) and
-                            any(isinstance(x, ast.Name) and x.id == name for x in a.targets)
-                            and not (isinstance(a.value, ast.Constant) and a.value.value is None)]
-                    if sets and all(self._rank_gate(a) is not None for a in sets):
-                        return True
+                if name and (fn, name) in made:
+                    return True
             p = self.parents.get(p)
         return False
 
@@ -1830,13 +1829,16 @@ class PythonLinter:
                          f"self.accelerator.unwrap_model(self.{name}).{attr}",
                          "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
 
-    def rule_rank_gated_object_used(self) -> None:
-        """An object made only on some ranks, used on all of them: ``ema = ModelEMA(model) if rank in [-1, 0] else
-        None`` then ``ema.updates = ...`` (ultralytics/yolov5#775), or ``wandb_logger = WandbLogger(...)`` inside ``if
-        rank in [-1, 0]:`` then ``wandb_logger.wandb`` outside it (#2574): the other ranks hold None
-        (``AttributeError: 'NoneType' object has no attribute ...``) or nothing (NameError).  A use counts when it
-        reads an attribute of the name (or calls a method) outside any rank gate, after the assignment, in the same
-        function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
+    def _rank_only_objects(self) -> dict[tuple[ast.AST | None, str], tuple[int, str, bool]]:
+        """Names made on some ranks only, per function: ``{(function or None, name): (line, how, conditional)}`` --
+        a value of a ``@rank_zero_only`` function (None on the other ranks), ``x = A if <rank test> else None``
+        (``conditional``), or an assignment under a rank gate with no assignment on the other ranks (not in the
+        gate's ``else``, not under a complementary gate, not elsewhere on every rank).  The one table behind
+        :meth:`rule_rank_gated_object_used` (uses outside the gate) and :meth:`_under_rank_only_object` (branches
+        only those ranks enter).  Computed once per file."""
+        cached = getattr(self, "_rank_only_cache", None)
+        if cached is not None:
+            return cached
         made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]] = {}  # (line, how, a conditional expression)
         plain: set[tuple[ast.AST | None, str]] = set()
         gated_tests: dict[tuple[ast.AST | None, str], list[ast.expr]] = {}
@@ -1867,7 +1869,7 @@ class PythonLinter:
                         made.setdefault((scope, t.id), (node.lineno, f"only under `{_gate_text(gate)}`", False))
                         if isinstance(gate, ast.If):
                             gated_tests.setdefault((scope, t.id), []).append(gate.test)
-                else:
+                elif not (isinstance(v, ast.Constant) and v.value is None):  # `x = None` first: made nowhere yet
                     plain.add((scope, t.id))
         # `if rank == 0: x = ...` then `if rank != 0: x = ...` (download on one rank, then read on the others: PyG's
         # distributed examples) makes x on every rank
@@ -1876,6 +1878,17 @@ class PythonLinter:
         # a name also bound on every rank elsewhere is made everywhere, unless its rank-only value is the
         # `x if rank... else None` of one assignment (that assignment overrides the others on the ranks it gives None)
         made = {k: v for k, v in made.items() if k not in plain or v[2]}
+        self._rank_only_cache: dict[tuple[ast.AST | None, str], tuple[int, str, bool]] = made
+        return made
+
+    def rule_rank_gated_object_used(self) -> None:
+        """An object made only on some ranks, used on all of them: ``ema = ModelEMA(model) if rank in [-1, 0] else
+        None`` then ``ema.updates = ...`` (ultralytics/yolov5#775), or ``wandb_logger = WandbLogger(...)`` inside ``if
+        rank in [-1, 0]:`` then ``wandb_logger.wandb`` outside it (#2574): the other ranks hold None
+        (``AttributeError: 'NoneType' object has no attribute ...``) or nothing (NameError).  A use counts when it
+        reads an attribute of the name (or calls a method) outside any rank gate, after the assignment, in the same
+        function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
+        made = self._rank_only_objects()
         if not made:
             return
         self._made_on_main_used_on_local_main(made)
@@ -1892,7 +1905,7 @@ class PythonLinter:
                 guarded = test is not None and (any(isinstance(n, ast.Name) and n.id == node.value.id
                                                     for n in ast.walk(test)) or re.search(r"(?i)rank", _src(test)))
                 p = self.parents.get(p)
-            if guarded:
+            if guarded or self._after_exit_on_test_of(node, node.value.id):
                 continue
             seen.add(key)
             line, how, _ = made[key]
@@ -1902,6 +1915,22 @@ class PythonLinter:
                      f"'{node.attr}', or NameError)",
                      f"gate the use like the creation (if {node.value.id} is not None: / if <main rank>:), or make it "
                      "on every rank", "D21")
+
+    def _after_exit_on_test_of(self, node: ast.AST, name: str) -> bool:
+        """``node`` follows, in its block or an enclosing one of the same function, an ``if`` that tests ``name`` and
+        leaves (``if not writer: continue``; ``if ema is None: return``): only the ranks that hold it get here."""
+        child, p = node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for fld in ("body", "orelse"):
+                block = getattr(p, fld, None)
+                if isinstance(block, list) and child in block:
+                    for stmt in block[:block.index(child)]:
+                        if isinstance(stmt, ast.If) and any(isinstance(n, ast.Name) and n.id == name
+                                                            for n in ast.walk(stmt.test)) and \
+                                any(isinstance(s, (ast.Return, ast.Continue, ast.Break, ast.Raise)) for s in stmt.body):
+                            return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _rank_zero_only_call(self, call: ast.Call) -> bool:
         """``call`` calls a function of this file decorated ``@rank_zero_only`` (bare, or a method through self)."""
