@@ -127,6 +127,10 @@ RULES: dict[str, str] = {
     "ds-zero3-save-without-gather": "https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training",
     "ds-auto-raw-initialize": "D18",
     "ds-fp16-and-bf16": "D17",
+    "zero-grad-in-accumulate": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/optimizer.py",
+    "optimizer-state-not-restored": "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html",
+    "state-overwritten-after-load": "https://docs.pytorch.org/tutorials/beginner/saving_loading_models.html",
+    "scheduler-not-checkpointed": "https://docs.pytorch.org/docs/stable/optim.html",
     "clock-dependent-path": "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html",
     "ds-precision-mismatch": "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options",
     # helpers.lint.accelerate_rules
@@ -290,7 +294,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
         The findings, sorted by file and line.
     """
     from helpers import launch_parse
-    from helpers.lint import accelerate_rules, contract_rules, cross_rules, deepspeed_rules, python_rules, shell_rules
+    from helpers.lint import accelerate_rules, bundle_rules, contract_rules, cross_rules, deepspeed_rules, python_rules, shell_rules
 
     findings: list[Check] = []
     facts: list[python_rules.PyFacts] = []
@@ -326,6 +330,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     acc_files.append((path, text, data))
                 elif kind == "yaml" and cross_rules.training_arguments(data) is not None:
                     recipes.append((path, text, data))
+                elif bundle_rules.is_bundle(data):
+                    findings += bundle_rules.lint_bundle(path, text, data)
             elif kind == "markdown":
                 for block in markdown_shell(text):
                     got, spec = shell_rules.lint_shell(path, block)

@@ -318,4 +318,176 @@ def rule_save_hook_every_rank(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["BLANK_TRACKER", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_tracker_on_every_rank"]
+_DCP_STATE = "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.state_dict.get_optimizer_state_dict"
+_RESTORE = re.compile(r"(?i)restore|resume|load_checkpoint|load_state|from_checkpoint")
+
+
+def _dcp_load(call: ast.Call) -> bool:
+    """``dcp.load(...)`` / ``torch.distributed.checkpoint.load(...)`` / ``dist_cp.load(...)``."""
+    f = call.func
+    return isinstance(f, ast.Attribute) and f.attr in ("load", "load_state_dict") and \
+        re.search(r"(?:^|\.)(?:dcp|dist_cp|checkpoint|DCP)$", ast.unparse(f.value)) is not None
+
+
+def rule_dcp_load_raw_optimizer_state(lt: PythonLinter) -> None:
+    """``optimizer-state-not-restored``: ``dcp.load(state)`` where ``state`` holds ``optimizer.state_dict()`` (a
+    dict literal, or items assigned to it in the same function).  DCP loads in place into the tensors of the
+    state_dict it is given; a freshly built optimizer's ``state_dict()`` has no state tensors yet (Adam creates
+    ``exp_avg`` / ``exp_avg_sq`` at its first step), so there is nothing to fill and the moments restart at zero on
+    every resume.  torch.distributed.checkpoint's contract for optimizers is ``get_optimizer_state_dict`` (which
+    initialises the state) and ``set_optimizer_state_dict`` (``_DCP_STATE``; KempnerForge's fix)."""
+    if "state_dict()" not in lt.text or "load(" not in lt.text:
+        return
+    for call in lt._calls():
+        if not _dcp_load(call) or not call.args:
+            continue
+        arg = call.args[0]
+        values: list[ast.AST] = list(arg.values) if isinstance(arg, ast.Dict) else []
+        if isinstance(arg, ast.Name):
+            scope = lt._enclosing_function(call) or lt.tree
+            for n in ast.walk(scope):
+                if isinstance(n, ast.Assign) and n.lineno < call.lineno:
+                    for t in n.targets:
+                        if isinstance(t, ast.Subscript) and ast.unparse(t.value) == arg.id:
+                            values.append(n.value)
+                        elif isinstance(t, ast.Name) and t.id == arg.id and isinstance(n.value, ast.Dict):
+                            values.extend(v for v in n.value.values if v is not None)
+        raw = next((v for v in values if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute)
+                    and v.func.attr == "state_dict" and not v.args
+                    and re.search(r"(?i)optim", ast.unparse(v.func.value))), None)
+        if raw is None:
+            continue
+        lt.add("optimizer-state-not-restored", "warning", call,
+               f"{ast.unparse(call)[:50]} loads into {ast.unparse(raw)} (line {raw.lineno}): DCP fills the tensors of "
+               "the state dict it is given, and a new optimizer's state_dict() holds none yet (Adam's exp_avg appear "
+               "at its first step), so the optimizer's moments are not restored on resume",
+               "osd = get_optimizer_state_dict(model, optimizer); dcp.load({'optimizer': osd}, ...); "
+               "set_optimizer_state_dict(model, optimizer, osd)", _DCP_STATE)
+
+
+_SAVE_LOAD = re.compile(r"(?i)save|load|checkpoint|ckpt")
+
+
+def _resumes(lt: PythonLinter) -> bool:
+    """The code (not its strings) resumes from a checkpoint: a name, attribute or keyword that says resume or
+    load_checkpoint, an optimizer's ``load_state_dict``, or ``torch.load`` / ``fabric.load`` / ``dcp.load``."""
+    for n in lt.nodes:
+        word = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else \
+            n.arg if isinstance(n, ast.keyword) else None
+        if word and re.search(r"(?i)resum|load_checkpoint|load_state$", word):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (
+                (n.func.attr == "load_state_dict" and "optim" in ast.unparse(n.func.value).lower())
+                or (n.func.attr == "load" and re.search(r"(?:^|\.)(?:torch|fabric|dcp)$", ast.unparse(n.func.value)))):
+            return True
+    return False
+
+
+def rule_scheduler_not_checkpointed(lt: PythonLinter) -> None:
+    """``scheduler-not-checkpointed``: a function builds an LR scheduler it steps, and a checkpoint state that holds
+    the optimizer but not the scheduler (``state = TrainTaskState(model=..., optimizer=optimizer, step=...)``,
+    ``{"model": ..., "optimizer": ...}``) handed to a save or load (``fabric.save(path, state)``,
+    ``save_checkpoint(..., state=state)``): a resumed run rebuilds the scheduler at step 0, so its warm-up and decay
+    start over (lightly-ai/lightly-train#301).  The resume contract: every object whose state the run continues
+    from is saved and loaded, the scheduler's through its ``state_dict()`` (torch.optim: "LRScheduler.state_dict()",
+    https://docs.pytorch.org/docs/stable/optim.html; Fabric's checkpoint guide saves each object in the state
+    dict, https://lightning.ai/docs/fabric/stable/guide/checkpoint/checkpoint.html).  Not for ``accelerator.save_state``
+    (it saves the prepared schedulers itself), nor in a file that sets a scheduler's ``last_epoch`` (the schedule
+    rebuilt at the saved epoch), nor in one that never resumes (no resume, load_checkpoint, optimizer load)."""
+    if "sched" not in lt.text or "last_epoch" in lt.text:
+        return  # (a scheduler put back at the saved epoch, `scheduler.last_epoch = start_epoch - 1`: yolov5's resume)
+    if not _resumes(lt):
+        return  # nothing here resumes from a checkpoint: one saved for inference or fine-tuning
+    stepped = {ast.unparse(c.func.value) for c in lt._calls() if isinstance(c.func, ast.Attribute)
+               and c.func.attr == "step" and "sched" in ast.unparse(c.func.value).lower()}
+    for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        scheds = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) for tt in n.targets
+                  for t in (tt.elts if isinstance(tt, ast.Tuple) else [tt])
+                  if isinstance(t, ast.Name) and "sched" in t.id.lower() and t.id in stepped}
+        if not scheds:
+            continue
+        for n in (x for x in ast.walk(fn) if isinstance(x, ast.Assign) and len(x.targets) == 1
+                  and isinstance(x.targets[0], ast.Name)):
+            v = n.value
+            keys = [k.value for k in v.keys if isinstance(k, ast.Constant)] if isinstance(v, ast.Dict) else \
+                [k.arg for k in v.keywords if k.arg] if isinstance(v, ast.Call) else []
+            if "optimizer" not in keys or any("sched" in str(k).lower() for k in keys) or \
+                    any(isinstance(x, ast.Name) and x.id in scheds for x in ast.walk(v)):
+                continue
+            name = n.targets[0].id
+            use = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and c.lineno >= n.lineno
+                        and _SAVE_LOAD.search(ast.unparse(c.func).rsplit(".", 1)[-1])
+                        and "save_state" not in ast.unparse(c.func)
+                        and any(isinstance(a, ast.Name) and a.id == name
+                                for a in [*c.args, *(k.value for k in c.keywords)])), None)
+            if use is None:
+                continue
+            sched = sorted(scheds)[0]
+            lt.add("scheduler-not-checkpointed", "warning", n,
+                   f"{name} holds the optimizer but not {sched}, and {ast.unparse(use.func)}(...) (line {use.lineno}) "
+                   f"saves or restores it: a resumed run starts {sched} again from step 0 (the warm-up and decay "
+                   "repeat)", f"add {sched} to {name} (its state_dict() is saved and loaded with the rest)",
+                   "https://docs.pytorch.org/docs/stable/optim.html")
+            return
+
+
+def _assigned_self_attrs(fn: ast.AST, holder: str = "self") -> set[str]:
+    return {t.attr for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == holder}
+
+
+def _restored_attrs(lt: PythonLinter, method: ast.AST) -> set[str]:
+    """The ``self`` attributes a restore method sets: in its body, and in a module-level function of the file it
+    hands ``self`` to (``_restore_checkpoint(self, path)`` setting ``trainer._ema = ...``)."""
+    out = _assigned_self_attrs(method)
+    for c in (n for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+        fn = lt.functions.get(c.func.id)
+        pos = next((i for i, a in enumerate(c.args) if isinstance(a, ast.Name) and a.id == "self"), None)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and pos is not None and pos < len(fn.args.args):
+            out |= _assigned_self_attrs(fn, fn.args.args[pos].arg)
+    return out
+
+
+def rule_state_overwritten_after_load(lt: PythonLinter) -> None:
+    """``state-overwritten-after-load``: a method calls the class's restore method (``self.restore_checkpoint(path)``,
+    a name with restore/resume/load_checkpoint/load_state) and later, in the same method and with no read of it in
+    between, assigns an attribute that restore set (``self._ema = build_ema(...)``): the restored value is replaced by
+    a fresh one on every resume (ai2cm/ace: the EMA's ``num_updates`` back to 0).  Restoring state means the
+    loaded values are the ones the run continues from (https://docs.pytorch.org/tutorials/beginner/saving_loading_models.html
+    #saving-loading-a-general-checkpoint-for-inference-and-or-resuming-training): build the objects first, restore
+    last."""
+    if not _RESTORE.search(lt.text):
+        return
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        methods = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        restores = {name: _restored_attrs(lt, m) for name, m in methods.items() if _RESTORE.search(name)}
+        if not any(restores.values()):
+            continue
+        for m in methods.values():
+            for call in (n for n in ast.walk(m) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                         and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"
+                         and n.func.attr in restores and n.func.attr != m.name):
+                attrs = restores[call.func.attr]  # type: ignore[union-attr]
+                reads: dict[str, int] = {}
+                for n in ast.walk(m):
+                    if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and \
+                            isinstance(n.value, ast.Name) and n.value.id == "self" and n.lineno > call.lineno:
+                        reads[n.attr] = min(reads.get(n.attr, n.lineno), n.lineno)
+                for n in (x for x in m.body if isinstance(x, ast.Assign) and x.lineno > call.lineno):
+                    hit = next((t.attr for t in n.targets if isinstance(t, ast.Attribute) and t.attr in attrs
+                                and isinstance(t.value, ast.Name) and t.value.id == "self"
+                                and reads.get(t.attr, n.lineno + 1) >= n.lineno
+                                and not any(isinstance(v, ast.Attribute) and v.attr == t.attr
+                                            for v in ast.walk(n.value))), None)
+                    if hit is None:
+                        continue
+                    lt.add("state-overwritten-after-load", "warning", n,
+                           f"self.{hit} is set here after self.{call.func.attr}(...) (line {call.lineno}) "  # type: ignore[union-attr]
+                           f"restored it: a resumed run continues with a fresh {hit}, not the one in the checkpoint",
+                           f"build self.{hit} before the restore call (or only when not resuming)",
+                           "https://docs.pytorch.org/tutorials/beginner/saving_loading_models.html")
+                    return
+
+
+__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]

@@ -536,6 +536,27 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("Accelerator.accumulate", "The prepared optimizer skips its step on accumulation micro-steps; a scheduler "
        "stepped in the same block follows it only when it too is prepared (or stepped under sync_gradients)",
        "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation", "scheduler-steps-per-microbatch"),
+    _c("Accelerator.accumulate", "The prepared optimizer's zero_grad clears the gradients only on the sync step: "
+       "called before the backward it clears them exactly when they are applied, and the model's own zero_grad is "
+       "not gated at all (each micro-step wiped)", "https://github.com/huggingface/accelerate/blob/main/src/"
+       "accelerate/optimizer.py", "zero-grad-in-accumulate"),
+    _c("torch.optim.lr_scheduler", "One scheduler step per optimizer step: in a hand-written accumulation loop the "
+       "scheduler steps in the optimizer's branch", "https://docs.pytorch.org/docs/stable/optim.html"
+       "#how-to-adjust-learning-rate", "scheduler-steps-per-microbatch"),
+    _c("Resuming from a checkpoint", "Every object the run continues from is saved and restored (the scheduler's "
+       "state_dict with the optimizer's), and nothing restored is rebuilt after the restore",
+       "https://docs.pytorch.org/tutorials/beginner/saving_loading_models.html",
+       ("scheduler-not-checkpointed", "state-overwritten-after-load")),
+    _c("torch.distributed.checkpoint", "dcp.load fills the state dict it is given in place: an optimizer's state "
+       "goes through get_optimizer_state_dict / set_optimizer_state_dict (a new optimizer's state_dict() has no "
+       "state to fill)", _DCP + "#torch.distributed.checkpoint.state_dict.get_optimizer_state_dict",
+       "optimizer-state-not-restored"),
+    _c("DeepSpeed save_checkpoint / Accelerator.save_state", "Every process saves into the same directory (each "
+       "writes its own states): a directory named from each process's clock differs between ranks", _DS_CKPT,
+       "clock-dependent-path"),
+    _c("DeepSpeed ZeRO-3 GatheredParameters", "Entering the context all-gathers the partitioned parameters: every "
+       "rank enters it (the engine's own save does, and gates only the write)", "https://deepspeed.readthedocs.io/"
+       "en/latest/zero3.html#deepspeed.zero.GatheredParameters", "rank-gated-collective"),
     _c("datasets map / filter under Accelerate", "A transform returns a new dataset: run on one rank only, the other "
        "ranks keep the unprocessed one (main_process_first runs it on every rank, rank 0 first)",
        _ACC + "#accelerate.Accelerator.main_process_first", "rank-gated-data-setup"),

@@ -322,6 +322,40 @@ def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> 
 
 
 
+def rule_scheduler_outside_conditional_step(lt: PythonLinter) -> None:
+    """``scheduler-steps-per-microbatch`` in a hand-written accumulation loop: the optimizer steps only in one branch
+    of a loop body (``if is_accumulation_step: ... else: opt.step()``, ``if (i + 1) % accum == 0: opt.step()``) and a
+    scheduler's ``step()`` sits in the same body outside that branch, so it steps on every micro-batch: the schedule
+    runs accumulation-steps times too fast.  PyTorch's contract: "lr_scheduler.step() ... after optimizer's update"
+    once per optimizer step (https://docs.pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate;
+    deepglint/OneVision-Encoder#82).  Not a ``ReduceLROnPlateau`` (stepped with a metric) nor a call under its own
+    test."""
+    if "step()" not in lt.text:
+        return
+    for loop in (n for n in lt.nodes if isinstance(n, (ast.For, ast.While))):
+        def steps(block: list[ast.stmt]) -> bool:  # an optimizer step: opt.step(), scaler.step(opt)
+            return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "step"
+                       and re.search(r"(?i)opt", ast.unparse(c)) for st in block for c in ast.walk(st))
+
+        opt_if = next((st for st in loop.body if isinstance(st, ast.If) and steps(st.body) != steps(st.orelse)),
+                      None)  # one arm steps the optimizer, the other does not (both arms: amp or not, every pass)
+        if opt_if is None:
+            continue
+        for stmt in loop.body[loop.body.index(opt_if) + 1:]:
+            if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+                continue
+            c = stmt.value
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "step" and not c.args and \
+                    re.search(r"(?i)sched", ast.unparse(c.func.value)):
+                lt.add("scheduler-steps-per-microbatch", "warning", c,
+                       f"{ast.unparse(c.func.value)}.step() runs on every pass of this loop, but the optimizer steps "
+                       f"only under the test at line {opt_if.lineno}: the schedule advances once per micro-batch, "
+                       "accumulation-steps times too fast",
+                       f"step {ast.unparse(c.func.value)} right after the optimizer, in the same branch",
+                       "https://docs.pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate")
+                return
+
+
 def _builds_scheduler(name: str) -> bool:
     """Whether a call of ``name`` builds a learning-rate schedule sized by ``num_training_steps``: transformers' /
     diffusers' ``get_scheduler`` and ``get_*_schedule_with_warmup``, and a project's own ``*schedule*`` builder.  The
@@ -921,4 +955,4 @@ def collect_sampler_facts(lt: PythonLinter) -> None:
             lt.facts.lightning_trainer = -1 if sets else (lt.facts.lightning_trainer or c.lineno)
 
 
-__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_shard_read_on_one_rank"]
+__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_scheduler_outside_conditional_step", "rule_shard_read_on_one_rank"]

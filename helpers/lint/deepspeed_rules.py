@@ -100,9 +100,16 @@ def repair(text: str) -> str | None:
 
 
 def is_deepspeed_config(data: dict[str, Any]) -> bool:
-    """True when the JSON looks like a DeepSpeed config (one of its main keys is present)."""
-    return bool({"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu", "fp16", "bf16",
-                 "gradient_accumulation_steps", "optimizer"} & set(data))
+    """True when the JSON looks like a DeepSpeed config: one of its own keys (``zero_optimization``, the batch sizes,
+    ``gradient_accumulation_steps``), or a section in DeepSpeed's shape (``"optimizer": {"type": ...}``, ``"fp16":
+    {"enabled": ...}``).  A config of another tool that merely has an ``optimizer`` item (a MONAI bundle's
+    ``{"_target_": "torch.optim.Adam"}``, a Hydra node) is not one."""
+    if {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps"} & set(data):
+        return True
+    opt = data.get("optimizer")
+    return (isinstance(opt, dict) and "type" in opt and "_target_" not in opt) or any(
+        isinstance(data.get(k), dict) and "enabled" in data[k] for k in ("fp16", "bf16"))
 
 
 def enabled(section: Any) -> bool:

@@ -341,7 +341,17 @@ class _Local:
                 break
         self.names -= global_names
 
+    def _beside_global_rank(self, node: ast.AST) -> bool:
+        """``node`` (a ``rank`` name) is a parameter of a function that also takes ``global_rank``
+        (``def worker(global_rank, rank, world_size)``: there ``rank`` is the one that is not global)."""
+        fn = self.lt._enclosing_function(node)
+        params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if isinstance(
+            fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+        return "rank" in params and "global_rank" in params
+
     def is_local(self, node: ast.AST | None) -> bool:
+        if isinstance(node, ast.Name) and node.id == "rank" and self._beside_global_rank(node):
+            return True
         if isinstance(node, ast.Name):
             return node.id in self.names or node.id in ("local_rank", "localrank", "local_rank_id")
         if isinstance(node, ast.Attribute):
@@ -380,7 +390,7 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
     here; an error when a linted launch starts this script on several nodes (cross_rules.settle)."""
     from helpers.lint.python_rules import _call_name
 
-    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|local_process_index|get_local_rank", lt.text):
+    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|local_process_index|get_local_rank|global_rank", lt.text):
         return
     local = _Local(lt)
     hits: list[tuple[ast.AST, str]] = []

@@ -14,6 +14,7 @@ micro-step must be the one whose gradients reach ``optimizer.step()``.
 from __future__ import annotations
 
 import ast
+import re
 from typing import TYPE_CHECKING
 
 from helpers.lint.wrappers import assign_targets, call_name
@@ -373,6 +374,66 @@ def rule_module_method_forward(lt: PythonLinter) -> None:
             break
 
 
+_ACC_OPT = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/optimizer.py"
+_MODEL_NAME = re.compile(r"(?i)model|policy|net|unet|transformer|encoder|decoder|critic|actor")
+
+
+def _prepared_optimizers(lt: PythonLinter) -> set[str]:
+    """The names bound to what ``accelerator.prepare(...)`` returns at an argument whose name says optimizer."""
+    out: set[str] = set()
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and call_name(n.value) == "prepare":
+            targets = n.targets[0].elts if isinstance(n.targets[0], ast.Tuple) else n.targets
+            for t, a in zip(targets, n.value.args):
+                if "optim" in ast.unparse(a).lower() or "optim" in ast.unparse(t).lower():
+                    out.add(ast.unparse(t))
+    return out
+
+
+def rule_zero_grad_in_accumulate(lt: PythonLinter) -> None:
+    """``zero-grad-in-accumulate``: inside ``with accelerator.accumulate(model):``, (a) ``zero_grad()`` before the
+    backward: entering the block sets ``sync_gradients`` for the step that applies the accumulated gradients, and the
+    prepared optimizer's ``zero_grad`` clears them exactly then ("if self.gradient_state.sync_gradients:
+    self.optimizer.zero_grad()", accelerate/optimizer.py), so each update uses the last micro-batch only
+    (modelscope/DiffSynth-Studio#1404); (b) ``zero_grad()`` of the model (or of anything not prepared as an
+    optimizer): not gated by the sync flag, it wipes the gradients of every micro-step (tatsu-lab/alpaca_farm#57:
+    "The AcceleratedOptimizer object has the right wraps that disable zero_grad on non-sync steps").  The documented
+    loop: forward, ``accelerator.backward``, ``optimizer.step()``, ``optimizer.zero_grad()``
+    (https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation)."""
+    if ".accumulate(" not in lt.text or "zero_grad" not in lt.text:
+        return
+    optimizers = _prepared_optimizers(lt)
+    for w in (n for n in lt.nodes if isinstance(n, ast.With)):
+        acc = next((i.context_expr for i in w.items if isinstance(i.context_expr, ast.Call)
+                    and call_name(i.context_expr) == "accumulate"
+                    and isinstance(i.context_expr.func, ast.Attribute)
+                    and "accelerator" in ast.unparse(i.context_expr.func.value).lower()), None)
+        if acc is None:
+            continue
+        models = {ast.unparse(a) for a in acc.args}
+        calls = sorted((c for s in w.body for c in _calls(s)), key=lambda c: (c.lineno, c.col_offset))
+        backward = next((c.lineno for c in calls if call_name(c) == "backward"), None)
+        for c in calls:
+            if call_name(c) != "zero_grad" or not isinstance(c.func, ast.Attribute):
+                continue
+            holder = ast.unparse(c.func.value)
+            if holder in models or (holder not in optimizers and "optim" not in holder.lower()
+                                    and _MODEL_NAME.search(holder.rsplit(".", 1)[-1])):
+                lt.add("zero-grad-in-accumulate", "warning", c,
+                       f"{holder}.zero_grad() inside accelerator.accumulate(...): the model's (or an unprepared "
+                       "object's) zero_grad is not gated by Accelerate's sync flag, so it clears the gradients of every "
+                       "micro-step and only the last micro-batch reaches the update",
+                       "call the prepared optimizer's zero_grad() after optimizer.step()", _ACC_OPT)
+                break
+            if backward is not None and c.lineno < backward:
+                lt.add("zero-grad-in-accumulate", "warning", c,
+                       f"{holder}.zero_grad() runs before the backward (line {backward}) inside "
+                       "accelerator.accumulate(...): on the step that applies the accumulated gradients the prepared "
+                       "optimizer really zeroes them here, so each update uses the last micro-batch only",
+                       f"move {holder}.zero_grad() after {holder}.step()", _ACC_OPT)
+                break
+
+
 def run(lt: PythonLinter) -> None:
     """Run the gradient-synchronisation rules on ``lt``."""
     rule_forward_bypasses_ddp(lt)
@@ -381,6 +442,7 @@ def run(lt: PythonLinter) -> None:
     rule_no_sync_backward_only(lt)
     rule_no_sync_misaligned(lt)
     rule_backward_through_all_reduce(lt)
+    rule_zero_grad_in_accumulate(lt)
 
 
 __all__ = ["run"]

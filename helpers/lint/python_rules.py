@@ -9,7 +9,8 @@ rank-dependent.
 
 A *collective* is a call every rank must make: ``barrier``, ``all_reduce``, ``all_gather``,
 ``broadcast``, ``reduce_scatter``..., DeepSpeed ``save_checkpoint``/``load_checkpoint``
-(Gilbreth 7.5 issue 3), FSDP full state-dict gathers, ``accelerator.gather`` /
+(Gilbreth 7.5 issue 3) and ZeRO-3's ``zero.GatheredParameters`` (entering it all-gathers the partitioned
+parameters; DeepSpeed's own engine enters it on every rank and gates only the write), FSDP full state-dict gathers, ``accelerator.gather`` /
 ``gather_for_metrics`` / ``wait_for_everyone`` / ``save_state``, ``gather_object``, DCP
 ``save``/``load``, torchmetrics ``compute()``; and a call of a function of the same file that
 makes one (helpers are followed a few levels deep).
@@ -56,7 +57,7 @@ STRONG_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object"
                       "save_checkpoint", "load_checkpoint", "gather_object", "full_optim_state_dict",
                       "sharded_optim_state_dict", "summon_full_params", "get_model_state_dict",
                       "get_optimizer_state_dict", "consolidate_state_dict", "wait_for_everybody", "reduce_tensor",
-                      "sync_across_processes", "all_gather_multigpu", "reduce_mean"}
+                      "sync_across_processes", "all_gather_multigpu", "reduce_mean", "GatheredParameters"}
 _LOGGER_RECEIVER = re.compile(r"(?i)logger|writer|tracker|wandb|mlflow|tensorboard|comet|neptune")
 """Receivers whose ``save_checkpoint`` uploads or records a file (experiment trackers), not a collective."""
 WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "load_state", "pad_across_processes",
@@ -333,6 +334,8 @@ class _Taint:
         self.rank_attrs: set[str] = set()
         self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
         self.global_rank_funcs: set[str] = set()  # local functions that return the global rank itself
+        self.global_rank_attrs: set[str] = set()  # self.<attr> assigned the global rank (self.rank = dist.get_rank())
+        self.other_attrs: set[str] = set()  # self.<attr> assigned anything else somewhere (then not known global)
         self.spawned_params = spawned_params
         self.sites: dict[str, list[ast.AST]] = {}  # name -> the assignments that made it rank-dependent
         self.parents: dict[ast.AST, ast.AST] = {}  # set by PythonLinter: for the flow check of _late
@@ -441,7 +444,9 @@ class _Taint:
             # Accelerate's ``process_index`` is "the index of the current process" across all nodes;
             # ``local_process_index`` the one on this node (https://huggingface.co/docs/accelerate/package_reference/accelerator)
             return node.attr in GLOBAL_RANK_ATTRS or (node.attr == "rank" and not self.rank_arg_is_local and
-                                                      _src(node.value) in ("args", "self.args", "cfg", "config", "opt"))
+                                                      _src(node.value) in ("args", "self.args", "cfg", "config", "opt")) \
+                or (isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.global_rank_attrs
+                    and node.attr not in self.other_attrs)
         if isinstance(node, ast.JoinedStr):
             return any(isinstance(v, ast.FormattedValue) and self.is_global_rank(v.value) for v in node.values)
         return False
@@ -467,6 +472,10 @@ class _Taint:
                 attrs = [t.attr for t in targets if isinstance(t, ast.Attribute)]
                 if attrs and self.is_rank_value(n.value):
                     self.rank_attrs.update(attrs)
+                self_attrs = [t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                              and t.value.id == "self"]
+                if self_attrs:
+                    (self.global_rank_attrs if self.is_global_rank(n.value) else self.other_attrs).update(self_attrs)
                 names += [e.id for t in targets if isinstance(t, ast.Tuple) for e in t.elts if isinstance(e, ast.Name)]
                 if not names:
                     continue
@@ -1505,6 +1514,11 @@ class PythonLinter:
         recv, name = _call_name(call)
         if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
             return "tracker"
+        if name == "SummaryWriter" and not re.search(r"rank|node|proc", _src(call)):
+            # TensorBoard's SummaryWriter opens an event file of its own (events.out.tfevents.<time>.<host>.<pid>) in
+            # log_dir: one per process, read by TensorBoard as one run with every rank's curves interleaved (a log_dir
+            # named by the rank is a run per rank: not this)
+            return "tracker"
         if (recv, name) in DELETES or name in ("remove", "rmtree", "unlink", "delete") and call.args and \
                 re.search(r"(?:^|[._])(?:file_client|backend|storage|fs|filesystem)$", recv):
             # a storage client's remove (mmengine's FileClient / get_file_backend: the same path on every rank)
@@ -1653,9 +1667,10 @@ class PythonLinter:
             fn = self._enclosing_function(call)
             if fn is not None and fn not in self._gating_functions() and fn not in collective_fns and \
                     not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()) and \
-                    not self._callback_sites(getattr(fn, "name", None)):
+                    not self._callback_sites(getattr(fn, "name", None)) and not self._sets_up_job(fn):
                 continue  # a library function never called here: its callers decide (unless it gates other writes
-                # or calls a collective itself, which every rank must reach)
+                # or calls a collective itself, which every rank must reach, or sets up the distributed job itself:
+                # a trainer's __init__ that builds its Accelerator runs on every process)
             if fn is not None and (self._function_only_called_gated(fn) or getattr(fn, "name", "") in self.spawned_funcs
                                    and False):
                 continue
@@ -1678,6 +1693,13 @@ class PythonLinter:
                      f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
                      "truncated checkpoint, garbled log)",
                      "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
+
+    @staticmethod
+    def _sets_up_job(fn: ast.AST) -> bool:
+        """``fn`` sets up the distributed job (builds an ``Accelerator``, calls ``init_process_group``,
+        ``deepspeed.initialize``, wraps in DDP): every process runs it, whoever calls it."""
+        return bool(re.search(r"\bAccelerator\(|init_process_group\(|deepspeed\.initialize\(|"
+                              r"DistributedDataParallel\(", ast.unparse(fn)))
 
     def _config_dump_only(self, call: ast.Call) -> bool:
         """``with open(path, "w") as f: yaml.dump(args, f)`` (the block only dumps the run's configuration), or
