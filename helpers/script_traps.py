@@ -95,7 +95,7 @@ def text_traps(text: str) -> list[Check]:
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
             + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text)
             + _launcher_parser_traps(text) + _srun_no_program_traps(text) + _nproc_from_task_count_traps(text)
-            + _program_node_count_traps(text))
+            + _program_node_count_traps(text) + _sbatch_option_traps(text) + _sbatch_task_shrink_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -1050,6 +1050,112 @@ def _literal_node_rank(spec: LaunchSpec, text: str) -> list[Check]:
                 "rendezvous (no node rank)", "https://docs.pytorch.org/docs/stable/elastic/run.html")
     hit.line_no = text.count("\n", 0, m.start()) + 1
     return [hit]
+
+
+_SBATCH_DOC = "https://slurm.schedmd.com/sbatch.html"
+_SBATCH_LINE = re.compile(r"^#SBATCH[ \t]+(.*)$")
+_SPANK_PREFIXES = ("--container-", "--no-container-")
+"""Options a site's SPANK plugin commonly adds to sbatch (NVIDIA pyxis' ``--container-image`` and family): not in
+Slurm's own table, accepted where the plugin is installed."""
+
+
+def _sbatch_directives(text: str) -> Iterator[tuple[int, list[str]]]:
+    """``(line, words)`` of each ``#SBATCH`` line sbatch reads: those before the first command of the script
+    (sbatch "will stop processing further #SBATCH directives once the first non-comment non-whitespace line has been
+    reached", ``_SBATCH_DOC``), the words up to a ``#`` that starts a comment."""
+    for no, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            return
+        m = _SBATCH_LINE.match(stripped)
+        if not m:
+            continue
+        words = split_words(m.group(1))
+        cut = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
+        yield no, words[:cut]
+
+
+def _sbatch_option_traps(text: str) -> list[Check]:
+    """``sbatch-option-unknown``: an ``#SBATCH`` option sbatch's parser does not know (``--gpus-per-nodes=8``):
+    sbatch stops with "sbatch: unrecognized option" and submits nothing.  Known: every option of
+    ``helpers/data/sbatch_options.txt`` (Slurm's ``slurm_opt.c``, five releases), and getopt_long's unambiguous
+    prefixes of them.  An error when a known option is a slip away (a typo); a warning otherwise (a site's SPANK
+    plugin may add it); pyxis' ``--container-*`` options are left alone."""
+    import difflib
+
+    from helpers.envnames import sbatch_options
+
+    known = sbatch_options()
+    longs = sorted(o for o in known if o.startswith("--"))
+    out: list[Check] = []
+    for no, words in _sbatch_directives(text):
+        for w in words:
+            if not w.startswith("-") or w == "-" or w.startswith(_SPANK_PREFIXES):
+                continue
+            name = w.partition("=")[0]
+            starts = [o for o in longs if o.startswith(name)] if name.startswith("--") else []
+            if name in known or len(starts) == 1 or (not name.startswith("--") and name[:2] in known):
+                continue
+            if len(starts) > 1:
+                hit = trap("sbatch-option-unknown", "FAIL", "sbatch",
+                           f"#SBATCH {name} is ambiguous: sbatch stops with \"option '{w}' is ambiguous; "
+                           f"possibilities: {' '.join(starts[:5])}\" and submits nothing",
+                           f"#SBATCH {starts[0]}... (the whole option name)", _SBATCH_DOC)
+                hit.line_no = no
+                out.append(hit)
+                continue
+            near = difflib.get_close_matches(name, longs, n=1, cutoff=0.8)
+            hit = trap("sbatch-option-unknown", "FAIL" if near else "WARN", "sbatch",
+                       f"#SBATCH {name} is not an option of sbatch (Slurm 22.05-26.05): sbatch stops with 'sbatch: "
+                       f"unrecognized option {name!r}' and submits nothing" + ("" if near else
+                                                                               " (unless a SPANK plugin of the site "
+                                                                               "adds it)"),
+                       f"#SBATCH {near[0]}" if near else "check `sbatch --help` on the cluster", _SBATCH_DOC)
+            hit.line_no = no
+            out.append(hit)
+    return out
+
+
+def _sbatch_int(value: str) -> int | None:
+    return int(value) if value.isdigit() else None
+
+
+def _sbatch_task_shrink_traps(text: str) -> list[Check]:
+    """``sbatch-tasks-fewer-than-nodes``: ``--ntasks`` below ``--nodes`` (``sbatch -N $NODES -n1 job.sh``, or the same
+    in ``#SBATCH`` lines): "the number of nodes used from that request will be reduced to match that of the number of
+    tasks if the number of nodes in the request is greater than the number of tasks" (sbatch ``--nodes``,
+    ``_SBATCH_DOC``), so the job gets fewer nodes than asked (one, for ``-n1``).  A node count in a variable counts as
+    more than one when the task count is 1."""
+    out: list[Check] = []
+    requests: list[tuple[int, dict[str, str]]] = [(0, sbatch_header(text))]
+    for no, line in enumerate(text.splitlines(), 1):
+        m = re.search(r"(?:^|[;&|(]\s*|\$\(\s*)sbatch\s+(.*)$", line.strip())
+        if m:
+            words = split_words(m.group(1))
+            opts: dict[str, str] = {}
+            for i, w in enumerate(words):
+                key, eq, val = w.partition("=")
+                if key in ("-N", "--nodes", "-n", "--ntasks") and not eq and i + 1 < len(words):
+                    val = words[i + 1]
+                elif key.startswith("-N") and len(key) > 2 or key.startswith("-n") and len(key) > 2:
+                    key, val = key[:2], key[2:]
+                opts[{"-N": "--nodes", "-n": "--ntasks"}.get(key, key)] = val
+            requests.append((no, opts))
+    for no, opts in requests:
+        nodes, tasks = opts.get("--nodes", ""), _sbatch_int(opts.get("--ntasks", ""))
+        if tasks is None or not nodes:
+            continue
+        count = _sbatch_int(nodes.split("-")[0])
+        if (count is not None and tasks < count) or (count is None and tasks == 1 and "$" in nodes):
+            hit = trap("sbatch-tasks-fewer-than-nodes", "FAIL", "nnodes",
+                       f"--ntasks={tasks} with --nodes={nodes}: Slurm reduces the node count to the task count when "
+                       f"it asks for more nodes than tasks, so the job runs on {tasks} node(s)",
+                       "ask for one task per node at least (--ntasks-per-node=1, or --ntasks equal to the node count)",
+                       _SBATCH_DOC + "#OPT_nodes")
+            hit.line_no = no or next((n for n, w in _sbatch_directives(text) if any(
+                x.startswith(("-n", "--ntasks")) and not x.startswith("--ntasks-per") for x in w)), 1)
+            out.append(hit)
+    return out
 
 
 def check_text(text: str, *, check_port: bool = False, file: bool = False) -> tuple[LaunchSpec | None, list[Check]]:

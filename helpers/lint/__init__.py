@@ -131,6 +131,10 @@ RULES: dict[str, str] = {
     "optimizer-state-not-restored": "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html",
     "state-overwritten-after-load": "https://docs.pytorch.org/tutorials/beginner/saving_loading_models.html",
     "scheduler-not-checkpointed": "https://docs.pytorch.org/docs/stable/optim.html",
+    "shadowed-import-called": "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names",
+    "fsdp-meta-without-sync": "https://docs.pytorch.org/docs/stable/fsdp.html",
+    "sbatch-option-unknown": "https://slurm.schedmd.com/sbatch.html",
+    "sbatch-tasks-fewer-than-nodes": "https://slurm.schedmd.com/sbatch.html#OPT_nodes",
     "clock-dependent-path": "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html",
     "ds-precision-mismatch": "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options",
     # helpers.lint.accelerate_rules
@@ -362,6 +366,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.iterable_not_sharded_across(facts)
     findings += cross_rules.download_every_rank_across(facts)
     findings += cross_rules.clock_path_across(facts)
+    findings += cross_rules.rank_only_object_across(facts)
     if command:
         try:
             got, spec = shell_rules.lint_shell("<command>", command)

@@ -417,7 +417,9 @@ def rule_clock_dependent_path(lt: PythonLinter) -> None:
     every process with one directory (:data:`_DS_SAVE`).  The same across files:
     :func:`helpers.lint.cross_rules.clock_path_across`."""
     clocked = clock_paths(lt)
-    lt.facts.clock_paths = clocked
+    attrs = {t.attr for n in lt.nodes if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
+    lt.facts.clock_paths = {k: v for k, v in clocked.items() if k in attrs}  # another file reaches attributes only
     saves = every_rank_save_dirs(lt)
     lt.facts.save_dir_names = saves
     for key, line in saves.items():

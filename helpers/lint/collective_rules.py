@@ -626,9 +626,13 @@ def rule_collective_same_tensor_twice(lt: PythonLinter) -> None:
 
 
 _GATHERS_RETURNING = {"gather_for_metrics", "collect_results", "collect_results_gpu", "collect_results_cpu",
-                      "pad_across_processes"}
+                      "pad_across_processes", "scatter_full_optim_state_dict", "shard_full_optim_state_dict",
+                      "optim_state_dict_to_load"}
 """Collectives that return what they gathered (Accelerate's ``gather_for_metrics`` / ``pad_across_processes``,
-mmengine's ``collect_results``), unlike ``torch.distributed.all_gather``, which fills the list it is given."""
+mmengine's ``collect_results``), unlike ``torch.distributed.all_gather``, which fills the list it is given; and FSDP's
+optimizer-state converters, which return the state dict to pass to ``optimizer.load_state_dict`` ("Returns: The full
+optimizer state dict now remapped to flattened parameters ... restricted to only include this rank's part",
+``FSDP.scatter_full_optim_state_dict``, https://docs.pytorch.org/docs/stable/fsdp.html)."""
 
 
 def rule_collective_result_discarded(lt: PythonLinter) -> None:
@@ -643,6 +647,13 @@ def rule_collective_result_discarded(lt: PythonLinter) -> None:
             continue
         recv, name = _call_name(n.value)
         if not (name in _GATHERS_RETURNING or name in ("gather", "reduce") and recv.endswith("accelerator")):
+            continue
+        if "optim_state_dict" in name:
+            lt.add("collective-result-discarded", "error", n,
+                   f"{ast.unparse(n)[:60]}: it returns this rank's optimizer state and the line throws it away, so "
+                   "the optimizer is never given the checkpoint's state (its moments restart at zero on resume)",
+                   f"optimizer.load_state_dict({ast.unparse(n.value)[:50]})", "https://docs.pytorch.org/docs/stable/"
+                   "fsdp.html#torch.distributed.fsdp.FullyShardedDataParallel.scatter_full_optim_state_dict")
             continue
         lt.add("collective-result-discarded", "error", n,
                f"{ast.unparse(n)[:60]}: the gathered result is thrown away; every rank joins the collective and "

@@ -26,6 +26,7 @@ from helpers.lint import (
     engine_args_rules,
     env_rules,
     grad_sync_rules,
+    scope_rules,
     signature_rules,
     wrapper_rules,
 )
@@ -313,6 +314,8 @@ def run(lt: PythonLinter) -> ScriptContract:
     device_rules.rule_collective_before_set_device(lt)
     wrapper_rules.rule_fsdp_optimizer_before_wrap(lt)
     wrapper_rules.rule_wrapper_raw_backward(lt)
+    wrapper_rules.rule_trainer_step_raw_backward(lt)
+    wrapper_rules.rule_fsdp_meta_without_sync(lt)
     wrapper_rules.rule_syncbn_without_ddp(lt)
     device_rules.rule_load_without_map_location(lt)
     device_rules.rule_local_rank_as_global_rank(lt)
@@ -360,6 +363,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     checkpoint_rules.rule_dcp_load_raw_optimizer_state(lt)
     checkpoint_rules.rule_state_overwritten_after_load(lt)
     checkpoint_rules.rule_scheduler_not_checkpointed(lt)
+    scope_rules.rule_shadowed_import_called(lt)
     wrapper_rules.rule_undefined_attribute(lt)
     data_rules.rule_sampler_not_distributed(lt)
     data_rules.rule_loader_without_distributed_sampler(lt)

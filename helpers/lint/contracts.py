@@ -330,6 +330,12 @@ CONTRACTS: tuple[Contract, ...] = (
        "arguments' / 'ambiguous option'", _TORCHRUN, "launcher-option-unknown"),
     _c("srun", "The task is a program: an interpreter alone (srun python) reads its program from standard input, "
        "which a batch job's tasks do not get", "https://slurm.schedmd.com/srun.html#OPT_input", "srun-no-script"),
+    _c("sbatch", "Every #SBATCH option is one sbatch parses (src/common/slurm_opt.c; a whole name or an unambiguous "
+       "prefix): otherwise 'sbatch: unrecognized option' and nothing is submitted", "https://slurm.schedmd.com/"
+       "sbatch.html", "sbatch-option-unknown", note="a site's SPANK plugin may add options: an unknown name far from "
+       "every known one is a warning"),
+    _c("sbatch", "--ntasks is at least --nodes: Slurm reduces the node count to the task count otherwise",
+       "https://slurm.schedmd.com/sbatch.html#OPT_nodes", "sbatch-tasks-fewer-than-nodes"),
     _c("torchrun", "With the c10d rendezvous every node passes the same --rdzv-id and --rdzv-endpoint", _TORCHRUN,
        note="each node's line is decided where it is typed; one srun line gives every node the same values"),
     _c("torch.distributed.launch", "The legacy launcher passes --local-rank=N (dashed since PyTorch 2.0) unless "
@@ -583,6 +589,18 @@ CONTRACTS: tuple[Contract, ...] = (
        "size and the GPU's memory; the rule reports the cost (info)"),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collectives: every rank calls them", _DCP,
        "rank-gated-collective"),
+    _c("Python scopes", "A name assigned anywhere in a function is local to all of it: an imported helper rebound "
+       "there and called reads the local (UnboundLocalError, or a call of None)",
+       "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names", "shadowed-import-called"),
+    _c("FullyShardedDataParallel", "A model built on the meta device on some ranks only is wrapped with "
+       "sync_module_states=True (rank 0's weights broadcast; param_init_fn only allocates)", _FSDP,
+       "fsdp-meta-without-sync"),
+    _c("FullyShardedDataParallel", "scatter_full_optim_state_dict / shard_full_optim_state_dict / "
+       "optim_state_dict_to_load return the state to load into the optimizer", _FSDP,
+       "collective-result-discarded"),
+    _c("transformers Trainer", "A training_step override backpropagates through self.accelerator.backward (the "
+       "DeepSpeed engine's backward, fp16 loss scaling)", "https://github.com/huggingface/transformers/blob/main/src/"
+       "transformers/trainer.py", "wrapper-raw-backward"),
     _c("Python classes", "An attribute read through self is assigned before (AttributeError otherwise): the "
        "tutorial Trainer renamed gpu_id to local_rank/global_rank", "https://docs.python.org/3/reference/"
        "datamodel.html#object.__getattr__", "undefined-attribute"),

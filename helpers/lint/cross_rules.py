@@ -882,6 +882,32 @@ def iterable_not_sharded_across(facts: Sequence[object]) -> list[Check]:
             for f, name, line, where in _used_in_data_parallel_file(facts, "unsharded_iterables", "constructs")]
 
 
+def rank_only_object_across(facts: Sequence[object]) -> list[Check]:
+    """``rank-gated-object-used`` across files: one linted file hands a value made on some ranks only (``logger =
+    get_logger(...) if rank == 0 else None``) to a class of another (``ConditionalTrainer(logger=logger)``), whose
+    methods read an attribute of that field with no test of it (``self.logger.report_scalar(...)``): on the other ranks
+    it is None ('NoneType' object has no attribute ..., llm-random).  The within-file rule has the contract
+    (:meth:`helpers.lint.python_rules.PythonLinter.rule_rank_gated_object_used`)."""
+    out: list[Check] = []
+    classes = {name: f for f in facts for name in getattr(f, "class_fields", {})}
+    for f in facts:
+        for callee, key, line, how in getattr(f, "rank_only_args", []):
+            g = classes.get(callee)
+            if g is None or g is f:
+                continue
+            fields = g.class_fields[callee]  # type: ignore[attr-defined]
+            param = key if isinstance(key, str) else (fields[key] if key < len(fields) else None)
+            use = g.unguarded_uses.get(callee, {}).get(param) if param else None  # type: ignore[attr-defined]
+            if use is None:
+                continue
+            out.append(finding(
+                "rank-gated-object-used", "error", g.path, use[0],  # type: ignore[attr-defined]
+                f"{use[1]} runs on every rank with no test of self.{param}, but {os.path.basename(f.path)}:{line} "  # type: ignore[attr-defined]
+                f"passes {callee} {param}={how}: on the other ranks it is None ('NoneType' object has no attribute)",
+                f"test it where it is used (if self.{param} is not None:) or make it on every rank", "D21"))
+    return out
+
+
 def clock_path_across(facts: Sequence[object]) -> list[Check]:
     """``clock-dependent-path`` across files: a file that trains data parallel saves on every rank into a directory
     built from a name another linted file derives from the clock (a config class's ``output_dir`` default from

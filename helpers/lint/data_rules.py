@@ -91,6 +91,12 @@ def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
                     n.value.func.id not in ("FSDP", "DDP", "FullyShardedDataParallel", "DistributedDataParallel"):
                 built = n
                 break
+        if built is not None and any(
+                isinstance(n, ast.Call) and (_call_name(n)[1] in _SEED_CALLS or _call_name(n)[1] in seeders)
+                and c.lineno < n.lineno <= built.lineno
+                and not any(lt.taint.is_rank(a) for a in [*n.args, *(k.value for k in n.keywords)])
+                for n in ast.walk(fn)):
+            continue  # reseeded alike on every rank before the build (open_lm: `random_seed(args.seed, rank=0)`)
         if built is None or any(isinstance(n, ast.Call) and _call_name(n)[1] in _WEIGHTS_LOADED and
                                 getattr(n, "lineno", 0) > built.lineno and not under_if(lt, n, fn)
                                 for n in ast.walk(fn)):

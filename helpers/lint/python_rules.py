@@ -146,6 +146,9 @@ class PyFacts:
     ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
     clock_paths: dict[str, int] = field(default_factory=dict)  # names/attrs of paths built from the clock -> line
+    rank_only_args: list[tuple[str, str | int, int, str]] = field(default_factory=list)  # (callee, kw/pos, line, how)
+    class_fields: dict[str, list[str]] = field(default_factory=dict)  # class -> its fields / __init__ params, in order
+    unguarded_uses: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # class -> param -> (line, src)
     save_dir_names: dict[str, int] = field(default_factory=dict)  # names an every-rank save's directory is built from
 
 
@@ -1514,7 +1517,8 @@ class PythonLinter:
         recv, name = _call_name(call)
         if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
             return "tracker"
-        if name == "SummaryWriter" and not re.search(r"rank|node|proc", _src(call)):
+        if name == "SummaryWriter" and not re.search(r"rank|node|proc", _src(call)) and \
+                self._logged_beyond_main(call):
             # TensorBoard's SummaryWriter opens an event file of its own (events.out.tfevents.<time>.<host>.<pid>) in
             # log_dir: one per process, read by TensorBoard as one run with every rank's curves interleaved (a log_dir
             # named by the rank is a run per rank: not this)
@@ -1693,6 +1697,22 @@ class PythonLinter:
                      f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
                      "truncated checkpoint, garbled log)",
                      "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
+
+    def _logged_beyond_main(self, call: ast.Call) -> bool:
+        """The writer ``call`` makes (``writer = SummaryWriter(...)``) is logged to outside a gate on the one main
+        process: with no gate, or under a per-node one (``is_local_main_process``, ``local_rank == 0``).  A writer
+        made everywhere and used on rank 0 only leaves the others' event files empty."""
+        target = self.parents.get(call)
+        if not (isinstance(target, ast.Assign) and len(target.targets) == 1):
+            return True
+        held = _src(target.targets[0])
+        uses = [c for c in self._calls() if isinstance(c.func, ast.Attribute) and _src(c.func.value) == held
+                and c.func.attr.startswith("add_")]
+        for use in uses:
+            gate = self._rank_gate(use)
+            if gate is None or re.search(r"(?i)local", _src(getattr(gate, "test", gate))):
+                return True
+        return not uses
 
     @staticmethod
     def _sets_up_job(fn: ast.AST) -> bool:
@@ -1911,8 +1931,10 @@ class PythonLinter:
         reads an attribute of the name (or calls a method) outside any rank gate, after the assignment, in the same
         function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
         made = self._rank_only_objects()
+        self._class_field_uses()
         if not made:
             return
+        self._rank_only_passed(made)
         self._made_on_main_used_on_local_main(made)
         seen: set[tuple[ast.AST | None, str]] = set()
         for node in self.nodes:
@@ -1937,6 +1959,73 @@ class PythonLinter:
                      f"'{node.attr}', or NameError)",
                      f"gate the use like the creation (if {node.value.id} is not None: / if <main rank>:), or make it "
                      "on every rank", "D21")
+
+    def _rank_only_passed(self, made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]]) -> None:
+        """Record (``facts.rank_only_args``) each call that hands a rank-only name (:meth:`_rank_only_objects`) to a
+        class or function by keyword or position: another linted file may use it on every rank
+        (:func:`helpers.lint.cross_rules.rank_only_object_across`)."""
+        for c in self._calls():
+            name = _call_name(c)[1]
+            scope = self._enclosing_function(c)
+            if not name or self._rank_gate(c) is not None:
+                continue
+            args: list[tuple[str | int, ast.AST]] = [(i, a) for i, a in enumerate(c.args)]
+            args += [(k.arg, k.value) for k in c.keywords if k.arg]
+            for key, a in args:
+                if isinstance(a, ast.Name) and (scope, a.id) in made and c.lineno > made[(scope, a.id)][0]:
+                    line, how, _ = made[(scope, a.id)]
+                    self.facts.rank_only_args.append((name, key, c.lineno, f"{a.id} (line {line}: {how})"))
+
+    def _class_field_uses(self) -> None:
+        """For each module-level class: its fields in order (an attrs/dataclass class's annotated names, else its
+        ``__init__`` parameters) and, per field kept as ``self.<field>``, the first use of an attribute of it outside
+        any test of it, any early exit on such a test and any rank gate (``facts.class_fields``,
+        ``facts.unguarded_uses``)."""
+        for cls in (n for n in getattr(self.tree, "body", []) if isinstance(n, ast.ClassDef)):
+            init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+            if init is not None:
+                fields = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
+            else:
+                fields = [st.target.id for st in cls.body if isinstance(st, ast.AnnAssign)
+                          and isinstance(st.target, ast.Name)]
+            if not fields:
+                continue
+            self.facts.class_fields[cls.name] = fields
+            uses: dict[str, tuple[int, str]] = {}
+            for node in ast.walk(cls):
+                if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                        and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
+                        and node.value.value.id == "self" and node.value.attr in fields
+                        and node.value.attr not in uses):
+                    continue
+                held = node.value.attr
+                p, guarded = self.parents.get(node), False
+                while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not guarded:
+                    test = p.test if isinstance(p, (ast.If, ast.IfExp, ast.While)) else \
+                        p if isinstance(p, ast.BoolOp) else None
+                    guarded = test is not None and any(isinstance(n, ast.Attribute) and n.attr == held
+                                                       for n in ast.walk(test))
+                    p = self.parents.get(p)
+                if guarded or self._rank_gate(node) is not None or self._after_exit_on_attr_test(node, held):
+                    continue
+                uses[held] = (node.lineno, _src(node)[:50])
+            if uses:
+                self.facts.unguarded_uses[cls.name] = uses
+
+    def _after_exit_on_attr_test(self, node: ast.AST, attr: str) -> bool:
+        """:meth:`_after_exit_on_test_of` for an attribute (``if self.logger is None: return``)."""
+        child, p = node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for fld in ("body", "orelse"):
+                block = getattr(p, fld, None)
+                if isinstance(block, list) and child in block:
+                    for stmt in block[:block.index(child)]:
+                        if isinstance(stmt, ast.If) and any(isinstance(n, ast.Attribute) and n.attr == attr
+                                                            for n in ast.walk(stmt.test)) and \
+                                any(isinstance(x, (ast.Return, ast.Continue, ast.Break, ast.Raise)) for x in stmt.body):
+                            return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _after_exit_on_test_of(self, node: ast.AST, name: str) -> bool:
         """``node`` follows, in its block or an enclosing one of the same function, an ``if`` that tests ``name`` and
@@ -2050,6 +2139,17 @@ class PythonLinter:
             child, p = p, self.parents.get(p)
         return False
 
+    def _under_other_distributed_type(self, node: ast.AST) -> bool:
+        """``node`` sits under ``if accelerator.distributed_type == DistributedType.XLA:`` (or DEEPSPEED, FSDP,
+        MEGATRON_LM, NO): on that path ``prepare`` does not wrap the model in DistributedDataParallel."""
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, ast.If) and re.search(r"distributed_type\s*==\s*\w*\.?(?:XLA|TPU|DEEPSPEED|FSDP|MEGATRON_LM|NO)\b",
+                                                  _src(p.test)) and node in [n for st in p.body for n in ast.walk(st)]:
+                return True
+            p = self.parents.get(p)
+        return False
+
     def _prepared_model_attributes(self) -> None:
         """:meth:`rule_ddp_wrapper_attribute` for the models ``accelerator.prepare`` returns (in the same function,
         after the prepare line, before the name is bound again)."""
@@ -2080,7 +2180,7 @@ class PythonLinter:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load) \
                     and node.attr not in DDP_PUBLIC and not node.attr.startswith("_"):
                 line = through_wrapper(node.value)
-                if line:
+                if line and not self._under_other_distributed_type(node):
                     self.add("ddp-wrapper-attribute", "error", node,
                              f"{_src(node)} reads '{node.attr}' on the model accelerator.prepare returned (line {line}): "
                              "under several processes without DeepSpeed/FSDP that is a DistributedDataParallel "
@@ -2508,6 +2608,44 @@ def _close_brackets(lines: list[str], n: int) -> bool:
     return True
 
 
+_FSTRING_START = re.compile(r"(?<![\w'\"])(?:[rR][fF]|[fF][rR]?)(['\"])")
+PEP701 = "f-string in Python 3.12 syntax (PEP 701)"
+"""The message :func:`repair` records for a line whose f-strings it blanked: quotes of the f-string's own kind, or
+backslashes, inside its replacement fields (valid since Python 3.12, https://peps.python.org/pep-0701/)."""
+
+
+def _blank_fstrings(line: str) -> str:
+    """``line`` with each one-line f-string replaced by ``""``, read by PEP 701's rules (a replacement field may hold
+    quotes of the f-string's own kind and backslashes: it ends at the closing quote met outside any ``{...}``), so
+    that a parser older than Python 3.12 reads the rest of the line.  Triple-quoted f-strings are left as they are."""
+    out, i = [], 0
+    while True:
+        m = _FSTRING_START.search(line, i)
+        if m is None or line[m.end():m.end() + 2] == m.group(1) * 2:
+            out.append(line[i:])
+            return "".join(out)
+        quote, j, depth = m.group(1), m.end(), 0
+        while j < len(line):
+            ch = line[j]
+            if depth == 0 and ch == "\\":
+                j += 2
+                continue
+            if ch == "{":
+                depth = depth + 1 if not (depth == 0 and line[j + 1:j + 2] == "{") else depth
+                j += 1 if depth else 2
+                continue
+            if ch == "}" and depth:
+                depth -= 1
+            elif ch == quote and depth == 0:
+                break
+            j += 1
+        if j >= len(line):
+            out.append(line[i:])
+            return "".join(out)
+        out.append(line[i:m.start()] + '""')
+        i = j + 1
+
+
 def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
     """``text`` made parseable line by line, for excerpts (a snippet pasted from an issue, pseudo-code around it).
 
@@ -2543,6 +2681,11 @@ def repair(text: str) -> tuple[str, list[tuple[int, str]]]:
             line = lines[n]
             body = line.strip()
             if _close_brackets(lines, n):
+                continue
+            blanked = _blank_fstrings(line)
+            if blanked != line and not any(m == PEP701 for k, m in changed[:-1] if k == n + 1):
+                lines[n] = blanked
+                changed[-1] = (n + 1, PEP701)
                 continue
             if "unexpected indent" in msg:
                 lines[n] = " " * _indent(prev) + body
@@ -2581,6 +2724,8 @@ def lint_python(path: str, text: str, extra_rules: Sequence[Callable[[PythonLint
             fixed, changed = repair(text)
             linter = PythonLinter(path, fixed, ddp_params, rank_seeds)
             linter.text = text  # the regex-based checks read the user's text
+            if changed and all(msg == PEP701 for _line, msg in changed):
+                return linter.run(extra_rules), linter.facts  # valid Python 3.12 the running parser cannot read
             note = finding("python-syntax", "error", path, exc.lineno or 0,
                            f"cannot parse: {exc.msg}; {len(changed)} line(s) re-indented or skipped to analyse the "
                            "rest (an excerpt?)", "fix the syntax error", "https://docs.python.org/3/library/ast.html")

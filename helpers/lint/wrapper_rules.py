@@ -79,6 +79,64 @@ def rule_wrapper_raw_backward(lt: PythonLinter) -> None:
                else _FABRIC + "#backward")
 
 
+_HF_TRAINING_STEP = "https://github.com/huggingface/transformers/blob/main/src/transformers/trainer.py"
+
+
+def rule_trainer_step_raw_backward(lt: PythonLinter) -> None:
+    """``wrapper-raw-backward`` in a transformers ``Trainer`` subclass whose ``training_step`` calls ``loss.backward()``:
+    the Trainer prepares the model and optimizer through its Accelerator, and its own ``training_step`` ends in
+    ``self.accelerator.backward(loss)`` (``_HF_TRAINING_STEP``), which runs the DeepSpeed engine's backward under a
+    DeepSpeed config (ZeRO's gradient partitioning and hooks) and the loss scaling under fp16; the override skips
+    both (THUDM/GLM-4's finetune under ZeRO-3)."""
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        if not any(ast.unparse(b).split(".")[-1].endswith("Trainer") for b in cls.bases):
+            continue
+        step = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "training_step"), None)
+        if step is None:
+            continue
+        for c in (n for n in ast.walk(step) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                  and n.func.attr == "backward" and not n.args):
+            recv = ast.unparse(c.func.value)
+            if "accelerator" in recv or "scaler" in recv or "engine" in recv.lower():
+                continue
+            lt.add("wrapper-raw-backward", "warning", c,
+                   f"{recv}.backward() in {cls.name}.training_step: the Trainer trains through its Accelerator, and its "
+                   "own training_step calls self.accelerator.backward(loss) (the DeepSpeed engine's backward under a "
+                   "DeepSpeed config, the loss scaling under fp16); this backward skips them",
+                   f"self.accelerator.backward({recv})", _HF_TRAINING_STEP)
+            break
+
+
+def rule_fsdp_meta_without_sync(lt: PythonLinter) -> None:
+    """``fsdp-meta-without-sync``: the model is built on the meta device on some ranks only (``if rank == 0: model =
+    ...; else: with torch.device("meta"): model = ...``, or ``init_empty_weights()`` under a rank gate) and wrapped in
+    ``FullyShardedDataParallel`` without ``sync_module_states=True``: the meta ranks materialise empty storage
+    (``param_init_fn`` / ``to_empty``) and only ``sync_module_states`` broadcasts rank 0's real weights ("each FSDP
+    module will broadcast module parameters and buffers from rank 0 to ensure that they are replicated across
+    ranks", https://docs.pytorch.org/docs/stable/fsdp.html), so the other ranks train on uninitialised values
+    (aws-samples/awsome-distributed-training's FSDP example).  A ``sync_module_states=`` given any value but ``False``
+    is taken as set."""
+    if "meta" not in lt.text and "init_empty_weights" not in lt.text:
+        return
+    meta_on_some = next((w for w in lt.nodes if isinstance(w, ast.With) and any(
+        re.search(r"['\"]meta['\"]|init_empty_weights", ast.unparse(i.context_expr)) for i in w.items)
+        and lt._rank_gate(w) is not None), None)
+    if meta_on_some is None:
+        return
+    for c in lt._calls():
+        if ast.unparse(c.func).split(".")[-1] not in ("FSDP", "FullyShardedDataParallel"):
+            continue
+        sync = next((k.value for k in c.keywords if k.arg == "sync_module_states"), None)
+        if sync is not None and not (isinstance(sync, ast.Constant) and sync.value is False):
+            continue
+        lt.add("fsdp-meta-without-sync", "error", c,
+               f"the model is built on the meta device on some ranks only (line {meta_on_some.lineno}) and this FSDP "
+               "wrap has no sync_module_states=True: those ranks get empty storage and nothing copies rank 0's "
+               "weights to them, so they train on uninitialised parameters",
+               "FSDP(..., sync_module_states=True) (rank 0 holds the real weights and broadcasts them)", _FSDP)
+        return
+
+
 def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
     """SyncBatchNorm under single-process DataParallel (SyncBatchNorm docs: DDP with one GPU per process only)."""
     text = lt.text
@@ -384,4 +442,4 @@ def rule_ddp_buffer_after_wrap(lt: PythonLinter) -> None:
                    "register it on the model before DistributedDataParallel(...) / accelerator.prepare(...)", _DDP)
 
 
-__all__ = ["rule_ddp_buffer_after_wrap", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+__all__ = ["rule_ddp_buffer_after_wrap", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]

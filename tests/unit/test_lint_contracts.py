@@ -267,6 +267,10 @@ LAUNCH_EXAMPLES = {
     "launcher-option-unknown": "torchrun -\u2014nproc-per-node=8 train.py",
     "srun-no-script": "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=8\nsrun --cpu_bind=v python\n"
                       "deepspeed train.py\n",
+    "sbatch-option-unknown": "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gpus-per-nodes=8\nsrun torchrun --nnodes=1 "
+                             "--nproc-per-node=8 train.py\n",
+    "sbatch-tasks-fewer-than-nodes": "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks=1\nsrun torchrun --nnodes=2 "
+                                     "--rdzv-backend=c10d --rdzv-endpoint=h:1 train.py\n",
 }
 
 
