@@ -135,6 +135,8 @@ RULES: dict[str, str] = {
     "fsdp-meta-without-sync": "https://docs.pytorch.org/docs/stable/fsdp.html",
     "sbatch-option-unknown": "https://slurm.schedmd.com/sbatch.html",
     "sbatch-tasks-fewer-than-nodes": "https://slurm.schedmd.com/sbatch.html#OPT_nodes",
+    "loader-not-prepared": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
+    "zero3-state-dict-submodule": "https://huggingface.co/docs/accelerate/en/package_reference/accelerator",
     "clock-dependent-path": "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html",
     "ds-precision-mismatch": "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options",
     # helpers.lint.accelerate_rules

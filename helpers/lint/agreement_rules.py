@@ -528,6 +528,46 @@ def rule_iterable_not_sharded(lt: PythonLinter) -> None:
                    "or use datasets' split_dataset_by_node", _DATA + "#torch.utils.data.IterableDataset")
 
 
+_HF_SPLIT_BY_NODE = "https://huggingface.co/docs/datasets/en/use_with_pytorch#distributed"
+
+
+def rule_streaming_not_sharded(lt: PythonLinter) -> None:
+    """``iterable-not-sharded`` for ``datasets``' streaming datasets: ``load_dataset(..., streaming=...)`` (an
+    ``IterableDataset``, also after ``.map`` / ``.select_columns``) handed to a plain ``DataLoader`` in a file that
+    wraps its model in DDP/FSDP, with no ``split_dataset_by_node`` and no ``.shard(...)`` of it: "To split your
+    dataset across your training nodes, you can use datasets.distributed.split_dataset_by_node" (``_HF_SPLIT_BY_NODE``);
+    without it every rank iterates the same stream (Smith42/astroPT).  Not where the loader goes through
+    ``accelerator.prepare`` (Accelerate shards iterable datasets itself)."""
+    if "streaming" not in lt.text or "DataLoader" not in lt.text or not _DATA_PARALLEL.search(lt.text) or \
+            re.search(r"split_dataset_by_node|\.shard\(|accelerator\.prepare|\.prepare\(", lt.text):
+        return
+    streams: set[str] = set()
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)):
+            continue
+        calls = [c for c in ast.walk(n.value) if isinstance(c, ast.Call)]
+        loads = any(call_name(c) == "load_dataset" and any(
+            k.arg == "streaming" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in c.keywords)
+            for c in calls)
+        derived = isinstance(n.value, ast.Call) and any(isinstance(x, ast.Name) and x.id in streams
+                                                        for x in ast.walk(n.value))
+        if loads or derived:
+            streams.add(n.targets[0].id)
+    if not streams:
+        return
+    for c in lt._calls():
+        if call_name(c) != "DataLoader" or not c.args or any(k.arg == "sampler" for k in c.keywords):
+            continue
+        held = next((x.id for x in ast.walk(c.args[0]) if isinstance(x, ast.Name) and x.id in streams), None)
+        if held is None:
+            continue
+        lt.add("iterable-not-sharded", "warning", c,
+               f"DataLoader({held}) reads a streaming dataset (an IterableDataset) that nothing splits by rank: under "
+               "data parallel training every rank iterates the same stream (the same samples N times)",
+               f"{held} = split_dataset_by_node({held}, rank=rank, world_size=world_size)", _HF_SPLIT_BY_NODE)
+        return
+
+
 def rule_rank_shard_unused(lt: PythonLinter) -> None:
     """This rank's shard is computed and never read: ``idx = idx.split(n // world_size)[rank]`` (or a slice or
     ``chunk`` picked by the rank) assigned to a name nothing reads afterwards in the same function, so the loader goes
@@ -631,6 +671,7 @@ def run(lt: PythonLinter) -> None:
     rule_clock_gated_collective(lt)
     rule_sampler_seed_per_rank(lt)
     rule_iterable_not_sharded(lt)
+    rule_streaming_not_sharded(lt)
     rule_rank_shard_unused(lt)
     rule_download_every_rank(lt)
     rule_clock_dependent_path(lt)
@@ -638,4 +679,4 @@ def run(lt: PythonLinter) -> None:
 
 __all__ = ["clock_paths", "every_rank_save_dirs", "rule_clock_dependent_path", "rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
            "rule_download_every_rank", "rule_iterable_not_sharded", "rule_rank_shard_unused",
-           "rule_sampler_seed_per_rank", "run"]
+           "rule_sampler_seed_per_rank", "rule_streaming_not_sharded", "run"]

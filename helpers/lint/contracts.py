@@ -589,6 +589,19 @@ CONTRACTS: tuple[Contract, ...] = (
        "size and the GPU's memory; the rule reports the cost (info)"),
     _c("torch.distributed.checkpoint", "dcp.save / dcp.load are collectives: every rank calls them", _DCP,
        "rank-gated-collective"),
+    _c("Accelerator.prepare", "Only the DataLoaders given to prepare are sharded: a loader every process loops over "
+       "without preparing it is read whole by each", _ACC + "#accelerate.Accelerator.prepare", "loader-not-prepared"),
+    _c("Accelerator.get_state_dict", "It takes the model prepare returned (under ZeRO-3 the engine consolidates the "
+       "partitions); a submodule of it holds only this rank's partitions", _ACC + "#accelerate.Accelerator.get_state_dict",
+       "zero3-state-dict-submodule"),
+    _c("datasets streaming", "An IterableDataset is split across ranks with split_dataset_by_node (no sampler "
+       "shards it)", "https://huggingface.co/docs/datasets/en/use_with_pytorch#distributed", "iterable-not-sharded"),
+    _c("Lightning seed_everything", "workers=True derives a seed per DataLoader worker and process; without it the "
+       "ranks seeded alike draw the same random stream", "https://lightning.ai/docs/pytorch/stable/api/"
+       "lightning.pytorch.utilities.seed.html", "same-seed-every-rank"),
+    _c("deepspeed.zero.GatheredParameters / zero.Init", "Keywords are the constructor's own (enabled=, "
+       "modifier_rank=, ...): another name is a TypeError", "https://deepspeed.readthedocs.io/en/latest/zero3.html",
+       "api-unknown-kwarg"),
     _c("Python scopes", "A name assigned anywhere in a function is local to all of it: an imported helper rebound "
        "there and called reads the local (UnboundLocalError, or a call of None)",
        "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names", "shadowed-import-called"),

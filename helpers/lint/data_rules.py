@@ -142,6 +142,37 @@ def rule_same_seed_every_rank(lt: PythonLinter) -> None:
                 break
 
 
+_PL_SEED = "https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.utilities.seed.html"
+_PL_DISTRIBUTED = re.compile(r"DDPPlugin|DDPStrategy|DeepSpeedPlugin|DeepSpeedStrategy|FSDPStrategy|"
+                             r"strategy\s*=\s*['\"](?:ddp|fsdp|deepspeed)")
+
+
+def rule_seed_everything_without_workers(lt: PythonLinter) -> None:
+    """``same-seed-every-rank`` for Lightning: ``seed_everything(seed)`` with the same seed on every rank and without
+    ``workers=True``, in a script trained with a distributed strategy: every process starts from the same random
+    state, and only ``workers=True`` makes Lightning give each DataLoader worker of each process its own seed ("derive
+    unique seeds across all dataloader workers and processes for torch, numpy and stdlib random number generators",
+    ``_PL_SEED``), so the ranks draw the same random crops and samples for their shards (aqlaboratory/openfold).  Not
+    where the seed depends on the rank, nor where a ``worker_init_fn`` is given, nor for ``fabric.seed_everything``
+    (the Fabric scripts of the clean sets seed alike on purpose for the model's initialisation and read token shards
+    with no random transform: a finding there would be true by the letter and of no consequence)."""
+    if "seed_everything" not in lt.text or not _PL_DISTRIBUTED.search(lt.text) or "worker_init_fn" in lt.text:
+        return
+    for c in lt._calls():
+        if ast.unparse(c.func).split(".")[-1] != "seed_everything" or "fabric" in ast.unparse(c.func).lower():
+            continue  # (Fabric scripts seed alike on purpose for the model's init: litgpt, lit-llama; not read)
+        workers = next((k.value for k in c.keywords if k.arg == "workers"), None)
+        if workers is not None and not (isinstance(workers, ast.Constant) and not workers.value):
+            continue
+        if any(lt.taint.is_rank(a) for a in [*c.args, *(k.value for k in c.keywords)]):
+            continue
+        lt.add("same-seed-every-rank", "warning", c,
+               f"{ast.unparse(c)[:50]} seeds every rank alike and leaves the DataLoader workers' seeds to it: with "
+               "a distributed strategy the ranks draw the same random augmentations and samples for their shards",
+               f"{ast.unparse(c.func)}({', '.join(ast.unparse(a) for a in c.args)}, workers=True)", _PL_SEED)
+        return
+
+
 _STEP_KWARGS = ("num_training_steps", "total_steps", "T_max", "total_iters")
 
 
@@ -530,6 +561,38 @@ def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
 
 
 _PLAIN_SAMPLERS = frozenset({"SequentialSampler", "RandomSampler"})
+
+
+def rule_loader_not_prepared(lt: PythonLinter) -> None:
+    """``loader-not-prepared``: a script that hands its training DataLoader to ``accelerator.prepare`` builds another
+    DataLoader (no sampler of its own) that it never prepares, and every process loops over it: Accelerate shards only
+    the loaders it prepares ("prepare ... DataLoader: will be sharded across processes",
+    https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.prepare), so each
+    process evaluates the whole set (N times the work, and metrics that are not the sharded ones the script
+    reduces; huggingface/lerobot).  Not under a rank gate (one process evaluating everything on purpose)."""
+    from helpers.lint.python_rules import _call_name
+
+    if ".prepare(" not in lt.text or "DataLoader" not in lt.text:
+        return
+    made = [(t.id, n) for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and _call_name(n.value)[1] == "DataLoader" for t in n.targets if isinstance(t, ast.Name)]
+    loaders = {name: n.lineno for name, n in made
+               if not any(k.arg in ("sampler", "batch_sampler") for k in n.value.keywords)}  # type: ignore[attr-defined]
+    prepared = {a.id for c in lt._calls() if _call_name(c)[1] in ("prepare", "prepare_data_loader")
+                for a in [*c.args, *(k.value for k in c.keywords)] if isinstance(a, ast.Name)}
+    if not (prepared & {name for name, _n in made}):
+        return  # no DataLoader goes through prepare: not this script's way of sharding
+    for loop in (n for n in lt.nodes if isinstance(n, ast.For) and isinstance(n.iter, ast.Name)):
+        name = loop.iter.id
+        if name not in loaders or name in prepared or lt._rank_gate(loop) is not None:
+            continue
+        lt.add("loader-not-prepared", "warning", loop,
+               f"every process loops over {name} (line {loaders[name]}), a DataLoader never given to "
+               "accelerator.prepare: it is not sharded, so each process goes through all of it (N times the work; "
+               "what it computes is not a shard's)", f"{name} = accelerator.prepare({name}) (and gather the results "
+               "with accelerator.gather_for_metrics)",
+               "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.prepare")
+        return
 
 
 def rule_sampler_not_distributed(lt: PythonLinter) -> None:
@@ -961,4 +1024,4 @@ def collect_sampler_facts(lt: PythonLinter) -> None:
             lt.facts.lightning_trainer = -1 if sets else (lt.facts.lightning_trainer or c.lineno)
 
 
-__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_scheduler_outside_conditional_step", "rule_shard_read_on_one_rank"]
+__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_sampler_seed_per_rank", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]

@@ -743,6 +743,11 @@ class PythonLinter:
             # physicsnemo.launch.utils.save_checkpoint), not an engine method
         if name in ("save_checkpoint", "load_checkpoint") and recv and _LOGGER_RECEIVER.search(recv):
             return None  # a tracker's own checkpoint upload (wandb_logger.save_checkpoint), not an engine's
+        if name in ("save_checkpoint", "load_checkpoint") and recv and \
+                re.search(r"(?i)checkpointer$", recv.rsplit(".", 1)[-1]) and \
+                not re.search(r"(?i)distributed|dcp", self._assigned_class(recv)):
+            return None  # a checkpointer object writing what it is given (torchtune's FullModelHFCheckpointer on
+            # rank 0 after the state dict was gathered), not the DeepSpeed engine's collective save
         if name in STRONG_COLLECTIVES and not (not recv and name in self.plain_functions):
             return f"{recv + '.' if recv else ''}{name}"
         if name in WEAK_COLLECTIVES:
@@ -2006,42 +2011,36 @@ class PythonLinter:
                     guarded = test is not None and any(isinstance(n, ast.Attribute) and n.attr == held
                                                        for n in ast.walk(test))
                     p = self.parents.get(p)
-                if guarded or self._rank_gate(node) is not None or self._after_exit_on_attr_test(node, held):
+                if guarded or self._rank_gate(node) is not None or self._after_exit_on_test_of(node, held, attribute=True):
                     continue
                 uses[held] = (node.lineno, _src(node)[:50])
             if uses:
                 self.facts.unguarded_uses[cls.name] = uses
 
-    def _after_exit_on_attr_test(self, node: ast.AST, attr: str) -> bool:
-        """:meth:`_after_exit_on_test_of` for an attribute (``if self.logger is None: return``)."""
-        child, p = node, self.parents.get(node)
-        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for fld in ("body", "orelse"):
-                block = getattr(p, fld, None)
-                if isinstance(block, list) and child in block:
-                    for stmt in block[:block.index(child)]:
-                        if isinstance(stmt, ast.If) and any(isinstance(n, ast.Attribute) and n.attr == attr
-                                                            for n in ast.walk(stmt.test)) and \
-                                any(isinstance(x, (ast.Return, ast.Continue, ast.Break, ast.Raise)) for x in stmt.body):
-                            return True
-            child, p = p, self.parents.get(p)
-        return False
+    def _after_exit_on_test_of(self, node: ast.AST, name: str, attribute: bool = False) -> bool:
+        """``node`` follows, in its block or an enclosing one of the same function, an ``if`` that tests ``name`` (an
+        attribute of that name with ``attribute``) and leaves (``if not writer: continue``; ``if self.logger is None:
+        return``): only the ranks that hold it get here."""
+        def tests(n: ast.AST) -> bool:
+            return isinstance(n, ast.Attribute) and n.attr == name if attribute else \
+                isinstance(n, ast.Name) and n.id == name
 
-    def _after_exit_on_test_of(self, node: ast.AST, name: str) -> bool:
-        """``node`` follows, in its block or an enclosing one of the same function, an ``if`` that tests ``name`` and
-        leaves (``if not writer: continue``; ``if ema is None: return``): only the ranks that hold it get here."""
         child, p = node, self.parents.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for fld in ("body", "orelse"):
                 block = getattr(p, fld, None)
                 if isinstance(block, list) and child in block:
                     for stmt in block[:block.index(child)]:
-                        if isinstance(stmt, ast.If) and any(isinstance(n, ast.Name) and n.id == name
-                                                            for n in ast.walk(stmt.test)) and \
+                        if isinstance(stmt, ast.If) and any(tests(n) for n in ast.walk(stmt.test)) and \
                                 any(isinstance(s, (ast.Return, ast.Continue, ast.Break, ast.Raise)) for s in stmt.body):
                             return True
             child, p = p, self.parents.get(p)
         return False
+
+    def _assigned_class(self, holder: str) -> str:
+        """The source of what ``holder`` (``self._checkpointer``) is assigned in this file, '' when it is not."""
+        return " ".join(_src(n.value) for n in self.nodes if isinstance(n, ast.Assign)
+                        and any(_src(t) == holder for t in n.targets))
 
     def _rank_zero_only_call(self, call: ast.Call) -> bool:
         """``call`` calls a function of this file decorated ``@rank_zero_only`` (bare, or a method through self)."""

@@ -44,6 +44,8 @@ APIS: dict[str, str] = {
     "torch.new_group": "torch.distributed.new_group",
     "deepspeed.initialize": "deepspeed.initialize",
     "deepspeed.init_distributed": "deepspeed.init_distributed",
+    "deepspeed.GatheredParameters": "deepspeed.runtime.zero.partition_parameters.GatheredParameters",
+    "deepspeed.Init": "deepspeed.runtime.zero.partition_parameters.Init",
 }
 """``package.Name`` (how a call is matched: its top-level package and its last name) -> the object whose signature is
 taken (the public path).  The distributed-training APIs whose keywords scripts set most."""

@@ -137,6 +137,32 @@ def rule_fsdp_meta_without_sync(lt: PythonLinter) -> None:
         return
 
 
+def rule_state_dict_of_submodule(lt: PythonLinter) -> None:
+    """``zero3-state-dict-submodule``: ``accelerator.get_state_dict(model.base_model)`` given a submodule of a model the
+    script prepared: Accelerate's ``get_state_dict(model)`` takes "A PyTorch model sent through Accelerator.prepare()"
+    (``_ACC``), and under DeepSpeed ZeRO-3 it asks that model, the engine, for its consolidated 16-bit state dict
+    (``_zero3_consolidated_16bit_state_dict``); a submodule of it is a plain module holding only this rank's partitions
+    (CarperAI/trlx's PPO trainer saved empty weights)."""
+    if "get_state_dict" not in lt.text or ".prepare(" not in lt.text:
+        return
+    prepared = {ast.unparse(t) for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and ast.unparse(n.value.func).endswith(".prepare")
+                for tt in n.targets for t in (tt.elts if isinstance(tt, ast.Tuple) else [tt])}
+    for c in lt._calls():
+        if not (isinstance(c.func, ast.Attribute) and c.func.attr == "get_state_dict" and c.args
+                and isinstance(c.args[0], ast.Attribute)):
+            continue
+        holder = ast.unparse(c.args[0].value)
+        if holder in prepared:
+            lt.add("zero3-state-dict-submodule", "warning", c,
+                   f"get_state_dict({ast.unparse(c.args[0])}) is given a submodule of {holder}, the model "
+                   "accelerator.prepare returned: Accelerate gathers the state dict through the prepared model (the "
+                   "DeepSpeed engine under ZeRO-3); a submodule holds only this rank's partitions (empty weights)",
+                   f"sd = accelerator.get_state_dict({holder}), then keep the submodule's keys",
+                   _ACC + "#accelerate.Accelerator.get_state_dict")
+            return
+
+
 def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
     """SyncBatchNorm under single-process DataParallel (SyncBatchNorm docs: DDP with one GPU per process only)."""
     text = lt.text
@@ -442,4 +468,4 @@ def rule_ddp_buffer_after_wrap(lt: PythonLinter) -> None:
                    "register it on the model before DistributedDataParallel(...) / accelerator.prepare(...)", _DDP)
 
 
-__all__ = ["rule_ddp_buffer_after_wrap", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+__all__ = ["rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
