@@ -743,11 +743,6 @@ class PythonLinter:
             # physicsnemo.launch.utils.save_checkpoint), not an engine method
         if name in ("save_checkpoint", "load_checkpoint") and recv and _LOGGER_RECEIVER.search(recv):
             return None  # a tracker's own checkpoint upload (wandb_logger.save_checkpoint), not an engine's
-        if name in ("save_checkpoint", "load_checkpoint") and recv and \
-                re.search(r"(?i)checkpointer$", recv.rsplit(".", 1)[-1]) and \
-                not re.search(r"(?i)distributed|dcp", self._assigned_class(recv)):
-            return None  # a checkpointer object writing what it is given (torchtune's FullModelHFCheckpointer on
-            # rank 0 after the state dict was gathered), not the DeepSpeed engine's collective save
         if name in STRONG_COLLECTIVES and not (not recv and name in self.plain_functions):
             return f"{recv + '.' if recv else ''}{name}"
         if name in WEAK_COLLECTIVES:
@@ -912,6 +907,13 @@ class PythonLinter:
                 # Accelerator.save_state is a collective under DeepSpeed and FSDP (engine.save_checkpoint, sharded
                 # state dicts; accelerate/accelerator.py save_state): a gate that lets every rank in for those types
                 # (`is_main_process or distributed_type == DistributedType.DEEPSPEED`) is the documented fix
+                continue
+            if coll.endswith("save_checkpoint") and re.search(r"(?i)checkpointer$", _call_name(call)[0]) and \
+                    self._gathered_before(call, gate):
+                # a checkpointer object handed a state dict every rank gathered before the gate (torchtune's
+                # recipes: gather_cpu_state_dict on all ranks, then `if self._is_rank_zero:
+                # self._checkpointer.save_checkpoint(...)`) writes files; one given nothing gathered may be a
+                # DeepSpeed checkpointer whose save is the engine's collective (allennlp#4693)
                 continue
             if self._sharded_lets_all_in(gate):
                 # `if fsdp_enabled or is_master: save_checkpoint(...)`: every rank enters under the sharded setup,
@@ -2037,10 +2039,12 @@ class PythonLinter:
             child, p = p, self.parents.get(p)
         return False
 
-    def _assigned_class(self, holder: str) -> str:
-        """The source of what ``holder`` (``self._checkpointer``) is assigned in this file, '' when it is not."""
-        return " ".join(_src(n.value) for n in self.nodes if isinstance(n, ast.Assign)
-                        and any(_src(t) == holder for t in n.targets))
+    def _gathered_before(self, call: ast.Call, gate: ast.AST) -> bool:
+        """The function around ``call`` gathers a state dict on every rank before ``gate`` (a call whose name says
+        gather or state dict, outside any rank gate, on an earlier line)."""
+        fn = self._enclosing_function(call) or self.tree
+        return any(isinstance(n, ast.Call) and n.lineno < gate.lineno and self._rank_gate(n) is None
+                   and re.search(r"(?i)gather|state_dict", _call_name(n)[1]) for n in ast.walk(fn))
 
     def _rank_zero_only_call(self, call: ast.Call) -> bool:
         """``call`` calls a function of this file decorated ``@rank_zero_only`` (bare, or a method through self)."""

@@ -108,9 +108,14 @@ def test_a_checkpointer_objects_save_on_rank_zero_is_not_an_engine_collective():
             self._checkpointer = config.instantiate(cfg.checkpointer)
             self._is_rank_zero = dist.get_rank() == 0
         def save(self, state):
+            cpu_state_dict = training.gather_cpu_state_dict(self._model, self._is_rank_zero)
             if self._is_rank_zero:
-                self._checkpointer.save_checkpoint(state, epoch=1)
+                self._checkpointer.save_checkpoint({"model": cpu_state_dict}, epoch=1)
     """
     assert "rank-gated-collective" not in ids(("recipe.py", text))
-    engine = text.replace("self._checkpointer.save_checkpoint(state", "self._model_engine.save_checkpoint(state")
+    engine = text.replace("self._checkpointer.save_checkpoint(", "self._model_engine.save_checkpoint(")
     assert "rank-gated-collective" in ids(("recipe.py", engine))
+    # allennlp#4693: a checkpointer given nothing gathered (a DeepSpeed checkpointer saves through the engine)
+    nothing = text.replace("            cpu_state_dict = training.gather_cpu_state_dict(self._model, self._is_rank_zero)\n",
+                           "            cpu_state_dict = state\n")
+    assert "rank-gated-collective" in ids(("recipe.py", nothing))
