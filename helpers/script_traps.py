@@ -95,7 +95,8 @@ def text_traps(text: str) -> list[Check]:
             + _literal_dollar_traps(text, heredoc) + _positional_twice_traps(text, heredoc) + _syntax_traps(text)
             + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text)
             + _launcher_parser_traps(text) + _srun_no_program_traps(text) + _nproc_from_task_count_traps(text)
-            + _program_node_count_traps(text) + _sbatch_option_traps(text) + _sbatch_task_shrink_traps(text))
+            + _program_node_count_traps(text) + _sbatch_option_traps(text) + _sbatch_task_shrink_traps(text)
+            + _batch_expanded_rank_traps(text) + _late_default_traps(text))
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"
@@ -744,6 +745,57 @@ def _unset_launcher_var_traps(text: str) -> list[Check]:
     return out
 
 
+_ARRAY_START = re.compile(r"^[ \t]*(?:declare\s+-a\s+|local\s+-a\s+)?([A-Za-z_]\w*)=\(")
+
+
+def _late_default_traps(text: str) -> list[Check]:
+    """``launcher-var-unset`` for an option whose ``$VAR`` is expanded before the script first sets ``VAR``: an
+    array of launcher arguments (``TORCHRUN_ARGS=( --nproc_per_node=$NPROC_PER_NODE ... )``) or a launch line above
+    ``NPROC_PER_NODE=${NPROC_PER_NODE:-4}``.  Bash expands a variable when the line runs ("parameter expansion" of
+    each word as the command is executed, ``_BASH_EXPANSION``), so the later default comes too late: the option is
+    empty unless the caller exported it (aws-samples/awsome-distributed-training's container-train.sbatch).  Only
+    lines outside function bodies."""
+    lines = text.split("\n")
+    first_set: dict[str, int] = {}
+    for no, line in enumerate(lines, 1):
+        for name in re.findall(r"^[ \t]*(?:export\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)=(?!\()", line):
+            first_set.setdefault(name, no)
+    out: list[Check] = []
+    in_array, depth_fn = False, 0
+    for no, line in enumerate(lines, 1):
+        stripped = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if re.match(r"^[ \t]*(?:function\s+\w+|\w+\s*\(\))\s*\{", line):
+            depth_fn += 1
+        if depth_fn:
+            depth_fn += line.count("{") - line.count("}") - (1 if re.match(r"^[ \t]*(?:function|\w+\s*\(\))", line)
+                                                              else 0)
+            depth_fn = max(depth_fn, 0)
+            continue
+        if _ARRAY_START.match(line):
+            in_array = True
+        if not (in_array or _LAUNCH_WORDS.search(stripped)):
+            continue
+        if in_array and ")" in stripped and not stripped.startswith("--"):
+            in_array = False
+        for word in stripped.split():
+            flag, _, value = word.partition("=")
+            m = re.fullmatch(r"[\"']?\$\{?([A-Za-z_]\w*)\}?[\"']?", value) if flag in _VAR_FLAGS else None
+            if m is None or _SET_BY_SCHEDULER.match(m.group(1)):
+                continue
+            set_at = first_set.get(m.group(1))
+            if set_at is None or set_at <= no:
+                continue
+            hit = trap("launcher-var-unset", "WARN", f"env.{m.group(1)}",
+                       f"{flag}=${m.group(1)} is expanded here, but the script first sets {m.group(1)} at line {set_at}: "
+                       f"when this line runs it is empty unless the caller exported it",
+                       f"move {m.group(1)}=${{{m.group(1)}:-...}} above line {no}", _BASH_EXPANSION)
+            hit.line_no = no
+            out.append(hit)
+        if in_array and stripped.endswith(")"):
+            in_array = False
+    return out
+
+
 def _shell_values(text: str) -> list[tuple[int, str, str]]:
     """``(line, NAME, value)`` of each ``NAME=value`` / ``export NAME=value`` line, quotes dropped, in order."""
     out = []
@@ -1155,6 +1207,36 @@ def _sbatch_task_shrink_traps(text: str) -> list[Check]:
             hit.line_no = no or next((n for n, w in _sbatch_directives(text) if any(
                 x.startswith(("-n", "--ntasks")) and not x.startswith("--ntasks-per") for x in w)), 1)
             out.append(hit)
+    return out
+
+
+_DQ_ASSIGN = re.compile(r'^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)="((?:[^"\\]|\\.)*)"', re.MULTILINE | re.DOTALL)
+_RANK_FROM_SLURM = re.compile(r"--(?:machine|node)[_-]rank(?:=|\s+)(?<!\\)\$\{?(SLURM_PROCID|SLURM_NODEID)\b")
+
+
+def _batch_expanded_rank_traps(text: str) -> list[Check]:
+    """``node-rank-fixed`` for a launcher command kept in a double-quoted variable of the batch script
+    (``LAUNCHER="accelerate launch ... --machine_rank $SLURM_PROCID ..."``, later run by ``srun bash -c "$LAUNCHER ..."``):
+    the batch shell expands ``$SLURM_PROCID`` / ``$SLURM_NODEID`` when it assigns the variable, in the batch step,
+    where both are 0 ("SLURM_PROCID: The MPI rank (or relative process ID) of the current process", the batch script
+    being task 0 of node 0: https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES), so every
+    node launches with rank 0.  Escaped (``\\$SLURM_PROCID``) or single-quoted it expands per task; with
+    ``--rdzv_backend c10d`` the rendezvous numbers the nodes and the value is not used (open-r1's and
+    alignment-handbook's launchers keep it so)."""
+    if "srun" not in text:
+        return []
+    out: list[Check] = []
+    for m in _DQ_ASSIGN.finditer(text):
+        hit = _RANK_FROM_SLURM.search(m.group(2))
+        if hit is None or re.search(r"--rdzv[_-]backend(?:=|\s+)c10d", m.group(2)):
+            continue  # the c10d rendezvous assigns the node ranks itself: the given one is not used
+        found = trap("node-rank-fixed", "FAIL", "node_rank",
+                     f"{m.group(1)}=\"...{hit.group(0)}...\" is expanded by the batch shell when it is assigned, where "
+                     f"${hit.group(1)} is 0: every node launches with rank 0 and the rendezvous waits for the others",
+                     f"escape it (\\${hit.group(1)}) so each srun task expands its own, or single-quote the srun "
+                     "task", sources.cite("Gilbreth 4.3"))
+        found.line_no = text.count("\n", 0, m.start() + m.group(0).find(hit.group(0))) + 1
+        out.append(found)
     return out
 
 

@@ -602,6 +602,10 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("deepspeed.zero.GatheredParameters / zero.Init", "Keywords are the constructor's own (enabled=, "
        "modifier_rank=, ...): another name is a TypeError", "https://deepspeed.readthedocs.io/en/latest/zero3.html",
        "api-unknown-kwarg"),
+    _c("Bash in a batch script", "A variable is expanded when its line runs: a launcher option expanded above the "
+       "line that sets its default is empty; $SLURM_PROCID / $SLURM_NODEID in a double-quoted assignment of the "
+       "batch step are 0", "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
+       ("launcher-var-unset", "node-rank-fixed")),
     _c("Python scopes", "A name assigned anywhere in a function is local to all of it: an imported helper rebound "
        "there and called reads the local (UnboundLocalError, or a call of None)",
        "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names", "shadowed-import-called"),

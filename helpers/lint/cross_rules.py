@@ -558,8 +558,9 @@ def ds_args_mismatch(launches: Sequence[tuple[str, str, LaunchSpec | None]],
                 ds_val = _get(data, ds_key)
                 if ds_val is None or ds_val == "auto" or (not json_file and hf_key not in args):
                     continue
-                if isinstance(default, bool) and not ({"fp16", "bf16"} & set(args)):
-                    continue  # precision compared only where the arguments name one (a custom --output_dir parser)
+                if isinstance(default, bool) and not ({"fp16", "bf16", "deepspeed"} & set(args)):
+                    continue  # precision compared only where the arguments name one or pass TrainingArguments'
+                    # own --deepspeed field (a custom parser with --output_dir and --deepspeed_config is not the Trainer)
                 hf_text = args.get(hf_key)
                 differs, hf_val = _differs(ds_val, hf_text, default)
                 if not differs:
