@@ -45,8 +45,11 @@ def test_precision_flags_against_the_deepspeed_sections():
     assert "ds-args-mismatch" in ids(("run.sh", line), ("ds.json", json.dumps(ds)))
     fp16 = line.replace("--bf16", "--fp16")
     assert "ds-args-mismatch" not in ids(("run.sh", fp16), ("ds.json", json.dumps(ds)))
-    # no precision flag at all: a custom parser with --output_dir is not read as the Trainer's precision
-    assert "ds-args-mismatch" not in ids(("run.sh", line.replace(" --bf16", "")), ("ds.json", json.dumps(ds)))
+    # no precision flag, but TrainingArguments' own --deepspeed: the Trainer's fp16 is False against "enabled": true
+    assert "ds-args-mismatch" in ids(("run.sh", line.replace(" --bf16", "")), ("ds.json", json.dumps(ds)))
+    # a custom parser (--output_dir, DeepSpeed's own --deepspeed_config) is not read as the Trainer's arguments
+    custom = line.replace(" --bf16", "").replace("--deepspeed ds.json", "--deepspeed_config ds.json")
+    assert "ds-args-mismatch" not in ids(("run.sh", custom), ("ds.json", json.dumps(ds)))
 
 
 AXOLOTL = """
