@@ -1950,13 +1950,8 @@ class PythonLinter:
             key = (self._enclosing_function(node), node.value.id)
             if key not in made or key in seen or node.lineno <= made[key][0] or self._rank_gate(node) is not None:
                 continue
-            p, guarded = self.parents.get(node), False
-            while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not guarded:
-                test = p.test if isinstance(p, (ast.If, ast.IfExp, ast.While)) else p if isinstance(p, ast.BoolOp) else None
-                guarded = test is not None and (any(isinstance(n, ast.Name) and n.id == node.value.id
-                                                    for n in ast.walk(test)) or re.search(r"(?i)rank", _src(test)))
-                p = self.parents.get(p)
-            if guarded or self._after_exit_on_test_of(node, node.value.id):
+            if self._under_test_of(node, node.value.id, or_rank=True) or \
+                    self._after_exit_on_test_of(node, node.value.id):
                 continue
             seen.add(key)
             line, how, _ = made[key]
@@ -2006,18 +2001,26 @@ class PythonLinter:
                         and node.value.attr not in uses):
                     continue
                 held = node.value.attr
-                p, guarded = self.parents.get(node), False
-                while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not guarded:
-                    test = p.test if isinstance(p, (ast.If, ast.IfExp, ast.While)) else \
-                        p if isinstance(p, ast.BoolOp) else None
-                    guarded = test is not None and any(isinstance(n, ast.Attribute) and n.attr == held
-                                                       for n in ast.walk(test))
-                    p = self.parents.get(p)
-                if guarded or self._rank_gate(node) is not None or self._after_exit_on_test_of(node, held, attribute=True):
+                if self._under_test_of(node, held, attribute=True) or self._rank_gate(node) is not None or \
+                        self._after_exit_on_test_of(node, held, attribute=True):
                     continue
                 uses[held] = (node.lineno, _src(node)[:50])
             if uses:
                 self.facts.unguarded_uses[cls.name] = uses
+
+    def _under_test_of(self, node: ast.AST, name: str, attribute: bool = False, or_rank: bool = False) -> bool:
+        """``node`` sits under a test (``if``, a conditional expression, ``while``, ``and``/``or``) of ``name`` (an
+        attribute of that name with ``attribute``; any test that mentions a rank too with ``or_rank``), in its
+        function: ``if ema: ema.update(model)``, ``self.logger and self.logger.log(...)``."""
+        p = self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            test = p.test if isinstance(p, (ast.If, ast.IfExp, ast.While)) else p if isinstance(p, ast.BoolOp) else None
+            if test is not None and (any((isinstance(n, ast.Attribute) and n.attr == name) if attribute else
+                                         (isinstance(n, ast.Name) and n.id == name) for n in ast.walk(test))
+                                     or (or_rank and re.search(r"(?i)rank", _src(test)))):
+                return True
+            p = self.parents.get(p)
+        return False
 
     def _after_exit_on_test_of(self, node: ast.AST, name: str, attribute: bool = False) -> bool:
         """``node`` follows, in its block or an enclosing one of the same function, an ``if`` that tests ``name`` (an
