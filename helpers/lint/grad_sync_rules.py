@@ -17,7 +17,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.wrappers import assign_targets, call_name
+from helpers.lint.wrappers import assign_targets, call_name, prepare_bindings
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -380,14 +380,8 @@ _MODEL_NAME = re.compile(r"(?i)model|policy|net|unet|transformer|encoder|decoder
 
 def _prepared_optimizers(lt: PythonLinter) -> set[str]:
     """The names bound to what ``accelerator.prepare(...)`` returns at an argument whose name says optimizer."""
-    out: set[str] = set()
-    for n in lt.nodes:
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and call_name(n.value) == "prepare":
-            targets = n.targets[0].elts if isinstance(n.targets[0], ast.Tuple) else n.targets
-            for t, a in zip(targets, n.value.args):
-                if "optim" in ast.unparse(a).lower() or "optim" in ast.unparse(t).lower():
-                    out.add(ast.unparse(t))
-    return out
+    return {ast.unparse(t) for _call, t, a in prepare_bindings(lt.nodes)
+            if a is not None and ("optim" in ast.unparse(a).lower() or "optim" in ast.unparse(t).lower())}
 
 
 def rule_zero_grad_in_accumulate(lt: PythonLinter) -> None:

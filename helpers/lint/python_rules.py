@@ -1482,21 +1482,27 @@ class PythonLinter:
             and all(isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
                     for b in stmt.body)
 
-    def _after_rank_exit(self, node: ast.AST) -> bool:
-        """True when a rank-dependent early return/continue/break precedes ``node`` in an enclosing block."""
+    def _preceded_by_exit(self, node: ast.AST, test: Callable[[ast.expr], bool],
+                          exits: tuple[type, ...] = (ast.Return, ast.Continue, ast.Break)) -> bool:
+        """An ``if`` whose test satisfies ``test`` and whose body leaves (one of ``exits``) precedes ``node`` in its
+        block or an enclosing one, up to and including its function's body."""
         child, p = node, self.parents.get(node)
         while p is not None:
             for fld in ("body", "orelse"):
                 block = getattr(p, fld, None)
                 if isinstance(block, list) and child in block:
                     for stmt in block[:block.index(child)]:
-                        if isinstance(stmt, ast.If) and self.taint.rank_test(stmt.test) and \
-                                any(isinstance(s, (ast.Return, ast.Continue, ast.Break)) for s in stmt.body):
+                        if isinstance(stmt, ast.If) and test(stmt.test) and \
+                                any(isinstance(s, exits) for s in stmt.body):
                             return True
             if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
             child, p = p, self.parents.get(p)
         return False
+
+    def _after_rank_exit(self, node: ast.AST) -> bool:
+        """True when a rank-dependent early return/continue/break precedes ``node`` in an enclosing block."""
+        return self._preceded_by_exit(node, self.taint.rank_test)
 
     def _under_rank_only_object(self, node: ast.AST) -> bool:
         """``node`` sits under ``if x is not None:`` (or ``if x:``) where ``x`` is made on some ranks only
@@ -2026,21 +2032,11 @@ class PythonLinter:
         """``node`` follows, in its block or an enclosing one of the same function, an ``if`` that tests ``name`` (an
         attribute of that name with ``attribute``) and leaves (``if not writer: continue``; ``if self.logger is None:
         return``): only the ranks that hold it get here."""
-        def tests(n: ast.AST) -> bool:
-            return isinstance(n, ast.Attribute) and n.attr == name if attribute else \
-                isinstance(n, ast.Name) and n.id == name
+        def tests(t: ast.expr) -> bool:
+            return any((isinstance(n, ast.Attribute) and n.attr == name) if attribute else
+                       (isinstance(n, ast.Name) and n.id == name) for n in ast.walk(t))
 
-        child, p = node, self.parents.get(node)
-        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for fld in ("body", "orelse"):
-                block = getattr(p, fld, None)
-                if isinstance(block, list) and child in block:
-                    for stmt in block[:block.index(child)]:
-                        if isinstance(stmt, ast.If) and any(tests(n) for n in ast.walk(stmt.test)) and \
-                                any(isinstance(s, (ast.Return, ast.Continue, ast.Break, ast.Raise)) for s in stmt.body):
-                            return True
-            child, p = p, self.parents.get(p)
-        return False
+        return self._preceded_by_exit(node, tests, (ast.Return, ast.Continue, ast.Break, ast.Raise))
 
     def _gathered_before(self, call: ast.Call, gate: ast.AST) -> bool:
         """The function around ``call`` gathers a state dict on every rank before ``gate`` (a call whose name says

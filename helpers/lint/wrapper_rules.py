@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from helpers.lint.contract_ast import ancestors
 from helpers.lint.contracts import _ACC, _DDP, _FABRIC, _FSDP
-from helpers.lint.wrappers import accelerator_prepare, assign_targets
+from helpers.lint.wrappers import accelerator_prepare, assign_targets, prepare_bindings
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -145,9 +145,7 @@ def rule_state_dict_of_submodule(lt: PythonLinter) -> None:
     (CarperAI/trlx's PPO trainer saved empty weights)."""
     if "get_state_dict" not in lt.text or ".prepare(" not in lt.text:
         return
-    prepared = {ast.unparse(t) for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-                and ast.unparse(n.value.func).endswith(".prepare")
-                for tt in n.targets for t in (tt.elts if isinstance(tt, ast.Tuple) else [tt])}
+    prepared = {ast.unparse(t) for call, t, _a in prepare_bindings(lt.nodes) if isinstance(call.func, ast.Attribute)}
     for c in lt._calls():
         if not (isinstance(c.func, ast.Attribute) and c.func.attr == "get_state_dict" and c.args
                 and isinstance(c.args[0], ast.Attribute)):

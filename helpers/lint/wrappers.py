@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 DDP_CTOR = re.compile(r"^(?!\w*(?i:unwrap))(\w*DistributedDataParallel|\w*DDP|\w*(?i:ddp_?wrap|wrap_?(?:\w+_)?ddp)\w*)$")
@@ -91,6 +91,20 @@ def accelerator_prepare(node: ast.AST) -> bool:
         return False
     f = node.value.func
     return isinstance(f, ast.Attribute) and f.attr == "prepare" and "accelerator" in ast.unparse(f.value).lower()
+
+
+def prepare_bindings(nodes: Iterable[ast.AST]) -> list[tuple[ast.Call, ast.expr, ast.expr | None]]:
+    """``(call, target, argument)`` for each name bound by ``a, b = <x>.prepare(a0, b0)`` (or a bare ``prepare(...)``)
+    among ``nodes``: every target of the assignment, each beside the argument at its position (``None`` past the
+    last one).  Accelerate's ``prepare`` returns its arguments prepared, in order."""
+    out: list[tuple[ast.Call, ast.expr, ast.expr | None]] = []
+    for n in nodes:
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and call_name(n.value) == "prepare"):
+            continue
+        for tt in n.targets:
+            targets = tt.elts if isinstance(tt, ast.Tuple) else [tt]
+            out.extend((n.value, t, n.value.args[i] if i < len(n.value.args) else None) for i, t in enumerate(targets))
+    return out
 
 
 def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
