@@ -168,6 +168,7 @@ RULES: dict[str, str] = {
     "sampler-seed-per-rank": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "sampler-rng-differs": "https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py",
     "eval-shard-unreduced": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "metric-state-reduce": "https://lightning.ai/docs/torchmetrics/stable/pages/implement.html",
     "collective-in-data-dependent-branch": "D21",
     "scheduler-steps-per-microbatch": "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation",
     "ddp-buffer-after-wrap": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
@@ -365,6 +366,9 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.rank_before_init_across(facts)
     findings += cross_rules.cpu_tensor_to_collective_across(facts)
     findings += cross_rules.sampler_seed_across(facts)
+    findings += cross_rules.iterable_epoch_never_set(facts)
+    findings += cross_rules.unseeded_dataset_draw(facts)
+    findings += cross_rules.setup_writes_every_rank(facts)
     findings += cross_rules.iterable_not_sharded_across(facts)
     findings += cross_rules.download_every_rank_across(facts)
     findings += cross_rules.clock_path_across(facts)

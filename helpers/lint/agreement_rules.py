@@ -454,12 +454,24 @@ def _per_rank(lt: PythonLinter, node: ast.AST | None, depth: int = 3) -> bool:
     return False
 
 
+def _clock_seed(lt: PythonLinter, seed: ast.AST, at: ast.AST) -> bool:
+    """``seed`` (at ``at``) reads the clock (``time.time()``), directly or through the name's last assignments in
+    the function: each process reads its own instant (NVlabs/LongLive seeded a sampler with ``time.time() * rank``)."""
+    sources = [seed]
+    if isinstance(seed, ast.Name):
+        fn = lt._enclosing_function(at) or lt.tree
+        sources += [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < at.lineno and
+                    any(isinstance(t, ast.Name) and t.id == seed.id for t in a.targets)]
+    return any(isinstance(n, ast.Call) and ast.unparse(n.func) in ("time.time", "time.time_ns", "time.perf_counter")
+               for x in sources for n in ast.walk(x))
+
+
 def rule_sampler_seed_per_rank(lt: PythonLinter) -> None:
     """``DistributedSampler(..., seed=s)`` with a seed that depends on the rank: the sampler shuffles the whole index
     list with ``seed + epoch`` on every rank and then takes this rank's slice, so its documented contract is that the
-    seed "should be identical across all processes in the distributed group" (:data:`_SAMPLER`); seeded per rank,
-    the ranks slice different permutations, their shards overlap and some samples are never seen
-    (mlcommons/training#625: the UNet3D reference passed each worker's own seed).
+    seed "should be identical across all processes in the distributed group" (:data:`_SAMPLER`); seeded per rank
+    (or from each process's clock, :func:`_clock_seed`), the ranks slice different permutations, their shards overlap
+    and some samples are never seen (mlcommons/training#625: the UNet3D reference passed each worker's own seed).
 
     Also records, for :func:`helpers.lint.cross_rules.sampler_seed_across`, the attributes this file gives a rank value
     (``flags.seed = worker_seeds[local_rank]``: :attr:`PyFacts.rank_attrs`) and the attribute a sampler here takes its
@@ -479,13 +491,16 @@ def rule_sampler_seed_per_rank(lt: PythonLinter) -> None:
         if seed is None:
             continue
         attr = _attr_of_name(seed)
-        if _per_rank(lt, seed) or (attr and attr in facts.rank_attrs):
-            lt.add("rank-split-differs", "warning", c,
-                   f"{ast.unparse(c)[:60]}: the sampler's seed ({ast.unparse(seed)}) differs per rank: every rank "
-                   "shuffles the index list with its own seed and takes its slice of a different permutation, so the "
-                   "shards overlap and some samples are never seen",
-                   "give every rank the same sampler seed (the run's base seed, before any per-rank offset); seed the "
-                   "per-rank augmentation streams separately", _SAMPLER)
+        ranked = _per_rank(lt, seed) or bool(attr and attr in facts.rank_attrs)
+        clock = _clock_seed(lt, seed, c)
+        if ranked or clock:
+            lt.add("sampler-seed-per-rank", "error", c,
+                   f"DistributedSampler(seed={ast.unparse(seed)[:40]}): the seed is {'rank' if ranked else 'clock'}-"
+                   "dependent, so each rank shuffles the index list with its own permutation and takes its slice of "
+                   "it: the shards overlap and some samples are never seen in an epoch",
+                   "give every rank the same sampler seed (the run's base seed, before any per-rank offset), "
+                   "sampler.set_epoch(epoch) for a new order each epoch; seed the per-rank augmentation streams "
+                   "separately", _SAMPLER)
         elif attr:
             facts.sampler_seed_attrs.append((attr, c.lineno, ast.unparse(seed)))
 

@@ -5,10 +5,11 @@ Run by :func:`helpers.lint.contract_rules.run`."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import statement_blocks
+from helpers.lint.contract_ast import ancestors, statement_blocks
 from helpers.lint.contracts import _ACC, _DIST, _TORCHRUN
 
 if TYPE_CHECKING:
@@ -199,6 +200,68 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
                    f"create it on every rank (os.makedirs({target.id}, exist_ok=True) is safe to repeat), or "
                    "barrier() after rank 0 creates it", "https://docs.python.org/3/library/os.html#os.makedirs")
             break
+
+
+_EVERY_PROCESS = re.compile(r"DistributedDataParallel|\bDDP\(|init_process_group|Accelerator\(|deepspeed\.initialize|"
+                            r"LightningCLI\(|Fabric\(|\b(?:pl|L)\.Trainer\(|lightning\.pytorch")
+"""What says a file's top-level code runs in every process of a job (a process group, or a Lightning entry point,
+which starts its extra processes by running the same script again)."""
+
+
+def rule_makedirs_race(lt: PythonLinter) -> None:
+    """``if not os.path.exists(d): os.makedirs(d)`` (or a bare ``os.makedirs(d)`` / ``Path.mkdir()``) without
+    ``exist_ok=True``, outside any rank gate, in a file every process runs: ``os.makedirs`` "raises FileExistsError
+    if the target directory already exists" unless ``exist_ok`` is true
+    (https://docs.python.org/3/library/os.html#os.makedirs), so two ranks that both saw the directory missing race,
+    and the loser crashes (RWKV/RWKV-infctx-trainer#31: multi-node runs died with FileExistsError).  Not under a
+    ``try`` that catches it, not for a per-rank path, not on one rank only (a gate, an early exit of the other ranks,
+    a function called only under a gate).  An error when nothing checks first (every rank but one fails); a note
+    for check-then-create, which fails only when two ranks reach it in the same instant."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"makedirs|mkdir", lt.text) or not _EVERY_PROCESS.search(lt.text):
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in ("makedirs", "mkdir") or (name == "makedirs" and recv not in ("os", "")):
+            continue
+        if name == "mkdir" and recv == "" or any(k.arg == "exist_ok" and not (
+                isinstance(k.value, ast.Constant) and not k.value.value) for k in c.keywords):
+            continue
+        if name == "makedirs" and len(c.args) > 2 or lt._rank_gate(c) is not None or lt._after_rank_exit(c):
+            continue
+        fn = lt._enclosing_function(c)
+        if fn is not None and lt._function_only_called_gated(fn):
+            continue
+        target = c.args[0] if c.args and recv == "os" else c.func.value if isinstance(c.func, ast.Attribute) else None
+        if target is None or lt._rank_in_name(target, c) or _catches_exists(lt, c):
+            continue
+        checked = next((p for p in _ancestors(lt, c) if isinstance(p, ast.If) and re.search(
+            r"\bnot\b.*(?:exists|isdir)\(", ast.unparse(p.test))), None)
+        how = (f"after `{ast.unparse(checked.test)[:50]}` (line {checked.lineno}): two ranks can both see it missing, "
+               "and the second makedirs raises FileExistsError" if checked else
+               "on every rank: all but the first process to get there raise FileExistsError")
+        lt.add("write-on-every-rank", "error" if checked is None else "info", c,
+               f"{ast.unparse(c)[:60]} without exist_ok=True runs {how}",
+               f"{ast.unparse(c.func)}({ast.unparse(target) + ', ' if recv == 'os' else ''}exist_ok=True) (safe on "
+               "every rank), or make it on one rank and barrier()", "https://docs.python.org/3/library/os.html#os.makedirs")
+
+
+def _ancestors(lt: PythonLinter, node: ast.AST) -> list[ast.AST]:
+    """:func:`helpers.lint.contract_ast.ancestors` up to the function that holds ``node``."""
+    return list(itertools.takewhile(lambda p: not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)),
+                                    ancestors(lt, node)))
+
+
+def _catches_exists(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node`` sits in the body of a ``try`` whose handlers catch FileExistsError (or OSError, Exception, bare)."""
+    for p in _ancestors(lt, node):
+        if isinstance(p, ast.Try) and any(node is n for st in p.body for n in ast.walk(st)):
+            for h in p.handlers:
+                if h.type is None or re.search(r"FileExistsError|OSError|IOError|Exception|BaseException",
+                                               ast.unparse(h.type)):
+                    return True
+    return False
 
 
 def _path_names(lt: PythonLinter, expr: ast.AST) -> set[str]:
@@ -490,4 +553,4 @@ def rule_state_overwritten_after_load(lt: PythonLinter) -> None:
                     return
 
 
-__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]
+__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_makedirs_race", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]

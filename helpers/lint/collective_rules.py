@@ -783,4 +783,49 @@ def rule_local_used_after_gather(lt: PythonLinter) -> None:
                "data", f"use {out} (the gathered parts) here", _DIST + "#torch.distributed.all_gather_object")
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+_TORCHMETRICS_IMPLEMENT = "https://lightning.ai/docs/torchmetrics/stable/pages/implement.html"
+_JOINS = frozenset({"cat", "concat", "concatenate", "stack", "vstack", "hstack"})
+
+
+def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
+    """A torchmetrics ``Metric`` whose list state (``add_state("preds", default=[], dist_reduce_fx="cat")``) is
+    joined in ``compute()`` as a list (``torch.cat(self.preds)``): when several processes run, ``compute()`` first
+    syncs the states, and the sync gathers every process's list and applies the reduction, ``dim_zero_cat``, so the
+    state is then one Tensor, not a list (torchmetrics/metric.py ``_sync_dist``), and ``torch.cat(tensor)`` raises
+    "TypeError: cat(): argument 'tensors' (position 1) must be tuple of Tensors, not Tensor" (seen here with
+    torchmetrics 1.x on two gloo processes); on one process nothing syncs and it works.  Torchmetrics' guide reads list
+    states through ``dim_zero_cat``, which takes either (:data:`_TORCHMETRICS_IMPLEMENT`; chemprop/chemprop#1131)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "add_state" not in lt.text or "compute" not in lt.text:
+        return
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        lists: dict[str, int] = {}
+        for c in (n for n in ast.walk(cls) if isinstance(n, ast.Call) and _call_name(n)[1] == "add_state"):
+            name = c.args[0] if c.args else kwarg(c, "name")
+            default = c.args[1] if len(c.args) > 1 else kwarg(c, "default")
+            fx = c.args[2] if len(c.args) > 2 else kwarg(c, "dist_reduce_fx")
+            if isinstance(name, ast.Constant) and isinstance(default, ast.List) and not default.elts and \
+                    (isinstance(fx, ast.Constant) and fx.value == "cat" or
+                     fx is not None and ast.unparse(fx).endswith("dim_zero_cat")):
+                lists[name.value] = c.lineno
+        compute = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "compute"), None)
+        if not lists or compute is None:
+            continue
+        for c in (n for n in ast.walk(compute) if isinstance(n, ast.Call)):
+            recv, name = _call_name(c)
+            arg = c.args[0] if c.args else kwarg(c, "tensors")
+            if name not in _JOINS or recv not in ("torch", "np", "numpy") or not (
+                    isinstance(arg, ast.Attribute) and ast.unparse(arg.value) == "self" and arg.attr in lists):
+                continue
+            lt.add("metric-state-reduce", "error", c,
+                   f"{ast.unparse(c)[:50]} treats the list state '{arg.attr}' (add_state at line {lists[arg.attr]}, "
+                   "dist_reduce_fx='cat') as a list: under several processes compute() syncs it first and the "
+                   f"gathered lists are concatenated into one Tensor, so {recv}.{name} raises 'TypeError: ... must be "
+                   "tuple of Tensors, not Tensor' (one process: no sync, no error)",
+                   f"from torchmetrics.utilities import dim_zero_cat; dim_zero_cat(self.{arg.attr}) (takes the list "
+                   "or the synced tensor)", _TORCHMETRICS_IMPLEMENT)
+            break
+
+
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -632,6 +632,27 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("LightningModule.log", "self.log is called from every process unless rank_zero_only=True ('Improper use can "
        "lead to deadlocks')", "https://lightning.ai/docs/pytorch/stable/visualize/logging_advanced.html#rank-zero-only",
        "rank-gated-collective"),
+    _c("Lightning fit loop", "It calls set_epoch on the loader's sampler and batch sampler only, never on the "
+       "dataset: an IterableDataset that shuffles by its epoch gets it from the user's code (on_train_epoch_start)",
+       "https://github.com/Lightning-AI/pytorch-lightning/blob/master/src/lightning/fabric/utilities/data.py",
+       "sampler-no-set-epoch"),
+    _c("LightningDataModule", "setup() runs on every process, prepare_data() on one per node: a file written in "
+       "setup is written by every rank at once", "https://lightning.ai/docs/pytorch/stable/data/datamodule.html#setup",
+       "write-on-every-rank"),
+    _c("torchmetrics Metric", "After compute() syncs under several processes, a list state with dist_reduce_fx='cat' "
+       "is one concatenated Tensor: compute reads it through dim_zero_cat, not torch.cat(list)",
+       "https://lightning.ai/docs/torchmetrics/stable/pages/implement.html", "metric-state-reduce"),
+    # ---------------------------------------------------------------- Python and the DataLoader, on every rank
+    _c("os.makedirs / Path.mkdir", "Without exist_ok=True it raises FileExistsError when the directory exists: "
+       "every rank making the same directory needs exist_ok=True (or one rank and a barrier)",
+       "https://docs.python.org/3/library/os.html#os.makedirs", "write-on-every-rank"),
+    _c("random (and numpy's legacy global state)", "Unseeded, each process seeds itself from the OS: a dataset "
+       "that picks its contents with it differs per rank, under a DistributedSampler that assumes one dataset",
+       "https://docs.python.org/3/library/random.html#random.seed", "rank-split-differs"),
+    _c("DataLoader workers", "Each worker's seed is the main process's base_seed + worker_id: ranks seeded alike "
+       "give their workers the same seeds unless worker_init_fn mixes in the rank",
+       "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
+       "same-seed-every-rank"),
     # ---------------------------------------------------------------- transformers quantized models
     _c("from_pretrained with bitsandbytes", "A quantized model is placed at load: on several processes each gets "
        "device_map={'': its process index}, or all load onto torch.cuda.current_device() (GPU 0)",

@@ -281,6 +281,75 @@ def lightning_sampler_replaced(facts: Sequence[object]) -> list[Check]:
     return []
 
 
+def iterable_epoch_never_set(facts: Sequence[object]) -> list[Check]:
+    """An ``IterableDataset`` of the linted files that shuffles by ``self.epoch`` and has a ``set_epoch``, trained by
+    a Lightning loop, and no linted file calls ``set_epoch`` on it (or on anything but ``self``): Lightning's fit loop
+    calls ``set_epoch`` only on the loader's ``sampler`` and ``batch_sampler`` (``_set_sampler_epoch``,
+    lightning/fabric/utilities/data.py), never on the dataset, and an iterable dataset has neither, so its epoch
+    stays at its start value and every epoch replays the same order.  A bump inside ``__iter__`` does not help once
+    ``num_workers > 0``: each worker iterates its own copy of the dataset ("each worker process gets a different copy
+    of the dataset object", https://docs.pytorch.org/docs/stable/data.html#multi-process-data-loading; cellarium-ml#40
+    added an ``on_train_epoch_start`` that calls it)."""
+    if not any(getattr(f, "lightning_loop", False) for f in facts) or \
+            any(getattr(f, "sets_epoch_from_outside", False) or getattr(f, "uses_hf_trainer", False) for f in facts):
+        return []
+    for f in facts:
+        for cls, line in getattr(f, "iterable_epoch_classes", {}).items():
+            return [finding("sampler-no-set-epoch", "warning", f.path, line,  # type: ignore[attr-defined]
+                            f"{cls} shuffles by self.epoch and has set_epoch, but no linted file calls it and "
+                            "Lightning sets the epoch of a loader's sampler only, not of an iterable dataset: every "
+                            "epoch sees the same order (a bump inside __iter__ happens in a worker's copy)",
+                            "call it from the LightningModule: def on_train_epoch_start(self): "
+                            "self.trainer.train_dataloader.dataset.set_epoch(self.current_epoch)",
+                            "https://docs.pytorch.org/docs/stable/data.html#multi-process-data-loading")]
+    return []
+
+
+def unseeded_dataset_draw(facts: Sequence[object]) -> list[Check]:
+    """A ``Dataset`` whose ``__init__`` picks its contents with the global random state (``random.shuffle(files)``
+    then a slice), split across ranks by a ``DistributedSampler``, and no linted file seeds the global random state:
+    Python seeds ``random`` "from the current system time or an operating system source" in each process
+    (https://docs.python.org/3/library/random.html#random.seed), so every rank builds a different list, and the
+    sampler's index slices, computed over equal lengths, pick from different lists: samples repeat across ranks and
+    others are never seen (facebookresearch/fastMRI#63 added seed_everything).  The sampler's contract assumes one
+    dataset: "It is especially useful in conjunction with DistributedDataParallel.  In such a case, each process can
+    pass a DistributedSampler instance as a DataLoader sampler, and load a subset of the original dataset that is
+    exclusive to it" (https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler)."""
+    if any(getattr(f, "seeds_global_rng", False) for f in facts) or \
+            not any(getattr(f, "splits_by_sampler", False) for f in facts):
+        return []
+    for f in facts:
+        for cls, line in getattr(f, "unseeded_dataset_draws", {}).items():
+            return [finding("rank-split-differs", "warning", f.path, line,  # type: ignore[attr-defined]
+                            f"{cls}.__init__ chooses its contents with the unseeded global random state and a "
+                            "DistributedSampler splits it across ranks: each process draws its own list, so the "
+                            "ranks' index slices pick from different lists (repeats, samples never seen)",
+                            "seed every process alike before building the dataset (seed_everything(seed) / "
+                            "random.seed(seed)), or draw with random.Random(seed)",
+                            "https://docs.python.org/3/library/random.html#random.seed")]
+    return []
+
+
+def setup_writes_every_rank(facts: Sequence[object]) -> list[Check]:
+    """A ``LightningDataModule.setup`` that calls, outside any rank gate, a function or class of the linted files that
+    writes a file (a dataset whose constructor converts its inputs to one HDF5 file): Lightning runs ``setup`` "on
+    every process" and ``prepare_data`` on one ("prepare_data is called from the main process ... setup is called from
+    every process across all the nodes", https://lightning.ai/docs/pytorch/stable/data/datamodule.html#setup), so
+    every rank writes the same file at once (torchmd/torchmd-net: the HDF5 conversion, later moved behind rank 0 and
+    a barrier)."""
+    writers = {name: f.path for f in facts for name in getattr(f, "writing_callables", set())}  # type: ignore[attr-defined]
+    for f in facts:
+        for callee, line, src in getattr(f, "setup_calls", []):
+            if callee in writers:
+                return [finding("write-on-every-rank", "warning", f.path, line,  # type: ignore[attr-defined]
+                                f"{src} runs in LightningDataModule.setup, which Lightning calls on every process, "
+                                f"and {callee} ({os.path.basename(writers[callee])}) writes a file: every rank writes "
+                                "the same file at once", "do the writing in prepare_data (one process per node, or "
+                                "per job with prepare_data_per_node=False), or on rank 0 followed by a barrier",
+                                "https://lightning.ai/docs/pytorch/stable/data/datamodule.html#setup")]
+    return []
+
+
 def raw_wandb_across_files(facts: Sequence[object]) -> list[Check]:
     """A ``wandb.log`` on every rank in one file (a LightningModule) while another file starts the W&B run on the
     main process only (``WandbLogger`` passed to the Trainer, ``accelerator.init_trackers``) and no linted file calls
@@ -842,7 +911,7 @@ def sampler_seed_across(facts: Sequence[object]) -> list[Check]:
             where = setters.get(attr)
             if where is None or where == f.path:  # type: ignore[attr-defined]
                 continue
-            out.append(finding("rank-split-differs", "warning", f.path, line,  # type: ignore[attr-defined]
+            out.append(finding("sampler-seed-per-rank", "error", f.path, line,  # type: ignore[attr-defined]
                                f"DistributedSampler(seed={src}): {os.path.basename(where)} sets .{attr} to a per-rank "
                                "value, so every rank shuffles the index list with its own seed and takes its slice of "
                                "a different permutation (shards overlap, samples missed)",

@@ -387,7 +387,9 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
     ``ds.shard(num_shards=world, index=local_rank)``, or ``items[local_rank]`` where ``len(items)`` is compared with the
     world size.  On one node they coincide; on two, LOCAL_RANK repeats 0..N-1 on each node (torchrun: "LOCAL_RANK -
     The local rank", "RANK - The global rank", ``_TORCHRUN``), so two processes take the same shard.  A warning
-    here; an error when a linted launch starts this script on several nodes (cross_rules.settle)."""
+    here; an error when a linted launch starts this script on several nodes (cross_rules.settle).  Not where the
+    same function points MASTER_ADDR at the loopback address (:func:`_one_node_master`): only one node can join.
+    """
     from helpers.lint.python_rules import _call_name
 
     if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|local_process_index|get_local_rank|global_rank", lt.text):
@@ -401,7 +403,8 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
         if name == "DistributedSampler" and rank is None and len(c.args) > 2:
             rank = c.args[2]
         if rank is not None and local.is_local(rank) and (name in ("DistributedSampler", "init_process_group") or
-                                                          {"num_replicas", "world_size"} & set(kws)):
+                                                          {"num_replicas", "world_size"} & set(kws)) and \
+                not _one_node_master(lt, c):
             hits.append((c, f"{name}(..., rank={ast.unparse(rank)})"))
         if name == "shard" and "index" in kws and local.is_local(kws["index"]):
             hits.append((c, f"{recv}.shard(..., index={ast.unparse(kws['index'])})"))

@@ -143,6 +143,14 @@ class PyFacts:
     rank_samplers: dict[str, int] = field(default_factory=dict)  # Sampler subclasses that shard by rank -> line
     loader_samplers: list[tuple[str, int]] = field(default_factory=list)  # (class given to DataLoader(sampler=), line)
     lightning_trainer: int = 0              # line of a Lightning Trainer(...); -1: one sets use_distributed_sampler
+    iterable_epoch_classes: dict[str, int] = field(default_factory=dict)  # IterableDataset with set_epoch -> line
+    unseeded_dataset_draws: dict[str, int] = field(default_factory=dict)  # Dataset picking contents by global RNG
+    writing_callables: set[str] = field(default_factory=set)  # module-level functions / classes (__init__) that write
+    setup_calls: list[tuple[str, int, str]] = field(default_factory=list)  # (callee, line, src) in DataModule.setup
+    seeds_global_rng: bool = False          # seed_everything / manual_seed / random.seed / set_seed in the file
+    splits_by_sampler: bool = False         # a DistributedSampler is made in the file
+    lightning_loop: bool = False            # a LightningModule subclass or a Lightning Trainer(...) in the file
+    sets_epoch_from_outside: bool = False   # some x.set_epoch(...) call whose receiver is not self
     ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
     clock_paths: dict[str, int] = field(default_factory=dict)  # names/attrs of paths built from the clock -> line
@@ -151,6 +159,17 @@ class PyFacts:
     unguarded_uses: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # class -> param -> (line, src)
     save_dir_names: dict[str, int] = field(default_factory=dict)  # names an every-rank save's directory is built from
 
+
+
+def _names_monitored(key: ast.AST | None, monitored: set[str]) -> bool:
+    """The logged name ``key`` (a constant, or an f-string whose fields may be anything: ``f"{stage}/loss"``) may be
+    one of the ``monitored`` names."""
+    if isinstance(key, ast.Constant):
+        return key.value in monitored
+    if isinstance(key, ast.JoinedStr):
+        pattern = "".join(re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in key.values)
+        return any(re.fullmatch(pattern, m) for m in monitored)
+    return False
 
 def _gate_text(gate: ast.AST) -> str:
     """The condition of a rank gate as the user wrote it (60 characters)."""
@@ -2106,12 +2125,7 @@ class PythonLinter:
                 continue
             if node.value.id in ("self", "cls") or not self.wrappers.state(node.value, node)[0]:
                 continue
-            p, dispatch = self.parents.get(node), False
-            while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not dispatch:
-                if isinstance(p, (ast.If, ast.IfExp, ast.While)):
-                    dispatch = any(isinstance(n, ast.Name) and n.id == node.value.id for n in ast.walk(p.test))
-                p = self.parents.get(p)
-            if dispatch or self._other_branch_wraps(node):
+            if self._dispatched_on(node, node.value.id) or self._other_branch_wraps(node):
                 continue
             out.add(id(node))
             self.add("ddp-wrapper-attribute", "error", node,
@@ -2122,6 +2136,21 @@ class PythonLinter:
                      f"{node.value.id}.module.{node.attr} (or read it from the model before wrapping)",
                      "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
         return out
+
+    def _dispatched_on(self, node: ast.AST, name: str) -> bool:
+        """``node`` sits under an ``if`` / ``while`` / conditional expression whose test asks about ``name`` by a call
+        or its ``.module`` (``m.module.config if hasattr(m, "module") else m.config``, ``if is_parallel(model)``):
+        the author's own dispatch between the wrapper and the bare model (a bare ``if m`` / ``m is None`` is not).  Not for ``node`` in the test itself (``if
+        unet.config.in_channels == 8:`` reads through the wrapper)."""
+        child, p = node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, (ast.If, ast.IfExp, ast.While)) and child is not p.test and any(
+                    isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id == name for a in n.args) or
+                    isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name)
+                    and n.value.id == name for n in ast.walk(p.test)):
+                return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _other_branch_wraps(self, node: ast.Attribute) -> bool:
         """The DDP wrap of ``node``'s variable sits in another branch of an ``if`` that holds ``node`` (``if
@@ -2182,7 +2211,8 @@ class PythonLinter:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load) \
                     and node.attr not in DDP_PUBLIC and not node.attr.startswith("_"):
                 line = through_wrapper(node.value)
-                if line and not self._under_other_distributed_type(node):
+                if line and not self._under_other_distributed_type(node) and \
+                        not self._dispatched_on(node, node.value.id):
                     self.add("ddp-wrapper-attribute", "error", node,
                              f"{_src(node)} reads '{node.attr}' on the model accelerator.prepare returned (line {line}): "
                              "under several processes without DeepSpeed/FSDP that is a DistributedDataParallel "
@@ -2297,15 +2327,24 @@ class PythonLinter:
         test: "It is recommended to use `self.log(..., sync_dist=True)` when logging on epoch level in distributed
         setting to accumulate the metric across devices" (lightning/pytorch/trainer/connectors/logger_connector/
         result.py; https://lightning.ai/docs/pytorch/stable/extensions/logging.html#automatic-logging).  In
-        ``validation_step`` / ``test_step`` ``on_epoch`` is True by default; in ``training_step`` only when written."""
+        ``validation_step`` / ``test_step`` ``on_epoch`` is True by default; in ``training_step`` only when written.
+        A warning where a monitor may read the name (:meth:`_monitored_names`: the ranks then checkpoint, stop or
+        lower the learning rate on different numbers), a note where nothing in the file monitors it."""
         if "LightningModule" not in self.text or "self.log(" not in self.text:
             return
+        monitored = self._monitored_names()
         for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)
                     and any(_src(b).endswith("LightningModule") for b in n.bases)):
-            for fn in (b for b in cls.body if isinstance(b, ast.FunctionDef)):
-                step = fn.name in ("validation_step", "test_step")
-                if not step and fn.name != "training_step":
-                    continue
+            methods = {b.name: b for b in cls.body if isinstance(b, ast.FunctionDef)}
+            steps = {name: name != "training_step" for name in ("training_step", "validation_step", "test_step")
+                     if name in methods}
+            for name in list(steps):  # helpers the steps call (self._log_metrics(loss, ..., stage))
+                for c in ast.walk(methods[name]):
+                    if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and _src(c.func.value) == "self" \
+                            and c.func.attr in methods and c.func.attr not in steps:
+                        steps[c.func.attr] = steps.get(c.func.attr, True) and steps[name]
+            for fn_name, step in steps.items():
+                fn = methods[fn_name]
                 for c in (x for x in ast.walk(fn) if isinstance(x, ast.Call) and _src(x.func) == "self.log"):
                     kws = {k.arg: k.value for k in c.keywords if k.arg}
                     on_epoch = kws.get("on_epoch")
@@ -2317,12 +2356,39 @@ class PythonLinter:
                     value = c.args[1] if len(c.args) > 1 else kws.get("value")
                     if not isinstance(value, ast.Name):
                         continue  # self.val_acc (a Metric object), a dict, a literal: not a per-process tensor
-                    self.add("metric-not-reduced", "warning", c,
+                    key = c.args[0] if c.args else kws.get("name")
+                    watched = monitored is None or _names_monitored(key, monitored)
+                    self.add("metric-not-reduced", "warning" if watched else "info", c,
                              f"{_src(c)[:60]} logs an epoch-level value without sync_dist=True: each process averages "
-                             "only its own batches, so the logged (and monitored) number is one process's shard",
+                             "only its own batches, so the logged number is one process's shard" + (
+                                 ", and a monitor (ModelCheckpoint / EarlyStopping / ReduceLROnPlateau) reads it: the "
+                                 "processes decide on different numbers" if watched else
+                                 " (nothing in this file monitors it; Lightning warns about it at run time)"),
                              "self.log(..., sync_dist=True), or log a torchmetrics Metric object (it syncs itself)",
                              "https://lightning.ai/docs/pytorch/stable/extensions/logging.html#automatic-logging")
                     return
+
+    def _monitored_names(self) -> set[str] | None:
+        """The metric names this file gives a monitor (``ModelCheckpoint(monitor="val_loss")``, ``EarlyStopping``, the
+        ``"monitor"`` entry of ``configure_optimizers``' scheduler dict, ``cfg["monitor"] = ...``): every string
+        constant inside the monitor's value.  None when some monitor's value is not a constant in this file
+        (``monitor=args.monitor``): any logged name may be the one it reads."""
+        values: list[ast.AST] = []
+        for n in self.nodes:
+            if isinstance(n, ast.keyword) and n.arg == "monitor":
+                values.append(n.value)
+            elif isinstance(n, ast.Dict):
+                values += [v for k, v in zip(n.keys, n.values) if isinstance(k, ast.Constant) and k.value == "monitor"]
+            elif isinstance(n, ast.Assign) and any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                                                   and t.slice.value == "monitor" for t in n.targets):
+                values.append(n.value)
+        names: set[str] = set()
+        for v in values:
+            found = {x.value for x in ast.walk(v) if isinstance(x, ast.Constant) and isinstance(x.value, str)}
+            if not found and not (isinstance(v, ast.Constant) and v.value is None):
+                return None
+            names |= found
+        return names
 
     def rule_amp_initialize_after_ddp(self) -> None:
         """``amp.initialize(model, ...)`` given a model already wrapped in ``DistributedDataParallel``: apex refuses it,

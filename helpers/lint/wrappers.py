@@ -29,9 +29,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-DDP_CTOR = re.compile(r"^(?!\w*(?i:unwrap))(\w*DistributedDataParallel|\w*DDP|\w*(?i:ddp_?wrap|wrap_?(?:\w+_)?ddp)\w*)$")
+DDP_CTOR = re.compile(r"^(?!\w*(?i:unwrap|remove|strip|drop))(\w*DistributedDataParallel|\w*DDP|\w*(?i:ddp_?wrap|wrap_?(?:\w+_)?ddp)\w*)$")
 """Constructor names that return a DDP wrapper (``DDP`` is the usual import alias; a project's ``ddp_wrap(model,
-ctx)`` / ``wrap_model_ddp(...)`` helper; not ``ddp_setup`` or ``is_ddp``, which return no model)."""
+ctx)`` / ``wrap_model_ddp(...)`` helper; not ``ddp_setup`` or ``is_ddp``, which return no model, nor dinov2's
+``remove_ddp_wrapper(m)``, which takes the wrapper off)."""
 UNWRAP_CALLS = frozenset({"de_parallel", "unwrap_model", "unwrap", "get_unwrapped_model", "_unwrap_model",
                           "unwrap_module", "get_model"})
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)

@@ -94,8 +94,8 @@ def test_sampler_seed_per_rank_in_one_file_and_across_files():
     rank = dist.get_rank()
     sampler = DistributedSampler(ds, seed=args.seed + rank)
     """
-    assert "rank-split-differs" in ids(one)
-    assert "rank-split-differs" not in ids(one.replace("seed=args.seed + rank", "seed=args.seed"))
+    assert "sampler-seed-per-rank" in ids(one)
+    assert "sampler-seed-per-rank" not in ids(one.replace("seed=args.seed + rank", "seed=args.seed"))
     main = textwrap.dedent("""
     import torch.distributed as dist
     from data import get_loader
@@ -112,9 +112,9 @@ def test_sampler_seed_per_rank_in_one_file_and_across_files():
         return DataLoader(ds, sampler=sampler)
     """)
     got = [(f.file, f.id) for f in lint_texts([("main.py", main), ("data.py", data)]) if f.status != "OK"]
-    assert ("data.py", "rank-split-differs") in got
+    assert ("data.py", "sampler-seed-per-rank") in got
     alone = [f.id for f in lint_texts([("data.py", data)]) if f.status != "OK"]
-    assert "rank-split-differs" not in alone
+    assert "sampler-seed-per-rank" not in alone
 
 
 def test_mpirun_capital_n_is_per_node():
