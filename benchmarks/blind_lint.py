@@ -906,12 +906,43 @@ from the manifest's categories and causes before the set's first run (ids that n
 that would name it).  Scored once, not tuned in the session that collected it."""
 
 
+CAUSE_RULES26: dict[str, set[str]] = {
+    "collective-on-subset-of-ranks": {"rank-gated-collective", "rank-early-exit-collective"},
+    "wrong-device-per-rank (device_map auto under DDP)": {"same-device-every-rank", "quantized-model-no-device-map",
+                                                          "device-map-auto-under-ddp"},
+    "rank0-only-break (divergent control flow)": {"rank-early-exit-collective", "rank-gated-collective"},
+    "all-gather-uneven-shapes": {"gather-variable-shape"},
+    "local-rank-used-as-global-main": {"write-on-every-rank", "main-process-object-every-rank",
+                                       "local-rank-as-global-rank"},
+    "save-on-every-rank": {"write-on-every-rank"},
+    "ddp-wrapper-attribute-access": {"ddp-wrapper-attribute"},
+    "ddp-wrapper-attribute-access (silent fallback)": {"ddp-wrapper-attribute"},
+    "ddp-attribute-without-module": {"ddp-wrapper-attribute"},
+    "world-size-double-scaling": {"world-size-double-scaling"},
+    "lr-schedule-world-size-mismatch": {"lr-steps-from-dataset-length"},
+    "grad-clip-before-allreduce": {"grad-clip-before-sync"},
+    "launcher-flag-contract (slurm launch line)": {"launcher-option-unknown"},
+    "global-batch-exceeds-dataset (launch config vs world size)": {"ds-batch-mismatch", "global-batch-exceeds-dataset"},
+    "launch-line-vs-script-args": {"script-arg-unknown"},
+    "launcher-arg-contract": {"local-rank-arg-under-launcher", "script-arg-unknown", "local-rank-spelling"},
+    "ddp-unused-parameters": {"find-unused-parameters"},
+    "ddp-load-state-dict-module-prefix": {"ddp-state-dict-prefix"},
+    "ddp-forward-bypasses-wrapper": {"ddp-bypassed"},
+    "syncbn-missing": {"batchnorm-without-syncbn"},
+    "compile-state-dict-prefix": {"compile-state-dict-prefix"},
+    "wrong-device-per-rank": {"same-device-every-rank", "device-from-global-rank", "quantized-model-no-device-map"},
+}
+"""Blind set 26 (tests/data/lint/blind26): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+
+
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`, ``blind17``: :data:`CAUSE_RULES17`, ``blind18``: :data:`CAUSE_RULES18`, ``blind19``: :data:`CAUSE_RULES19`, ``blind20``: :data:`CAUSE_RULES20`, ``blind21``: :data:`CAUSE_RULES21`, ``blind22``: :data:`CAUSE_RULES22`, ``blind23``: :data:`CAUSE_RULES23`, ``blind24``: :data:`CAUSE_RULES24`, ``blind25``: :data:`CAUSE_RULES25`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`, ``blind17``: :data:`CAUSE_RULES17`, ``blind18``: :data:`CAUSE_RULES18`, ``blind19``: :data:`CAUSE_RULES19`, ``blind20``: :data:`CAUSE_RULES20`, ``blind21``: :data:`CAUSE_RULES21`, ``blind22``: :data:`CAUSE_RULES22`, ``blind23``: :data:`CAUSE_RULES23`, ``blind24``: :data:`CAUSE_RULES24`, ``blind25``: :data:`CAUSE_RULES25`, ``blind26``: :data:`CAUSE_RULES26`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
@@ -919,7 +950,8 @@ def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
              "blind14": CAUSE_RULES14, "blind15": CAUSE_RULES15,
              "blind16": CAUSE_RULES16, "blind17": CAUSE_RULES17,
              "blind18": CAUSE_RULES18, "blind19": CAUSE_RULES19,
-             "blind20": CAUSE_RULES20, "blind21": CAUSE_RULES21, "blind22": CAUSE_RULES22, "blind23": CAUSE_RULES23, "blind24": CAUSE_RULES24, "blind25": CAUSE_RULES25}.get(
+             "blind20": CAUSE_RULES20, "blind21": CAUSE_RULES21, "blind22": CAUSE_RULES22, "blind23": CAUSE_RULES23, "blind24": CAUSE_RULES24, "blind25": CAUSE_RULES25,
+             "blind26": CAUSE_RULES26}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
