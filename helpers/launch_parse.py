@@ -274,19 +274,39 @@ def launcher_argv(words: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+SRUN_FLAGS = frozenset({
+    "-l", "--label", "-u", "--unbuffered", "-v", "--verbose", "-Q", "--quiet", "-O", "--overcommit", "-X",
+    "--disable-status", "-Z", "--no-allocate", "-E", "--preserve-env", "-H", "--hold", "-s", "--oversubscribe",
+    "-K", "--kill-on-bad-exit", "-h", "--help", "-V", "--version", "--pty", "--multi-prog", "--overlap", "--exact",
+    "--exclusive", "--spread-job", "--contiguous", "--reboot", "--test-only", "--use-min-nodes", "--whole", "--x11",
+    "--usage", "--disable-status", "--no-kill", "-k", "--wait-all-nodes", "--send-libs", "--external-launcher",
+    "--jobid-is-jobstep", "--container-writable", "--container-remap-root", "--no-container-mount-home",
+    "--container-mount-home", "--no-container-remap-root", "--no-container-entrypoint", "--container-entrypoint",
+})
+"""srun options that take no value (or only an attached ``=value``): every other option takes the next word as its
+value (https://slurm.schedmd.com/srun.html; the ``--container-*`` switches are the pyxis plugin's,
+https://github.com/NVIDIA/pyxis#usage)."""
+
+
 def _srun(args: list[str], raw_line: str, env: dict[str, str | None], early: dict[str, Any]) -> dict[str, Any]:
     """srun options, then the task: ``bash -c 'BODY'`` (BODY parsed line by line) or a launcher."""
     opts: dict[str, str] = {}
     i = 0
     short = {"-N": "--nodes", "-n": "--ntasks"}
-    while i < len(args) and args[i].startswith("-"):
+    while i < len(args) and (args[i].startswith("-") or args[i].startswith("$") and i + 1 < len(args) and (
+            args[i + 1].startswith("-") or launcher_argv(args[i + 1:]) is not None)):
         a = args[i]
+        if a.startswith("$"):  # ${AUTO_RESUME}: options the batch shell fills in (or nothing), before the task
+            i += 1
+            continue
         key, eq, val = a.partition("=")
         key = short.get(key, key)
-        if key in ("--nodes", "--ntasks", "--ntasks-per-node", "--export", "--gpus-per-node", "--cpus-per-task",
-                   "--gres", "--jobid", "--container-image", "--mpi", "--label") and not eq and a in short | {key: 0}:
+        bundled = not a.startswith("--") and len(a) > 2  # -N2, -lN2: the value is attached
+        if not eq and not bundled and key not in SRUN_FLAGS:
             val = args[i + 1] if i + 1 < len(args) else ""
             i += 1
+        elif bundled and a[:2] in short:
+            key, val = short[a[:2]], a[2:]
         opts[key] = val
         i += 1
     task = args[i:]
@@ -495,6 +515,44 @@ def sbatch_header(text: str) -> dict[str, str]:
 _GPU_REQUESTS = ("--gpus-per-node", "--gres", "--gpus", "-G", "--gpus-per-task", "--gpus-per-socket")
 
 
+_ARRAY = re.compile(r"^[ \t]*(?:declare[ \t]+-a[ \t]+|local[ \t]+|export[ \t]+)?([A-Za-z_]\w*)=\(", re.MULTILINE)
+
+
+def _array_body(text: str, start: int) -> str | None:
+    """The text between the ``(`` before ``start`` and its matching ``)`` (nested ``$( ... )`` kept), or None."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def expand_arrays(text: str) -> str:
+    """``text`` with each ``"${NAME[@]}"`` / ``${NAME[@]}`` replaced by the elements of the bash array ``NAME=( ... )``
+    the script assigns once (``declare -a TORCHRUN_ARGS=( --nproc_per_node=4 ... )``, comments dropped), on the
+    line where it is used, so the launch line reads as bash runs it ("${name[@]} expands each element of name to a
+    separate word", https://www.gnu.org/software/bash/manual/html_node/Arrays.html).  An array assigned twice, or
+    appended to (``NAME+=``), is left as written: its value depends on the path taken.  Line numbers are kept."""
+    if "[@]" not in text:
+        return text
+    found: dict[str, list[str]] = {}
+    for m in _ARRAY.finditer(text):
+        inner = _array_body(text, m.end())
+        if inner is None or m.group(1) in found or re.search(rf"^\s*{m.group(1)}\+=", text, re.MULTILINE):
+            found[m.group(1)] = []  # unclosed, assigned twice or appended to: not expanded
+            continue
+        body = " ".join(re.sub(r"(?:^|\s)#.*$", "", ln) for ln in inner.replace("\\\n", " ").splitlines())
+        found[m.group(1)] = body.split() or [""]
+    for name, words in found.items():
+        if words:
+            text = re.sub(rf'"?\$\{{{name}\[@\]\}}"?', lambda _m, w=" ".join(words): w, text)
+    return text
+
+
 def parse_sbatch(text: str) -> LaunchSpec:
     """The :class:`LaunchSpec` of a batch script: ``#SBATCH`` header plus its launch line.
 
@@ -511,7 +569,7 @@ def parse_sbatch(text: str) -> LaunchSpec:
     header = sbatch_header(text)
     env: dict[str, str | None] = {}
     early: dict[str, Any] = {}
-    fields = _parse_lines(text, env, early)
+    fields = _parse_lines(expand_arrays(text), env, early)
     if not fields:
         why = _unlaunched("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
         raise NoLaunch(why.replace("command:", "sbatch:", 1) if why else

@@ -299,22 +299,47 @@ def launcher_rejects(kind: str, argv: list[str], legacy: bool = False) -> str:
         return (err.getvalue().strip().splitlines() or ["error"])[-1].split("error: ", 1)[-1]
 
 
+def _assigned_launcher_argvs(text: str) -> list[tuple[int, str, list[str], bool]]:
+    """:func:`_launcher_argvs` for a launcher command kept in a double-quoted variable of a batch script
+    (``LAUNCHER="accelerate launch --config ... "``, run later as ``srun $CMD``; accelerate's slurm examples): its
+    line number and words (the value's line continuations joined)."""
+    out = []
+    for m in _DQ_ASSIGN.finditer(text):
+        words = split_words(re.sub(r"\\\n", " ", m.group(2)))
+        got = launcher_argv(words)
+        if got is not None and got[0] != "srun":
+            out.append((text.count("\n", 0, m.start()) + 1, got[0], got[1], "torch.distributed.launch" in words))
+    return out
+
+
 def _launcher_parser_traps(text: str) -> list[Check]:
     """``launcher-option-unknown``: an option before the training script that the launcher's own parser rejects
     (:func:`launcher_rejects`): torchrun, ``accelerate launch`` and the ``deepspeed`` runner read their options with
     argparse and stop with "unrecognized arguments" (an unknown option, ``-—nproc-per-node`` typed with an em
     dash, a script option written before the script) or "ambiguous option" (an abbreviation two options share) before
-    any rank starts.  Lines whose options hold shell expansions or a documentation placeholder (``{num_gpus}``,
-    ``<N>``) are left alone."""
+    any rank starts.  A launcher command kept in a variable counts too (:func:`_assigned_launcher_argvs`).  An
+    option value the shell fills in (``$N``, ``${DIR}/ds.json``) is judged as a plain value, for the options' names
+    only; lines with a documentation placeholder (``{num_gpus}``, ``<N>``) or an option name built by the shell are
+    left alone."""
     out: list[Check] = []
-    for number, kind, argv, legacy in _launcher_argvs(text):
+    for number, kind, argv, legacy in [*_launcher_argvs(text), *_assigned_launcher_argvs(text)]:
         _, _, script, rest = parse_options(argv, _LAUNCHER_VALUES.get(kind, set()))
         head = argv[:len(argv) - len(rest) - 1] if script else list(argv)
-        if not any(w.startswith("-") for w in head) or any(re.search(r"[$`{}<>]", w) for w in head):
-            continue  # nothing to check, words the shell expands first, or a placeholder ({num_gpus}, <N>)
-        problem = launcher_rejects(kind, argv, legacy)
-        if not problem:
+        if not any(w.startswith("-") for w in head) or any(
+                re.search(r"[{}<>]", re.sub(r"\$\{\w+(?::?-[^}]*)?\}", "$X", w)) or
+                w.startswith("-") and re.search(r"[$`]", w.split("=", 1)[0]) for w in head):
+            continue  # nothing to check, a placeholder ({num_gpus}, <N>), or an option name the shell builds
+        # a value the shell fills in ($N, ${DIR}/x.yaml, --opt=$N) stands as "1": only the options' names are judged
+        shown = [(w.split("=", 1)[0] + "=1" if w.startswith("-") else "1") if re.search(r"[$`]", w) else w
+                 for w in head]
+        problem = launcher_rejects(kind, shown + argv[len(head):], legacy)
+        if not problem or shown != head and not problem.startswith(("unrecognized arguments", "ambiguous option")):
             continue
+        if re.search(r"invalid \w+ value: '(?:([A-Za-z])\1{2,}|[A-Z][A-Z_]+|\.\.\.)'", problem):
+            continue  # a README's placeholder (--master_port=yyy, --nnodes NNODES): the reader fills it in
+        for w, orig in zip(shown, head):
+            if w != orig and w != "1":
+                problem = problem.replace(w, orig)
         hit = trap("launcher-option-unknown", "FAIL", "command",
                    f"{kind}'s own parser rejects this line before the script: '{problem}', so no rank starts",
                    f"write the option as {kind} --help lists it (two ASCII hyphens, the full name), and the "

@@ -169,6 +169,8 @@ RULES: dict[str, str] = {
     "sampler-rng-differs": "https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py",
     "eval-shard-unreduced": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "metric-state-reduce": "https://lightning.ai/docs/torchmetrics/stable/pages/implement.html",
+    "compile-state-dict-prefix": "https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/eval_frame.py",
+    "ddp-state-dict-prefix": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.state_dict",
     "collective-in-data-dependent-branch": "D21",
     "scheduler-steps-per-microbatch": "https://huggingface.co/docs/accelerate/en/usage_guides/gradient_accumulation",
     "ddp-buffer-after-wrap": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
@@ -342,7 +344,9 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
             elif kind == "markdown":
                 for block in markdown_shell(text):
                     got, spec = shell_rules.lint_shell(path, block)
-                    findings += [f for f in got if f.id != "shell-syntax-error"]  # blocks are excerpts, not a script
+                    # blocks are excerpts, not a script, and their $VARIABLES are the reader's to set
+                    findings += [f for f in got if f.id not in ("shell-syntax-error", "launcher-var-unset",
+                                                                "shell-var-unset")]
                     launches.append((path, block, spec))
                     if spec is not None:
                         specs.append(spec)

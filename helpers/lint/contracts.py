@@ -653,6 +653,19 @@ CONTRACTS: tuple[Contract, ...] = (
        "give their workers the same seeds unless worker_init_fn mixes in the rank",
        "https://docs.pytorch.org/docs/stable/data.html#randomness-in-multi-process-data-loading",
        "same-seed-every-rank"),
+    _c("DistributedDataParallel state_dict", "The wrapper's keys are 'module.<name>': a state dict stripped of that "
+       "prefix loads into the inner model (model.module), not into the wrapper",
+       "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.state_dict",
+       "ddp-state-dict-prefix"),
+    _c("torch.compile", "The compiled module keeps the original as _orig_mod: its state_dict keys read "
+       "'_orig_mod.<name>' and load into the compiled model, or into the plain one once the prefix is dropped",
+       "https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/eval_frame.py", "compile-state-dict-prefix"),
+    _c("SyncBatchNorm", "Its training-mode forward all-gathers the batch statistics over the process group: a "
+       "forward (or jit.trace) of the converted model on some ranks only waits for the others",
+       "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html", "rank-gated-collective"),
+    _c("from_pretrained device_map", "Under several processes each places its replica on its own GPU "
+       "(device_map={'': process_index}); a fixed {'': 0} puts every rank's copy on GPU 0",
+       "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training", "same-device-every-rank"),
     # ---------------------------------------------------------------- transformers quantized models
     _c("from_pretrained with bitsandbytes", "A quantized model is placed at load: on several processes each gets "
        "device_map={'': its process index}, or all load onto torch.cuda.current_device() (GPU 0)",

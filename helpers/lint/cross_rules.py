@@ -293,15 +293,21 @@ def iterable_epoch_never_set(facts: Sequence[object]) -> list[Check]:
     if not any(getattr(f, "lightning_loop", False) for f in facts) or \
             any(getattr(f, "sets_epoch_from_outside", False) or getattr(f, "uses_hf_trainer", False) for f in facts):
         return []
+    return _at_first_recorded(facts, "iterable_epoch_classes", "sampler-no-set-epoch",
+                              "{name} shuffles by self.epoch and has set_epoch, but no linted file calls it and "
+                              "Lightning sets the epoch of a loader's sampler only, not of an iterable dataset: every "
+                              "epoch sees the same order (a bump inside __iter__ happens in a worker's copy)",
+                              "call it from the LightningModule: def on_train_epoch_start(self): "
+                              "self.trainer.train_dataloader.dataset.set_epoch(self.current_epoch)",
+                              "https://docs.pytorch.org/docs/stable/data.html#multi-process-data-loading")
+
+
+def _at_first_recorded(facts: Sequence[object], attr: str, rule: str, title: str, fix: str, url: str) -> list[Check]:
+    """One ``rule`` warning at the first entry of the ``{name: line}`` fact ``attr`` over the linted files (``title``
+    with ``{name}`` filled in), or none when no file recorded one."""
     for f in facts:
-        for cls, line in getattr(f, "iterable_epoch_classes", {}).items():
-            return [finding("sampler-no-set-epoch", "warning", f.path, line,  # type: ignore[attr-defined]
-                            f"{cls} shuffles by self.epoch and has set_epoch, but no linted file calls it and "
-                            "Lightning sets the epoch of a loader's sampler only, not of an iterable dataset: every "
-                            "epoch sees the same order (a bump inside __iter__ happens in a worker's copy)",
-                            "call it from the LightningModule: def on_train_epoch_start(self): "
-                            "self.trainer.train_dataloader.dataset.set_epoch(self.current_epoch)",
-                            "https://docs.pytorch.org/docs/stable/data.html#multi-process-data-loading")]
+        for name, line in getattr(f, attr, {}).items():
+            return [finding(rule, "warning", f.path, line, title.format(name=name), fix, url)]  # type: ignore[attr-defined]
     return []
 
 
@@ -318,16 +324,13 @@ def unseeded_dataset_draw(facts: Sequence[object]) -> list[Check]:
     if any(getattr(f, "seeds_global_rng", False) for f in facts) or \
             not any(getattr(f, "splits_by_sampler", False) for f in facts):
         return []
-    for f in facts:
-        for cls, line in getattr(f, "unseeded_dataset_draws", {}).items():
-            return [finding("rank-split-differs", "warning", f.path, line,  # type: ignore[attr-defined]
-                            f"{cls}.__init__ chooses its contents with the unseeded global random state and a "
-                            "DistributedSampler splits it across ranks: each process draws its own list, so the "
-                            "ranks' index slices pick from different lists (repeats, samples never seen)",
-                            "seed every process alike before building the dataset (seed_everything(seed) / "
-                            "random.seed(seed)), or draw with random.Random(seed)",
-                            "https://docs.python.org/3/library/random.html#random.seed")]
-    return []
+    return _at_first_recorded(facts, "unseeded_dataset_draws", "rank-split-differs",
+                              "{name}.__init__ chooses its contents with the unseeded global random state and a "
+                              "DistributedSampler splits it across ranks: each process draws its own list, so the "
+                              "ranks' index slices pick from different lists (repeats, samples never seen)",
+                              "seed every process alike before building the dataset (seed_everything(seed) / "
+                              "random.seed(seed)), or draw with random.Random(seed)",
+                              "https://docs.python.org/3/library/random.html#random.seed")
 
 
 def setup_writes_every_rank(facts: Sequence[object]) -> list[Check]:

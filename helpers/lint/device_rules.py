@@ -442,7 +442,9 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
     Accelerate keeps the two apart for this reason: ``is_main_process`` is "True for one process only",
     ``is_local_main_process`` "True for one process per server" (``_ACC``).  Flagged where a function named for the
     job's main process (:data:`_MAIN_NAME`, without "local"/"node") compares a local rank with 0 and reads no global
-    rank (``RANK``, ``get_rank()``) or node rank; a warning (an error under a multi-node launch, cross_rules.settle)."""
+    rank (``RANK``, ``get_rank()``) or node rank; a warning (an error under a multi-node launch, cross_rules.settle).
+    Also a flag so named assigned that test (``self.is_master = local_rank == 0``; PrimeIntellect's prime-rl monitor
+    started a W&B run per node)."""
     if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|get_local_rank", lt.text):
         return
     local = _Local(lt)
@@ -464,6 +466,25 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
                        "local-rank test for once-per-node work, under a name that says so)",
                        _TORCHRUN + "#environment-variables")
                 break
+    for n in lt.nodes:  # self.is_master = local_rank == 0: a flag named for the job's main process
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Compare) and len(n.value.ops) == 1
+                and isinstance(n.value.ops[0], ast.Eq)):
+            continue
+        named = next((t for t in n.targets if _MAIN_NAME.match(t.id if isinstance(t, ast.Name) else
+                                                                 t.attr if isinstance(t, ast.Attribute) else "")), None)
+        sides = (n.value.left, n.value.comparators[0])
+        if named is None or not any(local.is_local(x) for x in sides) or \
+                not any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in sides):
+            continue
+        scope = lt._enclosing_function(n) or lt.tree
+        if any(lt.taint.is_global_rank(x) or _node_rank(x) for x in ast.walk(scope)):
+            continue
+        lt.add("local-rank-as-global-rank", "warning", n,
+               f"{ast.unparse(named)} = {ast.unparse(n.value)[:50]} names the job's main process by the node-local "
+               f"rank: every node has a local rank 0, so on several nodes {ast.unparse(named)} is true once per node "
+               "and what it guards (a tracker run, file writes) runs on each node",
+               "compare the global rank: int(os.environ['RANK']) == 0 / dist.get_rank() == 0",
+               _TORCHRUN + "#environment-variables")
     _local_gated_writes(lt, local)
 
 
@@ -547,6 +568,45 @@ def rule_same_device_every_rank(lt: PythonLinter) -> None:
                "sees only that one GPU, so all its ranks run on it ('Duplicate GPU detected' with nccl, or out of "
                "memory)", "derive it from the local rank (str(local_rank)), or leave CUDA_VISIBLE_DEVICES to the "
                "launcher and call torch.cuda.set_device(local_rank)", _DIST + "#backends")
+
+
+def _fixed_device(v: ast.AST | None) -> str | None:
+    """The one GPU a ``device_map`` value names for the whole model (``{"": 0}``, ``0``, ``"cuda:0"``), else None."""
+    if isinstance(v, ast.Dict) and len(v.values) == 1:
+        v = v.values[0]
+    if isinstance(v, ast.Constant) and (isinstance(v.value, int) and not isinstance(v.value, bool) or
+                                        isinstance(v.value, str) and re.fullmatch(r"cuda:\d+", v.value)):
+        return repr(v.value)
+    return None
+
+
+def rule_fixed_device_map(lt: PythonLinter) -> None:
+    """``from_pretrained(..., device_map={"": 0})`` (or a name holding it) in a script that runs on several processes:
+    every process loads its whole replica onto GPU 0, and a quantized model refuses to train on another device than
+    the one it was placed on ("You can't train a model that has been loaded in 8-bit precision on a different
+    device"), so the ranks share one GPU.  TRL's multi-GPU recipe: ``device_map={"": PartialState().process_index}``
+    (``_BNB_DEVICE``; huggingface/trl#725 fixed its examples)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "device_map" not in lt.text or not re.search(
+            r"Accelerator|PartialState|Trainer\(|accelerate launch|LOCAL_RANK|local_rank|init_process_group", lt.text):
+        return
+    for c in lt._calls():
+        if _call_name(c)[1] != "from_pretrained" or lt._rank_gate(c) is not None:
+            continue
+        given = next((k.value for k in c.keywords if k.arg == "device_map"), None)
+        values = [given]
+        if isinstance(given, ast.Name):
+            fn = lt._enclosing_function(c) or lt.tree
+            values = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+                      and any(isinstance(t, ast.Name) and t.id == given.id for t in a.targets)]
+        fixed = next((f for v in values if (f := _fixed_device(v))), None)
+        if fixed is None:
+            continue
+        lt.add("same-device-every-rank", "warning", c,
+               f"from_pretrained(..., device_map={ast.unparse(given)[:30]}) puts the whole model on GPU {fixed} in every "
+               "process: under a multi-process launch all ranks load onto that one GPU",
+               "device_map={'': PartialState().process_index} (or Accelerator().local_process_index)", _BNB_DEVICE)
 
 
 _LOCAL_WORLD = "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables"
@@ -797,4 +857,4 @@ def rule_visible_devices_as_ordinal(lt: PythonLinter) -> None:
                f"use the local rank itself as the index: {names[0]} = local_rank", _CUDA_ENV)
 
 
-__all__ = ["rule_collective_before_set_device", "rule_cuda_before_set_device", "rule_ddp_before_to_device", "rule_ema_before_to_device", "rule_grad_accum_from_device_count", "rule_load_without_map_location", "rule_local_rank_as_global_rank", "rule_main_process_by_local_rank", "rule_nccl_no_device_binding", "rule_quantized_model_no_device_map", "rule_same_device_every_rank", "rule_set_device_after_init", "rule_visible_devices_as_ordinal", "rule_world_size_as_local", "rule_world_size_from_device_count"]
+__all__ = ["rule_collective_before_set_device", "rule_cuda_before_set_device", "rule_ddp_before_to_device", "rule_ema_before_to_device", "rule_fixed_device_map", "rule_grad_accum_from_device_count", "rule_load_without_map_location", "rule_local_rank_as_global_rank", "rule_main_process_by_local_rank", "rule_nccl_no_device_binding", "rule_quantized_model_no_device_map", "rule_same_device_every_rank", "rule_set_device_after_init", "rule_visible_devices_as_ordinal", "rule_world_size_as_local", "rule_world_size_from_device_count"]

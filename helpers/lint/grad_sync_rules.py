@@ -17,7 +17,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.wrappers import assign_targets, call_name, prepare_bindings
+from helpers.lint.wrappers import DDP_CTOR, assign_targets, call_name, prepare_bindings
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -273,13 +273,22 @@ def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
     ``accelerator.unwrap_model(model)`` / ``model.module`` and whatever is taken from it (``.get_decoder()``, the
     base model by ``getattr``).  DDP arms its reducer in its own forward (``_pre_forward`` /
     ``prepare_for_backward``, the module docstring): a forward that bypasses the wrapper leaves the backward without
-    the all-reduce, so every rank trains its own copy (huggingface/trl#5934).  Calls under ``torch.no_grad()`` do not
-    count (evaluation)."""
-    hooks = [f for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name in _LOSS_HOOKS]
-    if not hooks or "unwrap_model" not in lt.text and ".module" not in lt.text:
+    the all-reduce, so every rank trains its own copy (huggingface/trl#5934).  Also any function that calls
+    ``backward()`` and runs such a forward on a model this file wraps in DDP, without calling the wrapper itself
+    (jingyaogong/minimind#854: a global policy model unwrapped for the GRPO loss).  Calls under ``torch.no_grad()`` do
+    not count (evaluation)."""
+    if "unwrap_model" not in lt.text and ".module" not in lt.text:
         return
+    hooks = [f for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name in _LOSS_HOOKS]
     funcs = {f.name: f for f in lt.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
     todo = [(f, "model") for f in hooks if "model" in [a.arg for a in f.args.args]]
+    # a step function that reads a model the file wraps in DDP (a global, jingyaogong/minimind#854) and calls backward
+    wrapped = {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and DDP_CTOR.match(call_name(n.value) or "") for t in n.targets if isinstance(t, ast.Name)}
+    for f in funcs.values():
+        if f not in hooks and any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in _calls(f)):
+            todo += [(f, name) for name in sorted(wrapped) if not any(
+                isinstance(c.func, ast.Name) and c.func.id == name for c in _calls(f))]
     for hook, _ in list(todo):  # a helper of the same file the hook passes its model to: self._liger_loss(model, x)
         for c in _calls(hook):
             callee = funcs.get(call_name(c))

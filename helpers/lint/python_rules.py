@@ -723,6 +723,38 @@ class PythonLinter:
         (self.facts.deferred if deferred else self.findings).append(finding(rule, severity, self.path, line, message,
                                                                             fix, seed))
 
+    def _syncbn_forward(self, call: ast.Call) -> bool:
+        """``call`` runs the forward of a model this file converted with ``SyncBatchNorm.convert_sync_batchnorm``
+        outside DDP's own forward (``de_parallel(model)(x)``, ``model.module(x)``, ``torch.jit.trace(de_parallel(model),
+        x)``), with no ``model.eval()`` before it in its function: SyncBatchNorm's training-mode forward all-gathers the
+        batch mean and variance over the process group (torch/nn/modules/batchnorm.py, ``sync_batch_norm.apply``;
+        https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html), so it is a collective
+        (ultralytics/yolov5#4615: the TensorBoard graph traced on rank 0 hung the others)."""
+        names = getattr(self, "_syncbn_names", None)
+        if names is None:
+            names = {t.id for n in self.nodes if isinstance(n, ast.Assign) and "convert_sync_batchnorm" in _src(n.value)
+                     for t in n.targets if isinstance(t, ast.Name)}
+            self._syncbn_names = names
+        if not names:
+            return False
+
+        def inner(e: ast.AST) -> str | None:  # model.module / de_parallel(model) / unwrap(model) -> "model"
+            if isinstance(e, ast.Attribute) and e.attr == "module" and isinstance(e.value, ast.Name):
+                return e.value.id
+            if isinstance(e, ast.Call) and len(e.args) == 1 and isinstance(e.args[0], ast.Name) and \
+                    re.search(r"(?i)de_?parallel|unwrap", _call_name(e)[1]):
+                return e.args[0].id
+            return None
+
+        target = inner(call.func)
+        if target is None and _call_name(call) == ("torch.jit", "trace") and call.args:
+            target = inner(call.args[0]) or (call.args[0].id if isinstance(call.args[0], ast.Name) else None)
+        if target not in names:
+            return False
+        fn = self._enclosing_function(call) or self.tree
+        return not any(isinstance(n, ast.Call) and _call_name(n)[1] == "eval" and n.lineno <= call.lineno
+                       and target in _src(n.func) for n in ast.walk(fn))
+
     def collective_name(self, call: ast.Call, depth: int = 0) -> str | None:
         """The collective this call is or implies (``dist.barrier``, ``helper() -> barrier``), else None."""
         recv, name = _call_name(call)
@@ -730,6 +762,9 @@ class PythonLinter:
             return None
         if self.wrappers.forward(call):
             return f"{_src(call.func)}(...) (the DistributedDataParallel forward broadcasts the module's buffers)"
+        if self._syncbn_forward(call):
+            return (f"{_src(call)[:50]} (a forward of the SyncBatchNorm model: in training mode each SyncBatchNorm "
+                    "layer all-gathers the batch statistics)")
         if name in ("DistributedDataParallel", "DDP") and name not in self.functions and call.args:
             # DDP.__init__ checks every rank's parameter shapes (_verify_param_shape_across_processes, an all-gather)
             # and broadcasts rank 0's parameters and buffers (_sync_module_states): torch/nn/parallel/distributed.py
@@ -1046,7 +1081,9 @@ class PythonLinter:
         """D21: a ``continue`` / ``break`` nested anywhere under a rank gate inside a loop skips every collective that
         comes later in that loop's body on the ranks that take it (VLMEvalKit: ``if rank == 0:`` holds several
         ``continue`` statements, and the end-of-iteration ``dist.barrier()`` after the ``try`` block then waits for a
-        rank that already went on to the next dataset).  The direct case (the exit and the collective in one block)
+        rank that already went on to the next dataset).  A ``break`` leaves the loop on those ranks, so every
+        collective of the body, earlier lines included, waits for them in the next iteration (ultralytics/yolov5#4576:
+        the early stop under ``if RANK in [-1, 0]:``).  The direct case (the exit and the collective in one block)
         is :meth:`rule_rank_early_exit`."""
         for node in self.nodes:
             if not isinstance(node, (ast.Continue, ast.Break)):
@@ -1063,13 +1100,22 @@ class PythonLinter:
             if loop is None or gate is None or _error_exit(node, self.parents):
                 continue
             inside = {id(n) for n in ast.walk(gate)}
+            leaves = isinstance(node, ast.Break)  # the others go on to the next iteration: all of the body follows
             for call in self._calls(ast.Module(body=loop.body, type_ignores=[])):
-                if call.lineno <= node.lineno or id(call) in inside:
+                if (call.lineno <= node.lineno and not leaves) or id(call) in inside:
                     continue
                 coll = self.collective_name(call)
                 if not coll or self._rank_gate(call) is not None:
                     continue
                 kind = type(node).__name__.lower()
+                if leaves and call.lineno < node.lineno:
+                    self.add("rank-early-exit-collective", "error", call,
+                             f"{coll} is in the loop that the break at line {node.lineno}, under the rank-dependent "
+                             f"`if {_src(gate.test)[:40]}` (line {gate.lineno}), leaves on those ranks only: the others "
+                             "go on to the next iteration and wait in it (hang)",
+                             "decide the exit on every rank (broadcast the stop flag from rank 0, then break on all)",
+                             "D21")
+                    break
                 self.add("rank-early-exit-collective", "error", call,
                          f"{coll} comes later in the loop than a {kind} (line {node.lineno}) under the rank-dependent "
                          f"`if {_src(gate.test)[:40]}` (line {gate.lineno}): the ranks that take it skip this "
@@ -2140,7 +2186,9 @@ class PythonLinter:
     def _dispatched_on(self, node: ast.AST, name: str) -> bool:
         """``node`` sits under an ``if`` / ``while`` / conditional expression whose test asks about ``name`` by a call
         or its ``.module`` (``m.module.config if hasattr(m, "module") else m.config``, ``if is_parallel(model)``):
-        the author's own dispatch between the wrapper and the bare model (a bare ``if m`` / ``m is None`` is not).  Not for ``node`` in the test itself (``if
+        the author's own dispatch between the wrapper and the bare model (a bare ``if m`` / ``m is None`` is not); or
+        under a branch whose other side reads ``name.module`` (``if accelerator.num_processes > 1:
+        x.module.get_input_embeddings() else: x.get_input_embeddings()``, diffusers' custom_diffusion).  Not for ``node`` in the test itself (``if
         unet.config.in_channels == 8:`` reads through the wrapper)."""
         child, p = node, self.parents.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -2149,6 +2197,13 @@ class PythonLinter:
                     isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name)
                     and n.value.id == name for n in ast.walk(p.test)):
                 return True
+            if isinstance(p, (ast.If, ast.IfExp)) and child is not p.test:
+                here = p.body if child in (p.body if isinstance(p.body, list) else [p.body]) else p.orelse
+                other = p.orelse if here is p.body else p.body
+                if any(isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name)
+                       and n.value.id == name for st in (other if isinstance(other, list) else [other])
+                       for n in ast.walk(st)):
+                    return True  # if accelerator.num_processes > 1: x.module.f() / else: x.f()
             child, p = p, self.parents.get(p)
         return False
 

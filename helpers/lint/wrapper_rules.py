@@ -430,6 +430,85 @@ def rule_ddp_frozen_model(lt: PythonLinter) -> None:
 
 
 
+_STRIPS_MODULE = re.compile(r"""\[\s*(?:len\(\s*['"]module\.['"]\s*\)|7)\s*:\s*\]|\.replace\(\s*['"]module\.['"]\s*,\s*['"]{2}|"""
+                            r"""\.removeprefix\(\s*['"]module\.['"]|\.lstrip\(\s*['"]module\.['"]""")
+"""A key rewrite that drops DDP's ``module.`` prefix (``k[len("module."):]``, ``k[7:]``, ``k.replace("module.", "")``,
+``k.removeprefix("module.")``)."""
+
+
+def rule_stripped_state_dict_into_wrapper(lt: PythonLinter) -> None:
+    """``model.load_state_dict(sd)`` on a model that holds the DistributedDataParallel wrapper here (the wrap in this
+    function, or a parameter the caller passes the wrapper to), with ``sd`` built by dropping the ``module.`` prefix
+    from its keys: the wrapper's own keys are ``module.<name>`` (DDP registers the model as its submodule ``module``;
+    https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.state_dict), so the strict load
+    stops with "Missing key(s) in state_dict: "module.…" / Unexpected key(s) …" (mlfoundations/open_lm#138: resume
+    after the wrap)."""
+    if "load_state_dict" not in lt.text or "module." not in lt.text or not lt.wrappers.w.assigns and \
+            not lt.wrappers.w.params:
+        return
+    for c in lt._calls():
+        f = c.func
+        if not (isinstance(f, ast.Attribute) and f.attr == "load_state_dict" and isinstance(f.value, ast.Name)
+                and c.args and isinstance(c.args[0], ast.Name)) or not lt.wrappers.state(f.value, c)[0]:
+            continue
+        if any(k.arg == "strict" and isinstance(k.value, ast.Constant) and k.value.value is False for k in c.keywords) \
+                or lt._dispatched_on(c, f.value.id):
+            continue  # (the author's branch: `elif args.distributed: model.module.load_state_dict(sd)`)
+        fn = lt._enclosing_function(c) or lt.tree
+        sd = c.args[0].id
+        stripped = next((a for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+                         and any(isinstance(t, ast.Name) and t.id == sd for t in a.targets)
+                         and _STRIPS_MODULE.search(ast.unparse(a.value))), None)
+        if stripped is None:
+            continue
+        lt.add("ddp-state-dict-prefix", "error", c,
+               f"{ast.unparse(c)[:50]} loads keys stripped of 'module.' (line {stripped.lineno}) into "
+               f"{f.value.id}, which holds the DistributedDataParallel wrapper here: the wrapper's keys are "
+               "'module.<name>', so the strict load fails ('Missing key(s) in state_dict: \"module.…\"')",
+               f"{f.value.id}.module.load_state_dict({sd}) (the inner model), or load before wrapping",
+               "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.state_dict")
+
+
+def rule_compiled_state_dict_prefix(lt: PythonLinter) -> None:
+    """A checkpoint saved from the model ``torch.compile`` returned and loaded, on resume, into the model before it
+    is compiled: the compiled ``OptimizedModule`` holds the original as its submodule ``_orig_mod``, so its
+    ``state_dict()`` keys read ``_orig_mod.<name>`` (torch/_dynamo/eval_frame.py ``OptimizedModule.__init__``), and
+    the plain model's strict ``load_state_dict`` rejects them ("Unexpected key(s) in state_dict: "_orig_mod.…"";
+    karpathy/nanoGPT strips the prefix on load since).  Not where the file handles ``_orig_mod`` itself."""
+    if "compile(" not in lt.text or "load_state_dict" not in lt.text or "_orig_mod" in lt.text:
+        return
+    compiled: dict[str, int] = {}
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and ast.unparse(n.value.func) == "torch.compile":
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    compiled.setdefault(t.id, n.lineno)
+    if not compiled:
+        return
+    first = min(compiled.values())
+    for n in sorted((x for x in lt.nodes if isinstance(x, ast.Assign)), key=lambda x: x.lineno):
+        if n.lineno > first and any(isinstance(x, ast.Name) and x.id in compiled for x in ast.walk(n.value)) and \
+                isinstance(n.value, (ast.Name, ast.IfExp, ast.Attribute)):
+            compiled.update({t.id: n.lineno for t in n.targets if isinstance(t, ast.Name) and t.id not in compiled})
+    saves = [c for c in lt._calls() if isinstance(c.func, ast.Attribute) and c.func.attr == "state_dict"
+             and isinstance(c.func.value, ast.Name) and c.func.value.id in compiled and c.lineno > first]
+    if not saves:
+        return
+    for c in lt._calls():
+        f = c.func
+        if isinstance(f, ast.Attribute) and f.attr == "load_state_dict" and isinstance(f.value, ast.Name) and \
+                f.value.id in compiled and c.lineno < first and not any(
+                    k.arg == "strict" and isinstance(k.value, ast.Constant) and k.value.value is False
+                    for k in c.keywords):
+            lt.add("compile-state-dict-prefix", "error", c,
+                   f"{ast.unparse(c)[:50]} loads, before torch.compile (line {first}), a checkpoint that line "
+                   f"{saves[0].lineno} saves from the compiled model ({ast.unparse(saves[0])}): its keys read "
+                   "'_orig_mod.<name>', so the resume fails ('Unexpected key(s) in state_dict: \"_orig_mod.…\"')",
+                   "save the model before compiling (keep a reference to it), or strip the '_orig_mod.' prefix from "
+                   "the keys before loading", "https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/eval_frame.py")
+            return
+
+
 _REGISTERS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
 
 
@@ -466,4 +545,4 @@ def rule_ddp_buffer_after_wrap(lt: PythonLinter) -> None:
                    "register it on the model before DistributedDataParallel(...) / accelerator.prepare(...)", _DDP)
 
 
-__all__ = ["rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+__all__ = ["rule_compiled_state_dict_prefix", "rule_stripped_state_dict_into_wrapper", "rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_ddp_frozen_model", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
