@@ -456,6 +456,7 @@ def _misspelled_var_traps(text: str) -> list[Check]:
 
 
 _OMPI_MPIRUN = "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php"
+_SET_BUILTIN = "https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html"
 _NODE_WORD = re.compile(r"(?i)\$\{?\w*N(?:UM_?)?NODES?\w*\}?|\$\{?SLURM_(?:JOB_)?NNODES\}?")
 
 
@@ -727,8 +728,29 @@ _VAR_FLAGS = {"--master_addr": "MASTER_ADDR", "--master-addr": "MASTER_ADDR", "-
               "--node-rank": "", "--machine_rank": "", "--num_machines": "", "--nproc_per_node": "",
               "--nproc-per-node": "", "--num_processes": "", "--rdzv_endpoint": "", "--rdzv-endpoint": ""}
 """Launcher options whose value a script often takes from a variable (``MASTER_ADDR``: the rendezvous address)."""
-_SET_BY_SCHEDULER = re.compile(r"(SLURM|PBS|OMPI|PMI|PMIX|LSB|FLUX|MV2|AZ_BATCH|KUBERNETES|PET|OCI|SM)_")
+_SET_BY_SCHEDULER = re.compile(r"(SLURM|PBS|OMPI|PMI|PMIX|LSB|FLUX|MV2|AZ_BATCH|KUBERNETES|PET|OCI|SM|BEAKER)_")
 _LAUNCH_WORDS = re.compile(r"\b(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate\s+launch)\b")
+
+
+_ACTIVATION = re.compile(r"(?i)bashrc|bash_profile|(?:^|/)\.?profile$|/bin/activate$|activate\w*\.sh$|conda\.sh$|"
+                         r"lmod|/modules/")
+"""Files a batch script sources to set up its shell (``~/.bashrc``, a venv's ``bin/activate``, conda's ``conda.sh``,
+``activateEnvironment.sh``), not to define the job's launch variables."""
+
+
+_SHELL_SET = frozenset({"RANDOM", "SECONDS", "LINENO", "HOSTNAME", "HOME", "PWD", "OLDPWD", "USER", "LOGNAME", "UID",
+                        "EUID", "PPID", "BASHPID", "HOSTTYPE", "OSTYPE", "MACHTYPE", "SHLVL", "PATH", "SHELL",
+                        "TMPDIR", "LANG", "TERM", "EPOCHSECONDS", "SRANDOM"})
+"""Variables bash or the login environment sets itself (``--rdzv_id $RANDOM``: bash's own random number,
+https://www.gnu.org/software/bash/manual/html_node/Bash-Variables.html)."""
+
+
+def _parser_value_options(kind: str) -> frozenset[str]:
+    """The option strings of ``kind``'s own parser (:func:`_launcher_parser`) that take a value."""
+    parser = _launcher_parser(kind, False)
+    if parser is None:
+        return frozenset()
+    return frozenset(o for a in parser._actions for o in a.option_strings if a.nargs != 0)  # noqa: SLF001
 
 
 def _unset_launcher_var_traps(text: str) -> list[Check]:
@@ -736,38 +758,82 @@ def _unset_launcher_var_traps(text: str) -> list[Check]:
     scheduler set it): ``VAR`` is empty unless whoever runs the script exports it, and an unquoted empty expansion
     disappears, so the option takes the next word as its value (``--nnodes --node_rank``) or the launcher its own
     default.  ``--master_addr $MASTER_ADDR`` is ``master-addr-missing``; the others ``launcher-var-unset``
-    (open-mmlab/mmpose#1338, hiyouga/LLaMA-Factory ebab655: 'host not found').  A script that sources another file
-    (``source env.sh``) may get its variables there: not checked."""
-    if not _LAUNCH_WORDS.search(text) or re.search(r"^[ \t]*(?:source|\.)\s+\S", text, re.MULTILINE):
+    (open-mmlab/mmpose#1338, hiyouga/LLaMA-Factory ebab655: 'host not found').  The options are
+    :data:`_VAR_FLAGS` and every option the launcher's own parser reads with a value (open-r1's
+    ``--gradient_accumulation_steps $GRAD_ACC_STEPS``), on a launch line or in a launcher command kept in a variable
+    (``LAUNCHER="accelerate launch ..."``).  Also the training script's own word left to an unset variable
+    (``CMD="$LAUNCHER $PYTHON_FILE $ARGS"``: the launcher gets no script; accelerate's slurm example), and, in a script
+    that sets ``-u`` (``set -euo pipefail``), any option value on a launch line from an unset variable: bash stops
+    there with "VAR: unbound variable" ("set -u: Treat unset variables and parameters ... as an error when performing
+    parameter expansion", https://www.gnu.org/software/bash/manual/html_node/The-Set-Builtin.html; OLMo's
+    ``$NUM_NODES``).  A script that sources another file (``source env.sh``) may get its variables there: not
+    checked, unless what it sources only sets up the environment (:data:`_ACTIVATION`)."""
+    if not _LAUNCH_WORDS.search(text) or any(not _ACTIVATION.search(m.group(1)) for m in re.finditer(
+            r"^[ \t]*(?:source|\.)\s+(\S+)", text, re.MULTILINE)):
         return []
     assigned = _assigned_names(text)
+    nounset = re.search(r"^[ \t]*set\s+(?:-[a-zA-Z]*u[a-zA-Z]*\b|-o\s+nounset\b)", text, re.MULTILINE) is not None
+    launchers = _launcher_holding_vars(text)
     out: list[Check] = []
     seen: set[str] = set()
+
+    def unset(value: str) -> str | None:
+        m = re.fullmatch(r"[\"']?\$\{?([A-Za-z_]\w*)\}?[\"']?", value)
+        if not m or m.group(1) in assigned or m.group(1) in seen or _SET_BY_SCHEDULER.match(m.group(1)) or \
+                m.group(1) in _SHELL_SET:
+            return None
+        return m.group(1)
+
     for number, line in join_continuations(text):
-        if line.lstrip().startswith("#") or not _LAUNCH_WORDS.search(line):
+        holds_launcher = any(re.search(rf"\$\{{?{v}\b", line) for v in launchers)
+        if line.lstrip().startswith("#") or not (_LAUNCH_WORDS.search(line) or holds_launcher):
             continue
+        kind = "accelerate" if "accelerate" in line else "torchrun" if re.search(r"torchrun|torch\.distributed", line) \
+            else ""
+        flags = set(_VAR_FLAGS) | (_parser_value_options(kind) if kind else set())
         words = line.split()
         for i, word in enumerate(words):
-            flag, _, value = word.partition("=")
-            if flag not in _VAR_FLAGS:
+            flag, eq, value = word.partition("=")
+            if not flag.startswith("--"):
                 continue
-            value = value or (words[i + 1] if i + 1 < len(words) else "")
-            m = re.fullmatch(r"[\"']?\$\{?([A-Za-z_]\w*)\}?[\"']?", value)
-            if not m or m.group(1) in assigned or m.group(1) in seen or _SET_BY_SCHEDULER.match(m.group(1)):
+            value = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+            var = unset(value)
+            if var is None or flag not in flags and not nounset:
                 continue
-            var = m.group(1)
             seen.add(var)
-            said = (f"{flag} takes ${var}, which this script never sets: it is empty unless the caller exports it, "
-                    f"and an unquoted empty ${var} vanishes, so {flag} takes the next word (or its default)")
-            fix = f"set it in the script with a default, {var}=${{{var}:-...}}, or check it: ${{{var}:?set {var}}}"
-            if _VAR_FLAGS[flag] == "MASTER_ADDR":
-                hit = trap("master-addr-missing", "WARN", f"env.{var}", said + ": no rendezvous address ('host not "
-                           "found')", fix, _BASH_EXPANSION)
+            if flag not in flags:  # a script option under set -u
+                hit = trap("shell-var-unset", "FAIL", f"env.{var}",
+                           f"{flag} takes ${var}, which this script never sets, and the script runs with set -u: bash "
+                           f"stops at this line with '{var}: unbound variable' before anything starts",
+                           f"set {var} in the script (or give a default: ${{{var}:-...}})", _SET_BUILTIN)
             else:
-                hit = trap("launcher-var-unset", "WARN", f"env.{var}", said, fix, _BASH_EXPANSION)
+                said = (f"{flag} takes ${var}, which this script never sets: it is empty unless the caller exports "
+                        f"it, and an unquoted empty ${var} vanishes, so {flag} takes the next word (or its default)")
+                fix = f"set it in the script with a default, {var}=${{{var}:-...}}, or check it: ${{{var}:?set {var}}}"
+                if _VAR_FLAGS.get(flag) == "MASTER_ADDR":
+                    hit = trap("master-addr-missing", "WARN", f"env.{var}", said + ": no rendezvous address ('host not "
+                               "found')", fix, _BASH_EXPANSION)
+                else:
+                    hit = trap("launcher-var-unset", "WARN", f"env.{var}", said, fix, _BASH_EXPANSION)
             hit.line_no = number
             out.append(hit)
+        if holds_launcher:  # "$LAUNCHER $PYTHON_FILE $ARGS": the word after the launcher is the training script
+            m = re.search(r"\$\{?(?:" + "|".join(launchers) + r")\}?\s+(\S+)", line)
+            var = unset(m.group(1)) if m else None
+            if var is not None:
+                seen.add(var)
+                hit = trap("launcher-var-unset", "FAIL", f"env.{var}",
+                           f"the training script is ${var}, which this script never sets: the launcher starts with no "
+                           "script (or takes the next word for it) on every node",
+                           f"set {var} to the training script, or use the variable the script does set", _BASH_EXPANSION)
+                hit.line_no = number
+                out.append(hit)
     return out
+
+
+def _launcher_holding_vars(text: str) -> list[str]:
+    """Names of batch-script variables assigned a launcher command (``LAUNCHER="accelerate launch ..."``)."""
+    return [m.group(1) for m in _DQ_ASSIGN.finditer(text) if launcher_argv(split_words(m.group(2).replace("\\\n", " ")))]
 
 
 _ARRAY_START = re.compile(r"^[ \t]*(?:declare\s+-a\s+|local\s+-a\s+)?([A-Za-z_]\w*)=\(")

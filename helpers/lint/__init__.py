@@ -418,6 +418,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     "float32: 'mat1 and mat2 must have the same dtype, but got Float and BFloat16'",
                     "create inputs with dtype=torch.bfloat16 (or cast the batch: x.to(model_engine.dtype))",
                     "Gilbreth 7.5"))
+    findings = cross_rules.raw_backward_by_config(findings, ds_files)
     findings += cross_rules.ds_args_mismatch(launches, ds_files, acc_files, recipes)  # type: ignore[arg-type]
     findings += cross_rules.fsdp_offload_bnb(launches, recipes, acc_files)  # type: ignore[arg-type]
     findings += cross_rules.ds_scheduler_overrides(launches, ds_files, facts)  # type: ignore[arg-type]

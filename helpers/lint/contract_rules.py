@@ -166,8 +166,11 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             if not fixed:
                 sc.extra["const_device"] = None
         elif name == "Trainer" and "lightning" in text:
-            dev, nodes = const(kwarg(c, "devices")), const(kwarg(c, "num_nodes"))
+            given = kwarg(c, "devices") if kwarg(c, "devices") is not None else kwarg(c, "gpus")  # gpus=: before 2.0
+            dev, nodes = const(given), const(kwarg(c, "num_nodes"))
             sc.trainer = (c.lineno, dev if isinstance(dev, int) else None, nodes if isinstance(nodes, int) else None)
+            if isinstance(given, ast.Attribute) and isinstance(given.value, ast.Name):  # gpus=args.gpus: the launch's
+                sc.extra["trainer_devices_option"] = "--" + given.attr
     if sc.env_init and re.search(r"environ\[\s*['\"](RANK|WORLD_SIZE|MASTER_ADDR)['\"]\s*\]\s*=|"
                                  r"environ\.setdefault\(\s*['\"](RANK|MASTER_ADDR)|"
                                  r"SLURM_PROCID|OMPI_COMM_WORLD_RANK|PMI_RANK|MPI\.COMM_WORLD|mpi4py|"

@@ -424,7 +424,8 @@ CONTRACTS: tuple[Contract, ...] = (
        ("deprecated-async-error-handling", "async-error-handling-off")),
     # ---------------------------------------------------------------- DeepSpeed engine
     _c("DeepSpeed engine", "The training step uses engine.backward(loss) and engine.step(), not loss.backward() / "
-       "optimizer.step()", _DS_TRAIN, "deepspeed-raw-backward"),
+       "optimizer.step(); a direct loss.backward() works since v0.18.3 only through ZeRO 1-3's hooks without fp16",
+       _DS_TRAIN, "deepspeed-raw-backward"),
     _c("DeepSpeed engine", "engine.backward(loss) and engine.step() run on every micro-batch: the engine counts "
        "micro-steps and takes the accumulation boundary from gradient_accumulation_steps (a step() skipped by the "
        "script's own counter breaks it)", "https://www.deepspeed.ai/getting-started/#training", "ds-manual-accumulation"),
@@ -666,6 +667,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("from_pretrained device_map", "Under several processes each places its replica on its own GPU "
        "(device_map={'': process_index}); a fixed {'': 0} puts every rank's copy on GPU 0",
        "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training", "same-device-every-rank"),
+    _c("Bash set -u (nounset)", "Every variable a command expands is set first: under set -u an unset one stops "
+       "the script ('VAR: unbound variable') before the launch", "https://www.gnu.org/software/bash/manual/html_node/"
+       "The-Set-Builtin.html", "shell-var-unset"),
     # ---------------------------------------------------------------- transformers quantized models
     _c("from_pretrained with bitsandbytes", "A quantized model is placed at load: on several processes each gets "
        "device_map={'': its process index}, or all load onto torch.cuda.current_device() (GPU 0)",

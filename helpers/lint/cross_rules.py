@@ -353,6 +353,33 @@ def setup_writes_every_rank(facts: Sequence[object]) -> list[Check]:
     return []
 
 
+def raw_backward_by_config(findings: list[Check], ds_files: Sequence[tuple[str, str, dict]]) -> list[Check]:
+    """``deepspeed-raw-backward`` (``loss.backward()`` beside a DeepSpeed engine) settled by the linted DeepSpeed
+    config: DeepSpeed supports a direct ``tensor.backward()`` since v0.18.3 ("Starting from v0.18.3, DeepSpeed also
+    supports direct calls to tensor.backward()", https://deepspeed.readthedocs.io/en/latest/training.html) through
+    the ZeRO optimizer's hooks, so with a config whose ZeRO stage is 1-3 and that leaves fp16 off the finding is
+    dropped; with stage 0 or fp16 it stays an error; with no DeepSpeed config among the linted files it is a warning
+    that says what it depends on."""
+    if not any(f.id == "deepspeed-raw-backward" for f in findings):
+        return findings
+    stages = []
+    for _path, _text, data in ds_files:
+        zero = data.get("zero_optimization") if isinstance(data.get("zero_optimization"), dict) else {}
+        stage = zero.get("stage", 0)
+        fp16 = isinstance(data.get("fp16"), dict) and data["fp16"].get("enabled") in (True, "true")
+        stages.append(isinstance(stage, int) and stage >= 1 and not fp16)
+    out = []
+    for f in findings:
+        if f.id == "deepspeed-raw-backward":
+            if stages and all(stages):
+                continue  # every linted config runs a direct backward through ZeRO's hooks
+            if not stages:
+                f.status = "WARN"
+                f.title += " (no DeepSpeed config among the linted files: fine with ZeRO 1-3 and fp16 off)"
+        out.append(f)
+    return out
+
+
 def raw_wandb_across_files(facts: Sequence[object]) -> list[Check]:
     """A ``wandb.log`` on every rank in one file (a LightningModule) while another file starts the W&B run on the
     main process only (``WandbLogger`` passed to the Trainer, ``accelerator.init_trackers``) and no linted file calls
@@ -493,17 +520,28 @@ def _missing_args(path: str, line: int, spec: LaunchSpec, sc: ScriptContract, sc
 
 
 def _lightning(facts: Sequence[object], launches: Sequence[tuple[str, str, LaunchSpec | None]]) -> list[Check]:
+    """A Lightning Trainer's devices / num_nodes against the batch script that starts it: Lightning expects one SLURM
+    task per device ("You set devices=N in Lightning, but the number of tasks per node configured in SLURM ... does
+    not match", ``_PL_SLURM``); the tasks per node come from ``--ntasks-per-node`` or ``--ntasks`` over the nodes, the
+    devices from the Trainer call or, for ``gpus=args.gpus``, from the option on the launch line (CSC's
+    ``--ntasks=1`` with ``--gpus=4``: one process waits for three that SLURM never starts)."""
     out: list[Check] = []
     for path, text, _spec in launches:
         header = launch_parse.sbatch_header(text)
         if not header:
             continue
         tasks, nodes = header.get("--ntasks-per-node", ""), header.get("--nodes", "")
+        if not tasks and header.get("--ntasks", "").isdigit() and (not nodes or nodes.isdigit()):
+            tasks = str(int(header["--ntasks"]) // max(1, int(nodes or 1)))  # --ntasks=1 on one node: 1 per node
         for f in facts:
             sc = getattr(f, "contract", None)
             if sc is None or sc.trainer is None:
                 continue
             tline, devices, num_nodes = sc.trainer
+            option = sc.extra.get("trainer_devices_option")
+            if devices is None and option and os.path.basename(f.path) in text:  # type: ignore[attr-defined]
+                m = re.search(rf"{re.escape(str(option))}(?:=|\s+)(\d+)\b", text)  # srun python x.py --gpus=4
+                devices = int(m.group(1)) if m else None
             if devices is not None and tasks.isdigit() and int(tasks) != devices:
                 out.append(finding(
                     "lightning-slurm-mismatch", "error", f.path, tline,  # type: ignore[attr-defined]

@@ -334,6 +334,51 @@ def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
 
 
 
+_HANDS_OVER = frozenset({"unwrap_model", "unwrap", "print", "len", "isinstance", "getattr", "hasattr", "type", "id",
+                         "register_for_checkpointing", "get_state_dict", "save_model", "clip_grad_norm_",
+                         "clip_grad_value_", "cast_training_params", "save", "info", "debug", "warning",
+                         "accumulate", "no_sync", "backward"})
+"""Calls that receive a prepared model without running its forward (unwrapping, reading, saving, logging)."""
+
+
+def rule_prepared_model_never_called(lt: PythonLinter) -> None:
+    """A module given to ``accelerator.prepare`` (DistributedDataParallel under several processes) and then never
+    called: not ``model(...)``, not handed to a function that could call it, not kept on ``self``, while the file
+    back-propagates: the training forward runs on other modules (``pipeline.unet(...)`` with the LoRA layers
+    prepared), so the wrapper's forward, which arms DDP's gradient all-reduce, never runs and each rank keeps its own
+    gradients (kvablack/ddpo-pytorch; the DDP contract, ``_DDP_DOC``).  Not where the file shards its models
+    (DeepSpeed / FSDP reduce through their own hooks)."""
+    if "prepare(" not in lt.text or getattr(lt, "_shards_models", False) or \
+            not re.search(r"\.backward\(", lt.text):
+        return
+    modules = {n.func.value.id for n in lt.nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr in ("parameters", "named_parameters") and isinstance(n.func.value, ast.Name)}
+    for call, target, _arg in prepare_bindings(lt.nodes):
+        if not (isinstance(target, ast.Name) and target.id in modules):
+            continue
+        name = target.id
+        uses = [n for n in lt.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                and getattr(n, "lineno", 0) > call.lineno]
+        called = handed = False
+        for u in uses:
+            p = lt.parents.get(u)
+            if isinstance(p, ast.Call) and p.func is u or isinstance(p, ast.Attribute) and p.attr == "forward":
+                called = True  # model(x), model.forward(x): the wrapper's own forward
+            elif isinstance(p, (ast.Call, ast.keyword)) or isinstance(p, (ast.Return, ast.Yield, ast.Tuple, ast.List,
+                                                                           ast.Dict, ast.Assign, ast.Starred)):
+                c = p if isinstance(p, ast.Call) else lt.parents.get(p)
+                if not (isinstance(c, ast.Call) and call_name(c) in _HANDS_OVER):
+                    handed = True
+        if called or handed or not uses:
+            continue
+        lt.add("ddp-bypassed", "warning", call,
+               f"{name} is prepared here (DistributedDataParallel under several processes) but never called: the "
+               "training forward runs on other modules, so the wrapper's forward, which arms DDP's gradient "
+               "all-reduce, never runs and each rank keeps its own gradients",
+               f"run the training forward through the prepared {name}(...) (prepare the module that is called), or "
+               "reduce the gradients yourself (accelerator.reduce) before the optimizer step", _DDP_DOC)
+
+
 _NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "parameters", "named_parameters", "buffers", "train",
                           "eval", "to", "cuda", "cpu", "zero_grad", "requires_grad_", "modules", "named_modules",
                           "children", "apply", "half", "float", "bfloat16", "save_pretrained", "generate",
@@ -440,6 +485,7 @@ def rule_zero_grad_in_accumulate(lt: PythonLinter) -> None:
 def run(lt: PythonLinter) -> None:
     """Run the gradient-synchronisation rules on ``lt``."""
     rule_forward_bypasses_ddp(lt)
+    rule_prepared_model_never_called(lt)
     rule_module_method_forward(lt)
     rule_sync_flag_after_forward(lt)
     rule_no_sync_backward_only(lt)
