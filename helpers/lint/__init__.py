@@ -169,6 +169,7 @@ RULES: dict[str, str] = {
     "sampler-rng-differs": "https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py",
     "eval-shard-unreduced": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "metric-state-reduce": "https://lightning.ai/docs/torchmetrics/stable/pages/implement.html",
+    "argparse-duplicate-option": "https://docs.python.org/3/library/argparse.html#conflict-handler",
     "compile-state-dict-prefix": "https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/eval_frame.py",
     "ddp-state-dict-prefix": "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.state_dict",
     "collective-in-data-dependent-branch": "D21",
@@ -363,7 +364,9 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     specs.append(spec)
         except (ValueError, RecursionError, MemoryError) as exc:  # InputError is a ValueError
             findings.append(_unreadable(path, exc))
-    for got, fact in _across_scripts(scripts):
+    several = {os.path.basename(sp.script) for _p, _t, sp in launches if sp is not None and sp.script and  # type: ignore[attr-defined]
+               (sp.nproc_per_node != 1 or sp.nnodes != 1 or sp.kind == "deepspeed")}  # type: ignore[attr-defined]
+    for got, fact in _across_scripts(scripts, several):
         findings += got
         facts.append(fact)
     findings += cross_rules.device_from_global_rank_across(facts)
@@ -435,7 +438,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     return sorted((_advice(f) for f in findings), key=lambda f: (f.file, f.line_no, f.id))
 
 
-def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list[tuple[list[Check], object]]:
+def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]],
+                    launched: frozenset[str] | set[str] = frozenset()) -> list[tuple[list[Check], object]]:
     """Each script's ``(findings, facts)``, after the facts one script gives another: a file that another linted
     file calls with a DistributedDataParallel-wrapped model (``evaluate(model)``, ``evaluate`` defined here) is linted
     again knowing which parameter holds the wrapper (helpers.lint.wrappers); a file that calls another file's function
@@ -443,7 +447,8 @@ def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list
     (:meth:`helpers.lint.python_rules.PythonLinter._seed_rank_from_other_files`; two rounds, so a rank test made in
     ``dist.py``, passed by ``train.py`` to a constructor in ``trainer.py``, reaches ``trainer.py``); a finding that
     holds only in a distributed program (:attr:`helpers.lint.python_rules.PyFacts.deferred`) is kept when some linted
-    file sets up data parallelism."""
+    file sets up data parallelism, or when a linted launch starts that script on several processes (``launched``:
+    their file names)."""
     from helpers.lint import contract_rules, python_rules
 
     passed: dict[str, set[int | str]] = {}
@@ -481,7 +486,8 @@ def _across_scripts(scripts: dict[str, tuple[str, list[Check], object]]) -> list
                                                        rank_seeds=seeds)
             except (ValueError, RecursionError, MemoryError) as exc:
                 state[path] = ([_unreadable(path, exc)], fact)
-    return [(got + (fact.deferred if wraps else []), fact) for got, fact in state.values()]  # type: ignore[attr-defined]
+    return [(got + (fact.deferred if wraps or os.path.basename(path) in launched else []), fact)  # type: ignore[attr-defined]
+            for path, (got, fact) in state.items()]
 
 
 def _advice(check: Check) -> Check:

@@ -307,9 +307,41 @@ def rule_self_launch(lt: PythonLinter, sc: ScriptContract) -> None:
                    "--no_local_rank to deepspeed)", "https://www.deepspeed.ai/getting-started/#launching-deepspeed-training")
 
 
+def rule_argparse_duplicate_option(lt: PythonLinter) -> None:
+    """One parser given the same option string twice (``parser.add_argument("--local_rank", ...)`` at two places):
+    argparse's default ``conflict_handler="error"`` raises "argparse.ArgumentError: argument --local_rank:
+    conflicting option string: --local_rank" while the parser is built, so no process starts, under any launcher
+    (https://docs.python.org/3/library/argparse.html#conflict-handler; Dreambooth-Anything's inpainting script).
+    Per receiver, in one function; not for a parser made with ``conflict_handler="resolve"``."""
+    from helpers.lint.python_rules import _call_name
+
+    if "add_argument" not in lt.text or 'conflict_handler' in lt.text:
+        return
+    seen: dict[tuple[ast.AST | None, str, str], ast.Call] = {}
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name != "add_argument" or not recv:
+            continue
+        scope = lt._enclosing_function(c)
+        for a in c.args:
+            if not (isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")):
+                continue
+            key = (scope, recv, a.value)
+            if key in seen and not device_rules._other_branches(lt, seen[key], c):  # noqa: SLF001 - one helper
+                lt.add("argparse-duplicate-option", "error", c,
+                       f"{recv}.add_argument('{a.value}', ...) again (first at line {seen[key].lineno}): argparse stops "
+                       f"building the parser with 'ArgumentError: argument {a.value}: conflicting option string: "
+                       f"{a.value}', so the script exits before any rank starts",
+                       f"keep one add_argument('{a.value}', ...) (or give the second option another name)",
+                       "https://docs.python.org/3/library/argparse.html#conflict-handler")
+                break
+            seen.setdefault(key, c)
+
+
 def run(lt: PythonLinter) -> ScriptContract:
     """Run the single-file contract rules on ``lt``; return the script's :class:`ScriptContract`."""
     sc = script_contract(lt)
+    rule_argparse_duplicate_option(lt)
     data_rules.rule_dataloader_sampler_and_shuffle(lt)
     rule_self_launch(lt, sc)
     collective_rules.rule_init_contract(lt, sc)

@@ -667,6 +667,12 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("from_pretrained device_map", "Under several processes each places its replica on its own GPU "
        "(device_map={'': process_index}); a fixed {'': 0} puts every rank's copy on GPU 0",
        "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training", "same-device-every-rank"),
+    _c("argparse.ArgumentParser", "Each option string is added once per parser (conflict_handler='error', the "
+       "default): a second add_argument of the same string raises ArgumentError while the parser is built",
+       "https://docs.python.org/3/library/argparse.html#conflict-handler", "argparse-duplicate-option"),
+    _c("transformers TrainerCallback", "The Trainer calls its on_* hooks on every process: a hook that writes a file "
+       "gates it on state.is_world_process_zero (or is_local_process_zero for per-node files)",
+       "https://huggingface.co/docs/transformers/en/main_classes/callback", "write-on-every-rank"),
     _c("Bash set -u (nounset)", "Every variable a command expands is set first: under set -u an unset one stops "
        "the script ('VAR: unbound variable') before the launch", "https://www.gnu.org/software/bash/manual/html_node/"
        "The-Set-Builtin.html", "shell-var-unset"),

@@ -805,12 +805,14 @@ def rule_quantized_model_no_device_map(lt: PythonLinter) -> None:
     bitsandbytes quantizer: "The device_map was not initialized. Setting device_map to {'':
     torch.cuda.current_device()}"), which is GPU 0 on every rank, and training refuses a quantized model on
     another device.  TRL's multi-GPU recipe passes ``device_map={"": PartialState().process_index}`` (``_BNB_DEVICE``;
-    huggingface/trl#1353)."""
+    huggingface/trl#1353).  Not for FSDP-QLoRA, which sets ``bnb_4bit_quant_storage`` and leaves device_map out on
+    purpose (https://huggingface.co/docs/peft/accelerate/fsdp#use-peft-qlora-and-fsdp-for-finetuning-large-models-on-multiple-gpus)."""
     from helpers.lint.python_rules import _call_name
 
     if not re.search(r"load_in_4bit|load_in_8bit|BitsAndBytesConfig", lt.text) or not re.search(
-            r"Accelerator|PartialState|Trainer\(|accelerate|LOCAL_RANK|local_rank|init_process_group", lt.text):
-        return
+            r"Accelerator|PartialState|Trainer\(|accelerate|LOCAL_RANK|local_rank|init_process_group", lt.text) or \
+            "bnb_4bit_quant_storage" in lt.text:
+        return  # (FSDP-QLoRA: the 4-bit weights are stored as a float type FSDP shards, with no device_map)
     binds = [c.lineno for c in lt._calls() if _call_name(c)[1] in ("set_device", "Accelerator", "PartialState")]
     for c in lt._calls():
         if _call_name(c)[1] != "from_pretrained":

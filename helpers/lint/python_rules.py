@@ -58,8 +58,9 @@ STRONG_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object"
                       "sharded_optim_state_dict", "summon_full_params", "get_model_state_dict",
                       "get_optimizer_state_dict", "consolidate_state_dict", "wait_for_everybody", "reduce_tensor",
                       "sync_across_processes", "all_gather_multigpu", "reduce_mean", "GatheredParameters"}
-_LOGGER_RECEIVER = re.compile(r"(?i)logger|writer|tracker|wandb|mlflow|tensorboard|comet|neptune")
-"""Receivers whose ``save_checkpoint`` uploads or records a file (experiment trackers), not a collective."""
+_LOGGER_RECEIVER = re.compile(r"(?i)logger|writer|tracker|wandb|mlflow|tensorboard|comet|neptune|checkpoint_io")
+"""Receivers whose ``save_checkpoint`` uploads or writes a file (experiment trackers; Lightning's ``CheckpointIO``
+plugin, ``strategy.checkpoint_io.save_checkpoint(state, path)``, which writes what it is given), not a collective."""
 WEAK_COLLECTIVES = {"gather", "reduce", "broadcast", "scatter", "save_state", "load_state", "pad_across_processes",
                     "get_state_dict", "optim_state_dict", "save", "load", "compute", "sync"}
 WEAK_RECEIVERS = re.compile(r"^(dist|torch\.distributed|xm|accelerator|.*accelerator|self\.accelerator|hvd|dcp|"
@@ -1713,13 +1714,15 @@ class PythonLinter:
         transformers' TrainingArguments given a DeepSpeed config, included), or that rank-gates another write of its own (:meth:`_gates_its_writes`: the same file then leaves
         one write ungated)."""
         collective_fns = self._functions_with_collectives()
-        if not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
-                         r"FullyShardedDataParallel|DDPStrategy|FSDPStrategy|DeepSpeedStrategy|"
-                         r"strategy\s*=\s*['\"](?:ddp|fsdp|deepspeed)|\bdeepspeed\s*=\s*[\w'\"]", self.text) \
-                and not self._gates_its_writes() \
-                and not collective_fns:
-            return  # (a Lightning Trainer given a distributed strategy runs the module's hooks on every process)
-        self._inherited_saves_every_rank()
+        defer = not re.search(r"init_process_group|DistributedDataParallel|deepspeed\.initialize|Accelerator\(|"
+                              r"FullyShardedDataParallel|DDPStrategy|FSDPStrategy|DeepSpeedStrategy|"
+                              r"strategy\s*=\s*['\"](?:ddp|fsdp|deepspeed)|\bdeepspeed\s*=\s*[\w'\"]", self.text) \
+            and not self._gates_its_writes() and not collective_fns
+        # (a Lightning Trainer given a distributed strategy runs the module's hooks on every process); a file that
+        # shows nothing distributed itself keeps its findings for lint_texts, which releases them when a linted
+        # launch starts it on several processes or another linted file sets up data parallelism (PyFacts.deferred)
+        if not defer:
+            self._inherited_saves_every_rank()
         for call in self._calls():
             recv, name = _call_name(call)
             kind = self._write_kind(call)
@@ -1747,7 +1750,8 @@ class PythonLinter:
                     or self._under_rank_only_object(call):
                 continue
             fn = self._enclosing_function(call)
-            if fn is not None and fn not in self._gating_functions() and fn not in collective_fns and \
+            hook = fn is not None and fn in self._trainer_callback_hooks()
+            if fn is not None and not hook and fn not in self._gating_functions() and fn not in collective_fns and \
                     not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()) and \
                     not self._callback_sites(getattr(fn, "name", None)) and not self._sets_up_job(fn):
                 continue  # a library function never called here: its callers decide (unless it gates other writes
@@ -1763,18 +1767,30 @@ class PythonLinter:
                          f"{_src(call)[:60]} runs on every rank: each process starts its own tracker run (N runs "
                          "for one job, each logging its own rank's values)",
                          f"call {recv}.{name} on rank 0 only, after init_process_group (or pass group= to log one run "
-                         "per process on purpose: https://docs.wandb.ai/guides/track/log/distributed-training/)", "D23")
+                         "per process on purpose: https://docs.wandb.ai/guides/track/log/distributed-training/)", "D23",
+                         deferred=defer and not hook)
                 continue
             if kind == "delete":
                 self.add("write-on-every-rank", "warning", call,
                          f"{_src(call)[:60]} runs on every rank: N processes remove the same path at once "
                          "(FileNotFoundError on all but the first, or the wrong checkpoints left)",
-                         "gate it: if <main process>: ... (then a barrier on every rank before the next save)", "D23")
+                         "gate it: if <main process>: ... (then a barrier on every rank before the next save)", "D23",
+                         deferred=defer and not hook)
                 continue
             self.add("write-on-every-rank", "warning", call,
                      f"{_src(call)[:60]} runs on every rank: N processes write the same file at once (corrupt or "
                      "truncated checkpoint, garbled log)",
-                     "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23")
+                     "gate the write: if rank == 0: ... (and dist.barrier() on every rank before others read it)", "D23",
+                     deferred=defer and not hook)
+
+    def _trainer_callback_hooks(self) -> set[ast.AST]:
+        """The ``on_*`` methods of the file's ``transformers.TrainerCallback`` subclasses: the Trainer calls them on
+        every process, and its own callbacks gate on ``state.is_world_process_zero`` / ``is_local_process_zero``
+        (https://huggingface.co/docs/transformers/en/main_classes/callback: "if state.is_local_process_zero:
+        print(logs)"), so a write in one is every rank's (hiyouga/ChatGLM-Efficient-Tuning's trainer_log.jsonl)."""
+        return {m for c in self.nodes if isinstance(c, ast.ClassDef) and any(_src(b).endswith("TrainerCallback")
+                                                                            for b in c.bases)
+                for m in c.body if isinstance(m, ast.FunctionDef) and m.name.startswith("on_")}
 
     def _logged_beyond_main(self, call: ast.Call) -> bool:
         """The writer ``call`` makes (``writer = SummaryWriter(...)``) is logged to outside a gate on the one main
