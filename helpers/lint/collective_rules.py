@@ -77,7 +77,7 @@ def _collective_before_init(lt: PythonLinter) -> None:
 
 _INIT_HELPER = re.compile(r"(?i)^(init_process_group|setup_dist\w*|init_dist\w*|dist_init\w*|setup_ddp|"
                           r"init_distributed\w*|setup_distributed\w*)$")
-_MULTI_TEST = re.compile(r"(?i)world_size|distributed|is_initialized|\bddp\b|use_ddp|n_?gpus?\b|num_gpus|"
+_MULTI_TEST = re.compile(r"(?i)world_size|distributed|is_\w*initialized|\bddp\b|use_ddp|n_?gpus?\b|num_gpus|"
                          r"gpu_count|device_count|parallel|multi_?gpu|num_processes")
 _GROUP_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
                       "all_gather_object", "broadcast_object_list", "gather_object", "reduce_scatter", "all_to_all"}
@@ -120,16 +120,25 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
     ``torch.distributed`` collective elsewhere in the file runs under no such test: the one-process run (``run(rank=0,
     world_size=1)``) reaches it with no default group and stops with "Default process group has not been
     initialized" (``_INIT``; lifeiteng/vall-e: ``torch.distributed.barrier()`` after each checkpoint, fixed by
-    ``if world_size > 1:``).  One finding, at the first such collective."""
+    ``if world_size > 1:``).  In a file that makes no group itself, its own guard of other distributed work by the
+    process count (``if get_world_size() > 1: sampler.set_epoch(epoch)``) is the same evidence of a one-process run
+    (PELICAN's unconditional ``torch.distributed.barrier()``).  One finding, at the first such collective."""
     from helpers.lint.python_rules import _call_name
 
     def count_test(test: ast.AST) -> bool:  # a test of the process count; `if not is_initialized()` is an
         src = ast.unparse(test)               # init-once guard, not one
-        return bool(_MULTI_TEST.search(src)) and not re.search(r"not\s+[\w.]*is_initialized\(", src)
+        return bool(_MULTI_TEST.search(src)) and not re.search(r"not\s+[\w.]*initialized\(", src)
 
     conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test)
                    and not n.orelse and any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1])
                                             for s in n.body for c in ast.walk(s))]
+    if not conditional and not any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1])
+                                   for c in lt._calls()):
+        # no group made here: the file's own guard of distributed work by the process count (`if get_world_size()
+        # > 1: loader.sampler.set_epoch(epoch)`, PELICAN's trainer) says it also runs as one process
+        conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test) and not n.orelse and
+                       re.search(r"\b(?:set_epoch|barrier|all_reduce|all_gather\w*|broadcast\w*|DistributedSampler)\b",
+                                 "".join(ast.unparse(b) for b in n.body))]
     if not conditional or any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1]) and
                               not any(isinstance(a, ast.If) and count_test(a.test) for a in ancestors(lt, c))
                               for c in lt._calls()):
@@ -149,8 +158,9 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
             continue  # called only under a process-count test (`if args.distributed: top1.all_reduce()`), or not here
         init = conditional[0]
         lt.add("collective-before-init", "error", c,
-               f"{recv}.{name}() runs under no test of the process count, while the group is made only under `"
-               f"{ast.unparse(init.test)[:40]}` (line {init.lineno}): the one-process run reaches it with no group "
+               f"{recv}.{name}() runs under no test of the process count, while the file runs its distributed work "
+               f"only under `{ast.unparse(init.test)[:40]}` (line {init.lineno}): the one-process run reaches it with "
+               "no group "
                "('Default process group has not been initialized, please make sure to call init_process_group')",
                f"guard it like the set-up: if {ast.unparse(init.test)[:40]}: {recv}.{name}()", _INIT)
         return
