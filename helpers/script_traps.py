@@ -299,17 +299,25 @@ def launcher_rejects(kind: str, argv: list[str], legacy: bool = False) -> str:
         return (err.getvalue().strip().splitlines() or ["error"])[-1].split("error: ", 1)[-1]
 
 
-def _assigned_launcher_argvs(text: str) -> list[tuple[int, str, list[str], bool]]:
-    """:func:`_launcher_argvs` for a launcher command kept in a double-quoted variable of a batch script
-    (``LAUNCHER="accelerate launch --config ... "``, run later as ``srun $CMD``; accelerate's slurm examples): its
-    line number and words (the value's line continuations joined)."""
+def _assigned_launchers(text: str) -> list[tuple[str, int, str, list[str], bool]]:
+    """``(variable, line number, launcher, its argv, legacy)`` of each launcher command kept in a double-quoted
+    variable of a batch script (``LAUNCHER="accelerate launch --config ... "``, run later as ``srun $CMD``;
+    accelerate's slurm examples), the value's line continuations joined."""
     out = []
     for m in _DQ_ASSIGN.finditer(text):
         words = split_words(re.sub(r"\\\n", " ", m.group(2)))
         got = launcher_argv(words)
-        if got is not None and got[0] != "srun":
-            out.append((text.count("\n", 0, m.start()) + 1, got[0], got[1], "torch.distributed.launch" in words))
+        if got is not None:
+            out.append((m.group(1), text.count("\n", 0, m.start()) + 1, got[0], got[1],
+                        "torch.distributed.launch" in words))
     return out
+
+
+def _assigned_launcher_argvs(text: str) -> list[tuple[int, str, list[str], bool]]:
+    """:func:`_launcher_argvs` for the launcher commands kept in variables (:func:`_assigned_launchers`), srun's
+    excepted (its task is read where it runs)."""
+    return [(line, kind, argv, legacy) for _name, line, kind, argv, legacy in _assigned_launchers(text)
+            if kind != "srun"]
 
 
 def _launcher_parser_traps(text: str) -> list[Check]:
@@ -832,8 +840,8 @@ def _unset_launcher_var_traps(text: str) -> list[Check]:
 
 
 def _launcher_holding_vars(text: str) -> list[str]:
-    """Names of batch-script variables assigned a launcher command (``LAUNCHER="accelerate launch ..."``)."""
-    return [m.group(1) for m in _DQ_ASSIGN.finditer(text) if launcher_argv(split_words(m.group(2).replace("\\\n", " ")))]
+    """Names of batch-script variables assigned a launcher command (:func:`_assigned_launchers`)."""
+    return [name for name, *_rest in _assigned_launchers(text)]
 
 
 _ARRAY_START = re.compile(r"^[ \t]*(?:declare\s+-a\s+|local\s+-a\s+)?([A-Za-z_]\w*)=\(")
