@@ -279,7 +279,7 @@ SRUN_FLAGS = frozenset({
     "--disable-status", "-Z", "--no-allocate", "-E", "--preserve-env", "-H", "--hold", "-s", "--oversubscribe",
     "-K", "--kill-on-bad-exit", "-h", "--help", "-V", "--version", "--pty", "--multi-prog", "--overlap", "--exact",
     "--exclusive", "--spread-job", "--contiguous", "--reboot", "--test-only", "--use-min-nodes", "--whole", "--x11",
-    "--usage", "--disable-status", "--no-kill", "-k", "--wait-all-nodes", "--send-libs", "--external-launcher",
+    "--usage", "--no-kill", "-k", "--wait-all-nodes", "--send-libs", "--external-launcher",
     "--jobid-is-jobstep", "--container-writable", "--container-remap-root", "--no-container-mount-home",
     "--container-mount-home", "--no-container-remap-root", "--no-container-entrypoint", "--container-entrypoint",
 })

@@ -753,6 +753,7 @@ _SHELL_SET = frozenset({"RANDOM", "SECONDS", "LINENO", "HOSTNAME", "HOME", "PWD"
 https://www.gnu.org/software/bash/manual/html_node/Bash-Variables.html)."""
 
 
+@lru_cache(maxsize=4)
 def _parser_value_options(kind: str) -> frozenset[str]:
     """The option strings of ``kind``'s own parser (:func:`_launcher_parser`) that take a value."""
     parser = _launcher_parser(kind, False)
@@ -781,7 +782,7 @@ def _unset_launcher_var_traps(text: str) -> list[Check]:
         return []
     assigned = _assigned_names(text)
     nounset = re.search(r"^[ \t]*set\s+(?:-[a-zA-Z]*u[a-zA-Z]*\b|-o\s+nounset\b)", text, re.MULTILINE) is not None
-    launchers = _launcher_holding_vars(text)
+    launchers = [name for name, *_rest in _assigned_launchers(text)]  # variables that hold a launcher command
     out: list[Check] = []
     seen: set[str] = set()
 
@@ -837,11 +838,6 @@ def _unset_launcher_var_traps(text: str) -> list[Check]:
                 hit.line_no = number
                 out.append(hit)
     return out
-
-
-def _launcher_holding_vars(text: str) -> list[str]:
-    """Names of batch-script variables assigned a launcher command (:func:`_assigned_launchers`)."""
-    return [name for name, *_rest in _assigned_launchers(text)]
 
 
 _ARRAY_START = re.compile(r"^[ \t]*(?:declare\s+-a\s+|local\s+-a\s+)?([A-Za-z_]\w*)=\(")

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, assigned_once, const, kwarg, moved, statement_blocks
+from helpers.lint.contract_ast import ancestors, assigned_once, const, kwarg, method_named, moved, statement_blocks
 from helpers.lint.contracts import _ACC, _COLL, _DIST, _INIT
 
 if TYPE_CHECKING:
@@ -819,7 +819,7 @@ def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
                     (isinstance(fx, ast.Constant) and fx.value == "cat" or
                      fx is not None and ast.unparse(fx).endswith("dim_zero_cat")):
                 lists[name.value] = c.lineno
-        compute = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "compute"), None)
+        compute = method_named(cls, "compute")
         if not lists or compute is None:
             continue
         for c in (n for n in ast.walk(compute) if isinstance(n, ast.Call)):

@@ -58,6 +58,11 @@ def moved(lt: PythonLinter, name: str, at: ast.AST) -> bool:
                and isinstance(n.func.value, ast.Name) and n.func.value.id == name for n in ast.walk(fn))
 
 
+def method_named(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    """The method ``name`` defined in the body of ``cls`` (``__init__``, ``setup``, ``compute``), or None."""
+    return next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == name), None)
+
+
 def ancestors(lt: PythonLinter, node: ast.AST) -> list[ast.AST]:
     """The nodes that hold ``node``, innermost first, up to the module."""
     out, p = [], lt.parents.get(node)

@@ -9,7 +9,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import const, kwarg, statement_blocks, under_if
+from helpers.lint.contract_ast import const, kwarg, method_named, statement_blocks, under_if
 from helpers.lint.contracts import _DATA
 from helpers.lint.wrappers import accelerator_prepare, assign_targets
 
@@ -1050,8 +1050,7 @@ def _collect_setup_writes(lt: PythonLinter) -> None:
     from helpers.lint.python_rules import _call_name
 
     top = {n.name: n for n in getattr(lt.tree, "body", []) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    bodies = {name: (next((m for m in n.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
-                     if isinstance(n, ast.ClassDef) else n) for name, n in top.items()}
+    bodies = {name: method_named(n, "__init__") if isinstance(n, ast.ClassDef) else n for name, n in top.items()}
     writers = lt.facts.writing_callables
     for _round in range(3):
         for name, body in bodies.items():
@@ -1061,7 +1060,7 @@ def _collect_setup_writes(lt: PythonLinter) -> None:
                 writers.add(name)
     for cls in (n for n in top.values() if isinstance(n, ast.ClassDef)
                 and any(ast.unparse(b).endswith("LightningDataModule") for b in n.bases)):
-        setup = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "setup"), None)
+        setup = method_named(cls, "setup")
         for c in (n for n in ast.walk(setup) if isinstance(n, ast.Call)) if setup is not None else ():
             if lt._rank_gate(c) is None and not lt._after_rank_exit(c):
                 lt.facts.setup_calls.append((_call_name(c)[1], c.lineno, ast.unparse(c)[:60]))
@@ -1087,7 +1086,7 @@ def _collect_unseeded_draws(lt: PythonLinter) -> None:
     for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
         if not any(re.search(r"(?:^|\.)Dataset$", ast.unparse(b)) for b in cls.bases):
             continue
-        init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+        init = method_named(cls, "__init__")
         for c in (n for n in ast.walk(init) if isinstance(n, ast.Call)) if init is not None else ():
             recv, name = _call_name(c)
             if _SHUFFLES.match(f"{recv}.{name}" if recv else name) and \

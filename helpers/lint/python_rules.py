@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from helpers.checks import Check
 from helpers.inputs import InputError
+from helpers.lint.contract_ast import method_named
 from helpers.lint.findings import finding
 from helpers.lint.wrappers import BUFFER_FREE_LAYERS, WrapperFlow, accelerator_shards, assign_targets, flat_targets, unbound_after_wrap
 
@@ -618,8 +619,8 @@ class PythonLinter:
         self.taint.rank_funcs.update(funcs)
         for name, which in passed.items():
             target = self.functions.get(name) if name in self.plain_functions else next(
-                (m for c in self.nodes if isinstance(c, ast.ClassDef) and c.name == name for m in c.body
-                 if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+                (m for c in self.nodes if isinstance(c, ast.ClassDef) and c.name == name
+                 if (m := method_named(c, "__init__")) is not None), None)
             if target is None:
                 continue
             params = [a.arg for a in target.args.args if a.arg not in ("self", "cls")]
@@ -1723,6 +1724,7 @@ class PythonLinter:
         # launch starts it on several processes or another linted file sets up data parallelism (PyFacts.deferred)
         if not defer:
             self._inherited_saves_every_rank()
+        hooks = self._trainer_callback_hooks()
         for call in self._calls():
             recv, name = _call_name(call)
             kind = self._write_kind(call)
@@ -1750,7 +1752,7 @@ class PythonLinter:
                     or self._under_rank_only_object(call):
                 continue
             fn = self._enclosing_function(call)
-            hook = fn is not None and fn in self._trainer_callback_hooks()
+            hook = fn is not None and fn in hooks
             if fn is not None and not hook and fn not in self._gating_functions() and fn not in collective_fns and \
                     not any(_call_name(c)[1] == getattr(fn, "name", "") for c in self._calls()) and \
                     not self._callback_sites(getattr(fn, "name", None)) and not self._sets_up_job(fn):
@@ -2071,7 +2073,7 @@ class PythonLinter:
         any test of it, any early exit on such a test and any rank gate (``facts.class_fields``,
         ``facts.unguarded_uses``)."""
         for cls in (n for n in getattr(self.tree, "body", []) if isinstance(n, ast.ClassDef)):
-            init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+            init = method_named(cls, "__init__")
             if init is not None:
                 fields = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
             else:
@@ -2206,18 +2208,20 @@ class PythonLinter:
         under a branch whose other side reads ``name.module`` (``if accelerator.num_processes > 1:
         x.module.get_input_embeddings() else: x.get_input_embeddings()``, diffusers' custom_diffusion).  Not for ``node`` in the test itself (``if
         unet.config.in_channels == 8:`` reads through the wrapper)."""
+        def module_of_name(n: ast.AST) -> bool:  # name.module
+            return isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name) \
+                and n.value.id == name
+
         child, p = node, self.parents.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if isinstance(p, (ast.If, ast.IfExp, ast.While)) and child is not p.test and any(
                     isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id == name for a in n.args) or
-                    isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name)
-                    and n.value.id == name for n in ast.walk(p.test)):
+                    module_of_name(n) for n in ast.walk(p.test)):
                 return True
             if isinstance(p, (ast.If, ast.IfExp)) and child is not p.test:
                 here = p.body if child in (p.body if isinstance(p.body, list) else [p.body]) else p.orelse
                 other = p.orelse if here is p.body else p.body
-                if any(isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name)
-                       and n.value.id == name for st in (other if isinstance(other, list) else [other])
+                if any(module_of_name(n) for st in (other if isinstance(other, list) else [other])
                        for n in ast.walk(st)):
                     return True  # if accelerator.num_processes > 1: x.module.f() / else: x.f()
             child, p = p, self.parents.get(p)
