@@ -429,10 +429,12 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     accel = next(((f.path, f.accelerator_grad_accum[0], str(f.accelerator_grad_accum[1])) for f in facts
                   if f.accelerator_grad_accum), None)
     ds_gas = next(((p, d.get("gradient_accumulation_steps")) for p, _, d in ds_files), None)
+    sets_precision = any(spec is not None and spec.kind == "accelerate" and re.search(r"--mixed[-_]precision\b", text)
+                         for _p, text, spec in launches)
     for path, text, data in acc_files:
         try:
             findings += accelerate_rules.lint_accelerate(path, text, data, accelerator_grad_accum=accel, ds_gas=ds_gas,
-                                                         saved_by=saved_by)
+                                                         saved_by=saved_by, launch_sets_precision=sets_precision)
         except (ValueError, RecursionError, MemoryError) as exc:
             findings.append(_unreadable(path, exc))
     return sorted((_advice(f) for f in findings), key=lambda f: (f.file, f.line_no, f.id))

@@ -121,7 +121,7 @@ def is_accelerate_config(data: dict[str, Any]) -> bool:
 
 
 def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_grad_accum: tuple[str, int, str] | None,
-                    ds_gas: tuple[str, Any] | None, saved_by: str = "") -> list[Check]:
+                    ds_gas: tuple[str, Any] | None, saved_by: str = "", launch_sets_precision: bool = False) -> list[Check]:
     """Lint one Accelerate config.
 
     Args:
@@ -129,6 +129,8 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
         ds_gas: ``(file, value)`` of ``gradient_accumulation_steps`` in a linted DeepSpeed JSON.
         saved_by: what saves the whole model in a linted script (as for :func:`helpers.lint.deepspeed_rules.lint_deepspeed`);
             empty when no linted script does, or none was given: then an unsaved ZeRO-3 gather is info, not a warning.
+        launch_sets_precision: a linted ``accelerate launch`` line passes ``--mixed_precision`` itself; then a
+            top-level ``mixed_precision`` in the YAML is not read, and is no clash with ``deepspeed_config_file``.
     """
     out: list[Check] = []
 
@@ -165,6 +167,11 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
                 "writes valid files)", "D5")
     if isinstance(ds, dict) and ds.get("deepspeed_config_file"):
         clash = [k for k in DS_FILE_IGNORES if k in ds]
+        if data.get("mixed_precision") is not None and dist_type == "DEEPSPEED" and not launch_sets_precision:
+            # accelerate/commands/launch.py: a config's mixed_precision (any value, 'no' included) read because the
+            # command line gave none sets mp_from_config_flag, which adds "mixed_precision" to
+            # ACCELERATE_CONFIG_DS_FIELDS; DeepSpeedPlugin._deepspeed_config_checks then raises the ValueError below.
+            clash.append("mixed_precision")
         if clash:
             add("acc-ds-file-overrides", "error", clash[0],
                 f"{', '.join(clash)} set next to deepspeed_config_file: 'When using `deepspeed_config_file`, the "

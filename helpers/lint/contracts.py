@@ -493,7 +493,8 @@ CONTRACTS: tuple[Contract, ...] = (
        "and a count multiplied by the world size (Accelerate's convention for its prepared scheduler) stretches it",
        "https://github.com/huggingface/accelerate/blob/main/src/accelerate/scheduler.py", "lr-steps-from-dataset-length"),
     _c("Accelerator", "With deepspeed_config_file, the accumulation/clipping/ZeRO/precision keys of the YAML are "
-       "not set", _ACC_DS, "acc-ds-file-overrides"),
+       "not set (a top-level mixed_precision, 'no' included, counts unless the launch line passes --mixed_precision)",
+       _ACC_DS, "acc-ds-file-overrides"),
     _c("Accelerator", "Trackers exist on the main process only: get_tracker() returns a blank GeneralTracker "
        "elsewhere (no .run, no .tracker), so reading them needs an is_main_process gate",
        _ACC + "#accelerate.Accelerator.get_tracker", "main-process-object-every-rank"),
