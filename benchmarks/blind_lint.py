@@ -1026,12 +1026,49 @@ from the manifest's categories and causes before the set's first run (ids that n
 that would name it)."""
 
 
+CAUSE_RULES30: dict[str, set[str]] = {
+    "launcher-env-contract": {"script-env-required", "launcher-env-unset"},
+    "filesystem-op-on-every-rank": {"write-on-every-rank"},
+    "wrong-device-per-rank": {"same-device-every-rank", "device-from-global-rank"},
+    "sampler-shuffle-conflict": {"dataloader-sampler-and-shuffle"},
+    "save-on-every-rank": {"write-on-every-rank"},
+    "rank-divergent-state": {"rank-gated-object-used", "rank-gated-model-change"},
+    "manual-grad-allreduce": {"manual-grad-allreduce-zero-grads", "allreduce-sum-not-averaged"},
+    "ddp-wrap-before-materialize": {"ddp-meta-module", "ddp-before-to-device"},
+    "distributed-eval-gather-order": {"predict-order-under-ddp", "eval-sampler-pads", "gather-order-differs"},
+    "config-process-group-not-initialized": {"bundle-expression-not-evaluated", "collective-before-init",
+                                             "rank-before-init"},
+    "missing-set-device": {"cuda-before-set-device", "nccl-no-device-binding", "collective-before-set-device"},
+    "ddp-unused-parameters": {"find-unused-parameters"},
+    "collective-under-rank-local-condition": {"collective-in-data-dependent-branch", "rank-gated-collective"},
+    "ddp-wrapper-attribute-access": {"ddp-wrapper-attribute"},
+    "gathered-features-wrong-rank-offset": {"gathered-labels-without-rank-offset"},
+    "features-gathered-twice": {"gathered-twice"},
+    "slurm-launch-env-expanded-too-early": {"node-rank-fixed", "slurm-env-misuse"},
+    "accelerate-prepare-incompatible-dataloader": {"loader-not-preparable"},
+    "non-autograd-collective-gradient-scale": {"backward-through-all-reduce", "collective-without-autograd"},
+    "ddp-gradient-checkpointing-collective-in-forward": {"reentrant-checkpoint-ddp"},
+    "data-sharding-ignores-rank": {"rank-shard-unused", "rank-sliced-data"},
+    "syncbn-without-ddp": {"syncbn-without-ddp"},
+    "gathered-negatives-label-misalignment": {"gathered-labels-without-rank-offset", "gather-layout-mismatch"},
+    "launcher-arg-contract": {"local-rank-arg-under-launcher", "script-arg-unknown"},
+    "slurm-resource-mismatch": {"slurm-env-misuse", "workers-from-node-cpus"},
+    "collective-without-process-group": {"collective-before-init", "rank-before-init"},
+    "gathered-mask-ignores-world-size": {"gathered-labels-without-rank-offset", "gather-layout-mismatch"},
+    "gathered-features-wrong-layout": {"gather-layout-mismatch"},
+    "rank-offset-without-gather": {"gathered-labels-without-rank-offset", "rank-offset-without-gather"},
+}
+"""Blind set 30 (tests/data/lint/blind30): each category of its manifest -> the rule ids that name that cause, written
+from the manifest's categories and causes before the set's first run (ids that no rule has yet stand for the finding
+that would name it)."""
+
+
 def _files(case: Path) -> list[Path]:
     return sorted(p for p in case.rglob("*") if p.is_file()) if case.is_dir() else [case]
 
 
 def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
-    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`, ``blind17``: :data:`CAUSE_RULES17`, ``blind18``: :data:`CAUSE_RULES18`, ``blind19``: :data:`CAUSE_RULES19`, ``blind20``: :data:`CAUSE_RULES20`, ``blind21``: :data:`CAUSE_RULES21`, ``blind22``: :data:`CAUSE_RULES22`, ``blind23``: :data:`CAUSE_RULES23`, ``blind24``: :data:`CAUSE_RULES24`, ``blind25``: :data:`CAUSE_RULES25`, ``blind26``: :data:`CAUSE_RULES26`, ``blind27``: :data:`CAUSE_RULES27`, ``blind28``: :data:`CAUSE_RULES28`, ``blind29``: :data:`CAUSE_RULES29`)."""
+    """``(one line per case, totals)`` for the blind set at ``root`` (``blind2``: :data:`CAUSE_RULES2`, ``blind3``: :data:`CAUSE_RULES3`, ``blind4``: :data:`CAUSE_RULES4`, ``blind5``: :data:`CAUSE_RULES5`, ``blind6``: :data:`CAUSE_RULES6`, ``blind7``: :data:`CAUSE_RULES7`, ``blind8``: :data:`CAUSE_RULES8`, ``blind9``: :data:`CAUSE_RULES9`, ``blind10``: :data:`CAUSE_RULES10`, ``blind11``: :data:`CAUSE_RULES11`, ``blind12``: :data:`CAUSE_RULES12`, ``blind13``: :data:`CAUSE_RULES13`, ``blind14``: :data:`CAUSE_RULES14`, ``blind15``: :data:`CAUSE_RULES15`, ``blind16``: :data:`CAUSE_RULES16`, ``blind17``: :data:`CAUSE_RULES17`, ``blind18``: :data:`CAUSE_RULES18`, ``blind19``: :data:`CAUSE_RULES19`, ``blind20``: :data:`CAUSE_RULES20`, ``blind21``: :data:`CAUSE_RULES21`, ``blind22``: :data:`CAUSE_RULES22`, ``blind23``: :data:`CAUSE_RULES23`, ``blind24``: :data:`CAUSE_RULES24`, ``blind25``: :data:`CAUSE_RULES25`, ``blind26``: :data:`CAUSE_RULES26`, ``blind27``: :data:`CAUSE_RULES27`, ``blind28``: :data:`CAUSE_RULES28`, ``blind29``: :data:`CAUSE_RULES29`, ``blind30``: :data:`CAUSE_RULES30`)."""
     table = {"blind2": CAUSE_RULES2, "blind3": CAUSE_RULES3, "blind4": CAUSE_RULES4, "blind5": CAUSE_RULES5,
              "blind6": CAUSE_RULES6, "blind7": CAUSE_RULES7, "blind8": CAUSE_RULES8,
              "blind9": CAUSE_RULES9, "blind10": CAUSE_RULES10,
@@ -1041,7 +1078,8 @@ def score(root: Path = BLIND) -> tuple[list[str], dict[str, int]]:
              "blind18": CAUSE_RULES18, "blind19": CAUSE_RULES19,
              "blind20": CAUSE_RULES20, "blind21": CAUSE_RULES21, "blind22": CAUSE_RULES22, "blind23": CAUSE_RULES23, "blind24": CAUSE_RULES24, "blind25": CAUSE_RULES25,
              "blind26": CAUSE_RULES26, "blind27": CAUSE_RULES27,
-             "blind28": CAUSE_RULES28, "blind29": CAUSE_RULES29}.get(
+             "blind28": CAUSE_RULES28, "blind29": CAUSE_RULES29,
+             "blind30": CAUSE_RULES30}.get(
         root.name, CAUSE_RULES)
     entries = yaml.safe_load((root / "manifest.yaml").read_text())
     if isinstance(entries, dict):   # blind2: {description, counts, cases}
