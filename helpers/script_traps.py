@@ -304,12 +304,11 @@ def _assigned_launchers(text: str) -> list[tuple[str, int, str, list[str], bool]
     variable of a batch script (``LAUNCHER="accelerate launch --config ... "``, run later as ``srun $CMD``;
     accelerate's slurm examples), the value's line continuations joined."""
     out = []
-    for m in _DQ_ASSIGN.finditer(text):
-        words = split_words(re.sub(r"\\\n", " ", m.group(2)))
+    for name, start, value in _dq_assignments(text):
+        words = split_words(re.sub(r"\\\n", " ", value))
         got = launcher_argv(words)
         if got is not None:
-            out.append((m.group(1), text.count("\n", 0, m.start()) + 1, got[0], got[1],
-                        "torch.distributed.launch" in words))
+            out.append((name, text.count("\n", 0, start) + 1, got[0], got[1], "torch.distributed.launch" in words))
     return out
 
 
@@ -1305,7 +1304,28 @@ def _sbatch_task_shrink_traps(text: str) -> list[Check]:
     return out
 
 
-_DQ_ASSIGN = re.compile(r'^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)="((?:[^"\\]|\\.)*)"', re.MULTILINE | re.DOTALL)
+_DQ_ASSIGN = re.compile(r'^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=((?=")(?:"(?:[^"\\]|\\.)*"|\'[^\']*\'|\\.|[^\s"\'\\;&|])+)',
+                        re.MULTILINE | re.DOTALL)
+"""``NAME="..."`` at a line start: the whole shell word, which may go on past the first closing quote
+(``"--ip "$MASTER_ADDR" --port ..."`` is one word: two quoted parts joined by an unquoted one)."""
+_WORD_PART = re.compile(r'"((?:[^"\\]|\\.)*)"|\'([^\']*)\'|(\\.|[^\s"\'\\;&|]+)', re.DOTALL)
+
+
+def _dq_assignments(text: str) -> list[tuple[str, int, str]]:
+    """``(variable, offset of the assignment, value)`` of each ``NAME="..."`` in a shell text (:data:`_DQ_ASSIGN`),
+    the value being the word's parts joined as the shell joins them, with a ``$`` of a single-quoted part written
+    ``\\$`` (it is not expanded there).  Own code, not ``shlex``: ``shlex.split`` drops the quotes, and which part was
+    single-quoted (not expanded) is the question here."""
+    out = []
+    for m in _DQ_ASSIGN.finditer(text):
+        parts = []
+        for p in _WORD_PART.finditer(m.group(2)):
+            dq, sq, bare = p.groups()
+            parts.append(dq if dq is not None else sq.replace("$", "\\$") if sq is not None else bare)
+        out.append((m.group(1), m.start(), "".join(parts)))
+    return out
+
+
 _RANK_FROM_SLURM = re.compile(r"--(?:machine|node)[_-]rank(?:=|\s+)(?<!\\)\$\{?(SLURM_PROCID|SLURM_NODEID)\b")
 
 
@@ -1321,16 +1341,16 @@ def _batch_expanded_rank_traps(text: str) -> list[Check]:
     if "srun" not in text:
         return []
     out: list[Check] = []
-    for m in _DQ_ASSIGN.finditer(text):
-        hit = _RANK_FROM_SLURM.search(m.group(2))
-        if hit is None or re.search(r"--rdzv[_-]backend(?:=|\s+)c10d", m.group(2)):
+    for name, start, value in _dq_assignments(text):
+        hit = _RANK_FROM_SLURM.search(value)
+        if hit is None or re.search(r"--rdzv[_-]backend(?:=|\s+)c10d", value):
             continue  # the c10d rendezvous assigns the node ranks itself: the given one is not used
         found = trap("node-rank-fixed", "FAIL", "node_rank",
-                     f"{m.group(1)}=\"...{hit.group(0)}...\" is expanded by the batch shell when it is assigned, where "
+                     f"{name}=\"...{hit.group(0)}...\" is expanded by the batch shell when it is assigned, where "
                      f"${hit.group(1)} is 0: every node launches with rank 0 and the rendezvous waits for the others",
                      f"escape it (\\${hit.group(1)}) so each srun task expands its own, or single-quote the srun "
                      "task", sources.cite("Gilbreth 4.3"))
-        found.line_no = text.count("\n", 0, m.start() + m.group(0).find(hit.group(0))) + 1
+        found.line_no = text.count("\n", 0, start) + value.count("\n", 0, hit.start()) + 1
         out.append(found)
     return out
 

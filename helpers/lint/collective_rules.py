@@ -175,7 +175,7 @@ def rule_allreduce_sum_not_averaged(lt: PythonLinter) -> None:
     division by the world size: ``all_reduce``'s op defaults to SUM ("op (optional): One of the values from
     torch.distributed.ReduceOp", SUM by default, ``_COLL``), so the value is N times the mean (NERSC's sc22 tutorial
     logged the step-0 losses world_size times too large).  Not reported when the tensor is divided after the call, or
-    the op is AVG / MAX / MIN."""
+    the op is AVG / MAX / MIN, or each rank wrote its own positions of it before (an assembly of shares)."""
     from helpers.lint.python_rules import _call_name
 
     if "all_reduce" not in lt.text:
@@ -194,6 +194,11 @@ def rule_allreduce_sum_not_averaged(lt: PythonLinter) -> None:
         if any(isinstance(n, ast.Call) and _call_name(n)[1] == "all_reduce" and n.args and
                re.search(r"(?i)count|num|total|tokens|samples|\bn_", ast.unparse(n.args[0])) for n in ast.walk(scope)):
             continue  # a global count is summed beside it: a sum normalised by the job's count, not by the ranks
+        if any(isinstance(n, ast.Assign) and n.lineno < c.lineno and
+               any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == name and lt.taint.is_rank(t.slice)
+                   for t in n.targets) for n in ast.walk(scope)):
+            continue  # each rank fills its own rows (`score_matrix[start + i, idx] = s`, start from the rank): the sum
+            # assembles the shares (BLIP's and ALBEF's retrieval scores), it is no mean
         later = sorted((n for n in ast.walk(scope) if getattr(n, "lineno", 0) > c.lineno),
                        key=lambda n: (n.lineno, getattr(n, "col_offset", 0)))
         divided = any(isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and ast.unparse(n.target) == name or

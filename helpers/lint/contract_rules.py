@@ -418,6 +418,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     data_rules.rule_loader_wrapped_before_prepare(lt)
     collective_rules.rule_collective_same_tensor_twice(lt)
     device_rules.rule_ddp_before_to_device(lt)
+    device_rules.rule_ddp_meta_module(lt)
     collective_rules.rule_undefined_distributed_flag(lt)
     env_rules.rule_env_str_as_number(lt)
     device_rules.rule_cuda_before_set_device(lt)

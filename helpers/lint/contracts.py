@@ -239,6 +239,9 @@ CONTRACTS: tuple[Contract, ...] = (
        "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names", "undefined-name"),
     _c("DistributedDataParallel", "The model's parameters are not changed after wrapping (its gradient hooks are "
        "registered on them): move or cast the module first, then wrap it", _DDP, "ddp-before-to-device"),
+    _c("DistributedDataParallel", "The module handed to the constructor holds real parameters: DDP reads and "
+       "broadcasts them, which a module built on the meta device cannot give (to_empty it first; FSDP / fully_shard "
+       "take meta modules)", _DDP, "ddp-meta-module"),
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
        "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
        _SAMPLER, "sampler-not-distributed"),

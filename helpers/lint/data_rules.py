@@ -18,21 +18,144 @@ if TYPE_CHECKING:
 
 
 
+_LOADER_POSITIONS = ("dataset", "batch_size", "shuffle", "sampler")
+"""The first positional parameters of ``torch.utils.data.DataLoader`` (``DataLoader(dataset, batch_size=1,
+shuffle=None, sampler=None, ...)``, https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader)."""
+
+
+def _loader_arg(c: ast.Call, name: str) -> ast.AST | None:
+    """The value ``DataLoader(...)`` gets for parameter ``name``, by keyword or by position."""
+    got = kwarg(c, name)
+    pos = _LOADER_POSITIONS.index(name)
+    if got is None and len(c.args) > pos and not any(isinstance(a, ast.Starred) for a in c.args[:pos + 1]):
+        got = c.args[pos]
+    return got
+
+
+def _assume(test: ast.AST, value: bool, known: dict[str, bool]) -> None:
+    """Record in ``known`` (source -> truth) what ``test`` being ``value`` says: ``not x`` false says x, ``a and b``
+    true says both."""
+    known[ast.unparse(test)] = value
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        _assume(test.operand, not value, known)
+    elif isinstance(test, ast.BoolOp) and (isinstance(test.op, ast.And) and value or
+                                           isinstance(test.op, ast.Or) and not value):
+        for v in test.values:
+            _assume(v, value, known)
+
+
+def _truth(expr: ast.AST, known: dict[str, bool], values: dict[str, ast.AST], depth: int = 0) -> bool | None:
+    """Whether ``expr`` is true given ``known`` (three-valued: None when it cannot be told), a name read through its
+    assignment in ``values``; ``not``, ``and``, ``or``, conditional expressions and constants."""
+    key = ast.unparse(expr)
+    if key in known:
+        return known[key]
+    if isinstance(expr, ast.Constant):
+        return bool(expr.value)
+    if isinstance(expr, ast.Name) and expr.id in values and depth < 3:
+        return _truth(values[expr.id], known, values, depth + 1)
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        got = _truth(expr.operand, known, values, depth)
+        return None if got is None else not got
+    if isinstance(expr, ast.BoolOp):
+        parts = [_truth(v, known, values, depth) for v in expr.values]
+        stop = isinstance(expr.op, ast.Or)  # the value that decides: True for `or`, False for `and`
+        return stop if stop in parts else (not stop if all(p is not None for p in parts) else None)
+    if isinstance(expr, ast.IfExp):
+        test = _truth(expr.test, known, values, depth)
+        if test is not None:
+            return _truth(expr.body if test else expr.orelse, known, values, depth)
+        body, orelse = _truth(expr.body, known, values, depth), _truth(expr.orelse, known, values, depth)
+        return body if body == orelse else None
+    return None
+
+
+def _sampler_sometimes(lt: PythonLinter, c: ast.Call, sampler: ast.AST, shuffle: ast.AST) -> str | None:
+    """A loader given ``shuffle=<expression>`` and ``sampler=<name>`` where the name is bound to a sampler on some path
+    (``sampler = None; if ddp: sampler = DistributedSampler(ds)``) and the shuffle expression does not look at the
+    sampler (``shuffle=(sampler is None)`` does), nor at what decides that the sampler is made (``shuffle=False if
+    args.distributed else True`` beside ``if args.distributed: sampler = ...``), nor is set False beside it: the run
+    where both hold stops with the ValueError.  Returns the sampler's constructor, else None."""
+    from helpers.lint.python_rules import _call_name
+
+    scope = lt._enclosing_function(c) or lt.tree
+    if isinstance(sampler, ast.Call):
+        made = [sampler]
+        name = None
+    elif isinstance(sampler, ast.Name):
+        name = sampler.id
+        made = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and
+                any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    else:
+        return None
+    samplers = [m for m in made if _call_name(m)[1].endswith("Sampler") and _call_name(m)[1] != "BatchSampler"]
+    if not samplers or isinstance(shuffle, ast.Constant):
+        return None
+    shuffle_names = {n.id for n in ast.walk(shuffle) if isinstance(n, ast.Name)}
+    if name and name in shuffle_names:
+        return None  # shuffle=(sampler is None), shuffle=shuffle and sampler is None
+
+    sets = [(t.id, n.value) for n in ast.walk(scope) if isinstance(n, ast.Assign)
+            for t in n.targets if isinstance(t, ast.Name) and t.id in shuffle_names]
+    values = {k: v for k, v in sets if [x for x, _ in sets].count(k) == 1}  # names bound once: read through
+    ctor = None
+    for m in samplers:  # each place a sampler is made, with what holds there (`if args.distributed:`, `if not x:`)
+        known: dict[str, bool] = {}
+        child, p = m, lt.parents.get(m)
+        while p is not None and p is not scope:
+            if isinstance(p, ast.If):
+                _assume(p.test, child in p.body, known)
+            child, p = p, lt.parents.get(p)
+        holds = _truth(shuffle, known, values)
+        if holds is False:
+            continue  # shuffle=False if args.distributed else True; shuffle=not group_by_length: never both
+        if holds is None and any(ast.unparse(n) in known for v in [shuffle, *values.values()] for n in ast.walk(v)):
+            continue  # it asks what decides the sampler in a way not followed here: left alone
+        ctor = _call_name(m)[1]
+        break
+    if ctor is None:
+        return None
+
+    def beside_sampler(stmt: ast.stmt) -> bool:  # the statement list holding it also makes the sampler
+        parent = lt.parents.get(stmt)
+        blocks = [getattr(parent, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(parent, f, None), list)]
+        block = next((b for b in blocks if stmt in b), [])
+        return any(isinstance(x, ast.Assign) and isinstance(x.value, ast.Call) and
+                   _call_name(x.value)[1].endswith("Sampler") for x in block)
+
+    for n in ast.walk(scope):  # how the shuffle names are set: from the sampler, or False where the sampler is made
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in shuffle_names for t in n.targets):
+            if (name and any(isinstance(x, ast.Name) and x.id == name for x in ast.walk(n.value))) or \
+                    (isinstance(n.value, ast.Constant) and not n.value.value and beside_sampler(n)):
+                return None
+    return ctor
+
+
 def rule_dataloader_sampler_and_shuffle(lt: PythonLinter) -> None:
-    """DataLoader(sampler=..., shuffle=True): 'sampler option is mutually exclusive with shuffle' (ValueError)."""
+    """DataLoader(sampler=..., shuffle=True): 'sampler option is mutually exclusive with shuffle' (ValueError), by
+    keyword or by position (``DataLoader(dataset, batch_size, shuffle, sampler=sampler)``); also a shuffle expression
+    (``shuffle=is_train``) beside a name bound to a sampler on some path (:func:`_sampler_sometimes`: SevenNet,
+    fastMRI's data module, both under DDP only)."""
     from helpers.lint.python_rules import _call_name
 
     for c in lt._calls():
         if _call_name(c)[1] != "DataLoader":
             continue
-        sampler, shuffle = kwarg(c, "sampler"), kwarg(c, "shuffle")
+        sampler, shuffle = _loader_arg(c, "sampler"), _loader_arg(c, "shuffle")
         if sampler is None or isinstance(sampler, ast.Constant):
             continue  # no sampler, or sampler=None
-        if sampler is not None and const(shuffle) is True:
+        if const(shuffle) is True:
             lt.add("dataloader-sampler-and-shuffle", "error", c,
                    "DataLoader(sampler=..., shuffle=True): 'ValueError: sampler option is mutually exclusive with "
                    "shuffle' (the DistributedSampler shuffles)", "drop shuffle=True; pass shuffle= to the sampler",
                    _DATA + "#torch.utils.data.DataLoader")
+        elif shuffle is not None and (ctor := _sampler_sometimes(lt, c, sampler, shuffle)):
+            lt.add("dataloader-sampler-and-shuffle", "error", c,
+                   f"DataLoader(shuffle={ast.unparse(shuffle)[:30]}, sampler={ast.unparse(sampler)[:30]}): when the "
+                   f"{ctor} is made and {ast.unparse(shuffle)[:30]} is true (training under several processes) it "
+                   "stops with 'ValueError: sampler option is mutually exclusive with shuffle'",
+                   f"shuffle=({ast.unparse(shuffle)[:30]}) and {ast.unparse(sampler)[:30]} is None, and pass the "
+                   "shuffle to the sampler", _DATA + "#torch.utils.data.DataLoader")
 
 
 _SEED_CALLS = {"seed_everything", "manual_seed", "set_seed", "seed", "manual_seed_all"}

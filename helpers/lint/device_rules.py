@@ -798,6 +798,44 @@ def rule_ddp_before_to_device(lt: PythonLinter) -> None:
                 break
 
 
+_META_CONTEXT = re.compile(r"^(?:torch\.)?device\(\s*['\"]meta['\"]\s*\)$|(?:^|\.)init_empty_weights\(")
+_MATERIALIZE = ("to_empty", "materialize", "load_state_dict")
+
+
+def rule_ddp_meta_module(lt: PythonLinter) -> None:
+    """``ddp-meta-module``: a model built under ``with torch.device("meta"):`` (or accelerate's
+    ``init_empty_weights()``) handed to ``DistributedDataParallel`` before anything gives it real storage
+    (``to_empty``, a ``load_state_dict(..., assign=True)``): DDP's constructor reads and broadcasts the parameters,
+    which meta tensors do not hold ("Tensor.item() cannot be called on meta tensors", reproduced on torch 2.13 with one
+    gloo process).  FSDP / ``fully_shard`` accept meta modules and are not this rule (:data:`_DDP`: DDP broadcasts
+    the module's state from rank 0 in its constructor)."""
+    from helpers.lint.python_rules import _call_name
+
+    for w in lt.nodes:
+        if not isinstance(w, ast.With) or not any(_META_CONTEXT.search(ast.unparse(i.context_expr))
+                                                  for i in w.items):
+            continue
+        names = {t.id for n in w.body for t in getattr(n, "targets", []) if isinstance(t, ast.Name)}
+        scope = lt._enclosing_function(w) or lt.tree
+        for c in ast.walk(scope):
+            if not (isinstance(c, ast.Call) and _call_name(c)[1] in _DDP_NAMES and c.args and
+                    isinstance(c.args[0], ast.Name) and c.args[0].id in names and c.lineno > w.end_lineno):
+                continue
+            name = c.args[0].id
+            made = any(isinstance(m, ast.Call) and isinstance(m.func, ast.Attribute) and
+                       m.func.attr in _MATERIALIZE and ast.unparse(m.func.value).split(".")[0] == name and
+                       w.end_lineno < m.lineno < c.lineno for m in ast.walk(scope))
+            if made:
+                continue
+            lt.add("ddp-meta-module", "error", c,
+                   f"{name} is built under `{ast.unparse(w.items[0].context_expr)[:40]}` (line {w.lineno}) and "
+                   f"wrapped in {_call_name(c)[1]} with its parameters still on the meta device: the constructor "
+                   "reads and broadcasts them ('Tensor.item() cannot be called on meta tensors')",
+                   f"give it storage first ({name}.to_empty(device=device), then initialise or load the weights), "
+                   "or shard it with FSDP / fully_shard, which accept meta modules", _DDP)
+            break
+
+
 def rule_quantized_model_no_device_map(lt: PythonLinter) -> None:
     """``from_pretrained(..., load_in_4bit=True / quantization_config=...)`` without ``device_map`` in a script that
     runs on several processes, before anything binds the process's GPU (``set_device``, ``Accelerator()``,
@@ -859,4 +897,4 @@ def rule_visible_devices_as_ordinal(lt: PythonLinter) -> None:
                f"use the local rank itself as the index: {names[0]} = local_rank", _CUDA_ENV)
 
 
-__all__ = ["rule_collective_before_set_device", "rule_cuda_before_set_device", "rule_ddp_before_to_device", "rule_ema_before_to_device", "rule_fixed_device_map", "rule_grad_accum_from_device_count", "rule_load_without_map_location", "rule_local_rank_as_global_rank", "rule_main_process_by_local_rank", "rule_nccl_no_device_binding", "rule_quantized_model_no_device_map", "rule_same_device_every_rank", "rule_set_device_after_init", "rule_visible_devices_as_ordinal", "rule_world_size_as_local", "rule_world_size_from_device_count"]
+__all__ = ["rule_collective_before_set_device", "rule_cuda_before_set_device", "rule_ddp_before_to_device", "rule_ddp_meta_module", "rule_ema_before_to_device", "rule_fixed_device_map", "rule_grad_accum_from_device_count", "rule_load_without_map_location", "rule_local_rank_as_global_rank", "rule_main_process_by_local_rank", "rule_nccl_no_device_binding", "rule_quantized_model_no_device_map", "rule_same_device_every_rank", "rule_set_device_after_init", "rule_visible_devices_as_ordinal", "rule_world_size_as_local", "rule_world_size_from_device_count"]

@@ -219,21 +219,8 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
                 reduced.setdefault(st.value.args[0].id, st.value)
         if not reduced:
             continue
-        carrying = set(reduced)
+        carrying = _propagate(fn, set(reduced))
         assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
-        for _ in range(4):
-            before = len(carrying)
-            for n in assigns:
-                for t in assign_targets(n):
-                    if isinstance(t, ast.Name) and _carries(n.value, carrying):
-                        carrying.add(t.id)
-                    elif isinstance(t, ast.Tuple):
-                        vals = n.value.elts if isinstance(n.value, ast.Tuple) and \
-                            len(n.value.elts) == len(t.elts) else [n.value] * len(t.elts)
-                        carrying.update(e.id for e, v in zip(t.elts, vals)
-                                        if isinstance(e, ast.Name) and _carries(v, carrying))
-            if len(carrying) == before:
-                break
         for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
             target = None
             if isinstance(c.func, ast.Attribute) and c.func.attr == "backward":
@@ -259,6 +246,69 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
                        "normalised globally); keep the reduced copy for logging, or use "
                        "torch.distributed.nn.functional.all_reduce", _AUTOGRAD_COLL)
                 break
+
+
+def _propagate(fn: ast.AST, names: set[str]) -> set[str]:
+    """``names`` and every name of ``fn`` assigned from an expression that carries one of them (:func:`_carries`),
+    followed through four rounds of assignments (tuples element by element)."""
+    carrying = set(names)
+    assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+    for _ in range(4):
+        before = len(carrying)
+        for n in assigns:
+            for t in assign_targets(n):
+                if isinstance(t, ast.Name) and _carries(n.value, carrying):
+                    carrying.add(t.id)
+                elif isinstance(t, ast.Tuple):
+                    vals = n.value.elts if isinstance(n.value, ast.Tuple) and \
+                        len(n.value.elts) == len(t.elts) else [n.value] * len(t.elts)
+                    carrying.update(e.id for e, v in zip(t.elts, vals) if isinstance(e, ast.Name) and _carries(v, carrying))
+        if len(carrying) == before:
+            break
+    return carrying
+
+
+_COUNT_NAME = re.compile(r"(?i)count|num|total|\bn_|size|denom")
+
+
+def rule_loss_through_all_reduce(lt: PythonLinter) -> None:
+    """``backward-through-all-reduce`` where the backward is not in the file: a loss function (a ``forward`` of a
+    class named ``*Loss*``, or a function named ``*loss*``) that reduces a tensor built from its inputs in place with
+    ``dist.all_reduce`` and returns a value built from it.  The reduction is not recorded by autograd
+    (``_AUTOGRAD_COLL``), so whoever calls ``backward()`` on the returned loss gets each rank's gradient of its own
+    share only, which the data-parallel averaging then divides by the world size again (lightly's Barlow Twins loss:
+    the cross-correlation averaged with ``dist.all_reduce``, fixed with ``torch.distributed.nn.all_reduce``).  Not
+    for counts (``_COUNT_NAME``), nor under ``torch.no_grad()``."""
+    if "all_reduce" not in lt.text:
+        return
+    for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        cls = lt.parents.get(fn)
+        if not (fn.name == "forward" and isinstance(cls, ast.ClassDef) and "loss" in cls.name.lower() or
+                "loss" in fn.name.lower()) or any("no_grad" in ast.unparse(d) for d in fn.decorator_list):
+            continue
+        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} - {"self", "cls"}
+        from_inputs = _propagate(fn, params)
+        for st in ast.walk(fn):
+            if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and call_name(st.value) == "all_reduce"
+                    and st.value.args and isinstance(st.value.args[0], ast.Name) and
+                    "nn" not in ast.unparse(st.value.func).split(".") and lt._enclosing_function(st) is fn):
+                continue
+            name = st.value.args[0].id
+            if name not in from_inputs or _COUNT_NAME.search(name) or any(
+                    isinstance(w, ast.With) and "no_grad" in ast.unparse(w) and st in ast.walk(w) for w in ast.walk(fn)):
+                continue
+            carrying = _propagate(fn, {name})
+            if not any(isinstance(r, ast.Return) and r.value is not None and r.lineno > st.lineno and
+                       _carries(r.value, carrying) for r in ast.walk(fn)):
+                continue
+            lt.add("backward-through-all-reduce", "warning", st.value,
+                   f"{ast.unparse(st.value)[:50]} reduces {name}, built from the loss's inputs, and the loss returned "
+                   f"is built from it: dist.all_reduce is not autograd-aware, so the caller's backward gives each rank "
+                   "the gradient of its own share only, and the data-parallel averaging divides by the world size "
+                   "again (the model trains with lr / world_size)",
+                   f"{name} = torch.distributed.nn.functional.all_reduce({name}) (autograd-aware), or reduce a "
+                   "detached copy for logging only", _AUTOGRAD_COLL)
+            break
 
 
 _LOSS_HOOKS = frozenset({"compute_loss", "training_step", "train_step", "forward_step", "compute_losses"})
@@ -491,6 +541,7 @@ def run(lt: PythonLinter) -> None:
     rule_no_sync_backward_only(lt)
     rule_no_sync_misaligned(lt)
     rule_backward_through_all_reduce(lt)
+    rule_loss_through_all_reduce(lt)
     rule_zero_grad_in_accumulate(lt)
 
 

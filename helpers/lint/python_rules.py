@@ -1291,23 +1291,45 @@ class PythonLinter:
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
                 parts = [p for p in (node.slice.lower, node.slice.upper, node.slice.step) if p is not None]
                 if parts and any(self.taint.is_rank(p) for p in parts) and self._in_loop_scope_with_collective() \
-                        and self._iterated(node):
+                        and any(self._loop_reaches_collective(loop) for loop in self._iterated(node)):
                     self.add("rank-sliced-data", "warning", node,
                              f"{_src(node)[:60]}: each rank slices its own share; when the data does not divide evenly "
                              "one rank runs fewer steps and the others hang in its missing collective",
                              "use DistributedSampler (same length on every rank), or wrap the loop in "
                              "torch.distributed.algorithms.join.Join", "D22")
 
-    def _iterated(self, node: ast.AST) -> bool:
-        """The sliced value (or the name it is assigned to) is looped over (a for loop or a comprehension)."""
+    def _iterated(self, node: ast.AST) -> list[ast.For | ast.comprehension]:
+        """The loops over the sliced value: a for loop or comprehension whose iterable holds it, the name it is
+        assigned to, or a name assigned from an expression holding one of those (``batches = [mine[i:i + b] for i in
+        range(0, len(mine), b)]``, then ``for batch in batches``; two steps)."""
         parent = self.parents.get(node)
         names = {t.id for t in getattr(parent, "targets", []) if isinstance(t, ast.Name)} if isinstance(parent, ast.Assign) else set()
+        for _step in range(2):
+            names |= {t.id for n in self.nodes if isinstance(n, ast.Assign)
+                      and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value))
+                      for t in n.targets if isinstance(t, ast.Name)}
+        loops: list[ast.For | ast.comprehension] = []
         for loop in self.nodes:
             it = loop.iter if isinstance(loop, (ast.For, ast.comprehension)) else None
             if it is None:
                 continue
             if node in set(ast.walk(it)) or any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(it)):
-                return True
+                loops.append(loop)
+        return loops
+
+    def _loop_reaches_collective(self, loop: ast.For | ast.comprehension) -> bool:
+        """Each pass of ``loop`` reaches a collective (``dist.*``, a local function that makes one, a forward of the
+        DistributedDataParallel wrapper) or a ``backward()`` in a file that wraps with DDP (its gradient all-reduce):
+        a rank with fewer passes leaves the others waiting.  A loop that only computes (BLIP's and ALBEF's retrieval
+        scoring over ``sims_matrix[start:end]``, gathered once after the loop) does not hang however the shares
+        differ."""
+        body = loop.body if isinstance(loop, ast.For) else [self.parents.get(loop)] if self.parents.get(loop) else []
+        ddp = "DistributedDataParallel" in self.text or "DDP(" in self.text
+        for stmt in body:
+            for c in ast.walk(stmt):
+                if isinstance(c, ast.Call) and (self.collective_name(c) or
+                                                (ddp and _call_name(c)[1] == "backward")):
+                    return True
         return False
 
     def _in_loop_scope_with_collective(self) -> bool:
@@ -1927,19 +1949,32 @@ class PythonLinter:
         """:meth:`_prepared_model_attributes` for a model kept on ``self``: ``(self.model, ...) =
         self.accelerator.prepare(self.model, ...)`` in one method, ``self.model.save_pretrained(...)`` in another
         (huggingface/trl#157).  Only names that hold a model (:data:`_MODEL_ATTR`), in a class that never binds
-        them again after the prepare, and never where the file shards its models (:func:`accelerator_shards`)."""
+        them again after the prepare, and never where the file shards its models (:func:`accelerator_shards`).
+        Likewise ``self.model = DistributedDataParallel(self.model)`` (any attribute name: the wrap says it is a
+        model), read for an attribute DDP lacks after the wrap in its method or in another method than ``__init__``
+        (nequip's ``self.model.unscale(...)``), unless the read dispatches on the wrapper itself
+        (:meth:`_dispatched_on_self`)."""
         from helpers.lint.wrappers import DDP_PUBLIC, accelerator_prepare
 
-        if self._shards_models or "prepare(" not in self.text:
+        accelerate = not self._shards_models and "prepare(" in self.text
+        ddp = bool(re.search(r"DistributedDataParallel|\bDDP\(", self.text))
+        if not accelerate and not ddp:
             return
         for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)):
             prepared: dict[str, ast.Assign] = {}
+            wrapped: set[str] = set()
             for n in ast.walk(cls):
-                if accelerator_prepare(n):
+                if accelerate and accelerator_prepare(n):
                     for t in flat_targets(n):
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
                                 and _MODEL_ATTR.search(t.attr):
                             prepared[t.attr] = n
+                elif ddp and isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
+                        _call_name(n.value)[1] in ("DistributedDataParallel", "DDP") and len(n.targets) == 1:
+                    t = n.targets[0]
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        prepared[t.attr] = n
+                        wrapped.add(t.attr)
             if not prepared:
                 continue
             for n in ast.walk(cls):  # bound again after the prepare (unwrapped, replaced): not followed
@@ -1948,6 +1983,10 @@ class PythonLinter:
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
                                 and t.attr in prepared and n.lineno > prepared[t.attr].lineno:
                             prepared.pop(t.attr)
+                            wrapped.discard(t.attr)
+            body = ast.unparse(cls) if wrapped else ""
+            for name in [w for w in wrapped if f"self.{w}.module" in body]:
+                prepared.pop(name)  # the class reaches through the wrapper itself somewhere: its own dispatch
             said: set[tuple[str, str]] = set()
             for n in ast.walk(cls):
                 if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Attribute)
@@ -1957,15 +1996,40 @@ class PythonLinter:
                 at = prepared.get(name)
                 if at is None or attr in DDP_PUBLIC or attr.startswith("_") or (name, attr) in said:
                     continue
-                if self._enclosing_function(n) is self._enclosing_function(at) and n.lineno <= at.lineno:
+                fn = self._enclosing_function(n)
+                if fn is self._enclosing_function(at) and n.lineno <= at.lineno:
                     continue  # before the prepare, in the method that prepares
+                if name in wrapped and (getattr(fn, "name", "") == "__init__" and fn is not self._enclosing_function(at)
+                                        or self._dispatched_on_self(n, name)):
+                    continue
                 said.add((name, attr))
+                if name in wrapped:
+                    self.add("ddp-wrapper-attribute", "error", n,
+                             f"self.{name}.{attr} after self.{name} was wrapped in DistributedDataParallel (line "
+                             f"{at.lineno}): a DDP instance has no '{attr}' of its own, and nn.Module.__getattr__ "
+                             "looks only in the wrapper's parameters, buffers and submodules ('AttributeError: "
+                             f"'DistributedDataParallel' object has no attribute '{attr}'', under DDP only)",
+                             f"self.{name}.module.{attr} when wrapped (or keep the bare model on another attribute)",
+                             "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+                    continue
                 self.add("ddp-wrapper-attribute", "error", n,
                          f"self.{name}.{attr} on the model accelerator.prepare returned (line {at.lineno}): under several "
                          "processes without DeepSpeed/FSDP that is a DistributedDataParallel wrapper: 'AttributeError: "
                          f"'DistributedDataParallel' object has no attribute '{attr}''",
                          f"self.accelerator.unwrap_model(self.{name}).{attr}",
                          "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
+
+    def _dispatched_on_self(self, node: ast.AST, name: str) -> bool:
+        """:meth:`_dispatched_on` for ``self.<name>``: ``node`` sits under an ``if`` / conditional expression whose
+        test hands ``self.<name>`` to a call (``isinstance(self.model, DDP)``, ``hasattr(self.model, "module")``)."""
+        child, p = node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(p, (ast.If, ast.IfExp, ast.While)) and child is not p.test and any(
+                    isinstance(c, ast.Call) and any(_src(a) == f"self.{name}" for a in c.args)
+                    for c in ast.walk(p.test)):
+                return True
+            child, p = p, self.parents.get(p)
+        return False
 
     def _rank_only_objects(self) -> dict[tuple[ast.AST | None, str], tuple[int, str, bool]]:
         """Names made on some ranks only, per function: ``{(function or None, name): (line, how, conditional)}`` --

@@ -37,3 +37,177 @@ def test_top_level_mixed_precision_beside_a_deepspeed_config_file():
     # without a DeepSpeed config file the YAML's precision is the one used
     plain = bad.replace("  deepspeed_config_file: ds.json\n", "  zero_stage: 2\n")
     assert "acc-ds-file-overrides" not in ids(("acc.yaml", plain))
+
+
+_LOADER = """
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+def loader(dataset, is_train, ddp):
+    {body}
+"""
+
+
+def _loader(body: str) -> list[str]:
+    return ids(("train.py", _LOADER.replace("{body}", textwrap.indent(textwrap.dedent(body), "    ").strip())))
+
+
+def test_shuffle_beside_a_sampler_made_on_some_paths():
+    """SevenNet (positional shuffle) and fastMRI (shuffle=is_train beside `if is_train: DistributedSampler`): the DDP
+    training loader stops with 'sampler option is mutually exclusive with shuffle'."""
+    seven = """
+    sampler = None
+    if ddp:
+        sampler = DistributedSampler(dataset, shuffle=is_train)
+    return DataLoader(dataset, 8, is_train, sampler=sampler)
+    """
+    assert "dataloader-sampler-and-shuffle" in _loader(seven)
+    fastmri = """
+    sampler = None
+    if ddp:
+        if is_train:
+            sampler = DistributedSampler(dataset)
+        else:
+            sampler = VolumeSampler(dataset, shuffle=False)
+    return DataLoader(dataset, batch_size=8, sampler=sampler, shuffle=is_train)
+    """
+    assert "dataloader-sampler-and-shuffle" in _loader(fastmri)
+    # look-alikes: the shuffle asks the sampler itself, or the question that makes it, the other way round
+    for body in ("""
+    sampler = DistributedSampler(dataset) if ddp else None
+    return DataLoader(dataset, batch_size=8, sampler=sampler, shuffle=(sampler is None))
+    """, """
+    sampler = None
+    if ddp:
+        sampler = DistributedSampler(dataset)
+    return DataLoader(dataset, batch_size=8, sampler=sampler, shuffle=False if ddp else True)
+    """, """
+    sampler = None
+    if ddp:
+        sampler = DistributedSampler(dataset)
+    return DataLoader(dataset, batch_size=8, sampler=sampler, shuffle=not ddp)
+    """, """
+    shuffle = not ddp
+    if not shuffle:
+        sampler = DistributedSampler(dataset)
+    else:
+        sampler = None
+    return DataLoader(dataset, batch_size=8, shuffle=shuffle, sampler=sampler)
+    """, """
+    sampler = None
+    shuffle = is_train
+    if ddp:
+        sampler = DistributedSampler(dataset)
+        shuffle = False
+    return DataLoader(dataset, batch_size=8, shuffle=shuffle, sampler=sampler)
+    """):
+        assert "dataloader-sampler-and-shuffle" not in _loader(body), body
+
+
+def test_ddp_of_a_module_built_on_the_meta_device():
+    """WeatherGenerator: DDP's constructor reads and broadcasts the parameters ('Tensor.item() cannot be called on
+    meta tensors', reproduced on torch 2.13 with one gloo process)."""
+    src = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+    def build(cf):
+        with torch.device("meta"):
+            model = Model(cf)
+        {between}
+        model = DistributedDataParallel(model)
+        return model
+    """
+    assert "ddp-meta-module" in ids(("trainer.py", src.replace("{between}", "pass")))
+    assert "ddp-meta-module" not in ids(("trainer.py", src.replace("{between}", 'model.to_empty(device="cuda")')))
+    fsdp = src.replace("{between}", "pass").replace("model = DistributedDataParallel(model)", "fully_shard(model)")
+    assert "ddp-meta-module" not in ids(("trainer.py", fsdp))
+
+
+def test_attribute_of_a_self_model_wrapped_in_ddp():
+    """nequip: `self.model = DistributedDataParallel(self.model)` in one method, `self.model.unscale(...)` in
+    another: AttributeError under DDP only."""
+    src = """
+    import torch
+
+    class Trainer:
+        def __init__(self, model):
+            self.model = model
+            self.model.check_inputs()
+        def init(self):
+            if self.distributed:
+                self.model = torch.nn.parallel.DistributedDataParallel(self.model)
+        def step(self, data):
+            data = {read}
+            return self.model(data)
+    """
+    assert "ddp-wrapper-attribute" in ids(("trainer.py", src.replace("{read}", "self.model.unscale(data)")))
+    guarded = "self.model.module.unscale(data) if isinstance(self.model, DDP) else self.model.unscale(data)"
+    assert "ddp-wrapper-attribute" not in ids(("trainer.py", src.replace("{read}", guarded)))
+    assert "ddp-wrapper-attribute" not in ids(("trainer.py", src.replace("{read}", "self.model.state_dict()")))
+
+
+def test_loss_that_all_reduces_its_own_graph():
+    """lightly's Barlow Twins loss: the cross-correlation averaged with dist.all_reduce inside the loss, whose caller
+    differentiates the result: not autograd-aware."""
+    src = """
+    import torch
+    import torch.distributed as dist
+
+    class BarlowTwinsLoss(torch.nn.Module):
+        def forward(self, z_a, z_b):
+            c = z_a.T @ z_b
+            if dist.is_initialized():
+                c = c / dist.get_world_size()
+                {reduce}
+            return torch.diagonal(c).add_(-1).pow_(2).sum()
+    """
+    assert "backward-through-all-reduce" in ids(("loss.py", src.replace("{reduce}", "dist.all_reduce(c)")))
+    autograd = "c = torch.distributed.nn.functional.all_reduce(c)"
+    assert "backward-through-all-reduce" not in ids(("loss.py", src.replace("{reduce}", autograd)))
+    count = src.replace("{reduce}", "n = torch.tensor(c.shape[0])\n                dist.all_reduce(n)")
+    assert "backward-through-all-reduce" not in ids(("loss.py", count))
+
+
+def test_scores_assembled_from_rank_shares_are_no_hang_and_no_mean():
+    """BLIP's and ALBEF's retrieval evaluation: each rank scores rows sims[start:end] (start from the rank) with no
+    collective in the loop, then one SUM all_reduce assembles the matrix: no uneven-share hang, no mean."""
+    src = """
+    import torch
+    import torch.distributed as dist
+
+    def evaluation(model, sims, world, rank):
+        score_matrix = torch.full(sims.shape, -100.0)
+        step = sims.size(0) // world + 1
+        start = rank * step
+        end = min(sims.size(0), start + step)
+        for i, row in enumerate(sims[start:end]):
+            {body}
+        dist.barrier()
+        dist.all_reduce(score_matrix, op=dist.ReduceOp.SUM)
+        return score_matrix.cpu().numpy()
+
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    """
+    got = ids(("eval.py", src.replace("{body}", "score_matrix[start + i] = model.head(row)")))
+    assert "rank-sliced-data" not in got and "allreduce-sum-not-averaged" not in got
+    hang = ids(("eval.py", src.replace("{body}", "dist.all_reduce(row)\n            score_matrix[start + i] = row")))
+    assert "rank-sliced-data" in hang
+
+
+def test_batch_variable_word_past_its_first_closing_quote():
+    """GritLM: LAUNCHER="... --main_process_ip "$MASTER_ADDR" ... --machine_rank $SLURM_PROCID ..." is one shell
+    word; the batch shell expands $SLURM_PROCID (0) when it assigns it, so all 32 nodes start with rank 0."""
+    script = """#!/bin/bash
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)
+LAUNCHER="accelerate launch \\
+    --num_machines 4 --num_processes 32 \\
+    --main_process_ip "$MASTER_ADDR" \\
+    --main_process_port 6000 \\
+    --machine_rank $SLURM_PROCID \\
+    "
+srun bash -c "$LAUNCHER train.py"
+"""
+    assert "node-rank-fixed" in ids(("job.sh", script))
+    assert "node-rank-fixed" not in ids(("job.sh", script.replace("rank $SLURM_PROCID", "rank \\$SLURM_PROCID")))
