@@ -609,6 +609,41 @@ def rule_rank_shard_unused(lt: PythonLinter) -> None:
                f"input_nodes={name} / Subset(dataset, {name}))", _SAMPLER)
 
 
+_WORLD_STEP = re.compile(r"(?i)^(?:\w+\.)*(?:nranks|n_ranks|world_size|num_replicas|num_processes|num_workers_total|"
+                         r"ngpus|n_gpus|num_gpus|nprocs|get_world_size\(\)|world_size\(\))$")
+
+
+def rule_rank_stride_without_rank(lt: PythonLinter) -> None:
+    """``rank-shard-unused`` for a stride by the world size that starts at 0 where a rank is at hand:
+    ``range(0, len(data), nranks)`` or ``data[::world_size]`` in a function that has the rank (a parameter or a
+    variable named so, or a value from it) gives every rank the same elements, the first of each group of
+    ``nranks`` (ColBERT's ``Examples.tolist(rank, nranks)``, fixed to ``range(rank, len(data), nranks)``).  The
+    contract is DistributedSampler's: rank r takes indices r, r + N, r + 2N... (:data:`_SAMPLER`)."""
+    for node in lt.nodes:
+        if isinstance(node, ast.Call) and call_name(node) == "range" and len(node.args) == 3:
+            start, step = node.args[0], node.args[2]
+        elif isinstance(node, ast.Slice) and node.step is not None:
+            start, step = node.lower, node.step
+        else:
+            continue
+        if not _WORLD_STEP.match(ast.unparse(step)) or not (start is None or
+                                                           isinstance(start, ast.Constant) and start.value == 0):
+            continue
+        fn = lt._enclosing_function(node)
+        if fn is None:
+            continue
+        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        has_rank = {"rank", "local_rank", "global_rank", "process_index", "rank_id"} & params or any(
+            lt.taint.is_rank(n) for n in ast.walk(fn) if isinstance(n, ast.Name))
+        if not has_rank:
+            continue
+        lt.add("rank-shard-unused", "warning", node,
+               f"{ast.unparse(node)[:50]} strides by {ast.unparse(step)} from 0, while this function has the rank: "
+               "every rank takes the same elements (the first of each group), and the others are never used",
+               f"start the stride at the rank: range(rank, len(data), {ast.unparse(step)}) / "
+               f"data[rank::{ast.unparse(step)}]", _SAMPLER)
+
+
 _RANK_FIRST = re.compile(r"barrier|wait_for_everyone|main_process_first|local_main_process_first|one_rank_first|"
                          r"rank_zero_first|zero_first|local_rank_zero_first")
 
@@ -688,10 +723,11 @@ def run(lt: PythonLinter) -> None:
     rule_iterable_not_sharded(lt)
     rule_streaming_not_sharded(lt)
     rule_rank_shard_unused(lt)
+    rule_rank_stride_without_rank(lt)
     rule_download_every_rank(lt)
     rule_clock_dependent_path(lt)
 
 
 __all__ = ["clock_paths", "every_rank_save_dirs", "rule_clock_dependent_path", "rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
-           "rule_download_every_rank", "rule_iterable_not_sharded", "rule_rank_shard_unused",
+           "rule_download_every_rank", "rule_iterable_not_sharded", "rule_rank_shard_unused", "rule_rank_stride_without_rank",
            "rule_sampler_seed_per_rank", "rule_streaming_not_sharded", "run"]

@@ -798,6 +798,123 @@ def rule_local_used_after_gather(lt: PythonLinter) -> None:
                "data", f"use {out} (the gathered parts) here", _DIST + "#torch.distributed.all_gather_object")
 
 
+_GATHERISH = re.compile(r"^(?:all_gather\w*|concat_all_gather|gather|gather_from_all|gather_features|dist_gather\w*|"
+                        r"gather_all\w*|gather_tensors?|gather_with_grad|concat_gather)$")
+_PAIRWISE = frozenset({"einsum", "mm", "matmul", "bmm", "cosine_similarity", "cdist", "inner"})
+_CLIP_LOSS = "https://github.com/mlfoundations/open_clip/blob/main/src/open_clip/loss.py"
+
+
+def _gathered_names(lt: PythonLinter, fn: ast.AST) -> set[str]:
+    """Names of ``fn`` that hold every rank's rows: assigned from a gather (``gather(z)``, ``concat_all_gather(k)``,
+    ``GatherLayer.apply(z)``, ``torch.cat`` of a list ``dist.all_gather`` filled), then from expressions of those
+    (``F.normalize(g)``, ``g.t()``), three rounds.  ``torch.gather(x, dim, index)`` / ``x.gather(dim, index)`` (an
+    index look-up) is not one."""
+    from helpers.lint.python_rules import _call_name
+
+    filled = {c.args[0].id for c in ast.walk(fn) if isinstance(c, ast.Call) and _call_name(c)[1] == "all_gather"
+              and c.args and isinstance(c.args[0], ast.Name)}
+    out: set[str] = set()
+    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+               and isinstance(n.targets[0], ast.Name)]
+    for n in assigns:
+        v = n.value
+        if not isinstance(v, ast.Call):
+            continue
+        recv, name = _call_name(v)
+        gather = _GATHERISH.match(name) and len(v.args) == 1 and not v.keywords and recv in ("", "dist", "utils",
+                                                                                              "misc", "self")
+        layer = name == "apply" and "gather" in recv.lower()
+        joined = name in ("cat", "concat", "stack") and v.args and any(
+            isinstance(x, ast.Name) and x.id in filled for x in ast.walk(v.args[0]))
+        if gather or layer or joined:
+            out.add(n.targets[0].id)  # type: ignore[attr-defined]
+    for _ in range(3):
+        out |= {n.targets[0].id for n in assigns  # type: ignore[attr-defined]
+                if any(isinstance(x, ast.Name) and x.id in out for x in ast.walk(n.value))}
+    return out
+
+
+def _mixed(node: ast.AST, gathered: set[str], local: set[str]) -> bool:
+    """``node`` pairs this rank's rows with every rank's: a ``@`` / comparison / pairwise call (einsum, mm, matmul...)
+    with a gathered operand and a local one (names of ``local``, never gathered)."""
+    from helpers.lint.python_rules import _call_name
+
+    def has(e: ast.AST, names: set[str]) -> bool:
+        return any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(e))
+
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        sides = [node.left, node.right]
+    elif isinstance(node, ast.Compare) and len(node.comparators) == 1:
+        sides = [node.left, node.comparators[0]]
+    elif isinstance(node, ast.Call) and _call_name(node)[1] in _PAIRWISE:
+        sides = [a for a in node.args if not isinstance(a, ast.Constant)]
+    else:
+        return False
+    def global_rows(e: ast.AST) -> bool:  # a gathered name, or a gather called in place
+        return has(e, gathered) or any(isinstance(x, ast.Call) and (
+            _GATHERISH.match(_call_name(x)[1]) and len(x.args) == 1 or
+            _call_name(x)[1] == "apply" and "gather" in _call_name(x)[0].lower()) for x in ast.walk(e))
+
+    return any(global_rows(a) for a in sides) and any(has(a, local) and not global_rows(a) for a in sides)
+
+
+def rule_gathered_labels_without_rank_offset(lt: PythonLinter) -> None:
+    """``gathered-labels-without-rank-offset``: this rank's rows compared with every rank's (``z @ gather(z).T``,
+    ``indexes.t() == gather(indexes)``) give a (local x global) matrix whose self-pairs sit at column ``rank * n +
+    i``, not on the diagonal; the diagonal masked out (``fill_diagonal_``) or the targets taken as ``arange(n)``
+    are right on rank 0 only: on the other ranks each sample is paired with rank 0's rows (solo-learn's SimCLR loss,
+    fixed by offsetting the mask by ``z.size(0) * rank``; open_clip's ``ClipLoss`` adds ``num_logits * rank`` to its
+    labels when ``local_loss`` is set).  Not when both sides are gathered (a square global matrix), nor when the
+    targets add a rank term."""
+    from helpers.lint.python_rules import _call_name
+
+    if "gather" not in lt.text.lower():
+        return
+    for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        gathered = _gathered_names(lt, fn)
+        if not gathered:
+            continue
+        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} - {"self", "cls"}
+        local = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} & params - gathered
+        for _ in range(3):
+            local |= {n.targets[0].id for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                      and isinstance(n.targets[0], ast.Name) and n.targets[0].id not in gathered
+                      and any(isinstance(x, ast.Name) and x.id in local for x in ast.walk(n.value))}
+        mixed = {n.targets[0].id for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                 and isinstance(n.targets[0], ast.Name) and any(_mixed(x, gathered, local) for x in ast.walk(n.value))}
+
+        def is_mixed(e: ast.AST) -> bool:
+            return any(_mixed(x, gathered, local) for x in ast.walk(e)) or \
+                any(isinstance(x, ast.Name) and x.id in mixed for x in ast.walk(e))
+
+        ranked = re.compile(r"rank|process_index")
+        aranges = {n.targets[0].id: n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                   and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)
+                   and _call_name(n.value)[1] == "arange" and not ranked.search(ast.unparse(n.value))}
+        for name in list(aranges):  # a rank term added afterwards: labels = labels + rank * n
+            if any(isinstance(n, (ast.Assign, ast.AugAssign)) and ranked.search(ast.unparse(n)) and
+                   any(isinstance(t, ast.Name) and t.id == name for t in ([n.target] if isinstance(n, ast.AugAssign)
+                                                                         else n.targets)) for n in ast.walk(fn)):
+                aranges.pop(name)
+        for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            recv, name = _call_name(c)
+            if name == "fill_diagonal_" and isinstance(c.func, ast.Attribute) and is_mixed(c.func.value) and \
+                    not ranked.search(ast.unparse(c.func.value)):  # pos_mask[:, n * rank:].fill_diagonal_: offset
+                recv_src = ast.unparse(c.func.value)
+                what = f"{recv_src[:50] if isinstance(c.func.value, ast.Name) else f'({recv_src[:48]})'}.fill_diagonal_()"
+            elif name == "cross_entropy" and len(c.args) >= 2 and is_mixed(c.args[0]) and \
+                    isinstance(c.args[1], ast.Name) and c.args[1].id in aranges:
+                what = f"targets {c.args[1].id} = {ast.unparse(aranges[c.args[1].id].value)[:40]}"
+            else:
+                continue
+            lt.add("gathered-labels-without-rank-offset", "warning", c,
+                   f"{what} on a matrix of this rank's rows against the gathered rows of every rank: each row's own "
+                   "pair is at column rank * n + i, so the diagonal is its pair on rank 0 only (on the others the "
+                   "samples are matched with rank 0's)", "offset by the rank: torch.arange(n) + rank * n (or mask the "
+                   "diagonal shifted by rank * n)", _CLIP_LOSS)
+            break
+
+
 _TORCHMETRICS_IMPLEMENT = "https://lightning.ai/docs/torchmetrics/stable/pages/implement.html"
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "vstack", "hstack"})
 
@@ -843,4 +960,4 @@ def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -596,6 +596,13 @@ CONTRACTS: tuple[Contract, ...] = (
        "rank-gated-collective"),
     _c("Accelerator.prepare", "Only the DataLoaders given to prepare are sharded: a loader every process loops over "
        "without preparing it is read whole by each", _ACC + "#accelerate.Accelerator.prepare", "loader-not-prepared"),
+    _c("torch.distributed.all_gather", "all_gather returns the ranks' tensors in rank order: in a matrix of this "
+       "rank's n rows against the gathered rows, row i's own pair is column rank * n + i (targets and masks are "
+       "offset by the rank)", "https://github.com/mlfoundations/open_clip/blob/main/src/open_clip/loss.py",
+       "gathered-labels-without-rank-offset"),
+    _c("Accelerator.prepare", "A prepared map-style DataLoader is sharded through its batch_sampler: a loader made "
+       "with batch_size=None has none, and prepare fails under several processes", _ACC + "#accelerate.Accelerator.prepare",
+       "loader-not-preparable"),
     _c("Accelerator.get_state_dict", "It takes the model prepare returned (under ZeRO-3 the engine consolidates the "
        "partitions); a submodule of it holds only this rank's partitions", _ACC + "#accelerate.Accelerator.get_state_dict",
        "zero3-state-dict-submodule"),

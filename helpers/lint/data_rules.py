@@ -655,6 +655,7 @@ def _distributed_sampler(lt: PythonLinter, sampler: ast.AST, scope: ast.AST) -> 
 
 
 _ACC_RESUME = "https://huggingface.co/docs/accelerate/en/usage_guides/checkpoint"
+_ACC_PREPARE = "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.prepare"
 
 
 def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
@@ -701,6 +702,49 @@ def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
 
 
 _PLAIN_SAMPLERS = frozenset({"SequentialSampler", "RandomSampler"})
+
+
+def rule_loader_not_preparable(lt: PythonLinter) -> None:
+    """``loader-not-preparable``: a ``DataLoader(..., batch_size=None)`` (automatic batching off: the dataset yields
+    whole batches, and the loader has no ``batch_sampler``) handed to ``accelerator.prepare``.  Under several processes
+    Accelerate shards a map-style loader by wrapping its ``batch_sampler`` (``BatchSamplerShard``), which is None here:
+    "TypeError: 'NoneType' object is not iterable" (accelerate 1.15 ``prepare_data_loader`` with
+    ``num_processes=2``, reproduced; one process passes, so the single-GPU run hides it: uniem's M3E training).  Not
+    where the dataset is an ``IterableDataset`` this file defines or a streaming dataset: Accelerate dispatches
+    those from process 0."""
+    from helpers.lint.python_rules import _call_name
+
+    if "prepare(" not in lt.text or "batch_size" not in lt.text:
+        return
+    iterable = {n.name for n in lt.nodes if isinstance(n, ast.ClassDef) and
+                any("Iterable" in ast.unparse(b) for b in n.bases)}
+    made: dict[str, ast.Call] = {}
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _call_name(n.value)[1] == "DataLoader":
+            c = n.value
+            size = kwarg(c, "batch_size") if kwarg(c, "batch_size") is not None else \
+                (c.args[1] if len(c.args) > 1 else None)
+            if not (isinstance(size, ast.Constant) and size.value is None):
+                continue
+            data = kwarg(c, "dataset") or (c.args[0] if c.args else None)
+            src = ast.unparse(data) if data is not None else ""
+            if re.search(r"(?i)iterable|stream", src) or any(
+                    isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _call_name(a.value)[1] in iterable
+                    and ast.unparse(a.targets[0]) == src for a in lt.nodes):
+                continue
+            made.update({t.id: c for t in n.targets if isinstance(t, ast.Name)})
+    for c in lt._calls():
+        if not (isinstance(c.func, ast.Attribute) and c.func.attr == "prepare" and
+                "accelerator" in ast.unparse(c.func.value).lower()):
+            continue
+        for a in c.args:
+            if isinstance(a, ast.Name) and a.id in made:
+                lt.add("loader-not-preparable", "error", c,
+                       f"{a.id} is a DataLoader with batch_size=None (line {made[a.id].lineno}), so it has no "
+                       "batch_sampler, and accelerator.prepare shards a loader through its batch_sampler: under "
+                       "several processes it stops with \"TypeError: 'NoneType' object is not iterable\" (one "
+                       "process passes)", "let the DataLoader batch (batch_size=N with a collate_fn), or give it a "
+                       "batch_sampler that yields each batch's indices", _ACC_PREPARE)
 
 
 def rule_loader_not_prepared(lt: PythonLinter) -> None:

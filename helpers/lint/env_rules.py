@@ -118,12 +118,17 @@ _SLURM_ROLES: dict[str, str] = {
     "SLURM_JOB_NUM_NODES": "the number of nodes", "SLURM_NNODES": "the number of nodes",
     "SLURM_STEP_NUM_NODES": "the number of nodes",
     "SLURM_NTASKS_PER_NODE": "the tasks per node",
+    "SLURM_JOB_CPUS_PER_NODE": "the job's CPUs on the node, shared by all its tasks there",
+    "SLURM_CPUS_ON_NODE": "the CPUs on the node, shared by all the job's tasks there",
+    "SLURM_CPUS_PER_TASK": "the CPUs of one task",
 }
 """What a Slurm output variable holds (sbatch/srun OUTPUT ENVIRONMENT VARIABLES: SLURM_PROCID "The MPI rank (or
 relative process ID) of the current process", SLURM_LOCALID "Node local task ID for the process within a job",
 SLURM_NODEID "ID of the nodes allocated" (the relative node ID of the current node, srun), SLURM_NTASKS/NPROCS the
 number of tasks, SLURM_JOB_NUM_NODES/NNODES "Total number of nodes in the job's resource allocation",
-SLURM_NTASKS_PER_NODE "Number of tasks requested per node"; ``_SBATCH_ENV``)."""
+SLURM_NTASKS_PER_NODE "Number of tasks requested per node", SLURM_JOB_CPUS_PER_NODE "Count of CPUs available to the
+job on the nodes in the allocation", SLURM_CPUS_ON_NODE "Number of CPUs allocated to the batch step" / on the node,
+SLURM_CPUS_PER_TASK "Number of cpus requested per task"; ``_SBATCH_ENV``)."""
 
 _SLOT_ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(node_rank|machine_rank|node_id|node_idx|node_index|group_rank)$"), "the node's index in the job"),
@@ -133,9 +138,12 @@ _SLOT_ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(local_rank|localrank|local_rank_id)$"), "the task's rank on its node"),
     (re.compile(r"^(world_size|num_processes|num_replicas|ntasks)$"), "the job's number of tasks"),
     (re.compile(r"^(rank|global_rank|world_rank|proc_rank|process_rank)$"), "the global task rank"),
+    (re.compile(r"^(num_workers|n_workers|workers|num_threads|n_threads|cpus_per_task|num_cpus_per_task)$"),
+     "the CPUs of one task"),
 )
 """A name that promises one of those quantities (torchrun's --node-rank/--nproc-per-node/--nnodes, accelerate's
---machine_rank/--num_machines, init_process_group's rank/world_size, LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+--machine_rank/--num_machines, init_process_group's rank/world_size, LOCAL_RANK, LOCAL_WORLD_SIZE; a process's
+DataLoader workers or threads, which one task's CPUs feed)."""
 
 
 def _slurm_read(node: ast.AST | None) -> tuple[ast.AST, str] | None:
@@ -229,10 +237,13 @@ def rule_slurm_env(lt: PythonLinter) -> None:
             has = _SLURM_ROLES.get(key)
             if has is None or has == want:
                 continue
-            lt.add("slurm-env-misuse", "error", at,
+            cpus = want == "the CPUs of one task"
+            lt.add("slurm-env-misuse", "warning" if cpus else "error", at,
                    f"{name} (meant: {want}) is taken from {read[1]}, which holds {has}: "
                    + ("right only with one Slurm task per node; with more, node ranks repeat or go out of range "
                       "and the launch fails" if key == "SLURM_PROCID" and "node" in want else
+                      "each of the node's tasks (one per GPU) starts that many, so the node's CPUs are "
+                      "oversubscribed by the tasks per node" if cpus else
                       "the value differs from the intended one as soon as the job has several nodes or several "
                       "tasks per node"),
                    f"read the variable that holds {want}: " + next(

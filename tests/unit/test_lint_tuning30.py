@@ -211,3 +211,76 @@ srun bash -c "$LAUNCHER train.py"
 """
     assert "node-rank-fixed" in ids(("job.sh", script))
     assert "node-rank-fixed" not in ids(("job.sh", script.replace("rank $SLURM_PROCID", "rank \\$SLURM_PROCID")))
+
+
+def test_loader_without_batching_handed_to_prepare():
+    """uniem: DataLoader(batch_size=None) given to accelerator.prepare; under two processes Accelerate's
+    prepare_data_loader raises "TypeError: 'NoneType' object is not iterable" (reproduced, accelerate 1.15)."""
+    src = """
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    accelerator = Accelerator()
+    loader = DataLoader({data}, batch_size={size}, collate_fn=collate)
+    loader = accelerator.prepare(loader)
+    """
+    assert "loader-not-preparable" in ids(("train.py", src.replace("{data}", "ds").replace("{size}", "None")))
+    assert "loader-not-preparable" not in ids(("train.py", src.replace("{data}", "ds").replace("{size}", "32")))
+    streaming = src.replace("{data}", "streaming_ds").replace("{size}", "None")
+    assert "loader-not-preparable" not in ids(("train.py", streaming))
+
+
+def test_stride_by_the_world_size_that_ignores_the_rank():
+    """ColBERT's Examples.tolist(rank, nranks): range(0, len(data), nranks) gives every rank the same elements."""
+    src = """
+    class Examples:
+        def tolist(self, rank=None, nranks=None):
+            if rank or nranks:
+                return [self.data[i] for i in range({start}, len(self.data), nranks)]
+            return list(self.data)
+    """
+    assert "rank-shard-unused" in ids(("examples.py", src.replace("{start}", "0")))
+    assert "rank-shard-unused" not in ids(("examples.py", src.replace("{start}", "rank")))
+    no_rank = "def every(data, world_size):\n    return data[::world_size]\n"
+    assert "rank-shard-unused" not in ids(("sub.py", no_rank))
+
+
+def test_dataloader_workers_from_the_node_cpu_count():
+    """stable-pretraining: each task (one per GPU) starts SLURM_JOB_CPUS_PER_NODE workers, the node's CPUs."""
+    src = """
+    import os
+    num_workers = int(os.environ.get("{var}", 1))
+    """
+    assert "slurm-env-misuse" in ids(("data.py", src.replace("{var}", "SLURM_JOB_CPUS_PER_NODE")))
+    assert "slurm-env-misuse" not in ids(("data.py", src.replace("{var}", "SLURM_CPUS_PER_TASK")))
+
+
+def test_contrastive_targets_against_gathered_rows():
+    """solo-learn's SimCLR loss: (local x gathered) mask with fill_diagonal_; a CLIP-style loss with arange targets
+    against the gathered texts: right on rank 0 only."""
+    simclr = """
+    import torch
+    from solo.utils.misc import gather
+
+    def simclr_loss_func(z, indexes):
+        gathered_indexes = gather(indexes)
+        pos_mask = (indexes.t() == gathered_indexes){fill}
+        return pos_mask
+    """
+    assert "gathered-labels-without-rank-offset" in ids(("loss.py", simclr.replace("{fill}", ".fill_diagonal_(False)")))
+    fixed = "\n        pos_mask[:, z.size(0) * get_rank():].fill_diagonal_(False)"
+    assert "gathered-labels-without-rank-offset" not in ids(("loss.py", simclr.replace("{fill}", fixed)))
+    clip = """
+    import torch
+    import torch.nn.functional as F
+
+    def clip_loss(image, text, rank):
+        all_text = concat_all_gather(text)
+        logits = image @ all_text.t()
+        labels = torch.arange(logits.shape[0]){offset}
+        return F.cross_entropy(logits, labels)
+    """
+    assert "gathered-labels-without-rank-offset" in ids(("clip.py", clip.replace("{offset}", "")))
+    assert "gathered-labels-without-rank-offset" not in ids(("clip.py", clip.replace("{offset}",
+                                                                                        " + rank * logits.shape[0]")))
+    square = clip.replace("logits = image @ all_text.t()", "logits = concat_all_gather(image) @ all_text.t()")
+    assert "gathered-labels-without-rank-offset" not in ids(("clip.py", square.replace("{offset}", "")))
