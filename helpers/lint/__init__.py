@@ -190,6 +190,7 @@ RULES: dict[str, str] = {
     "undefined-name": "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names",
     "ddp-before-to-device": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "ddp-meta-module": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "trained-module-not-wrapped": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "rank-shard-unused": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "iterable-not-sharded": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset",
     "script-env-required": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",

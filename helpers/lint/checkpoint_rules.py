@@ -155,6 +155,59 @@ def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
                 break
 
 
+_CONFIG_LOADER = re.compile(r"^(?:load|safe_load|full_load|loads|load_(?:config|conf|cfg|args|yaml|json|opts|hparams)\w*)$")
+
+
+def rule_rank_overwritten_by_setattr_loop(lt: PythonLinter) -> None:
+    """``rank-overwritten-on-resume`` for a namespace refilled key by key from a saved file: ``for k, v in
+    load_config(path).items(): setattr(args, k, v)`` (or ``vars(args).update(conf)`` / ``args.__dict__.update(conf)``)
+    with no exception for the per-process fields, then ``args.local_rank`` read: every process now carries the
+    ``local_rank`` of the process that saved the file (rank 0), so all of them bind GPU 0 (neural_sp's ASR trainer on
+    ``--resume``).  The contract is the launcher's: LOCAL_RANK / RANK are this start's, per process (``_TORCHRUN``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if not re.search(r"\b(?:local_rank|global_rank)\b", lt.text):
+        return
+    for node in lt.nodes:
+        target = source = None
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Tuple) and isinstance(node.iter, ast.Call) and \
+                _call_name(node.iter)[1] == "items" and isinstance(node.iter.func, ast.Attribute):
+            sets = [c for c in ast.walk(node) if isinstance(c, ast.Call) and _call_name(c)[1] == "setattr" and
+                    len(c.args) == 3 and isinstance(c.args[0], ast.Name)]
+            if sets:
+                target, source = sets[0].args[0].id, node.iter.func.value  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Call) and _call_name(node)[1] == "update" and node.args and \
+                isinstance(node.func, ast.Attribute) and re.fullmatch(r"vars\((\w+)\)|(\w+)\.__dict__",
+                                                                      ast.unparse(node.func.value)):
+            m = re.fullmatch(r"vars\((\w+)\)|(\w+)\.__dict__", ast.unparse(node.func.value))
+            target, source = (m.group(1) or m.group(2)), node.args[0]  # type: ignore[union-attr]
+        if target is None or source is None:
+            continue
+        fn = lt._enclosing_function(node) or lt.tree
+        loaded = source
+        if isinstance(source, ast.Name):  # conf = load_config(path); for k, v in conf.items()
+            loaded = next((n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno <= node.lineno
+                           and any(isinstance(t, ast.Name) and t.id == source.id for t in n.targets)), source)
+        if not any(isinstance(c, ast.Call) and _CONFIG_LOADER.match(_call_name(c)[1]) for c in ast.walk(loaded)):
+            continue
+        if re.search(r"rank", ast.unparse(node)):
+            continue  # the loop keeps the rank fields out (if k not in ("local_rank", ...))
+        end = getattr(node, "end_lineno", node.lineno)
+        again = any(isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Store) and isinstance(a.value, ast.Name)
+                    and a.value.id == target and a.attr in _RANK_FIELDS and a.lineno > end for a in ast.walk(fn))
+        read = next((a for a in ast.walk(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
+                     and isinstance(a.value, ast.Name) and a.value.id == target and a.attr in _RANK_FIELDS
+                     and a.lineno > end), None)
+        if read is None or again:
+            continue
+        lt.add("rank-overwritten-on-resume", "error", node,
+               f"every key of {ast.unparse(source)[:40]} (a file saved by one process) is written into {target}, "
+               f"{target}.{read.attr} included, and {target}.{read.attr} is read afterwards (line {read.lineno}): "
+               "every process now has the saver's value (rank 0's), so all of them take the same GPU",
+               f"skip the per-process fields when reloading (if k not in ('local_rank', 'rank', ...)), or set "
+               f"{target}.{read.attr} again from the environment after it", _TORCHRUN + "#environment-variables")
+
+
 def rule_rank_gated_directory(lt: PythonLinter) -> None:
     """A directory created under a rank gate (``if rank == 0: os.makedirs(ckpt_dir)``) and written into on every
     rank later in the same function, with no barrier between: the other ranks may get there before rank 0 made it,
@@ -186,7 +239,7 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
                        key=lambda n: n.lineno)
         for w in later:
             wname = _call_name(w)[1]
-            if wname == "barrier":
+            if wname in ("barrier", "wait_for_everyone"):  # torch.distributed's, Accelerate's, Lightning's strategy
                 break
             if lt._write_kind(w) != "file" or lt._rank_gate(w) is not None:
                 continue  # what writes a file: the one list of python_rules (torch.save, open(p, "w"), ...)
@@ -553,4 +606,4 @@ def rule_state_overwritten_after_load(lt: PythonLinter) -> None:
                     return
 
 
-__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_makedirs_race", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]
+__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_makedirs_race", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_rank_overwritten_by_setattr_loop", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]

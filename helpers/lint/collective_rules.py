@@ -75,7 +75,7 @@ def _collective_before_init(lt: PythonLinter) -> None:
                 break
 
 
-_INIT_HELPER = re.compile(r"(?i)^(init_process_group|setup_dist\w*|init_dist\w*|dist_init\w*|setup_ddp|"
+_INIT_HELPER = re.compile(r"(?i)^_*(init_process_group|setup_dist\w*|init_dist\w*|dist_init\w*|setup_ddp|"
                           r"init_distributed\w*|setup_distributed\w*)$")
 _MULTI_TEST = re.compile(r"(?i)world_size|distributed|is_\w*initialized|\bddp\b|use_ddp|n_?gpus?\b|num_gpus|"
                          r"gpu_count|device_count|parallel|multi_?gpu|num_processes")
@@ -121,8 +121,9 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
     world_size=1)``) reaches it with no default group and stops with "Default process group has not been
     initialized" (``_INIT``; lifeiteng/vall-e: ``torch.distributed.barrier()`` after each checkpoint, fixed by
     ``if world_size > 1:``).  In a file that makes no group itself, its own guard of other distributed work by the
-    process count (``if get_world_size() > 1: sampler.set_epoch(epoch)``) is the same evidence of a one-process run
-    (PELICAN's unconditional ``torch.distributed.barrier()``).  One finding, at the first such collective."""
+    process count (``if get_world_size() > 1: sampler.set_epoch(epoch)``, ``if distributed: model =
+    MMDistributedDataParallel(...)``) is the same evidence of a one-process run (PELICAN's unconditional
+    ``torch.distributed.barrier()``, mmaction2's ``train_model``).  One finding, at the first such collective."""
     from helpers.lint.python_rules import _call_name
 
     def count_test(test: ast.AST) -> bool:  # a test of the process count; `if not is_initialized()` is an
@@ -132,17 +133,31 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
     conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test)
                    and not n.orelse and any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1])
                                             for s in n.body for c in ast.walk(s))]
+    conditional_init = bool(conditional)
     if not conditional and not any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1])
                                    for c in lt._calls()):
         # no group made here: the file's own guard of distributed work by the process count (`if get_world_size()
         # > 1: loader.sampler.set_epoch(epoch)`, PELICAN's trainer) says it also runs as one process
-        conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test) and not n.orelse and
-                       re.search(r"\b(?:set_epoch|barrier|all_reduce|all_gather\w*|broadcast\w*|DistributedSampler)\b",
-                                 "".join(ast.unparse(b) for b in n.body))]
-    if not conditional or any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1]) and
-                              not any(isinstance(a, ast.If) and count_test(a.test) for a in ancestors(lt, c))
+        def body(n: ast.If) -> str:
+            return "".join(ast.unparse(b) for b in n.body)
+
+        conditional = [n for n in lt.nodes if isinstance(n, ast.If) and count_test(n.test) and (
+            not n.orelse and re.search(r"\b(?:set_epoch|barrier|all_reduce|all_gather\w*|broadcast\w*|"
+                                       r"DistributedSampler|\w*DistributedDataParallel|DDP)\b", body(n)) or
+            re.search(r"\b\w*DistributedDataParallel\(|\bDDP\(", body(n)))]  # `if distributed: DDP(...) else: ...`
+
+    def made_always(c: ast.Call) -> bool:  # an init under no count test, in a function reached unguarded (or not
+        if any(isinstance(a, ast.If) and count_test(a.test) for a in ancestors(lt, c)):  # called in this file)
+            return False
+        fn = lt._enclosing_function(c)
+        called = fn is not None and any(_call_name(x)[1] == getattr(fn, "name", None) and x not in ast.walk(fn)
+                                        for x in lt._calls())
+        return not called or _reached_unguarded(lt, fn)
+
+    if not conditional or any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1]) and made_always(c)
                               for c in lt._calls()):
-        return  # the group is made unconditionally somewhere too
+        return  # the group is made unconditionally somewhere too (ultralytics' _setup_ddp is called only under
+        # `if world_size > 1:`, so its init_process_group is not)
     for c in lt._calls():
         recv, name = _call_name(c)
         if name not in _GROUP_COLLECTIVES or recv not in ("dist", "torch.distributed"):
@@ -154,8 +169,11 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
                                   _MULTI_TEST.search(ast.unparse(s.test)) and
                                   any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in ast.walk(fn)):
             continue  # an early return for the one-process case
-        if fn is not None and not _reached_unguarded(lt, fn):
-            continue  # called only under a process-count test (`if args.distributed: top1.all_reduce()`), or not here
+        if fn is not None and not _reached_unguarded(lt, fn) and (
+                conditional_init or any(_call_name(x)[1] == getattr(fn, "name", None) for x in lt._calls())):
+            continue  # called only under a process-count test (`if args.distributed: top1.all_reduce()`); a function
+            # nothing here calls counts as reached when the file shows the one-process path only by its own guards
+            # (mmaction2's train_model, called by tools/train.py), not where it makes the group itself
         init = conditional[0]
         lt.add("collective-before-init", "error", c,
                f"{recv}.{name}() runs under no test of the process count, while the file runs its distributed work "

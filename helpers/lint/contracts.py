@@ -242,6 +242,8 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedDataParallel", "The module handed to the constructor holds real parameters: DDP reads and "
        "broadcasts them, which a module built on the meta device cannot give (to_empty it first; FSDP / fully_shard "
        "take meta modules)", _DDP, "ddp-meta-module"),
+    _c("DistributedDataParallel", "Only the modules DDP wraps have their gradients averaged: every module an optimizer "
+       "trains under data parallelism is wrapped (or its gradients reduced by hand)", _DDP, "trained-module-not-wrapped"),
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
        "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
        _SAMPLER, "sampler-not-distributed"),

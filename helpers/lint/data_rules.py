@@ -499,6 +499,12 @@ def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> 
 
 
 
+_ACCUMULATION_TEST = re.compile(r"%|(?i:accum|sync_gradients|update_freq|micro|grad_steps|gradient_steps)")
+"""A test that decides accumulation (``(i + 1) % accum == 0``, ``is_accumulation_step``, ``sync_gradients``); not a
+warm-up or freeze gate (BigVGAN's ``if steps >= a.freeze_step: optim_d.step()``, where the scheduler stepping on is
+meant)."""
+
+
 def rule_scheduler_outside_conditional_step(lt: PythonLinter) -> None:
     """``scheduler-steps-per-microbatch`` in a hand-written accumulation loop: the optimizer steps only in one branch
     of a loop body (``if is_accumulation_step: ... else: opt.step()``, ``if (i + 1) % accum == 0: opt.step()``) and a
@@ -506,7 +512,7 @@ def rule_scheduler_outside_conditional_step(lt: PythonLinter) -> None:
     runs accumulation-steps times too fast.  PyTorch's contract: "lr_scheduler.step() ... after optimizer's update"
     once per optimizer step (https://docs.pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate;
     deepglint/OneVision-Encoder#82).  Not a ``ReduceLROnPlateau`` (stepped with a metric) nor a call under its own
-    test."""
+    test, nor an optimizer gated by something other than accumulation (:data:`_ACCUMULATION_TEST`)."""
     if "step()" not in lt.text:
         return
     for loop in (n for n in lt.nodes if isinstance(n, (ast.For, ast.While))):
@@ -514,7 +520,8 @@ def rule_scheduler_outside_conditional_step(lt: PythonLinter) -> None:
             return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "step"
                        and re.search(r"(?i)opt", ast.unparse(c)) for st in block for c in ast.walk(st))
 
-        opt_if = next((st for st in loop.body if isinstance(st, ast.If) and steps(st.body) != steps(st.orelse)),
+        opt_if = next((st for st in loop.body if isinstance(st, ast.If) and steps(st.body) != steps(st.orelse)
+                       and _ACCUMULATION_TEST.search(ast.unparse(st.test))),
                       None)  # one arm steps the optimizer, the other does not (both arms: amp or not, every pass)
         if opt_if is None:
             continue

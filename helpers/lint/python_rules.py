@@ -290,7 +290,10 @@ def _exits(body: list[ast.stmt]) -> list[ast.stmt]:
 def _written_paths(call: ast.Call) -> list[ast.expr]:
     """The arguments of a writing call (:meth:`PythonLinter._write_kind`) that name the file: the second on for
     ``torch.save(obj, f)`` / ``json.dump(obj, f)``, the first for ``open(path, "w")``, ``x.save_pretrained(dir)``..."""
-    return call.args[1:] if _call_name(call)[1] in ("save", "dump") else call.args[:1]
+    recv, name = _call_name(call)
+    if name == "save" and len(call.args) == 1 and recv not in ("torch", "torch.jit", "jit", "OmegaConf"):
+        return call.args[:1]  # scripted.save(f): the module is the receiver, the one argument the file
+    return call.args[1:] if name in ("save", "dump") else call.args[:1]
 
 
 def _literals(test: ast.expr, holds: bool) -> set[tuple[str, bool]]:
@@ -1645,11 +1648,25 @@ class PythonLinter:
             return ""
         if name == "push_to_hub" and re.search(r"(?i)trainer$", recv):
             return ""  # transformers' Trainer.push_to_hub returns on every process but the main one
+        if name == "save" and isinstance(call.func, ast.Attribute) and call.args and self._scripted(call.func.value):
+            return "file"  # ScriptModule.save(f): wenet's torch.jit.script(model).save(init.zip) on every rank
         if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
                 (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
                  and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):
             return "file"
         return ""
+
+    def _scripted(self, expr: ast.AST) -> bool:
+        """``expr`` is a TorchScript module: ``torch.jit.script(m)`` / ``trace`` / ``freeze``, or a name bound to
+        one (https://docs.pytorch.org/docs/stable/generated/torch.jit.ScriptModule.html#torch.jit.ScriptModule.save)."""
+        def made(v: ast.AST) -> bool:
+            return isinstance(v, ast.Call) and _call_name(v)[1] in ("script", "trace", "freeze") and \
+                "jit" in _call_name(v)[0]
+        if made(expr):
+            return True
+        return isinstance(expr, ast.Name) and any(
+            isinstance(n, ast.Assign) and made(n.value) and any(isinstance(t, ast.Name) and t.id == expr.id
+                                                               for t in n.targets) for n in self.nodes)
 
     def _single_process_only(self, node: ast.AST) -> bool:
         """``node`` runs only on a path the file forbids in a distributed run: yolov5's ``if LOCAL_RANK != -1: assert
@@ -2092,6 +2109,7 @@ class PythonLinter:
         function, and under no test of the name itself (``if ema:``, ``ema and ...``)."""
         made = self._rank_only_objects()
         self._class_field_uses()
+        self._rank_only_self_attributes()
         if not made:
             return
         self._rank_only_passed(made)
@@ -2114,6 +2132,46 @@ class PythonLinter:
                      f"'{node.attr}', or NameError)",
                      f"gate the use like the creation (if {node.value.id} is not None: / if <main rank>:), or make it "
                      "on every rank", "D21")
+
+    def _rank_only_self_attributes(self) -> None:
+        """:meth:`rule_rank_gated_object_used` for an attribute of ``self``: ``self.ema_model = EMA(...)`` only in the
+        body of a rank gate (``if self.is_main:``, nothing set in its ``else`` nor anywhere else in the class), then
+        ``self.ema_model.<attr>`` read in another method outside any rank gate and under no test of it
+        (``hasattr(self, "ema_model")``, ``if self.ema_model is not None``): on the other ranks the attribute does
+        not exist (AttributeError; e2-tts' ``load_checkpoint``, which every process runs on resume)."""
+        for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)):
+            sets: dict[str, list[ast.Assign]] = {}
+            for n in ast.walk(cls):
+                if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            sets.setdefault(t.attr, []).append(n)  # type: ignore[arg-type]
+            for attr, where in sets.items():
+                gates = [self._rank_gate(n) for n in where]
+                if not all(isinstance(g, ast.If) and any(n in ast.walk(st) for st in g.body)
+                           for g, n in zip(gates, where)):
+                    continue  # set on every rank somewhere, or in a gate's else
+                first = where[0]
+                home = self._enclosing_function(first)
+                text = ast.unparse(cls)
+                if re.search(rf"""hasattr\(self,\s*['"]{attr}['"]|getattr\(self,\s*['"]{attr}['"]""", text):
+                    continue
+                for node in ast.walk(cls):
+                    if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and
+                            isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name) and
+                            node.value.value.id == "self" and node.value.attr == attr):
+                        continue
+                    fn = self._enclosing_function(node)
+                    if fn is home or self._rank_gate(node) is not None or \
+                            self._under_test_of(node, attr, attribute=True, or_rank=True):
+                        continue
+                    self.add("rank-gated-object-used", "error", node,
+                             f"{_src(node)[:50]} runs on every rank, but self.{attr} is set only under "
+                             f"`{_src(gates[0].test)[:40]}` (line {first.lineno}): on the other ranks the attribute "
+                             f"does not exist ('{cls.name}' object has no attribute '{attr}')",
+                             f"gate the use like the creation, or set self.{attr} = None on the other ranks and test it",
+                             "D21")
+                    break
 
     def _rank_only_passed(self, made: dict[tuple[ast.AST | None, str], tuple[int, str, bool]]) -> None:
         """Record (``facts.rank_only_args``) each call that hands a rank-only name (:meth:`_rank_only_objects`) to a
