@@ -41,9 +41,16 @@ def join_continuations(text: str) -> list[tuple[int, str]]:
     for number, line in enumerate(text.splitlines(), 1):
         if not buf:
             start = number
+        escaped = False
         for i, ch in enumerate(line):  # track open quotes so a multi-line 'bash -c' body stays one logical line
-            if quote:
+            if escaped:
+                escaped = False  # \' outside quotes is a literal quote ('\'' inside a single-quoted payload)
+            elif quote == '"' and ch == "\\":
+                escaped = True  # "...\"..." keeps the double quote open
+            elif quote:
                 quote = "" if ch == quote else quote
+            elif ch == "\\":
+                escaped = True
             elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
                 break  # a comment: its apostrophes ("doesn't") open no quote (bash(1), COMMENTS)
             elif ch in "'\"":
@@ -248,6 +255,11 @@ _RUNNERS = {"uv": 1, "poetry": 1, "pipenv": 1, "pdm": 1, "hatch": 1, "nohup": 0,
 and ``exec`` (0: nothing else)."""
 
 
+_PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-P", "-q", "-b", "-bb", "-d", "-v", "-R"})
+"""The interpreter's own options that take no value (https://docs.python.org/3/using/cmdline.html), which may stand
+between ``python`` and ``-m``."""
+
+
 def launcher_argv(words: list[str]) -> tuple[str, list[str]] | None:
     """``(launcher, args)`` when ``words`` starts a launcher (after ``VAR=value`` prefixes and a runner that passes the
     command on unchanged: ``uv run``, ``poetry run``, ``nohup``, ``exec``)."""
@@ -262,9 +274,12 @@ def launcher_argv(words: list[str]) -> tuple[str, list[str]] | None:
     head = w[0].rsplit("/", 1)[-1]
     if head == "torchrun":
         return "torchrun", w[1:]
-    if re.fullmatch(r"python[0-9.]*", head) and len(w) > 2 and w[1] == "-m" and w[2] in ("torch.distributed.run",
-                                                                                      "torch.distributed.launch"):
-        return "torchrun", w[3:]
+    if re.fullmatch(r"python[0-9.]*", head):
+        j = 1
+        while j < len(w) and (w[j] in _PYTHON_FLAGS or w[j] in ("-X", "-W")):
+            j += 2 if w[j] in ("-X", "-W") else 1  # `python -u -m torch.distributed.run` (nanotron's examples)
+        if len(w) > j + 1 and w[j] == "-m" and w[j + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return "torchrun", w[j + 2:]
     if head == "accelerate" and len(w) > 1 and w[1] == "launch":
         return "accelerate", w[2:]
     if head == "deepspeed":

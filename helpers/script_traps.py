@@ -96,7 +96,48 @@ def text_traps(text: str) -> list[Check]:
             + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text)
             + _launcher_parser_traps(text) + _srun_no_program_traps(text) + _nproc_from_task_count_traps(text)
             + _program_node_count_traps(text) + _sbatch_option_traps(text) + _sbatch_task_shrink_traps(text)
-            + _batch_expanded_rank_traps(text) + _late_default_traps(text))
+            + _batch_expanded_rank_traps(text) + _late_default_traps(text) + _fsdp_wrap_class_traps(text))
+
+
+_MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("mixtral", "mixtral"), ("mistral", "mistral"), ("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen1.5", "qwen2"),
+    ("llama", "llama"), ("vicuna", "llama"), ("mpt-", "mpt"), ("gpt2", "gpt2"), ("opt-", "opt"), ("bloom", "bloom"),
+    ("falcon", "falcon"), ("gemma", "gemma"), ("pythia", "gptneox"), ("gpt-neox", "gptneox"), ("t5-", "t5"),
+    ("phi-", "phi"))
+"""A model's family from its hub name (``mosaicml/mpt-7b-chat`` -> mpt), first match; the transformers classes of a
+family start with its name (``LlamaDecoderLayer``, ``MPTBlock``, ``Qwen2DecoderLayer``, ``GPTNeoXLayer``)."""
+_WRAP_CLASS = re.compile(r"--fsdp[_-]transformer[_-]layer[_-]cls[_-]to[_-]wrap[=\s]+['\"]?([A-Za-z0-9_]+)")
+_MODEL_NAME = re.compile(r"--model[_-]name[_-]or[_-]path[=\s]+['\"]?([^\s'\"]+)")
+
+
+def _fsdp_wrap_class_traps(text: str) -> list[Check]:
+    """``fsdp-wrap-class-mismatch``: a Trainer launch line whose ``--fsdp_transformer_layer_cls_to_wrap`` names a
+    class of another model family than its ``--model_name_or_path`` (``LlamaDecoderLayer`` for ``mpt-7b-chat``):
+    Accelerate's FSDP plugin looks the class up in the model and stops with "Could not find the transformer layer
+    class ... in the model" (accelerate/utils/dataclasses.py ``set_auto_wrap_policy``; LLaVA's MPT script).  Only
+    where both families are known (:data:`_MODEL_FAMILIES`); a name that says nothing (a local path, a fine-tune
+    named otherwise) is left alone."""
+    out: list[Check] = []
+    for number, line in join_continuations(text):
+        wrap, model = _WRAP_CLASS.search(line), _MODEL_NAME.search(line)
+        if not wrap or not model:
+            continue
+        name = model.group(1).lower().rsplit("/", 1)[-1]
+        family = next((f for key, f in _MODEL_FAMILIES if key in name), None)
+        cls = wrap.group(1).lower()
+        owner = next((f for _key, f in sorted(set(_MODEL_FAMILIES), key=lambda kv: -len(kv[1])) if cls.startswith(f)),
+                     None)
+        if family is None or owner is None or owner == family or family.startswith(owner) or owner.startswith(family):
+            continue
+        hit = trap("fsdp-wrap-class-mismatch", "FAIL", "fsdp",
+                   f"--fsdp_transformer_layer_cls_to_wrap {wrap.group(1)} is a {owner} class, and the model "
+                   f"{model.group(1)} is a {family} model: the FSDP plugin stops with 'Could not find the transformer "
+                   f"layer class {wrap.group(1)} in the model'", "name the model's own decoder-layer class (its "
+                   "_no_split_modules), or leave it out: transformers then takes _no_split_modules",
+                   "https://huggingface.co/docs/transformers/main/en/fsdp")
+        hit.line_no = number
+        out.append(hit)
+    return out
 
 
 _BASH_EXPANSION = "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html"

@@ -191,6 +191,8 @@ RULES: dict[str, str] = {
     "ddp-before-to-device": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "ddp-meta-module": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "trained-module-not-wrapped": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
+    "spawn-result-used": "https://docs.pytorch.org/docs/stable/multiprocessing.html",
+    "fsdp-wrap-class-mismatch": "https://huggingface.co/docs/transformers/main/en/fsdp",
     "rank-shard-unused": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "iterable-not-sharded": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset",
     "script-env-required": "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py",
@@ -316,6 +318,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     ds_files: list[tuple[str, str, dict]] = []
     acc_files: list[tuple[str, str, dict]] = []
     recipes: list[tuple[str, str, dict]] = []  # YAML files of HF TrainingArguments
+    layouts: list[tuple[str, str, dict]] = []  # YAML files that fix the parallel layout (nanotron)
     specs = []
     launches: list[tuple[str, str, object]] = []
     for path, text in files:
@@ -344,6 +347,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     acc_files.append((path, text, data))
                 elif kind == "yaml" and cross_rules.training_arguments(data) is not None:
                     recipes.append((path, text, data))
+                elif kind == "yaml" and cross_rules.parallel_sizes(data) is not None:
+                    layouts.append((path, text, data))
                 elif bundle_rules.is_bundle(data):
                     findings += bundle_rules.lint_bundle(path, text, data)
             elif kind == "markdown":
@@ -428,6 +433,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings = cross_rules.raw_backward_by_config(findings, ds_files)
     findings += cross_rules.ds_args_mismatch(launches, ds_files, acc_files, recipes)  # type: ignore[arg-type]
     findings += cross_rules.fsdp_offload_bnb(launches, recipes, acc_files)  # type: ignore[arg-type]
+    findings += cross_rules.parallelism_vs_world_size(launches, layouts)  # type: ignore[arg-type]
     findings += cross_rules.ds_scheduler_overrides(launches, ds_files, facts)  # type: ignore[arg-type]
     findings += cross_rules.zero3_unwrapped_save(facts, ds_files, acc_files)  # type: ignore[arg-type]
     accel = next(((f.path, f.accelerator_grad_accum[0], str(f.accelerator_grad_accum[1])) for f in facts

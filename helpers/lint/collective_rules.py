@@ -672,15 +672,19 @@ def rule_collective_result_discarded(lt: PythonLinter) -> None:
     """A gathering call whose result is thrown away (an expression statement): every rank joins the collective and
     then keeps its own unmerged data (open-mmlab/mmengine#1208: ``collect_results(self.results, size, 'gpu')`` on a
     line of its own).  ``accelerator.gather`` / ``accelerator.reduce`` count too (they return the result:
-    :data:`_ACC`)."""
+    :data:`_ACC`), and ``torch.distributed.nn.functional``'s collectives ("Returns: A tuple of Tensors", out of place:
+    https://docs.pytorch.org/docs/stable/distributed.html#autograd-enabled-communication-primitives; stable-pretraining's
+    ``all_gather`` wrapper returned its input)."""
     from helpers.lint.python_rules import _call_name
 
     for n in lt.nodes:
         if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)):
             continue
         recv, name = _call_name(n.value)
-        if not (name in _GATHERS_RETURNING or name in ("gather", "reduce") and recv.endswith("accelerator")):
-            continue
+        functional = name in _GROUP_COLLECTIVES and bool(re.search(r"distributed\.nn(?:\.functional)?$", recv) or
+                                                         lt.import_origins.get(recv, "").startswith("torch.distributed.nn"))
+        if not (name in _GATHERS_RETURNING or name in ("gather", "reduce") and recv.endswith("accelerator") or functional):
+            continue  # torch.distributed.nn.functional's collectives return their output (autograd-aware, not in place)
         if "optim_state_dict" in name:
             lt.add("collective-result-discarded", "error", n,
                    f"{ast.unparse(n)[:60]}: it returns this rank's optimizer state and the line throws it away, so "

@@ -307,6 +307,40 @@ def rule_self_launch(lt: PythonLinter, sc: ScriptContract) -> None:
                    "--no_local_rank to deepspeed)", "https://www.deepspeed.ai/getting-started/#launching-deepspeed-training")
 
 
+def rule_spawn_result_used(lt: PythonLinter) -> None:
+    """``spawn-result-used``: ``res = mp.spawn(fn, nprocs=n)`` (``join=True``, the default) then ``res`` read (returned,
+    indexed, passed on): ``torch.multiprocessing.spawn`` returns "None if join is True, ProcessContext if join is
+    False" (https://docs.pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses); the workers' return
+    values are dropped, so the caller gets None where it expects the run's results (RecBole's run_recboles: results
+    must come back through a queue or a file)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "spawn(" not in lt.text:
+        return
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _call_name(n.value)[1] == "spawn"
+                and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)):
+            continue
+        recv = _call_name(n.value)[0]
+        if not re.search(r"(?:^|\.)(?:mp|multiprocessing|torch\.multiprocessing)$", recv) and \
+                lt.import_origins.get(recv, "") not in ("torch.multiprocessing",):
+            continue
+        join = next((k.value for k in n.value.keywords if k.arg == "join"), None)
+        if isinstance(join, ast.Constant) and join.value is False:
+            continue  # a ProcessContext: .join() on it is the documented use
+        name = n.targets[0].id
+        scope = lt._enclosing_function(n) or lt.tree
+        read = next((x for x in ast.walk(scope) if isinstance(x, ast.Name) and x.id == name and
+                     isinstance(x.ctx, ast.Load) and x.lineno > n.lineno), None)
+        if read is None:
+            continue
+        lt.add("spawn-result-used", "error", read,
+               f"{name} holds what mp.spawn returned (line {n.lineno}), which is None with join=True: the workers' "
+               "return values are not passed back, so this reads None where the run's results were meant",
+               "send the results back through a torch.multiprocessing Queue / SimpleQueue (or a file rank 0 writes) "
+               "and read them after spawn returns", "https://docs.pytorch.org/docs/stable/multiprocessing.html")
+
+
 def rule_argparse_duplicate_option(lt: PythonLinter) -> None:
     """One parser given the same option string twice (``parser.add_argument("--local_rank", ...)`` at two places):
     argparse's default ``conflict_handler="error"`` raises "argparse.ArgumentError: argument --local_rank:
@@ -343,6 +377,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     sc = script_contract(lt)
     rule_argparse_duplicate_option(lt)
     data_rules.rule_dataloader_sampler_and_shuffle(lt)
+    rule_spawn_result_used(lt)
     rule_self_launch(lt, sc)
     collective_rules.rule_init_contract(lt, sc)
     device_rules.rule_nccl_no_device_binding(lt, sc)

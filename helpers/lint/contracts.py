@@ -244,6 +244,11 @@ CONTRACTS: tuple[Contract, ...] = (
        "take meta modules)", _DDP, "ddp-meta-module"),
     _c("DistributedDataParallel", "Only the modules DDP wraps have their gradients averaged: every module an optimizer "
        "trains under data parallelism is wrapped (or its gradients reduced by hand)", _DDP, "trained-module-not-wrapped"),
+    _c("torch.multiprocessing.spawn", "Returns None if join is True (a ProcessContext if False): the workers' return "
+       "values are not passed back", "https://docs.pytorch.org/docs/stable/multiprocessing.html", "spawn-result-used"),
+    _c("transformers Trainer (FSDP)", "fsdp_transformer_layer_cls_to_wrap names a class the model has: the plugin "
+       "looks it up and raises 'Could not find the transformer layer class ... in the model'",
+       "https://huggingface.co/docs/transformers/main/en/fsdp", "fsdp-wrap-class-mismatch"),
     _c("DistributedDataParallel", "DDP averages gradients and splits no data: each rank's DataLoader needs a "
        "DistributedSampler (or a loader wrapper that shards), and a DistributedSampler made must reach the DataLoader",
        _SAMPLER, "sampler-not-distributed"),

@@ -401,6 +401,48 @@ def _nodes(spec: LaunchSpec | None, text: str) -> int:
     return max(nodes, int(header) if header.isdigit() else 1)
 
 
+_NANOTRON_PARALLEL = "https://github.com/huggingface/nanotron/blob/main/src/nanotron/parallel/context.py"
+
+
+def parallel_sizes(data: object) -> tuple[int, str, int] | None:
+    """``(product, what, line key)`` of a training config's model-parallel layout that fixes the world size: nanotron's
+    ``parallelism: {dp, tp, pp}`` and its context-parallel size (its ParallelContext asserts
+    "TP*CP*DP*PP == WORLD_SIZE", ``_NANOTRON_PARALLEL``); None for any other file."""
+    par = data.get("parallelism") if isinstance(data, dict) else None
+    if not isinstance(par, dict) or not all(isinstance(par.get(k), int) for k in ("dp", "tp", "pp")):
+        return None
+    cp = next((par[k] for k in ("cp", "context_parallel_size") if isinstance(par.get(k), int)), 1)
+    product = par["dp"] * par["tp"] * par["pp"] * cp
+    return product, f"dp={par['dp']} x tp={par['tp']} x pp={par['pp']}" + (f" x cp={cp}" if cp != 1 else ""), 0
+
+
+def parallelism_vs_world_size(launches: Sequence[tuple[str, str, LaunchSpec | None]],
+                              configs: Sequence[tuple[str, str, dict]]) -> list[Check]:
+    """``nnodes-mismatch`` between a launch line and the parallel layout of the config it passes (by file name):
+    nanotron needs ``dp * tp * pp`` processes exactly (:func:`parallel_sizes`), and ``torchrun --nproc_per_node 2``
+    with a config of 2 x 2 x 2 stops at start-up (nanotron's tiny-llama example)."""
+    out: list[Check] = []
+    for cpath, ctext, data in configs:
+        sizes = parallel_sizes(data)
+        if sizes is None:
+            continue
+        product, what, _ = sizes
+        base = os.path.basename(cpath)
+        for lpath, ltext, spec in launches:
+            if spec is None or not any(os.path.basename(str(a)) == base for a in spec.script_args):
+                continue
+            world = spec.nnodes * spec.nproc_per_node
+            if world == product:
+                continue
+            out.append(finding(
+                "nnodes-mismatch", "error", lpath, _line_of(ltext, re.escape(base)),
+                f"this launch starts {world} processes ({spec.nnodes} node(s) x {spec.nproc_per_node}) and passes "
+                f"{base}, whose parallelism asks for {what} = {product}: the ranks do not fill the layout and the "
+                "run stops at start-up", f"launch {product} processes (--nproc_per_node x --nnodes), or change the "
+                "config's dp/tp/pp to multiply to the process count", _NANOTRON_PARALLEL))
+    return out
+
+
 def settle(findings: list[Check], facts: Sequence[object],
            launches: Sequence[tuple[str, str, LaunchSpec | None]]) -> list[Check]:
     """Findings one file raises that another file decides.

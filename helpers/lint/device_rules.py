@@ -434,6 +434,12 @@ _MAIN_NAME = re.compile(r"^_?(?:(?:if_|is_)(?:main|master|primary|chief)|(?:if_|
 ``is_master``, ``is_rank_0``; not ``main``, the entry point), as opposed to one per node (``is_local_main_process``, ``is_local_rank_zero``)."""
 
 
+_SHARED_EFFECT = re.compile(r"(?i)wandb|mlflow|neptune|comet|tensorboard|SummaryWriter|push_to_hub|upload|"
+                            r"log_artifact|save|makedirs|mkdir|download|remove|rmtree|write|dump|init\b")
+"""Calls whose effect is shared by the job (a tracker run, a file, the hub), as opposed to a print: what a per-node
+"main process" flag must not guard."""
+
+
 def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
     """A "main process" test decided by the node-local rank: ``def if_main_process(): return
     int(os.environ["LOCAL_RANK"]) == 0``.  LOCAL_RANK repeats 0..N-1 on every node (torchrun: "LOCAL_RANK - The
@@ -479,6 +485,22 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
         scope = lt._enclosing_function(n) or lt.tree
         if any(lt.taint.is_global_rank(x) or _node_rank(x) for x in ast.walk(scope)):
             continue
+        flag = ast.unparse(named)
+        home = scope
+        if flag.startswith("self."):  # a flag on the object: read by every method of its class
+            while home is not None and not isinstance(home, ast.ClassDef):
+                home = lt.parents.get(home)
+            home = home or scope
+        guarded: list[ast.Call] = []
+        for g in ast.walk(home):
+            if not (isinstance(g, ast.If) and flag in ast.unparse(g.test)):
+                continue
+            guarded += [c for st in g.body for c in ast.walk(st) if isinstance(c, ast.Call)]
+            if any(isinstance(x, (ast.Return, ast.Raise)) for st in g.body for x in ast.walk(st)):
+                fn = lt._enclosing_function(g) or lt.tree  # `if not self.is_master: return`: the rest is gated
+                guarded += [c for c in ast.walk(fn) if isinstance(c, ast.Call) and c.lineno > g.end_lineno]
+        if guarded and not any(lt._write_kind(c) or _SHARED_EFFECT.search(ast.unparse(c.func)) for c in guarded):
+            continue  # it gates prints and evaluation only (TabPFN's fine-tuning example): once per node is harmless
         lt.add("local-rank-as-global-rank", "warning", n,
                f"{ast.unparse(named)} = {ast.unparse(n.value)[:50]} names the job's main process by the node-local "
                f"rank: every node has a local rank 0, so on several nodes {ast.unparse(named)} is true once per node "

@@ -1144,6 +1144,18 @@ class PythonLinter:
         return p
 
     def _global_rank_value(self, node: ast.AST) -> bool:
+        """``node`` holds the global rank where it is read.  A name whose last assignment before the read, in the same
+        function, is not a global rank (``rank = int(os.environ["LOCAL_RANK"])`` before ``rank = dist.get_rank()``
+        further down: torchrec's nvt example) is not, whatever the name holds later."""
+        if isinstance(node, ast.Name):
+            fn = self._enclosing_function(node) or self.tree
+            before = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno < node.lineno and
+                      any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)]
+            if before and self._enclosing_function(before[-1]) is self._enclosing_function(node):
+                last = max(before, key=lambda n: n.lineno)
+                if not self.taint.is_global_rank(last.value) and \
+                        re.search(r"LOCAL_RANK|local_rank|LOCALID", ast.unparse(last.value)):
+                    return False
         if isinstance(node, ast.Name) and node.id in ("rank",):
             fn = self._enclosing_function(node)
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in self.spawned_funcs:
@@ -1882,7 +1894,8 @@ class PythonLinter:
 
     def _rank_in_name(self, arg: ast.AST, at: ast.AST) -> bool:
         """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), or with a value unique to the
-        process (``uuid4()``, ``os.getpid()``: icefall's ``f"{exp_dir}/batch-{uuid4()}.pt"``), directly or through the
+        process (``uuid4()``, ``os.getpid()``: icefall's ``f"{exp_dir}/batch-{uuid4()}.pt"``; ``str(datetime.now())``,
+        down to the microsecond), directly or through the
         last assignments (before ``at``) of the names it is built from, a few deep: each rank has its own file."""
         fn = self._enclosing_function(at) or self.tree
         todo, seen = [arg], set()
@@ -1891,6 +1904,10 @@ class PythonLinter:
             if any(isinstance(f, ast.FormattedValue) and re.search(r"(?i)rank|\buuid\d?\b|uuid[14]\(|getpid\(",
                                                                    _src(f.value)) for f in ast.walk(value)):
                 return True
+            if any(isinstance(c, ast.Call) and _call_name(c)[1] == "now" and not re.search(r"strftime|date\(\)",
+                                                                                          _src(value))
+                   for c in ast.walk(value)) and re.search(r"\bstr\(|\.isoformat\(", _src(value)):
+                return True  # str(datetime.now()): microseconds, one name per process (dlrm's profile files)
             for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - seen:
                 seen.add(name)
                 sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno

@@ -105,3 +105,12 @@ def test_sbatch_without_gpu_request_is_a_cpu_job() -> None:
 def test_empty_text_is_named() -> None:
     with pytest.raises(ValueError, match="command: empty"):
         launch_parse.parse("  \n")
+
+
+def test_quote_escaped_inside_a_single_quoted_payload_is_no_comment():
+    """``'\\'' #'\\''`` in a ``bash -c '...'`` payload is a quoted argument " #", not a comment (found by the
+    round-trip property above: the line tracker took the escaped quote for an opening one)."""
+    spec = LaunchSpec(kind="srun+torchrun", nnodes=1, nproc_per_node=1, script="0.py", script_args=(" #",),
+                      rdzv="standalone", srun_ntasks_per_node=1, srun_export="ALL")
+    assert launch_parse.parse(launch_traps.render(spec)).script_args == (" #",)
+    assert launch_parse.join_continuations('echo "a \\" # b"\n') == [(1, 'echo "a \\" # b"')]
