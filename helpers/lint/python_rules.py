@@ -565,6 +565,8 @@ class PythonLinter:
         self._all_calls: list[ast.Call] | None = None
         self._gating: set[ast.AST | None] | None = None
         self._single_flags: set[str] | None = None
+        self._scripted_names: set[str] | None = None
+        self._name_sets: dict[int, dict[str, list[ast.Assign]]] = {}
         self._shards_models = accelerator_shards(self.tree, text)
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
@@ -1148,10 +1150,17 @@ class PythonLinter:
         function, is not a global rank (``rank = int(os.environ["LOCAL_RANK"])`` before ``rank = dist.get_rank()``
         further down: torchrec's nvt example) is not, whatever the name holds later."""
         if isinstance(node, ast.Name):
-            fn = self._enclosing_function(node) or self.tree
-            before = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno < node.lineno and
-                      any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)]
-            if before and self._enclosing_function(before[-1]) is self._enclosing_function(node):
+            fn = self._enclosing_function(node)
+            if id(fn) not in self._name_sets:  # each function's assignments to plain names, computed once
+                table: dict[str, list[ast.Assign]] = {}
+                for n in ast.walk(fn or self.tree):
+                    if isinstance(n, ast.Assign) and self._enclosing_function(n) is fn:
+                        for t in n.targets:
+                            if isinstance(t, ast.Name):
+                                table.setdefault(t.id, []).append(n)
+                self._name_sets[id(fn)] = table
+            before = [n for n in self._name_sets[id(fn)].get(node.id, []) if n.lineno < node.lineno]
+            if before:
                 last = max(before, key=lambda n: n.lineno)
                 if not self.taint.is_global_rank(last.value) and \
                         re.search(r"LOCAL_RANK|local_rank|LOCALID", ast.unparse(last.value)):
@@ -1676,9 +1685,10 @@ class PythonLinter:
                 "jit" in _call_name(v)[0]
         if made(expr):
             return True
-        return isinstance(expr, ast.Name) and any(
-            isinstance(n, ast.Assign) and made(n.value) and any(isinstance(t, ast.Name) and t.id == expr.id
-                                                               for t in n.targets) for n in self.nodes)
+        if self._scripted_names is None:  # computed once per file: _write_kind asks for every save call
+            self._scripted_names = {t.id for n in self.nodes if isinstance(n, ast.Assign) and made(n.value)
+                                    for t in n.targets if isinstance(t, ast.Name)}
+        return isinstance(expr, ast.Name) and expr.id in self._scripted_names
 
     def _single_process_only(self, node: ast.AST) -> bool:
         """``node`` runs only on a path the file forbids in a distributed run: yolov5's ``if LOCAL_RANK != -1: assert
