@@ -46,7 +46,9 @@ def _assume(test: ast.AST, value: bool, known: dict[str, bool]) -> None:
 
 def _truth(expr: ast.AST, known: dict[str, bool], values: dict[str, ast.AST], depth: int = 0) -> bool | None:
     """Whether ``expr`` is true given ``known`` (three-valued: None when it cannot be told), a name read through its
-    assignment in ``values``; ``not``, ``and``, ``or``, conditional expressions and constants."""
+    assignment in ``values``; ``not``, ``and``, ``or``, conditional expressions and constants.  Own code: the question
+    is asked of source texts (``args.distributed`` known true where the sampler is made), which a symbolic-logic
+    package would need translating into its own symbols first; the forms a shuffle flag takes are these few."""
     key = ast.unparse(expr)
     if key in known:
         return known[key]

@@ -560,17 +560,17 @@ def rule_trained_module_not_wrapped(lt: PythonLinter) -> None:
     Fabric, FSDP, a model-parallel head)."""
     if not re.search(r"DistributedDataParallel|\bDDP\(", lt.text):
         return
+    handed = {a.id for c in lt._calls() if _WRAPPING.search(call_name(c)) for a in ast.walk(c)
+              if isinstance(a, ast.Name)}
+    handed |= {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and _WRAPPING.search(call_name(n.value)) for t in n.targets if isinstance(t, ast.Name)}
+    # (the wrapper itself: ddp_model = DDP(model), then AdamW(ddp_model.parameters()))
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
         wrapped = {c.args[0].id for c in calls if call_name(c) in ("DistributedDataParallel", "DDP") and c.args
                    and isinstance(c.args[0], ast.Name)}
         if not wrapped:
             continue
-        handed = {a.id for c in lt._calls() if _WRAPPING.search(call_name(c)) for a in ast.walk(c)
-                  if isinstance(a, ast.Name)}
-        handed |= {t.id for n in lt.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-                   and _WRAPPING.search(call_name(n.value)) for t in n.targets if isinstance(t, ast.Name)}
-        # (the wrapper itself: ddp_model = DDP(model), then AdamW(ddp_model.parameters()))
         for c in calls:
             if not _OPTIMIZERS.match(call_name(c)):
                 continue
