@@ -106,6 +106,8 @@ _MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
     ("phi-", "phi"))
 """A model's family from its hub name (``mosaicml/mpt-7b-chat`` -> mpt), first match; the transformers classes of a
 family start with its name (``LlamaDecoderLayer``, ``MPTBlock``, ``Qwen2DecoderLayer``, ``GPTNeoXLayer``)."""
+_CLASS_FAMILIES = sorted({f for _key, f in _MODEL_FAMILIES}, key=lambda f: (-len(f), f))
+"""The families, longest first, to read a layer class's family from its name's start (``gptneox`` before ``gpt2``)."""
 _WRAP_CLASS = re.compile(r"--fsdp[_-]transformer[_-]layer[_-]cls[_-]to[_-]wrap[=\s]+['\"]?([A-Za-z0-9_]+)")
 _MODEL_NAME = re.compile(r"--model[_-]name[_-]or[_-]path[=\s]+['\"]?([^\s'\"]+)")
 
@@ -125,8 +127,7 @@ def _fsdp_wrap_class_traps(text: str) -> list[Check]:
         name = model.group(1).lower().rsplit("/", 1)[-1]
         family = next((f for key, f in _MODEL_FAMILIES if key in name), None)
         cls = wrap.group(1).lower()
-        owner = next((f for _key, f in sorted(set(_MODEL_FAMILIES), key=lambda kv: -len(kv[1])) if cls.startswith(f)),
-                     None)
+        owner = next((f for f in _CLASS_FAMILIES if cls.startswith(f)), None)
         if family is None or owner is None or owner == family or family.startswith(owner) or owner.startswith(family):
             continue
         hit = trap("fsdp-wrap-class-mismatch", "FAIL", "fsdp",

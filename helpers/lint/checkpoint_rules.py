@@ -155,7 +155,9 @@ def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
                 break
 
 
-_CONFIG_LOADER = re.compile(r"^(?:load|safe_load|full_load|loads|load_(?:config|conf|cfg|args|yaml|json|opts|hparams)\w*)$")
+_CONFIG_LOADER = re.compile(rf"^(?:{'|'.join(sorted(_LOADERS))}|load_(?:config|conf|cfg|args|yaml|json|opts|hparams)\w*)$")
+""":data:`_LOADERS` and a project's own config reader (``load_config``, ``load_yaml``)."""
+_NAMESPACE_DICT = re.compile(r"vars\((\w+)\)|(\w+)\.__dict__")
 
 
 def rule_rank_overwritten_by_setattr_loop(lt: PythonLinter) -> None:
@@ -177,10 +179,8 @@ def rule_rank_overwritten_by_setattr_loop(lt: PythonLinter) -> None:
             if sets:
                 target, source = sets[0].args[0].id, node.iter.func.value  # type: ignore[attr-defined]
         elif isinstance(node, ast.Call) and _call_name(node)[1] == "update" and node.args and \
-                isinstance(node.func, ast.Attribute) and re.fullmatch(r"vars\((\w+)\)|(\w+)\.__dict__",
-                                                                      ast.unparse(node.func.value)):
-            m = re.fullmatch(r"vars\((\w+)\)|(\w+)\.__dict__", ast.unparse(node.func.value))
-            target, source = (m.group(1) or m.group(2)), node.args[0]  # type: ignore[union-attr]
+                isinstance(node.func, ast.Attribute) and (m := _NAMESPACE_DICT.fullmatch(ast.unparse(node.func.value))):
+            target, source = (m.group(1) or m.group(2)), node.args[0]
         if target is None or source is None:
             continue
         fn = lt._enclosing_function(node) or lt.tree

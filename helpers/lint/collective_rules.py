@@ -98,6 +98,15 @@ def _under_multi_test(lt: PythonLinter, node: ast.AST) -> bool:
     return False
 
 
+def _called_here(lt: PythonLinter, fn: ast.AST | None) -> bool:
+    """Some call in this file outside ``fn`` names ``fn`` (``fn(...)``, ``obj.fn(...)``), the calls
+    :func:`_reached_unguarded` follows."""
+    from helpers.lint.python_rules import _call_name
+
+    name = getattr(fn, "name", None)
+    return fn is not None and any(_call_name(x)[1] == name and x not in ast.walk(fn) for x in lt._calls())
+
+
 def _reached_unguarded(lt: PythonLinter, fn: ast.AST, depth: int = 0) -> bool:
     """Some call of the function ``fn`` in this file (``fn(...)``, ``obj.fn(...)``) runs under no test of the process
     count, directly or through a caller that is itself so reached (three levels); False when nothing here calls it."""
@@ -150,9 +159,7 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
         if any(isinstance(a, ast.If) and count_test(a.test) for a in ancestors(lt, c)):  # called in this file)
             return False
         fn = lt._enclosing_function(c)
-        called = fn is not None and any(_call_name(x)[1] == getattr(fn, "name", None) and x not in ast.walk(fn)
-                                        for x in lt._calls())
-        return not called or _reached_unguarded(lt, fn)
+        return not _called_here(lt, fn) or _reached_unguarded(lt, fn)
 
     if not conditional or any(isinstance(c, ast.Call) and _INIT_HELPER.match(_call_name(c)[1]) and made_always(c)
                               for c in lt._calls()):

@@ -1997,7 +1997,7 @@ class PythonLinter:
         Likewise ``self.model = DistributedDataParallel(self.model)`` (any attribute name: the wrap says it is a
         model), read for an attribute DDP lacks after the wrap in its method or in another method than ``__init__``
         (nequip's ``self.model.unscale(...)``), unless the read dispatches on the wrapper itself
-        (:meth:`_dispatched_on_self`)."""
+        (:meth:`_dispatched_on`)."""
         from helpers.lint.wrappers import DDP_PUBLIC, accelerator_prepare
 
         accelerate = not self._shards_models and "prepare(" in self.text
@@ -2044,7 +2044,7 @@ class PythonLinter:
                 if fn is self._enclosing_function(at) and n.lineno <= at.lineno:
                     continue  # before the prepare, in the method that prepares
                 if name in wrapped and (getattr(fn, "name", "") == "__init__" and fn is not self._enclosing_function(at)
-                                        or self._dispatched_on_self(n, name)):
+                                        or self._dispatched_on(n, f"self.{name}")):
                     continue
                 said.add((name, attr))
                 if name in wrapped:
@@ -2062,18 +2062,6 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{attr}''",
                          f"self.accelerator.unwrap_model(self.{name}).{attr}",
                          "https://huggingface.co/docs/accelerate/en/package_reference/accelerator")
-
-    def _dispatched_on_self(self, node: ast.AST, name: str) -> bool:
-        """:meth:`_dispatched_on` for ``self.<name>``: ``node`` sits under an ``if`` / conditional expression whose
-        test hands ``self.<name>`` to a call (``isinstance(self.model, DDP)``, ``hasattr(self.model, "module")``)."""
-        child, p = node, self.parents.get(node)
-        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if isinstance(p, (ast.If, ast.IfExp, ast.While)) and child is not p.test and any(
-                    isinstance(c, ast.Call) and any(_src(a) == f"self.{name}" for a in c.args)
-                    for c in ast.walk(p.test)):
-                return True
-            child, p = p, self.parents.get(p)
-        return False
 
     def _rank_only_objects(self) -> dict[tuple[ast.AST | None, str], tuple[int, str, bool]]:
         """Names made on some ranks only, per function: ``{(function or None, name): (line, how, conditional)}`` --
@@ -2173,6 +2161,7 @@ class PythonLinter:
                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                             sets.setdefault(t.attr, []).append(n)  # type: ignore[arg-type]
+            text = ""  # the class's source, made once when an attribute qualifies
             for attr, where in sets.items():
                 gates = [self._rank_gate(n) for n in where]
                 if not all(isinstance(g, ast.If) and any(n in ast.walk(st) for st in g.body)
@@ -2180,7 +2169,7 @@ class PythonLinter:
                     continue  # set on every rank somewhere, or in a gate's else
                 first = where[0]
                 home = self._enclosing_function(first)
-                text = ast.unparse(cls)
+                text = text or ast.unparse(cls)
                 if re.search(rf"""hasattr\(self,\s*['"]{attr}['"]|getattr\(self,\s*['"]{attr}['"]""", text):
                     continue
                 for node in ast.walk(cls):
@@ -2356,15 +2345,18 @@ class PythonLinter:
         the author's own dispatch between the wrapper and the bare model (a bare ``if m`` / ``m is None`` is not); or
         under a branch whose other side reads ``name.module`` (``if accelerator.num_processes > 1:
         x.module.get_input_embeddings() else: x.get_input_embeddings()``, diffusers' custom_diffusion).  Not for ``node`` in the test itself (``if
-        unet.config.in_channels == 8:`` reads through the wrapper)."""
+        unet.config.in_channels == 8:`` reads through the wrapper).  ``name`` may be dotted (``self.model``)."""
+        def is_name(n: ast.AST) -> bool:
+            return isinstance(n, ast.Name) and n.id == name or "." in name and isinstance(n, ast.Attribute) and \
+                _src(n) == name
+
         def module_of_name(n: ast.AST) -> bool:  # name.module
-            return isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Name) \
-                and n.value.id == name
+            return isinstance(n, ast.Attribute) and n.attr == "module" and is_name(n.value)
 
         child, p = node, self.parents.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if isinstance(p, (ast.If, ast.IfExp, ast.While)) and child is not p.test and any(
-                    isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id == name for a in n.args) or
+                    isinstance(n, ast.Call) and any(is_name(a) for a in n.args) or
                     module_of_name(n) for n in ast.walk(p.test)):
                 return True
             if isinstance(p, (ast.If, ast.IfExp)) and child is not p.test:
