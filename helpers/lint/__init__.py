@@ -112,6 +112,7 @@ RULES: dict[str, str] = {
     "local-rank-arg-under-launcher": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "script-arg-unknown": "https://docs.pytorch.org/docs/stable/elastic/run.html",
     "script-arg-missing": "https://docs.python.org/3/library/argparse.html#required",
+    "config-path-missing": "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/deepspeed.py",
     "nccl-without-gpus": "https://docs.pytorch.org/docs/stable/distributed.html",
     "lightning-slurm-mismatch": "https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html",
     # helpers.lint.deepspeed_rules
@@ -402,6 +403,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                                          "paste the whole launch line", "D7"))
     findings = cross_rules.settle(findings, facts, launches)  # type: ignore[arg-type]
     findings += cross_rules.lint_cross(facts, launches)  # type: ignore[arg-type]
+    findings += cross_rules.config_path_missing(launches, facts, [p for p, _t in files])  # type: ignore[arg-type]
     world = next((s.nnodes * s.nproc_per_node for s in specs), None)
     if world is None:
         world = next((accelerate_rules.world_size(d) for _, _, d in acc_files if accelerate_rules.world_size(d)), None)

@@ -304,6 +304,10 @@ CONTRACTS: tuple[Contract, ...] = (
        "args.local_rank keeps its default on every rank", _TORCHRUN, "local-rank-arg-under-launcher"),
     _c("torchrun", "The script accepts the arguments written after it on the launch line", _TORCHRUN,
        "script-arg-unknown"),
+    _c("HF TrainingArguments deepspeed= / fsdp_config=, DeepSpeed --deepspeed_config", "A config path handed to the "
+       "script names a file that exists where the job runs (else 'Expected a string path to an existing deepspeed "
+       "config')", "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/deepspeed.py",
+       "config-path-missing"),
     _c("Accelerator.gather_for_metrics", "Evaluation outputs are gathered with gather_for_metrics: a prepared loader "
        "repeats samples to fill the last batch of every process, and gather keeps the repeats",
        "https://huggingface.co/docs/accelerate/en/package_reference/accelerator#accelerate.Accelerator.gather_for_metrics",

@@ -616,6 +616,83 @@ _HF_DOCS = "https://huggingface.co/docs/transformers/en/deepspeed#deepspeed-and-
 _HF_KEYS = {hf for _ds, hf, _d in HF_MATCHED}
 
 
+_HF_ARGS_SRC = "https://github.com/huggingface/transformers/blob/main/src/transformers/training_args.py"
+_DS_CONFIG_SRC = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/deepspeed.py"
+_LAUNCHER_FILES = {
+    "deepspeed": ("hostfile", "DeepSpeed's launcher warns 'Unable to find hostfile, will proceed with training with "
+                  "local resources only' and starts every rank on this node",
+                  "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/launcher/runner.py"),
+    "accelerate": ("config_file", "accelerate launch stops: 'The passed configuration file ... does not exist'",
+                   "https://github.com/huggingface/accelerate/blob/main/src/accelerate/commands/config/config_args.py"),
+}
+"""Launcher options naming a file the launcher opens, with what happens when it is missing (each launcher's source)."""
+_PATH = re.compile(r"[\w./+-]+")
+
+
+def _file_named(value: str, bases: set[str], linted: Sequence[str]) -> bool:
+    """Whether the relative path ``value`` exists under one of ``bases``, or a linted file has its name."""
+    return any(os.path.exists(os.path.join(b, value)) for b in bases) or \
+        any(os.path.basename(p) == os.path.basename(value) for p in linted)
+
+
+def config_path_missing(launches: Sequence[tuple[str, str, LaunchSpec | None]], facts: Sequence[object],
+                        linted: Sequence[str]) -> list[Check]:
+    """``config-path-missing``: a launch names a file that is not there: a config handed to the script
+    (``--deepspeed ds.json``, ``--deepspeed_config``, ``--fsdp_config``), or a file the launcher opens (deepspeed
+    ``--hostfile``, accelerate ``--config_file``).
+
+    Accelerate's ``HfDeepSpeedConfig`` (what the HF Trainer's ``deepspeed=`` builds) opens a path that exists, else
+    reads the string as JSON or base64 and raises "Expected a string path to an existing deepspeed config, or a
+    dictionary, or a base64 encoded string" (:data:`_DS_CONFIG_SRC`); DeepSpeed's own ``DeepSpeedConfig`` does the same;
+    ``TrainingArguments.__post_init__`` opens a string ``fsdp_config`` with ``open()`` (:data:`_HF_ARGS_SRC`); the
+    launchers' cases are in :data:`_LAUNCHER_FILES`.  Decided only where the layout is known: the launch file is on
+    disk (not a README's block) and the script it runs is linted with it.  The path counts as present when it exists
+    relative to the working directory, the launch file's folder or any folder above it, or the script's folder, when a
+    linted file has its name (files given to the linter may have been copied out of their tree), or when the launch
+    file names it twice (a file it writes first); a value with a shell variable is left.
+    """
+    from helpers.launch_parse import join_continuations
+
+    out: list[Check] = []
+    for path, text, spec in launches:
+        if spec is None or path.endswith(".md") or (path != "<command>" and not os.path.isfile(path)):
+            continue  # (a README's block is run from a folder it does not say)
+        got = _script(facts, spec.script)
+        if got is None:
+            continue
+        start = os.path.dirname(os.path.abspath(path)) if path != "<command>" else os.getcwd()
+        bases = {os.getcwd()}
+        while True:
+            bases.add(start)
+            if os.path.dirname(start) == start:
+                break
+            start = os.path.dirname(start)
+        named: list[tuple[str, str, str, str]] = []  # (option, value, what happens, source)
+        bases.add(os.path.dirname(os.path.abspath(got[0])))
+        cli = _cli(spec.script_args)
+        named += [(o, cli.get(o, ""), "'Expected a string path to an existing deepspeed config' when "
+                       f"{os.path.basename(spec.script)} builds its arguments", _DS_CONFIG_SRC)
+                  for o in ("deepspeed", "deepspeed_config")]
+        named.append(("fsdp_config", cli.get("fsdp_config", ""), "TrainingArguments opens it as JSON when "
+                      f"{os.path.basename(spec.script)} parses its arguments: FileNotFoundError", _HF_ARGS_SRC))
+        if spec.kind in _LAUNCHER_FILES:
+            option, what, src = _LAUNCHER_FILES[spec.kind]
+            for _n, line in join_continuations(text):
+                m = re.search(rf"\b{spec.kind}\b.*?--{option}(?:=|\s+)['\"]?([^\s'\"]+)", line)
+                if m:
+                    named.append((option, m.group(1), what, src))
+        for option, value, what, src in named:
+            if not re.fullmatch(r"[\w./+-]+\.(json|ya?ml|txt)|[\w./+-]*hostfile\w*", value) or \
+                    _file_named(value, bases, linted) or len(re.findall(re.escape(value), text)) > 1:
+                continue  # (a path the launch file also names elsewhere is one it writes, copies or tests)
+            out.append(finding(
+                "config-path-missing", "error", path, _line_of(text, re.escape(value)),
+                f"the launch passes --{option} {value}, and no such file exists next to "
+                f"{os.path.basename(path) if path != '<command>' else 'the working directory'} or in the folders "
+                f"above it: {what}", "point the option at the file that exists (or commit the file)", src))
+    return out
+
+
 def _cli(args: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     i = 0
