@@ -388,6 +388,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.setup_writes_every_rank(facts)
     findings += cross_rules.iterable_not_sharded_across(facts)
     findings += cross_rules.download_every_rank_across(facts)
+    findings += cross_rules.listing_dir_across(facts)
     findings += cross_rules.clock_path_across(facts)
     findings += cross_rules.rank_only_object_across(facts)
     if command:

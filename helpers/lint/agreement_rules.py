@@ -706,6 +706,67 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
             facts.ungated_calls[name] = c.lineno
 
 
+_LISTINGS = frozenset({"glob", "listdir", "iterdir", "scandir", "rglob"})
+
+
+def rule_listing_numbered_dir(lt: PythonLinter) -> None:
+    """A run directory numbered by counting what the output folder already holds (``experiment_index =
+    len(glob(f"{outputs}/*")); os.makedirs(f"{outputs}/{experiment_index:03d}-...")``), made on every rank: each
+    process lists the folder at its own moment, so a rank that lists after another rank made its directory takes the
+    next number, and the ranks write into different directories (hpcaitech/Open-Sora#91; DiT's train.py does the
+    same count under ``if rank == 0``).  The functions that do it are recorded (``PyFacts.listing_dir_funcs``) for
+    :func:`helpers.lint.cross_rules.listing_dir_across`; a call of one here, outside any rank gate, in a file that
+    trains data parallel is the finding."""
+    if "len(" not in lt.text or not any(w + "(" in lt.text for w in _LISTINGS):
+        return
+    funcs: dict[str, int] = {}
+    for name, fn in lt.functions.items():
+        counted: set[str] = set()  # names holding the count, and names built from them (exp_name, exp_dir)
+        first = 0
+        assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)]
+        for _ in range(4):
+            for n in assigns:
+                reads = {x.id for x in ast.walk(n.value) if isinstance(x, ast.Name)}
+                counts = any(isinstance(x, ast.Call) and call_name(x) == "len" and x.args and any(
+                    isinstance(y, ast.Call) and call_name(y) in _LISTINGS for y in ast.walk(x.args[0]))
+                    for x in ast.walk(n.value))
+                if (counts or reads & counted) and lt._rank_gate(n) is None:
+                    counted.update(t.id for t in n.targets if isinstance(t, ast.Name))
+                    first = min(first or n.lineno, n.lineno) if counts else first
+        made = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and call_name(n) in ("makedirs", "mkdir")
+                and lt._rank_gate(n) is None and any(isinstance(x, ast.Name) and x.id in counted
+                                                     for a in [*n.args, getattr(n.func, "value", n)]
+                                                     for x in ast.walk(a))]
+        if first and made:
+            funcs[name] = first
+    lt.facts.listing_dir_funcs = funcs
+    if not funcs or not lt.facts.trains_data_parallel:
+        return
+    for c in lt._calls():
+        name = call_name(c)
+        if name in funcs and lt._rank_gate(c) is None and not lt._after_rank_exit(c) and \
+                lt._enclosing_function(c) is not lt.functions[name]:
+            fn = lt._enclosing_function(c)
+            if fn is not None and lt._function_only_called_gated(fn):
+                continue
+            lt.add("write-on-every-rank", "warning", c, listing_message(name, f"line {funcs[name]}"),
+                   LISTING_FIX, OPEN_SORA)
+            return
+
+
+OPEN_SORA = "https://github.com/hpcaitech/Open-Sora/issues/91"
+"""The report of the listing-numbered run directory race."""
+LISTING_FIX = ("number and make the directory on rank 0, then broadcast its name (dist.broadcast_object_list), or "
+                "name it from the job id / config")
+
+
+def listing_message(name: str, where: str) -> str:
+    """The finding's text for ``name``, the function that numbers the directory, counted at ``where``."""
+    return (f"{name}(...) numbers a new run directory by counting the output folder's entries ({where}) and every "
+            "rank calls it: a rank that lists the folder after another made its directory takes the next number, so "
+            "the ranks write into different directories")
+
+
 def _line_node(line: int) -> ast.AST:
     """A bare node at ``line`` for a finding whose place is a line number."""
     node = ast.Pass()
@@ -725,9 +786,10 @@ def run(lt: PythonLinter) -> None:
     rule_rank_shard_unused(lt)
     rule_rank_stride_without_rank(lt)
     rule_download_every_rank(lt)
+    rule_listing_numbered_dir(lt)
     rule_clock_dependent_path(lt)
 
 
-__all__ = ["clock_paths", "every_rank_save_dirs", "rule_clock_dependent_path", "rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_rank_split_differs",
+__all__ = ["LISTING_FIX", "OPEN_SORA", "clock_paths", "every_rank_save_dirs", "listing_message", "rule_clock_dependent_path", "rule_clock_gated_collective", "rule_hash_per_process", "rule_init_twice", "rule_listing_numbered_dir", "rule_rank_split_differs",
            "rule_download_every_rank", "rule_iterable_not_sharded", "rule_rank_shard_unused", "rule_rank_stride_without_rank",
            "rule_sampler_seed_per_rank", "rule_streaming_not_sharded", "run"]

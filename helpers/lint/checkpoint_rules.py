@@ -281,7 +281,8 @@ def rule_makedirs_race(lt: PythonLinter) -> None:
         if name == "mkdir" and recv == "" or any(k.arg == "exist_ok" and not (
                 isinstance(k.value, ast.Constant) and not k.value.value) for k in c.keywords):
             continue
-        if name == "makedirs" and len(c.args) > 2 or lt._rank_gate(c) is not None or lt._after_rank_exit(c):
+        if name == "makedirs" and len(c.args) > 2 or lt._rank_gate(c) is not None or lt._after_rank_exit(c) or \
+                lt._before_own_spawn(c):
             continue
         fn = lt._enclosing_function(c)
         if fn is not None and lt._function_only_called_gated(fn):
@@ -418,8 +419,9 @@ def rule_save_hook_every_rank(lt: PythonLinter) -> None:
     hooks = {c.args[0].id for c in lt._calls() if _call_name(c)[1] == "register_save_state_pre_hook" and c.args
              and isinstance(c.args[0], ast.Name)}
     for node in lt.nodes:
-        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in hooks):
-            continue
+        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in hooks) or \
+                lt._function_only_called_gated(node):
+            continue  # (every save_state that runs the hook is made by one process: rank-gated-collective's case)
         for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
             recv, name = _call_name(c)
             if not (name == "save_pretrained" or name == "save" and recv in ("torch", "safetensors.torch")):

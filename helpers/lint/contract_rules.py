@@ -141,6 +141,9 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
             if isinstance(backend, ast.Name):  # backend = 'nccl' once at the top (nanoGPT's config block)
                 one = assigned_once(lt, backend.id, c)
                 backend = one.value if one is not None else backend
+            if isinstance(backend, ast.IfExp) and "is_available" in ast.unparse(backend.test) and \
+                    "nccl" in (const(backend.body), const(backend.orelse)):
+                backend = ast.Constant("nccl")  # "gloo" if not cuda.is_available() else "nccl": nccl on a GPU node
             if isinstance(const(backend), str):
                 sc.backend = str(const(backend)).lower()
             if backend is None and kwarg(c, "device_id") is None and not any(k.arg is None for k in c.keywords):
@@ -206,6 +209,12 @@ def script_contract(lt: PythonLinter) -> ScriptContract:
         sc.extra["required_options"] = tuple(required)
         sc.extra["positionals"] = positionals
         sc.extra["arity"] = arity
+    elif not options:  # args = parse_args(), imported: the parser of another file
+        for (_recv, name), c in names:
+            origin = lt.import_origins.get(name, "")
+            if "parse" in name and "." in origin and not c.args:
+                sc.extra["options_from"] = origin.rsplit(".", 2)[-2]  # cn_clip.training.params.parse_args -> params
+                break
     sc.reads_local_rank_env = bool(re.search(r"['\"](LOCAL_RANK|SLURM_LOCALID|OMPI_COMM_WORLD_LOCAL_RANK|MPI_LOCALRANKID)"
                                              r"['\"]", text))
     sc.uses_args_local_rank = bool(re.search(r"\b(args|opt|opts|cfg|config|hparams|params)\.local_rank\b", text))

@@ -71,6 +71,12 @@ def lint_cross(facts: Sequence[object], launches: Sequence[tuple[str, str, Launc
         if got is None:
             continue
         script, sc = got
+        if sc.options is None and sc.extra.get("options_from"):  # the parser lives in a linted module it imports
+            parser = next(((f.path, f.contract) for f in facts if getattr(f, "contract", None) is not None  # type: ignore[attr-defined]
+                           and f.contract.options is not None and  # type: ignore[attr-defined]
+                           os.path.basename(f.path) == f"{sc.extra['options_from']}.py"), None)  # type: ignore[attr-defined]
+            if parser is not None:
+                script, sc = parser
         line = launch_parse.launch_line(text) or 1
         legacy = bool(re.search(r"torch\.distributed\.launch\b", text)) and not re.search(r"--use[-_]env", text)
         if legacy and sc.options is not None and "--local-rank" not in sc.options:
@@ -1149,6 +1155,17 @@ def clock_path_across(facts: Sequence[object]) -> list[Check]:
                     "(accelerate.utils.broadcast_object_list / dist.broadcast_object_list), or name it from the "
                     "config / job id", "https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html")
             for f, name, line, where in _used_in_data_parallel_file(facts, "clock_paths", "save_dir_names")]
+
+
+def listing_dir_across(facts: Sequence[object]) -> list[Check]:
+    """``write-on-every-rank`` across files: a file that trains data parallel calls, outside any rank gate, another
+    linted file's function that numbers a new run directory by counting the output folder
+    (:func:`helpers.lint.agreement_rules.rule_listing_numbered_dir` has the contract)."""
+    from helpers.lint.agreement_rules import LISTING_FIX, OPEN_SORA, listing_message
+
+    return [finding("write-on-every-rank", "warning", f.path, line,  # type: ignore[attr-defined]
+                    listing_message(name, f"{os.path.basename(where[0])}:{where[1]}"), LISTING_FIX, OPEN_SORA)
+            for f, name, line, where in _used_in_data_parallel_file(facts, "listing_dir_funcs", "ungated_calls")]
 
 
 def download_every_rank_across(facts: Sequence[object]) -> list[Check]:

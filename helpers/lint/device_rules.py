@@ -88,8 +88,8 @@ def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
         return  # the device is bound (or a framework binds it)
     bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
                      r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)
-    per_rank = re.search(r"f['\"]cuda:\{[^}]*local_rank[^}]*\}['\"]|torch\.device\(\s*['\"]cuda['\"]\s*,\s*\w*local_rank",
-                         text)
+    per_rank = re.search(r"f['\"]cuda:\{[^}]+\}['\"]|torch\.device\(\s*['\"]cuda['\"]\s*,\s*\w*local_rank",
+                         text)  # f"cuda:{local_rank}", guided-diffusion's f"cuda:{MPI...Get_rank() % GPUS_PER_NODE}"
     if per_rank:  # 'cuda' elsewhere is then the one-process default the rank's device replaces
         # the tensors go to cuda:<local_rank>, the current device stays cuda:0: what NCCL runs on the current
         # device (barrier, the object collectives, which move their pickles to torch.cuda.current_device())
@@ -263,8 +263,8 @@ def _load_from_checkpoint_unplaced(lt: PythonLinter) -> None:
 def rule_load_without_map_location(lt: PythonLinter) -> None:
     """``torch.load(path)`` with no ``map_location`` in a multi-GPU program: every rank loads onto the saving GPU.
 
-    Each such call is a finding, unless the other branch of its ``if`` (or the ``try``/``except`` around it) loads with
-    a ``map_location``: the script chose the placement per case (pytorch/examples imagenet: no map_location only when
+    Each such call is a finding, unless one rank only makes it (a rank gate, a function only called under one) or the
+    other branch of its ``if`` (or the ``try``/``except`` around it) loads with a ``map_location``: the script chose the placement per case (pytorch/examples imagenet: no map_location only when
     no GPU index is given).  A file that does not itself set up DDP/FSDP (a checkpoint helper module) gets the finding
     when a file linted with it does (:attr:`PyFacts.deferred`).  Not in a file that saves its checkpoints from CPU
     copies (``offload_to_cpu=True``): what it loads back is on the CPU.
@@ -281,6 +281,10 @@ def rule_load_without_map_location(lt: PythonLinter) -> None:
             continue
         if c.args and lt._rank_in_name(c.args[0], c):
             continue  # f"model_rank_{rank}.pt": each rank reads back what it saved from its own device
+        fn = lt._enclosing_function(c)
+        if lt._rank_gate(c) is not None or fn is not None and lt._function_only_called_gated(fn):
+            continue  # one rank loads (PixArt-sigma's validation, called under is_main_process): the others' GPUs
+            # stay free
         p, child, chosen = lt.parents.get(c), c, False
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and not chosen:
             if isinstance(p, ast.If):
@@ -419,6 +423,7 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
     for n in indexed:
         if ast.unparse(n.value) in sized:
             hits.append((n, f"{ast.unparse(n)} (len({ast.unparse(n.value)}) is checked against the world size)"))
+    hits += _local_times_share(lt, local)
     for node, what in hits:
         lt.add("local-rank-as-global-rank", "warning", node,
                f"{what} uses the node-local rank where the global rank is meant: on one node they are equal, on "
@@ -426,6 +431,35 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
                "shard (duplicated data, a wrongly assembled model) and the rest is never used",
                "use the global rank: int(os.environ['RANK']) / dist.get_rank(); keep LOCAL_RANK for the device only",
                _TORCHRUN + "#environment-variables")
+
+
+def _local_times_share(lt: PythonLinter, local: _Local) -> list[tuple[ast.AST, str]]:
+    """``local_rank * per_rank`` where ``per_rank`` is a count divided by the world size (``per_rank, rest =
+    divmod(n, world_size)``, ``n // world_size``): a partition of the job's items into world-size parts, indexed by
+    the rank within the node (mosaicml/diffusion's generate_images: ``start = dist.get_local_rank() *
+    samples_per_rank``), so processes of different nodes take the same part."""
+    def share(value: ast.AST) -> bool:  # a division by the world size
+        if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "divmod" and len(value.args) == 2:
+            return _world_size(value.args[1])
+        return isinstance(value, ast.BinOp) and isinstance(value.op, (ast.FloorDiv, ast.Div)) and \
+            _world_size(value.right) or isinstance(value, ast.Call) and getattr(value.func, "attr", "") == "ceil" \
+            and bool(value.args) and share(value.args[0])
+
+    shares: set[str] = set()
+    for n in lt.nodes:
+        if isinstance(n, ast.Assign) and share(n.value):
+            for t in n.targets:
+                first = t.elts[0] if isinstance(t, ast.Tuple) and t.elts else t
+                if isinstance(first, (ast.Name, ast.Attribute)):
+                    shares.add(ast.unparse(first))
+    out: list[tuple[ast.AST, str]] = []
+    for n in lt.nodes:
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+            for a, b in ((n.left, n.right), (n.right, n.left)):
+                if local.is_local(a) and (ast.unparse(b) in shares or share(b)) and not _one_node_master(lt, n):
+                    out.append((n, f"{ast.unparse(n)[:60]} (a share of the world size's parts)"))
+                    break
+    return out
 
 
 _MAIN_NAME = re.compile(r"^_?(?:(?:if_|is_)(?:main|master|primary|chief)|(?:if_|is_)?(?:main_process|main_proc|"

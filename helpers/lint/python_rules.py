@@ -156,6 +156,7 @@ class PyFacts:
     ungated_calls: dict[str, int] = field(default_factory=dict)  # names called outside rank gates and rank-first guards
     sampler_seed_attrs: list[tuple[str, int, str]] = field(default_factory=list)  # (attr, line, src) of seed=args.attr
     clock_paths: dict[str, int] = field(default_factory=dict)  # names/attrs of paths built from the clock -> line
+    listing_dir_funcs: dict[str, int] = field(default_factory=dict)  # functions numbering a new dir by a listing count
     rank_only_args: list[tuple[str, str | int, int, str]] = field(default_factory=list)  # (callee, kw/pos, line, how)
     class_fields: dict[str, list[str]] = field(default_factory=dict)  # class -> its fields / __init__ params, in order
     unguarded_uses: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # class -> param -> (line, src)
@@ -339,8 +340,10 @@ _PATHLIKE = re.compile(r"(?i)^(?:['\"f].*|.*(?:path|file|ckpt|checkpoint|fname|f
 _STARTERS = frozenset({"spawn", "start_processes", "Process", "Thread", "Pool", "submit", "map", "apply_async",
                        "elastic_launch", "launch", "notebook_launcher", "run"})
 """Calls that start processes or threads with a function: not callback sites (:meth:`PythonLinter._callback_sites`)."""
-_CONFIG_NAME = re.compile(r"(?i)(args|cfg|config|conf|params|hparams|opt|options)")
-"""Names of a run's configuration object (what a script dumps beside its checkpoints)."""
+_CONFIG_NAME = re.compile(r"(?i)(?:vars\(|asdict\()?(?:\w+_)?(args|cfg|config|conf|params|hparams|opt|options)"
+                          r"(?:_dict)?(?:\.__dict__)?\)?")
+"""Names of a run's configuration object (what a script dumps beside its checkpoints): ``args``, ``vars(args)``,
+``args_dict`` (HunyuanDiT), ``train_config.__dict__``."""
 
 
 def _hf_process_flag(node: ast.Attribute) -> bool:
@@ -586,8 +589,9 @@ class PythonLinter:
         spawned = set()
         for call in self._calls():
             _recv, name = _call_name(call)
-            if name in ("spawn", "start_processes") and call.args and isinstance(call.args[0], ast.Name):
-                spawned.add(call.args[0].id)
+            target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "fn"), None)
+            if name in ("spawn", "start_processes") and isinstance(target, ast.Name):
+                spawned.add(target.id)  # mp.spawn(worker, ...) or stylegan3's torch.multiprocessing.spawn(fn=...)
         self.spawned_funcs = spawned
         self.taint = _Taint(set())
         self.taint.parents = self.parents
@@ -1559,16 +1563,22 @@ class PythonLinter:
         """The calls that hand the local function ``name`` to another function as a value (``save_on_epoch_end(args,
         save_func, ...)``): the callee runs it, so it runs where that call runs.  Process and thread starters
         (``mp.spawn(worker)``, ``Process(target=...)``, executors) are not such sites: each started process is a rank of
-        its own."""
+        its own.  A hook given to Accelerate's ``register_save_state_pre_hook`` / ``register_load_state_pre_hook`` runs
+        inside ``save_state`` / ``load_state`` ("registers a pre hook to be run before save_state is called"), so its
+        sites are those calls (the diffusers scripts' ``save_model_hook``, saved under ``is_main_process``)."""
         if not name:
             return []
         if self._callbacks is None:  # name -> the calls that pass it as a value, built once per file
             self._callbacks = {}
+            runs_in = {"register_save_state_pre_hook": "save_state", "register_load_state_pre_hook": "load_state"}
             for c in self._calls():
                 if _call_name(c)[1] in _STARTERS:
                     continue
+                sites = [c]
+                if _call_name(c)[1] in runs_in:
+                    sites = [x for x in self._calls() if _call_name(x)[1] == runs_in[_call_name(c)[1]]] or sites
                 for a in {a.id for a in [*c.args, *(k.value for k in c.keywords)] if isinstance(a, ast.Name)}:
-                    self._callbacks.setdefault(a, []).append(c)
+                    self._callbacks.setdefault(a, []).extend(sites)
         return self._callbacks.get(name, [])
 
     def _in_memory(self, node: ast.AST, call: ast.Call) -> bool:
@@ -1690,6 +1700,21 @@ class PythonLinter:
                                     for t in n.targets if isinstance(t, ast.Name)}
         return isinstance(expr, ast.Name) and expr.id in self._scripted_names
 
+    def _before_own_spawn(self, node: ast.AST) -> bool:
+        """``node`` runs in the launching process: its function (not itself a spawned worker) starts the workers
+        further down with ``mp.spawn`` / ``start_processes`` (stylegan3's ``launch_training`` writes the run's options,
+        then ``torch.multiprocessing.spawn(fn=subprocess_fn, ...)``): one process runs it, before any rank exists."""
+        fn = self._enclosing_function(node)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name in self.spawned_funcs:
+            return False
+        for c in ast.walk(fn):
+            if isinstance(c, ast.Call) and _call_name(c)[1] in ("spawn", "start_processes") and \
+                    c.lineno > getattr(node, "lineno", 0):
+                recv = _call_name(c)[0]
+                if "multiprocessing" in recv or "multiprocessing" in self.import_origins.get(recv.split(".")[0], ""):
+                    return True
+        return False
+
     def _single_process_only(self, node: ast.AST) -> bool:
         """``node`` runs only on a path the file forbids in a distributed run: yolov5's ``if LOCAL_RANK != -1: assert
         not opt.evolve`` makes everything under ``opt.evolve`` (``else`` of ``if not opt.evolve``) a one-process path.
@@ -1810,7 +1835,7 @@ class PythonLinter:
             if name == "open" and self._truncate_only(call):
                 continue  # `with open(log, "w"): pass` empties the file: every rank leaves the same empty file
             if self._rank_gate(call) is not None or self._after_rank_exit(call) or self._single_process_only(call) \
-                    or self._under_rank_only_object(call):
+                    or self._under_rank_only_object(call) or self._before_own_spawn(call):
                 continue
             fn = self._enclosing_function(call)
             hook = fn is not None and fn in hooks
@@ -1934,6 +1959,7 @@ class PythonLinter:
         ``get_peft_model_state_dict``, fails under several processes."""
         self._prepared_model_attributes()
         self._prepared_self_models()
+        self._wrapper_type_tests()
         flagged = self._ddp_foreign_attributes()
         if not self.wrappers.w.stored:
             return
@@ -1948,6 +1974,37 @@ class PythonLinter:
                          f"'DistributedDataParallel' object has no attribute '{node.attr}'' (under DDP only)",
                          f"{_src(node.value)}.module.{node.attr} (or keep a reference to the unwrapped model)",
                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html")
+
+    def _wrapper_type_tests(self) -> None:
+        """``type(model) in [CLIP, CustomTextCLIP]`` / ``isinstance(model, CLIP)`` on a value that holds the
+        DistributedDataParallel wrapper (:class:`helpers.lint.wrappers.WrapperFlow`, across the file's calls and the
+        linted files that pass it in): the wrapper's type is DistributedDataParallel, so the test is False under DDP
+        and the model's own branch never runs (open_clip's is_clip, mlfoundations/open_clip: the tuple output went
+        unconverted).  Not a test against a wrapper or module class (DDP, FSDP, nn.Module)."""
+        if not self.wrappers.w.params and not self.wrappers.w.assigns:
+            return
+        for node in self.nodes:
+            subject = classes = None
+            if isinstance(node, ast.Call) and _call_name(node) == ("", "isinstance") and len(node.args) == 2:
+                subject, classes = node.args
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(
+                    node.ops[0], (ast.In, ast.Eq, ast.Is)) and isinstance(node.left, ast.Call) and \
+                    _call_name(node.left) == ("", "type") and len(node.left.args) == 1:
+                subject, classes = node.left.args[0], node.comparators[0]
+            if not isinstance(subject, ast.Name) or not self.wrappers.state(subject, node)[0]:
+                continue
+            names = [_src(c) for c in (classes.elts if isinstance(classes, (ast.List, ast.Tuple, ast.Set))
+                                       else [classes])]
+            if not names or any(re.search(r"DistributedDataParallel|DDP|FSDP|FullyShard|Module|Parallel", n)
+                                for n in names):
+                continue
+            self.add("ddp-wrapper-attribute", "error", node,
+                     f"{_src(node)[:70]} tests the type of {subject.id}, which holds the DistributedDataParallel "
+                     "wrapper here: its type is DistributedDataParallel, so the test is False under DDP and the "
+                     f"{names[0]} branch never runs", f"test the wrapped model: {subject.id}.module (or unwrap it "
+                     "first)", "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel."
+                     "DistributedDataParallel.html")
+            return
 
     def rule_rank_gated_model_change(self) -> None:
         """A module replaced on a model under a rank gate (``if accelerator.is_main_process: unet.conv_in =
@@ -1993,7 +2050,8 @@ class PythonLinter:
         """:meth:`_prepared_model_attributes` for a model kept on ``self``: ``(self.model, ...) =
         self.accelerator.prepare(self.model, ...)`` in one method, ``self.model.save_pretrained(...)`` in another
         (huggingface/trl#157).  Only names that hold a model (:data:`_MODEL_ATTR`), in a class that never binds
-        them again after the prepare, and never where the file shards its models (:func:`accelerator_shards`).
+        them again after the prepare, and never where the file shards its models (:func:`accelerator_shards`); a
+        name the class reads ``.parameters()`` of is a model too (muse-maskgit's ``self.vae``).
         Likewise ``self.model = DistributedDataParallel(self.model)`` (any attribute name: the wrap says it is a
         model), read for an attribute DDP lacks after the wrap in its method or in another method than ``__init__``
         (nequip's ``self.model.unscale(...)``), unless the read dispatches on the wrapper itself
@@ -2007,11 +2065,15 @@ class PythonLinter:
         for cls in (n for n in self.nodes if isinstance(n, ast.ClassDef)):
             prepared: dict[str, ast.Assign] = {}
             wrapped: set[str] = set()
+            modules = {n.func.value.attr for n in ast.walk(cls) if isinstance(n, ast.Call) and  # self.vae.parameters()
+                       isinstance(n.func, ast.Attribute) and n.func.attr == "parameters" and
+                       isinstance(n.func.value, ast.Attribute) and isinstance(n.func.value.value, ast.Name) and
+                       n.func.value.value.id == "self"} if accelerate else set()
             for n in ast.walk(cls):
                 if accelerate and accelerator_prepare(n):
                     for t in flat_targets(n):
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
-                                and _MODEL_ATTR.search(t.attr):
+                                and (_MODEL_ATTR.search(t.attr) or t.attr in modules):
                             prepared[t.attr] = n
                 elif ddp and isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
                         _call_name(n.value)[1] in ("DistributedDataParallel", "DDP") and len(n.targets) == 1:

@@ -180,6 +180,48 @@ def _stored_names(node: ast.AST) -> set[str]:
     return {x.id for x in ast.walk(node) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store)}
 
 
+_LIGHTNING_STRATEGY = "https://lightning.ai/docs/pytorch/stable/extensions/strategy.html"
+_HAS_MODULE = re.compile(r"(?i)ema|averaged|dataparallel|ddp|fsdp|wrap|swa")
+"""Constructors whose object has a ``module`` attribute of its own (timm's ModelEmaV2, AveragedModel, DataParallel)."""
+
+
+def _lightning_submodule_module(lt: PythonLinter) -> None:
+    """``self.model.module`` inside a LightningModule: Lightning's strategy wraps the LightningModule itself
+    (``DistributedDataParallel(module=lightning_module)``, ``_LIGHTNING_STRATEGY``), so an attribute assigned a plain
+    model in the class stays that model on every strategy and has no ``module`` (Latte's train_pl.py saved
+    ``self.model.module.state_dict()``).  Not for an attribute the class assigns a wrapper with a ``module`` of its own
+    (an EMA, AveragedModel, DataParallel: :data:`_HAS_MODULE`), nor under a ``hasattr``/``isinstance`` test."""
+    from helpers.lint.python_rules import _call_name
+
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        if not any(ast.unparse(b).endswith("LightningModule") for b in cls.bases):
+            continue
+        assigned: dict[str, list[ast.AST]] = {}
+        for n in ast.walk(cls):
+            if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        assigned.setdefault(t.attr, []).append(n.value)
+        for node in ast.walk(cls):
+            if not (isinstance(node, ast.Attribute) and node.attr == "module" and isinstance(node.ctx, ast.Load) and
+                    isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name) and
+                    node.value.value.id == "self" and node.value.attr in assigned):
+                continue
+            values = assigned[node.value.attr]
+            if not all(isinstance(v, ast.Call) and not _HAS_MODULE.search(_call_name(v)[1]) for v in values) or \
+                    _HAS_MODULE.search(node.value.attr):
+                continue
+            if any(isinstance(a, (ast.If, ast.IfExp)) and re.search(r"hasattr|isinstance|module", ast.unparse(a.test))
+                   or isinstance(a, ast.Call) and _call_name(a)[1] in ("hasattr", "getattr")
+                   for a in ancestors(lt, node)):
+                continue
+            lt.add("module-attr-without-ddp", "warning", node,
+                   f"{ast.unparse(node)}: {cls.name} is a LightningModule, and Lightning's strategy wraps the "
+                   f"LightningModule itself, not self.{node.value.attr} (assigned a plain model here): "
+                   "AttributeError 'module' on every run", f"self.{node.value.attr}.state_dict()", _LIGHTNING_STRATEGY)
+            return
+
+
 def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
     """``model.module`` read on a model ``accelerator.prepare`` returned, with no test that it is wrapped: under one
     process (a single-GPU run, a debug run) ``prepare`` returns the model itself, which has no ``module`` attribute
@@ -189,6 +231,8 @@ def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
     tests ``hasattr``, ``isinstance``, ``module`` or the process count."""
     from helpers.lint.python_rules import _call_name
 
+    if ".module" in lt.text and "LightningModule" in lt.text:
+        _lightning_submodule_module(lt)
     if ".module" not in lt.text or ".prepare(" not in lt.text:
         return
     prepared: dict[str, tuple[ast.AST | None, int]] = {}  # name -> (the function that bound it, line)
@@ -199,6 +243,12 @@ def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
                     if isinstance(x, ast.Name) and "model" in x.id.lower() or isinstance(x, ast.Name) and \
                             any(isinstance(a, ast.Name) and a.id == x.id for a in n.value.args[:1]):
                         prepared[x.id] = (lt._enclosing_function(n), n.lineno)
+    for name, (scope, line) in list(prepared.items()):  # wrapped by the script itself before prepare (LightningDiT's
+        # model = DDP(model.to(device), device_ids=[rank]): prepare hands the DDP module back, .module exists)
+        if any(isinstance(a, ast.Assign) and a.lineno < line and name in _stored_names(a) and
+               isinstance(a.value, ast.Call) and _call_name(a.value)[1] in ("DDP", "DistributedDataParallel")
+               for a in ast.walk(scope or lt.tree)):
+            del prepared[name]
     if not prepared:
         return
     for node in lt.nodes:
