@@ -1,0 +1,1 @@
+../sgd/pt_distr_env.py
