@@ -207,6 +207,9 @@ RULES: dict[str, str] = {
     "launcher-env-unset": "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables",
     "rank-gated-model-change": "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",
     "sampler-not-distributed": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "rank-split-drops": "https://docs.pytorch.org/docs/stable/generated/torch.split.html",
+    "dataparallel-under-launcher": "https://docs.pytorch.org/docs/stable/generated/torch.nn.DataParallel.html",
+    "wrong-collective-src-rank": "https://docs.pytorch.org/docs/stable/distributed.html#collective-functions",
     "quantized-model-no-device-map": "https://huggingface.co/docs/trl/en/sft_trainer#multi-gpu-training",
     "fsdp-inference-mode": "https://docs.pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html",
     "launcher-var-unset": "https://www.gnu.org/software/bash/manual/html_node/Shell-Parameter-Expansion.html",
@@ -405,6 +408,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings = cross_rules.settle(findings, facts, launches)  # type: ignore[arg-type]
     findings += cross_rules.lint_cross(facts, launches)  # type: ignore[arg-type]
     findings += cross_rules.config_path_missing(launches, facts, [p for p, _t in files])  # type: ignore[arg-type]
+    findings += cross_rules.unexported_to_child_script(launches)  # type: ignore[arg-type]
     world = next((s.nnodes * s.nproc_per_node for s in specs), None)
     if world is None:
         world = next((accelerate_rules.world_size(d) for _, _, d in acc_files if accelerate_rules.world_size(d)), None)

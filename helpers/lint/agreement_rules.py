@@ -657,7 +657,14 @@ def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, bool]) 
     scope = lt._enclosing_function(node) or lt.tree
     if id(scope) not in memo:
         memo[id(scope)] = bool(_RANK_FIRST.search(lt.text if scope is lt.tree else ast.unparse(scope)))
-    return memo[id(scope)]
+    if not memo[id(scope)]:
+        return False
+    if re.search(r"first", lt.text if scope is lt.tree else ast.unparse(scope)):
+        return True  # main_process_first() / one_rank_first() / torch_distributed_zero_first(): the turns are taken
+    # a barrier orders only what comes after it (PyG's ogbg example waits after training, not before its download)
+    line = getattr(node, "lineno", 0)
+    return any(isinstance(c, ast.Call) and call_name(c) in ("barrier", "wait_for_everyone") and c.lineno < line
+               for c in ast.walk(scope))
 
 
 _MULTI_PROCESS = re.compile(r"""environ(?:\.get)?[\[(]\s*['"](?:LOCAL_)?RANK['"]|getenv\(\s*['"](?:LOCAL_)?RANK['"]|"""
@@ -677,6 +684,33 @@ def _sklearn_fetch(lt: PythonLinter, c: ast.Call) -> bool:
     return "sklearn" in func or lt.import_origins.get(name, "").startswith("sklearn")
 
 
+def _made_before_spawn(lt: PythonLinter) -> set[str]:
+    """Names called in the launching process before it starts the workers (``PygGraphPropPredDataset(...)`` in
+    ``__main__``, then ``mp.spawn(run, ...)``: PyG's distributed_batching.py downloads once, so the workers find the
+    files): a call outside the spawned functions, in a scope with a ``spawn`` / ``start_processes`` call after it."""
+    out: set[str] = set()
+    if not lt.spawned_funcs:
+        return out
+    spawns = [c for c in lt._calls() if call_name(c) in ("spawn", "start_processes")]
+    for c in lt._calls():
+        fn = lt._enclosing_function(c)
+        if getattr(fn, "name", None) in lt.spawned_funcs:
+            continue
+        if any(lt._enclosing_function(s) is fn and s.lineno > c.lineno for s in spawns):
+            out.add(call_name(c))
+    return out
+
+
+def _pyg_dataset(lt: PythonLinter, c: ast.Call) -> bool:
+    """A dataset of PyG (``torch_geometric.datasets.Reddit(root)``) or OGB (``PygGraphPropPredDataset(name, root)``):
+    their constructors download and process into ``root`` when the files are not there ("the raw files are
+    downloaded ... and processed", https://pytorch-geometric.readthedocs.io/en/latest/tutorial/create_dataset.html),
+    with nothing between processes."""
+    name = call_name(c)
+    origin = lt.import_origins.get(name, "") or ast.unparse(c.func)
+    return origin.startswith("torch_geometric.datasets") or origin.startswith("ogb.") and name.endswith("Dataset")
+
+
 def rule_download_every_rank(lt: PythonLinter) -> None:
     """A dataset downloaded (``download=True``) by every rank at once: each process fetches and unpacks into the same
     ``root`` (the dataset classes check for finished files, not for a download in progress: torchvision's
@@ -687,14 +721,19 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
     where such a file calls another linted file's function that downloads."""
     facts = lt.facts
     memo: dict[int, bool] = {}
+    before_spawn = _made_before_spawn(lt)
     for c in lt._calls():
         if not (any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
-                    for k in c.keywords) or _sklearn_fetch(lt, c)) or _rank_first_guarded(lt, c, memo):
+                    for k in c.keywords) or _sklearn_fetch(lt, c) or _pyg_dataset(lt, c)) or \
+                _rank_first_guarded(lt, c, memo) or call_name(c) in before_spawn:
             continue
         fn = lt._enclosing_function(c)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.download_funcs.setdefault(fn.name, c.lineno)
-        if facts.trains_data_parallel or _MULTI_PROCESS.search(lt.text):
+        one = re.search(r"(?:Fabric|Trainer)\([^)]*\bdevices\s*=\s*1\b", lt.text) and not re.search(
+            r"init_process_group|DistributedDataParallel|num_nodes\s*=\s*(?!1\b)", lt.text)
+        if (facts.trains_data_parallel or _MULTI_PROCESS.search(lt.text)) and not one:  # (Fabric(devices=1): one
+            # process, the dcgan example)
             lt.add("download-every-rank", "warning", c,
                    f"{ast.unparse(c)[:50]} downloads on every rank at once into the same root: the processes race on "
                    "the same archive and files", "download on one rank first: if rank != 0: barrier(); download; if "

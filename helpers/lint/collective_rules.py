@@ -756,6 +756,36 @@ def rule_collective_in_filesystem_branch(lt: PythonLinter) -> None:
 
 
 
+_POLL = re.compile(r"\.(?:done|is_completed|query)\(\)")
+"""A poll of asynchronous work (``Future.done()``, ``Work.is_completed()``, ``Event.query()``): true once this
+process's own work has finished, a moment that differs between ranks."""
+
+
+def rule_collective_under_poll(lt: PythonLinter) -> None:
+    """A collective reached only when ``fut.done()`` (an async checkpoint's future, a ``Work`` polled with
+    ``is_completed()``): each rank's work finishes at its own moment, so at the same step some ranks see it done and
+    enter the barrier while the others go on to the next collective (allenai/OLMo-core: the async checkpointer's
+    barrier under ``if blocking or fut.done()``).  Collectives are reached by every rank (D21): decide on one rank and
+    broadcast, or wait (``fut.result()``) on every rank before the barrier."""
+    if not _POLL.search(lt.text):
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.If) and _POLL.search(ast.unparse(node.test))) or lt.taint.rank_test(node.test):
+            continue
+        inside = [c for st in node.body for c in ast.walk(st) if isinstance(c, ast.Call) and
+                  (lt.collective_name(c) or ast.unparse(c.func).endswith("barrier"))]
+        other = [c for st in node.orelse for c in ast.walk(st) if isinstance(c, ast.Call) and
+                 (lt.collective_name(c) or ast.unparse(c.func).endswith("barrier"))]
+        if not inside or other:
+            continue
+        hit = inside[0]
+        lt.add("collective-in-data-dependent-branch", "warning", hit,
+               f"{ast.unparse(hit.func)}() is reached only when `{ast.unparse(node.test)[:60]}` holds, a poll of this "
+               "rank's own asynchronous work: ranks finish it at different moments, so some enter the collective and "
+               "the others go on (a hang, or it pairs with another collective)",
+               "wait on every rank (fut.result()) before the collective, or decide on one rank and broadcast", "D21")
+
+
 def rule_exception_skips_collective(lt: PythonLinter) -> None:
     """``try: loss = model(batch); loss.backward() except SomeError: continue`` in the training loop of a data
     parallel script: the exception depends on this rank's batch, so one rank skips the step's backward (DDP's
@@ -948,6 +978,67 @@ _TORCHMETRICS_IMPLEMENT = "https://lightning.ai/docs/torchmetrics/stable/pages/i
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "vstack", "hstack"})
 
 
+def _chosen_by_loop(loop: ast.For, group: ast.AST) -> bool:
+    """``group`` is picked by the loop's variable: ``for dp_comm in comms: comm = self.comms[dp_comm]`` (fastmoe)."""
+    targets = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
+    names = {x.id for x in ast.walk(group) if isinstance(x, ast.Name)}
+    if names & targets:
+        return True
+    return any(isinstance(a, ast.Assign) and {t.id for t in a.targets if isinstance(t, ast.Name)} & names and
+               {x.id for x in ast.walk(a.value) if isinstance(x, ast.Name)} & targets
+               for st in loop.body for a in ast.walk(st))
+
+
+_ROOTED = {"broadcast": ("src", 1), "reduce": ("dst", 1), "scatter": ("src", 2), "gather": ("dst", 2),
+           "broadcast_object_list": ("src", 1), "scatter_object_list": ("src", 2), "gather_object": ("dst", 2)}
+"""Collectives with a root, the keyword that names it and its position: the root is a rank of the default group."""
+
+
+def rule_group_root_as_group_rank(lt: PythonLinter) -> None:
+    """``dist.broadcast(t, 0, group=comm)``: the root of a rooted collective is "Source rank on global process group
+    (regardless of group argument)" (:data:`_COLL`, ``src`` / ``dst``), so a constant root given with a subgroup is
+    global rank 0 for every group: the groups that do not hold rank 0 raise "Global rank 0 is not part of group" or
+    hang (laekov/fastmoe's DistributedGroupedDataParallel broadcast each data-parallel group from 0).  Not for
+    ``group=None`` / ``WORLD``; a root computed per group (``get_global_rank(group, 0)``, Megatron's
+    ``get_..._src_rank()``) is not a constant; only for a group that is one of several (chosen in a loop, a device
+    mesh's dimension, a tensor/pipeline/data/expert-parallel group by its name), not one spanning the job."""
+    from helpers.lint.python_rules import _call_name
+
+    if "group" not in lt.text:
+        return
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name not in _ROOTED or not lt.collective_name(c):
+            continue
+        group = kwarg(c, "group")
+        if group is None or isinstance(group, ast.Constant) or re.search(r"WORLD|world", ast.unparse(group)):
+            continue
+        fn = lt._enclosing_function(c)
+        if isinstance(group, ast.Name) and isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = fn.args.args + fn.args.kwonlyargs
+            defaults = dict(zip([a.arg for a in fn.args.args][::-1], fn.args.defaults[::-1]))
+            defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None})
+            if group.id in {a.arg for a in args} and (group.id not in defaults or re.search(
+                    r"WORLD|None", ast.unparse(defaults[group.id]))):
+                continue  # a helper's group parameter (fairchem's gather_objects(group=dist.group.WORLD)): its callers
+                # decide, and with the default the root is right
+        text = ast.unparse(group)
+        in_loop = any(_chosen_by_loop(a, group) for a in ancestors(lt, c) if isinstance(a, ast.For))
+        if not (in_loop or re.search(r"mesh|get_group\(|(?:^|_)(?:tp|pp|dp|cp|ep|sp|expert|tensor|pipeline|data|"
+                                     r"model)(?:_|$)", text, re.I)):
+            continue  # one group that spans the job (a DDP module's process_group): its root 0 is a member
+        key, pos = _ROOTED[name]
+        root = kwarg(c, key) if kwarg(c, key) is not None else (c.args[pos] if len(c.args) > pos else None)
+        if not (isinstance(root, ast.Constant) and isinstance(root.value, int)):
+            continue
+        lt.add("wrong-collective-src-rank", "warning", c,
+               f"{ast.unparse(c)[:70]} names {key}={root.value} with group={ast.unparse(group)[:30]}: {key} is a rank of "
+               f"the default group whatever the group, so every group is told global rank {root.value}, which only "
+               "one group holds (the others: 'Global rank ... is not part of group', or a hang)",
+               f"{key}=dist.get_global_rank({ast.unparse(group)[:30]}, {root.value}) (or group_{key}={root.value}, "
+               "a rank within the group, on a torch that has it)", _COLL)
+
+
 def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
     """A torchmetrics ``Metric`` whose list state (``add_state("preds", default=[], dist_reduce_fx="cat")``) is
     joined in ``compute()`` as a list (``torch.cat(self.preds)``): when several processes run, ``compute()`` first
@@ -989,4 +1080,4 @@ def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -304,6 +304,15 @@ CONTRACTS: tuple[Contract, ...] = (
        "args.local_rank keeps its default on every rank", _TORCHRUN, "local-rank-arg-under-launcher"),
     _c("torchrun", "The script accepts the arguments written after it on the launch line", _TORCHRUN,
        "script-arg-unknown"),
+    _c("broadcast / reduce / scatter / gather (and their object forms)", "src / dst is a rank of the default group "
+       "whatever group= is given: a subgroup's root is its member's global rank (get_global_rank), not a constant",
+       _COLL, "wrong-collective-src-rank"),
+    _c("nn.DataParallel", "DataParallel is one process driving several GPUs: in a job of one process per GPU the "
+       "gradients are averaged across processes by DistributedDataParallel, not by DataParallel",
+       "https://docs.pytorch.org/docs/stable/generated/torch.nn.DataParallel.html", "dataparallel-under-launcher"),
+    _c("torch.split", "An integer split size gives chunks of that size and a smaller last one: a size rounded down "
+       "from count // world_size makes more chunks than ranks, so indexing them by rank leaves items unused",
+       "https://docs.pytorch.org/docs/stable/generated/torch.split.html", "rank-split-drops"),
     _c("HF TrainingArguments deepspeed= / fsdp_config=, DeepSpeed --deepspeed_config", "A config path handed to the "
        "script names a file that exists where the job runs (else 'Expected a string path to an existing deepspeed "
        "config')", "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/deepspeed.py",

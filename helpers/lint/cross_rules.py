@@ -1157,6 +1157,63 @@ def clock_path_across(facts: Sequence[object]) -> list[Check]:
             for f, name, line, where in _used_in_data_parallel_file(facts, "clock_paths", "save_dir_names")]
 
 
+_EXPORT = "https://www.gnu.org/software/bash/manual/html_node/Bourne-Shell-Builtins.html#index-export"
+
+
+def unexported_to_child_script(launches: Sequence[tuple[str, str, LaunchSpec | None]]) -> list[Check]:
+    """``launcher-var-unset`` across shell files: a script sets ``GPUNUM`` (an assignment or a ``for GPUNUM in``
+    loop) without exporting it and runs another linted script with ``bash ./run.sh`` (a new shell, which gets only
+    exported variables: "export: mark each name to be passed to child processes in the environment", :data:`_EXPORT`),
+    and that script reads ``$GPUNUM`` without setting it first (or only as its own default ``${GPUNUM:-1}``): the
+    child always sees it unset (hpcaitech/ColossalAI's GPT benchmark ran every configuration on one GPU).  Not where
+    the caller exports it, runs ``set -a``, or passes it on the command (``GPUNUM=4 bash run.sh``)."""
+    from helpers.launch_parse import join_continuations
+
+    shells = {os.path.basename(p): (p, t) for p, t, _s in launches if p != "<command>" and not p.endswith(".md")}
+    out: list[Check] = []
+    for path, text, _spec in launches:
+        if path == "<command>" or path.endswith(".md") or re.search(r"^\s*set\s+-[a-z]*a", text, re.M):
+            continue
+        exported = set(re.findall(r"^\s*(?:export|declare\s+-x)\s+([A-Za-z_]\w*)", text, re.M))
+        assigned = set(re.findall(r"^\s*([A-Za-z_]\w*)=", text, re.M)) | \
+            set(re.findall(r"^\s*for\s+([A-Za-z_]\w*)\s+in\b", text, re.M))
+        local = assigned - exported
+        if not local:
+            continue
+        for number, line in join_continuations(text):
+            m = re.match(r"\s*((?:[A-Za-z_]\w*=\S*\s+)*)(?:bash|sh)\s+(\S+\.sh)\b|\s*((?:[A-Za-z_]\w*=\S*\s+)*)"
+                         r"(\./\S+\.sh)\b", line)
+            if not m:
+                continue
+            prefix = m.group(1) or m.group(3) or ""
+            child = shells.get(os.path.basename(m.group(2) or m.group(4)))
+            if child is None or child[0] == path:
+                continue
+            passed = set(re.findall(r"([A-Za-z_]\w*)=", prefix))
+            ctext = child[1]
+            lost = []
+            for var in sorted(local - passed):
+                read = re.search(rf"\$\{{?{var}\b", ctext)
+                if read is None:
+                    continue
+                upto = ctext[:read.start()] + ctext[read.start():].split("\n", 1)[0]
+                own = re.search(rf"^\s*(?:export\s+)?{var}=(.*)$", upto, re.M)
+                if own is not None and not re.search(rf"\$\{{?{var}\b", own.group(1)):
+                    continue  # the child sets it itself before reading it
+                lost.append(var)
+            if lost:
+                names = ", ".join(lost)
+                out.append(finding(
+                    "launcher-var-unset", "warning", path, number,
+                    f"{names} {'is' if len(lost) == 1 else 'are'} set in {os.path.basename(path)} but not exported, "
+                    f"and {os.path.basename(child[0])} (started here in a new shell) reads "
+                    f"{'it' if len(lost) == 1 else 'them'}: the child sees {'it' if len(lost) == 1 else 'them'} unset "
+                    "(or takes its own default), whatever this script set",
+                    f"export {lost[0]} (or pass it on the command: {lost[0]}=${lost[0]} bash {m.group(2) or m.group(4)})",
+                    _EXPORT))
+    return out
+
+
 def listing_dir_across(facts: Sequence[object]) -> list[Check]:
     """``write-on-every-rank`` across files: a file that trains data parallel calls, outside any rank gate, another
     linted file's function that numbers a new run directory by counting the output folder

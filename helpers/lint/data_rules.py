@@ -849,17 +849,33 @@ def _dict_keys(lt: PythonLinter, name: str, depth: int = 2) -> dict[str, ast.exp
     return out
 
 
+def _looped_over(lt: PythonLinter, loader: ast.Call) -> bool:
+    """The name ``loader`` is assigned to is what a ``for`` goes through (``for b in train_loader``,
+    ``enumerate(train_loader)``, ``tqdm(train_loader)``)."""
+    parent = lt.parents.get(loader)
+    if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name)):
+        return False
+    name = parent.targets[0].id
+    return any(isinstance(f, (ast.For, ast.AsyncFor)) and any(isinstance(x, ast.Name) and x.id == name
+                                                               for x in ast.walk(f.iter)) for f in lt.nodes)
+
+
 def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
     """Data parallel training whose loader gives every rank the whole dataset: the file wraps its model in
     ``DistributedDataParallel`` and builds a ``DataLoader(..., shuffle=True)`` with no ``sampler=`` while nothing in
     the file shards the data (no DistributedSampler, no loader wrapper of a library: :data:`_SHARDS_ITSELF`); or it
     makes a ``DistributedSampler`` that no DataLoader reads.  DDP averages gradients but splits no data: "It is up to
     the user to ... split the data" is DistributedSampler's job ("restricts data loading to a subset of the dataset",
-    ``_DATA``), so each rank trains on every sample, N times the work per epoch (kubeflow/trainer#2012, torchft#74)."""
+    ``_DATA``), so each rank trains on every sample, N times the work per epoch (kubeflow/trainer#2012, torchft#74).
+    The same under ``deepspeed.initialize``: the engine shards only the loader it builds from ``training_data=``."""
     from helpers.lint.python_rules import _call_name
 
-    if "DistributedDataParallel" not in lt.text and not re.search(r"\bDDP\(", lt.text):
+    engine = "deepspeed.initialize(" in lt.text  # the engine averages gradients as DDP does, and splits no data
+    # but the loader it returns for training_data= (pytorch-training's T5 script looped over its own DataLoader)
+    if "DistributedDataParallel" not in lt.text and not re.search(r"\bDDP\(", lt.text) and not engine:
         return
+    wrapper = "DistributedDataParallel" if not engine or re.search(r"DistributedDataParallel|\bDDP\(", lt.text) \
+        else "the DeepSpeed engine"
     loads = {n.id for n in lt.nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     for node in lt.nodes:
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and
@@ -887,10 +903,13 @@ def rule_loader_without_distributed_sampler(lt: PythonLinter) -> None:
         if "sampler" in kws or "batch_sampler" in kws or "use_ddp" in kws or \
                 not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
             continue
+        if wrapper != "DistributedDataParallel" and not _looped_over(lt, node):
+            continue  # under DeepSpeed: only a loader the training loop goes through (HelloDeepSpeed hands its
+            # loader to an infinite iterator of random draws)
         lt.add("sampler-not-distributed", "warning", node,
                "DataLoader(..., shuffle=True) without a DistributedSampler in a file that trains under "
-               "DistributedDataParallel: DDP splits no data, so every rank goes through the whole dataset (N times the "
-               "work per epoch, each sample N times)",
+               f"{wrapper}: it averages gradients and splits no data, so every rank goes through the whole dataset "
+               "(N times the work per epoch, each sample N times)",
                "sampler = DistributedSampler(dataset) (shuffles itself; sampler.set_epoch(epoch) every epoch) and "
                "DataLoader(dataset, sampler=sampler, shuffle=False)", _DATA + "#torch.utils.data.distributed.DistributedSampler")
         return
@@ -1271,4 +1290,78 @@ def _collect_unseeded_draws(lt: PythonLinter) -> None:
                 break
 
 
-__all__ = ["collect_sampler_facts", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]
+_HF_TRAINER_SRC = "https://github.com/huggingface/transformers/blob/main/src/transformers/trainer.py"
+
+
+def rule_trainer_loader_override_unsharded(lt: PythonLinter) -> None:
+    """A Hugging Face ``Trainer`` subclass whose ``get_train_dataloader`` / ``get_eval_dataloader`` returns a
+    ``DataLoader(...)`` it builds itself, with no ``sampler=`` / ``batch_sampler=`` and not through
+    ``self.accelerator.prepare``: the Trainer's own method shards its loader across processes (``return
+    self.accelerator.prepare(DataLoader(...))``; before Accelerate, a DistributedSampler or ``IterableDatasetShard``,
+    :data:`_HF_TRAINER_SRC`), so the override gives every rank the whole dataset (stanford-crfm/mistral's iterable
+    datasets)."""
+    from helpers.lint.python_rules import _call_name
+
+    if "get_train_dataloader" not in lt.text and "get_eval_dataloader" not in lt.text:
+        return
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        if not any(ast.unparse(b).endswith("Trainer") for b in cls.bases):
+            continue
+        for fn in cls.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name in ("get_train_dataloader", "get_eval_dataloader")):
+                continue
+            for r in (n for n in ast.walk(fn) if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)):
+                call = r.value
+                if _call_name(call)[1] != "DataLoader" or any(k.arg in ("sampler", "batch_sampler")
+                                                                for k in call.keywords) or \
+                        call.args and isinstance(call.args[0], (ast.List, ast.Tuple)):
+                    continue  # (DataLoader([]): sentence-transformers' placeholder when there is nothing to load)
+                data = call.args[0] if call.args else kwarg(call, "dataset")
+                if isinstance(data, ast.Name) and any(
+                        isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == data.id for t in a.targets)
+                        and re.search(r"IterableDatasetShard|split_dataset_by_node|\.shard\(", ast.unparse(a.value))
+                        for a in ast.walk(fn)):
+                    continue  # sharded by hand first (Open-Assistant's IterableDatasetShard)
+                lt.add("sampler-not-distributed", "warning", call,
+                       f"{cls.name}.{fn.name} returns a DataLoader of its own, with no sampler and not through "
+                       "self.accelerator.prepare: the Trainer's method it replaces shards the loader across "
+                       "processes, so under a multi-process launch every rank reads the whole dataset",
+                       "return self.accelerator.prepare(DataLoader(...)) (or give it a DistributedSampler / "
+                       "split_dataset_by_node for an iterable dataset)", _HF_TRAINER_SRC)
+                break
+
+
+_TORCH_SPLIT = "https://docs.pytorch.org/docs/stable/generated/torch.split.html"
+_WORLD_NAME = re.compile(r"get_world_size\(|world_size|WORLD_SIZE|num_replicas|num_processes|nprocs|n_gpus|ngpus")
+
+
+def rule_rank_split_drops(lt: PythonLinter) -> None:
+    """``idx.split(idx.size(0) // world_size)[rank]`` (or ``torch.split(idx, n // world_size)[rank]``): a chunk size
+    rounded down gives more than world-size chunks whenever the count does not divide ("Last chunk will be smaller
+    if the tensor size along the given dimension is not divisible by split_size", :data:`_TORCH_SPLIT`), and the
+    ranks take the first world-size of them: the items of the extra chunk are never used by any rank (pyg-team/
+    pytorch_geometric#9753 switched to ``tensor_split(world_size)``)."""
+    from helpers.lint.python_rules import _call_name
+
+    if ".split(" not in lt.text:
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) and lt.taint.is_rank(node.slice)):
+            continue
+        call = node.value
+        recv, name = _call_name(call)
+        if name != "split" or not isinstance(call.func, ast.Attribute):
+            continue
+        size = (call.args[1] if len(call.args) > 1 else None) if recv == "torch" else \
+            (call.args[0] if call.args else kwarg(call, "split_size"))
+        if not (isinstance(size, ast.BinOp) and isinstance(size.op, ast.FloorDiv) and
+                _WORLD_NAME.search(ast.unparse(size.right))):
+            continue
+        lt.add("rank-split-drops", "warning", node,
+               f"{ast.unparse(node)[:70]} cuts chunks of {ast.unparse(size)[:40]} items: when the count is not a "
+               "multiple of the world size that makes more chunks than there are ranks, and the items of the extra ones are never "
+               "used by any rank", "split into exactly world-size parts: x.tensor_split(world_size)[rank] (or "
+               "shard with DistributedSampler)", _TORCH_SPLIT)
+
+
+__all__ = ["collect_sampler_facts", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]

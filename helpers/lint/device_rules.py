@@ -62,6 +62,72 @@ def rule_ema_before_to_device(lt: PythonLinter) -> None:
                f"create it after {ast.unparse(moved[0])[:40]}, or give it device=", _TIMM_EMA)
 
 
+def _binds_device(lt: PythonLinter, stmts: list[ast.stmt]) -> bool:
+    """``stmts`` bind this process's GPU on every path through them: ``torch.cuda.set_device(...)``, a
+    ``CUDA_VISIBLE_DEVICES`` assignment, or a helper named for the device given the local rank
+    (fairchem's ``assign_device_for_local_rank(cpu, local_rank)``); an ``if`` binds when both branches do."""
+    from helpers.lint.python_rules import _call_name
+
+    for st in stmts:
+        if isinstance(st, ast.If):
+            if _binds_device(lt, st.body) and _binds_device(lt, st.orelse):
+                return True
+            continue
+        if isinstance(st, (ast.With, ast.Try)):
+            if _binds_device(lt, st.body):
+                return True
+            continue
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for c in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
+            name = _call_name(c)[1]
+            if name == "set_device" or "device" in name.lower() and any(
+                    re.search(r"local_rank|LOCAL_RANK", ast.unparse(a)) for a in c.args):
+                return True
+        if "CUDA_VISIBLE_DEVICES" in ast.unparse(st) and isinstance(st, ast.Assign):
+            return True
+    return False
+
+
+def _init_path_unbound(lt: PythonLinter) -> None:
+    """An ``init_process_group`` on a path that reads the local rank and binds no GPU, in a file whose other init path
+    does bind it (``torch.cuda.set_device(local_rank)`` before the SLURM path's init, nothing on the torchrun path's:
+    FAIR-Chem/fairchem#931): the author's own set-up shows the binding is needed, and on this path every rank of a
+    node stays on cuda:0 for NCCL's communicator and the object collectives."""
+    from helpers.lint.python_rules import _call_name
+
+    inits = [c for c in lt._calls() if _call_name(c)[1] == "init_process_group"]
+    if len(inits) < 2:
+        return
+    paths = []
+    for c in inits:
+        before: list[ast.stmt] = []
+        child, p = c, lt.parents.get(c)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(p, field, None)
+                if isinstance(block, list) and child in block:
+                    before += block[:block.index(child)]
+            child, p = p, lt.parents.get(p)
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)) and child in p.body:
+            before += p.body[:p.body.index(child)]
+        backend = kwarg(c, "backend") or (c.args[0] if c.args else None)
+        gloo = isinstance(backend, ast.Constant) and backend.value == "gloo"
+        paths.append((c, _binds_device(lt, before), gloo, any(
+            re.search(r"LOCAL_RANK|local_rank", ast.unparse(st)) for st in before)))
+    if not any(bound for _c, bound, _g, _l in paths):
+        return
+    for c, bound, gloo, reads_local in paths:
+        if not bound and not gloo and reads_local:
+            lt.add("nccl-no-device-binding", "warning", c,
+                   "this init_process_group path reads the local rank but binds no GPU, while the file's other init "
+                   "path calls torch.cuda.set_device first: here every rank of a node stays on cuda:0 (NCCL's "
+                   "communicator, barrier() and the object collectives run on GPU 0)",
+                   "torch.cuda.set_device(local_rank) on this path too, before init_process_group",
+                   _DIST + "#torch.distributed.all_gather_object")
+            return
+
+
 def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
     """nccl with no per-rank device: every rank of a node computes (and talks NCCL) on cuda:0.  Also where
     ``init_process_group()`` names no backend: c10d then uses the backend registered for the detected accelerator,
@@ -85,6 +151,8 @@ def rule_nccl_no_device_binding(lt: PythonLinter, sc: ScriptContract) -> None:
     if (sc.backend != "nccl" and not sc.extra.get("default_backend")) or sc.spawns:
         return  # a script that names no backend gets nccl for its CUDA tensors (the check below needs CUDA use)
     if binds:
+        if own and not trainer:
+            _init_path_unbound(lt)
         return  # the device is bound (or a framework binds it)
     bare = re.search(r"\.cuda\(\)|\.to\(\s*['\"]cuda['\"]\s*\)|device\s*=\s*['\"]cuda['\"]|"
                      r"torch\.device\(\s*['\"]cuda['\"]\s*\)", text)
@@ -365,9 +433,10 @@ class _Local:
             if key is not None:
                 return key in _LOCAL_ENV
         if isinstance(node, ast.Call):
-            name = self._call_name(node)[1]
+            recv, name = self._call_name(node)
             if name in ("get_local_rank", "get_node_local_rank"):
-                return True
+                # DeviceMesh.get_local_rank("dp") is the rank along a mesh dimension, not within the node
+                return name == "get_node_local_rank" or not (node.args or node.keywords or "mesh" in recv.lower())
             return name in ("int", "str") and bool(node.args) and self.is_local(node.args[0])
         return False
 
@@ -396,7 +465,8 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
     """
     from helpers.lint.python_rules import _call_name
 
-    if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|local_process_index|get_local_rank|global_rank", lt.text):
+    if not re.search(r"local_rank|LOCAL_RANK|LOCALID|LOCALRANKID|local_process_index|get_local_rank|global_rank",
+                     lt.text):
         return
     local = _Local(lt)
     hits: list[tuple[ast.AST, str]] = []
@@ -424,6 +494,7 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
         if ast.unparse(n.value) in sized:
             hits.append((n, f"{ast.unparse(n)} (len({ast.unparse(n.value)}) is checked against the world size)"))
     hits += _local_times_share(lt, local)
+    hits += _rank_from_either(lt, local)
     for node, what in hits:
         lt.add("local-rank-as-global-rank", "warning", node,
                f"{what} uses the node-local rank where the global rank is meant: on one node they are equal, on "
@@ -431,6 +502,55 @@ def rule_local_rank_as_global_rank(lt: PythonLinter) -> None:
                "shard (duplicated data, a wrongly assembled model) and the rest is never used",
                "use the global rank: int(os.environ['RANK']) / dist.get_rank(); keep LOCAL_RANK for the device only",
                _TORCHRUN + "#environment-variables")
+
+
+def _core(value: ast.AST) -> ast.AST:
+    """``int(os.environ.get("RANK") or 0)`` -> ``os.environ.get("RANK")``: the value under casts and an ``or``
+    default."""
+    while True:
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("int", "str") \
+                and value.args:
+            value = value.args[0]
+        elif isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+            value = value.values[0]
+        else:
+            return value
+
+
+def _env_read(node: ast.AST) -> bool:
+    """``os.environ.get("X")`` / ``os.getenv("X")`` / ``os.environ["X"]``."""
+    return isinstance(node, ast.Call) and re.match(r"os\.(environ\.get|getenv)$", ast.unparse(node.func)) is not None \
+        or isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ"
+
+
+def _rank_from_either(lt: PythonLinter, local: _Local) -> list[tuple[ast.AST, str]]:
+    """One name given the global rank in one branch of an ``if`` and a node-local rank in the other (DGL's
+    ``get_proc_info``: ``OMPI_COMM_WORLD_RANK`` under Open MPI, ``MPI_LOCALRANKID`` under MPICH, returned as "Rank of
+    the current process"): under the second launcher the value repeats on every node.  The local branch is the
+    finding; only where both values are launcher variables (icefall's ``local_rank = rank`` on one node is not)."""
+    out: list[tuple[ast.AST, str]] = []
+    for node in lt.nodes:
+        if not (isinstance(node, ast.If) and node.orelse) or \
+                isinstance(lt.parents.get(node), ast.If) and lt.parents[node].orelse == [node]:
+            continue  # (an elif is read with the chain it continues)
+        blocks, branch = [node.body], node
+        while len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If):
+            branch = branch.orelse[0]
+            blocks.append(branch.body)
+        blocks.append(branch.orelse)
+        assigned: dict[str, list[ast.Assign]] = {}
+        for block in blocks:
+            for st in block:
+                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                    assigned.setdefault(st.targets[0].id, []).append(st)
+        for name, values in assigned.items():  # both read from launcher variables (not icefall's `rank` argument)
+            envs = [a for a in values if _env_read(_core(a.value))]
+            glob = next((a for a in envs if lt.taint.is_global_rank(_core(a.value))), None)
+            loc = next((a for a in envs if local.is_local(_core(a.value))), None)
+            if glob is not None and loc is not None and not _one_node_master(lt, loc):
+                out.append((loc, f"{name} = {ast.unparse(loc.value)[:50]} (the global rank in another branch, "
+                                 f"line {glob.lineno})"))
+    return out
 
 
 def _local_times_share(lt: PythonLinter, local: _Local) -> list[tuple[ast.AST, str]]:
@@ -681,11 +801,23 @@ def rule_world_size_as_local(lt: PythonLinter) -> None:
         left, right = ast.unparse(node.left), ast.unparse(node.right)
         if "cpu_count(" not in left or not world.search(right) or "local" in right.lower():
             continue
+        if isinstance(node.right, ast.Name) and _counts_local_devices(lt, node.right):
+            continue  # world_size = len(devices) of this node (DGL's mp.spawn examples): the node's ranks indeed
         lt.add("world-size-as-local", "warning", node,
                f"{ast.unparse(node)[:70]}: the CPUs of this node are divided by the ranks of the whole job; only "
                "the ranks on this node share them (fewer threads than the node has, 0 on a big job)",
                "divide by the ranks on this node: int(os.environ['LOCAL_WORLD_SIZE']) (torchrun), or "
                "torch.cuda.device_count() when every GPU runs one rank", _LOCAL_WORLD)
+
+
+def _counts_local_devices(lt: PythonLinter, name: ast.Name) -> bool:
+    """Every assignment of ``name`` in its function counts this node's GPUs (``len(devices)``, ``len(gpus)``,
+    ``torch.cuda.device_count()``): a one-node job, whose world size is the node's rank count."""
+    scope = lt._enclosing_function(name) or lt.tree
+    values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and
+              any(isinstance(t, ast.Name) and t.id == name.id for t in a.targets)]
+    return bool(values) and all(re.search(r"device_count\(|len\(\s*\w*(?:device|gpu)", ast.unparse(v), re.I)
+                                for v in values)
 
 
 def rule_grad_accum_from_device_count(lt: PythonLinter) -> None:

@@ -532,9 +532,57 @@ def rule_zero_grad_in_accumulate(lt: PythonLinter) -> None:
                 break
 
 
+_DS_TRAINING = "https://deepspeed.readthedocs.io/en/latest/training.html"
+
+
+def rule_forward_bypasses_engine(lt: PythonLinter) -> None:
+    """``engine, ... = deepspeed.initialize(model=model, ...)``, then the training forward on ``model`` itself and
+    ``engine.backward(loss)`` / ``engine.step()``: DeepSpeed's training contract runs all three through the engine
+    ("loss = model_engine(batch); model_engine.backward(loss); model_engine.step()", :data:`_DS_TRAINING`); the
+    engine's forward is where it casts the inputs to the fp16/bf16 of its config, gathers ZeRO-3's partitioned
+    parameters and times the step, so a forward that bypasses it computes with the wrong weights or dtype
+    (eth-cscs/pytorch-training's BERT example).  Not under ``torch.no_grad()``; not where the raw name is bound
+    again after the initialize (``model = engine``)."""
+    if "deepspeed.initialize(" not in lt.text or ".backward(" not in lt.text:
+        return
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and
+                ast.unparse(n.value.func) == "deepspeed.initialize"):
+            continue
+        raw = next((k.value for k in n.value.keywords if k.arg == "model"), None)
+        t = n.targets[0]
+        engine = t.elts[0] if isinstance(t, ast.Tuple) and t.elts else t
+        if not (isinstance(raw, ast.Name) and isinstance(engine, ast.Name)) or raw.id == engine.id:
+            continue
+        scope = lt._enclosing_function(n) or lt.tree
+        if any(isinstance(a, (ast.Assign, ast.AnnAssign)) and a.lineno > n.lineno and
+               any(isinstance(x, ast.Name) and x.id == raw.id for x in assign_targets(a)) for a in ast.walk(scope)):
+            continue
+        calls = [c for c in ast.walk(scope) if isinstance(c, ast.Call) and c.lineno > n.lineno]
+        if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and
+                   isinstance(c.func.value, ast.Name) and c.func.value.id == engine.id for c in calls):
+            continue
+        for c in calls:
+            if not (isinstance(c.func, ast.Name) and c.func.id == raw.id):
+                continue
+            ctx = lt.parents.get(c)
+            while ctx is not None and ctx is not scope and not (isinstance(ctx, ast.With) and any(
+                    isinstance(i.context_expr, ast.Call) and call_name(i.context_expr) in _NO_GRAD for i in ctx.items)):
+                ctx = lt.parents.get(ctx)
+            if ctx is not scope:
+                continue  # under torch.no_grad()
+            lt.add("ddp-bypassed", "error", c,
+                   f"{raw.id}(...) runs the training forward on the model given to deepspeed.initialize (line "
+                   f"{n.lineno}), while {engine.id}.backward() runs the backward: the engine's forward (its "
+                   "fp16/bf16 input cast, ZeRO-3's parameter gathering) is skipped",
+                   f"loss = {engine.id}(...) for the training forward (DeepSpeed's training loop)", _DS_TRAINING)
+            return
+
+
 def run(lt: PythonLinter) -> None:
     """Run the gradient-synchronisation rules on ``lt``."""
     rule_forward_bypasses_ddp(lt)
+    rule_forward_bypasses_engine(lt)
     rule_prepared_model_never_called(lt)
     rule_module_method_forward(lt)
     rule_sync_flag_after_forward(lt)

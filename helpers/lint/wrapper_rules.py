@@ -10,7 +10,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors
+from helpers.lint.contract_ast import ancestors, kwarg
 from helpers.lint.contracts import _ACC, _DDP, _FABRIC, _FSDP
 from helpers.lint.wrappers import accelerator_prepare, assign_targets, call_name, prepare_bindings
 
@@ -173,6 +173,45 @@ def rule_syncbn_without_ddp(lt: PythonLinter) -> None:
                "GPU per process ('SyncBatchNorm expected input tensor to be on GPU' / 'Default process group has not "
                "been initialized')", "use DistributedDataParallel (torchrun, one process per GPU), or plain "
                "BatchNorm under DataParallel", "https://docs.pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html")
+
+
+_DATAPARALLEL = "https://docs.pytorch.org/docs/stable/generated/torch.nn.DataParallel.html"
+
+
+def rule_dataparallel_per_process(lt: PythonLinter) -> None:
+    """``DataParallel(model, device_ids=[local_rank])`` in a process of a multi-process job: DataParallel is one
+    process driving several GPUs by threads (:data:`_DATAPARALLEL`: "use DistributedDataParallel, instead of this
+    class, to do multi-GPU training"), so given one device per process it only forwards to that GPU and nothing
+    averages the gradients between the processes: each rank trains its own copy (thu-coai/CDial-GPT#21).  Reported
+    where the device list is this process's rank, or where the file makes a process group and wraps nothing in
+    DistributedDataParallel / FSDP / DeepSpeed / Accelerate."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DataParallel(" not in lt.text:
+        return
+    multi = "init_process_group" in lt.text and not re.search(
+        r"DistributedDataParallel|DDP\(|FullyShardedDataParallel|fully_shard|deepspeed\.initialize|\.prepare\(",
+        lt.text)  # (yolov5's smart_DDP is a DDP too) and not re.search(r"all_reduce\([^)]*\.grad\b", lt.text)  # (gradients averaged by hand)
+    for c in lt._calls():
+        if _call_name(c)[1] != "DataParallel":
+            continue
+        func = ast.unparse(c.func)
+        origin = lt.import_origins.get(func, "") if isinstance(c.func, ast.Name) else func
+        if not re.match(r"(torch\.)?nn\.(parallel\.)?DataParallel$|torch\.nn\.(parallel\.(data_parallel\.)?)?"
+                        r"DataParallel$", origin):
+            continue  # a project's own DataParallel (picotron's bucketed one) is not torch's
+        ids = kwarg(c, "device_ids")
+        one = isinstance(ids, ast.List) and len(ids.elts) == 1 and lt.taint.is_rank(ids.elts[0])
+        if not (one or multi and lt._rank_gate(c) is None) or any(
+                isinstance(a, ast.If) and re.search(r"==\s*-1|world_size\s*==\s*1|not\s+\w*distributed",
+                                                    ast.unparse(a.test)) for a in ancestors(lt, c)):
+            continue  # (under `RANK == -1`: the one-process path)
+        lt.add("dataparallel-under-launcher", "error", c,
+               f"{ast.unparse(c)[:70]} in a process of a multi-process job: DataParallel runs threads inside one "
+               "process and averages nothing across processes, so each rank trains its own copy of the model",
+               "model = DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)",
+               _DATAPARALLEL)
+        return
 
 
 def _stored_names(node: ast.AST) -> set[str]:

@@ -274,7 +274,9 @@ class WrapperFlow:
             if name in ("compile", "to", "cuda") and isinstance(expr.func, ast.Attribute):
                 inner = expr.args[0] if name == "compile" and expr.args else expr.func.value
                 return self.state(inner, at)
-        if isinstance(expr, ast.IfExp):
+        if isinstance(expr, ast.IfExp):  # `model if args.standalone else model.module`: the script unwraps it itself
+            if self._unwraps(expr.body) or self._unwraps(expr.orelse):
+                return False, False
             return self.state(expr.body, at)
         return False, False
 
