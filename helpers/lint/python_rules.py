@@ -81,6 +81,9 @@ DELETES = {("shutil", "rmtree"), ("os", "remove"), ("os", "unlink"), ("os", "rmd
 """Calls that remove or move a path: run by every rank on a shared output directory, N processes delete the same
 checkpoint folders at once (``FileNotFoundError`` on all but the first, or the wrong folders kept:
 huggingface/diffusers#5340 gated its checkpoint pruning on ``accelerator.is_main_process``)."""
+COPIES = frozenset({"copyfile", "copy", "copy2", "copytree", "move"})
+"""``shutil``'s copies: they write the file or tree named by their second argument, ``dst``
+(https://docs.python.org/3/library/shutil.html#shutil.copyfile)."""
 FILE_SAVES = {("torch", "save"), ("OmegaConf", "save")}
 """(receiver, call) pairs that write a file named by their second argument or ``f=``: ``torch.save(obj, f)``
 (https://docs.pytorch.org/docs/stable/generated/torch.save.html), ``OmegaConf.save(config, f, resolve=False)``
@@ -292,6 +295,8 @@ def _written_paths(call: ast.Call) -> list[ast.expr]:
     """The arguments of a writing call (:meth:`PythonLinter._write_kind`) that name the file: the second on for
     ``torch.save(obj, f)`` / ``json.dump(obj, f)``, the first for ``open(path, "w")``, ``x.save_pretrained(dir)``..."""
     recv, name = _call_name(call)
+    if name in COPIES and recv in ("shutil", ""):
+        return call.args[1:2] or [k.value for k in call.keywords if k.arg == "dst"]
     if name == "save" and len(call.args) == 1 and recv not in ("torch", "torch.jit", "jit", "OmegaConf"):
         return call.args[:1]  # scripted.save(f): the module is the receiver, the one argument the file
     return call.args[1:] if name in ("save", "dump") else call.args[:1]
@@ -1648,7 +1653,8 @@ class PythonLinter:
 
     def _write_kind(self, call: ast.Call) -> str:
         """What ``call`` writes: ``"tracker"`` (starts an experiment-tracker run, :data:`TRACKER_RUNS`), ``"file"``
-        (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`), ``"delete"``
+        (``torch.save``, ``OmegaConf.save``, ``json.dump``, ``open(p, "w"/"a")``, :data:`WRITE_CALLS`, ``shutil``'s
+        copies), ``"delete"``
         (:data:`DELETES`, not of a temporary path) or ``""``."""
         recv, name = _call_name(call)
         if (recv, name) in TRACKER_RUNS and not any(k.arg == "group" for k in call.keywords):
@@ -1681,6 +1687,8 @@ class PythonLinter:
             return ""  # transformers' Trainer.push_to_hub returns on every process but the main one
         if name == "save" and isinstance(call.func, ast.Attribute) and call.args and self._scripted(call.func.value):
             return "file"  # ScriptModule.save(f): wenet's torch.jit.script(model).save(init.zip) on every rank
+        if name in COPIES and (recv == "shutil" or not recv and self.import_origins.get(name, "").startswith("shutil")):
+            return "file"  # shutil.copyfile(src, dst): icefall copied the best checkpoint on every rank
         if (recv, name) in FILE_SAVES or name in WRITE_CALLS or (recv == "json" and name == "dump") or \
                 (not recv and name == "open" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
                  and isinstance(call.args[1].value, str) and any(m in call.args[1].value for m in "wa")):

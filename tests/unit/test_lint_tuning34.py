@@ -258,3 +258,22 @@ def test_download_in_a_one_device_fabric_script():
     """
     assert "download-every-rank" not in ids(("dcgan.py", src.replace("{n}", "1")))
     assert "download-every-rank" in ids(("dcgan.py", src.replace("{n}", "4")))
+
+
+def test_shutil_copy_of_a_checkpoint_on_every_rank():
+    """icefall (blind12): copyfile(src=filename, dst=best_train_filename) after the save, on every spawned rank."""
+    src = """
+    from shutil import copyfile
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def save(params, filename, rank):
+        {gate}copyfile(src=filename, dst=params.exp_dir / "best-train-loss.pt")
+
+    def run(rank, world_size, params, model):
+        dist.init_process_group("nccl", rank=rank, world_size=world_size)
+        model = DDP(model)
+        save(params, "epoch-1.pt", rank)
+    """
+    assert "write-on-every-rank" in ids(("train.py", src.replace("{gate}", "")))
+    assert "write-on-every-rank" not in ids(("train.py", src.replace("{gate}", "if rank == 0:\n            ")))
