@@ -96,7 +96,8 @@ def text_traps(text: str) -> list[Check]:
             + _interpreter_as_script_traps(text) + _launcher_option_after_script_traps(text) + _mpirun_count_traps(text) + _misspelled_var_traps(text)
             + _launcher_parser_traps(text) + _srun_no_program_traps(text) + _nproc_from_task_count_traps(text)
             + _program_node_count_traps(text) + _sbatch_option_traps(text) + _sbatch_task_shrink_traps(text)
-            + _batch_expanded_rank_traps(text) + _late_default_traps(text) + _fsdp_wrap_class_traps(text))
+            + _batch_expanded_rank_traps(text) + _late_default_traps(text) + _fsdp_wrap_class_traps(text)
+            + _local_world_from_world_traps(text))
 
 
 _MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
@@ -493,8 +494,10 @@ def _misspelled_var_traps(text: str) -> list[Check]:
     out: list[Check] = []
     for c in comments:
         m = re.search(r"(\w+) may not be assigned\. Did you mean (\w+)\?", c.get("message", ""))
-        if not m:
-            continue
+        if not m or m.group(1) in _SHELL_SET or m.group(1) in _SITE_SET or _SET_BY_SCHEDULER.match(m.group(1)) or \
+                m.group(1).isupper() and m.group(1).lower() == m.group(2).lower():
+            continue  # the environment's own (NERSC's $SCRATCH beside a local `scratch=`): uppercase is the
+            # convention for exported variables, lowercase for the script's own
         hit = trap("shell-var-unset", "FAIL", f"env.{m.group(1)}",
                    f"${m.group(1)} is expanded but never assigned, while {m.group(2)} is: a misspelling (ShellCheck "
                    f"SC2153); ${m.group(1)} is empty, so the command gets an empty word or loses that argument",
@@ -787,6 +790,11 @@ _ACTIVATION = re.compile(r"(?i)bashrc|bash_profile|(?:^|/)\.?profile$|/bin/activ
 ``activateEnvironment.sh``), not to define the job's launch variables."""
 
 
+_SITE_SET = frozenset({"SCRATCH", "PSCRATCH", "CSCRATCH", "WORK", "PROJECT", "CFS", "STORE", "MEMBERWORK",
+                       "PROJWORK", "WORLDWORK", "LOCAL_SCRATCH", "SLURM_TMPDIR", "TMP", "HF_HOME", "XDG_CACHE_HOME"})
+"""Storage variables HPC sites set in every login and job environment (NERSC's ``$SCRATCH`` / ``$PSCRATCH`` /
+``$CFS``, TACC's ``$WORK``, OLCF's ``$MEMBERWORK``, the Alliance's ``$PROJECT``), and caches set by the user's
+profile."""
 _SHELL_SET = frozenset({"RANDOM", "SECONDS", "LINENO", "HOSTNAME", "HOME", "PWD", "OLDPWD", "USER", "LOGNAME", "UID",
                         "EUID", "PPID", "BASHPID", "HOSTTYPE", "OSTYPE", "MACHTYPE", "SHLVL", "PATH", "SHELL",
                         "TMPDIR", "LANG", "TERM", "EPOCHSECONDS", "SRANDOM"})
@@ -1151,6 +1159,33 @@ def _direct_task_traps(text: str) -> list[Check]:
 
 _REMOTE_STARTERS = re.compile(r"\b(?:srun|mpirun|mpiexec|pdsh|clush|ssh|pssh|deepspeed|jsrun|aprun|flux\s+run)\b")
 """What starts processes on the other nodes of an allocation (the batch script itself runs on the first node only)."""
+
+
+_WORLD_VALUE = re.compile(r"\$\{?(?:WORLD_SIZE|SLURM_NPROCS|SLURM_NTASKS|SLURM_STEP_NUM_TASKS)\}?")
+
+
+def _local_world_from_world_traps(text: str) -> list[Check]:
+    """``world-size-as-local``: ``export LOCAL_WORLD_SIZE=$WORLD_SIZE`` (or ``$SLURM_NPROCS`` / ``$SLURM_NTASKS``) in
+    a batch script for several nodes: LOCAL_WORLD_SIZE is "The local world size (e.g. number of workers running
+    locally)" (torchrun's environment contract, https://docs.pytorch.org/docs/stable/elastic/run.html#environment-
+    variables), the processes of this node, while those name every process of the job; a script that builds the
+    contract by hand for srun (LUMI's AI workshop) hands every rank a node size N times too large."""
+    alloc = sbatch_header(text).get("--nodes", "")
+    nodes = int(alloc.split("-")[0]) if re.fullmatch(r"\d{1,6}(?:-\d{1,6})?", alloc) else None
+    if not nodes or nodes < 2:
+        return []
+    out: list[Check] = []
+    for m in re.finditer(r"^[ \t]*(?:export\s+)?LOCAL_WORLD_SIZE=(\S+)", text, re.M):
+        if not _WORLD_VALUE.fullmatch(m.group(1).strip("\"'")):
+            continue
+        hit = trap("world-size-as-local", "FAIL", "env.LOCAL_WORLD_SIZE",
+                   f"LOCAL_WORLD_SIZE={m.group(1)} on a {nodes}-node allocation: that is every process of the job, "
+                   "while LOCAL_WORLD_SIZE is the processes on this node (torchrun's contract), so the ranks read a "
+                   f"node size {nodes} times too large", "LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE (or the GPUs per node)",
+                   "https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables")
+        hit.line_no = text.count("\n", 0, m.start()) + 1
+        out.append(hit)
+    return out
 
 
 def _first_node_only_traps(text: str) -> list[Check]:

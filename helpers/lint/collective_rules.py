@@ -1039,6 +1039,46 @@ def rule_group_root_as_group_rank(lt: PythonLinter) -> None:
                "a rank within the group, on a torch that has it)", _COLL)
 
 
+def rule_strided_shard_gathered_rank_major(lt: PythonLinter) -> None:
+    """``mine = items[rank::world_size]`` (rank r takes items r, r+W, r+2W...), each rank's results all-gathered and
+    joined rank after rank (``torch.cat(gathered)``) and cut to ``len(items)``: all_gather returns the ranks' tensors
+    in rank order (:data:`_COLL`), so the joined list holds rank 0's items 0, W, 2W... first: result i is not item i,
+    and the cut keeps the padding of the short ranks while it drops the last ranks' real results
+    (ZFTurbo/Music-Source-Separation-Training's valid_multi_gpu).  Interleave back instead
+    (``torch.stack(gathered, 1).flatten()``) or shard contiguously."""
+    if "::" not in lt.text:
+        return
+    for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        strided: dict[str, int] = {}
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.step is not None and \
+                    n.slice.lower is not None and n.slice.upper is None and lt.taint.is_rank(n.slice.lower) and \
+                    re.search(r"world|size|num_replicas|nprocs", ast.unparse(n.slice.step)) and \
+                    isinstance(n.value, ast.Name):
+                strided[n.value.id] = n.lineno
+        if not strided:
+            continue
+        for n in ast.walk(fn):
+            if not (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.lower is None and
+                    isinstance(n.slice.upper, ast.Call) and ast.unparse(n.slice.upper.func) == "len" and
+                    n.slice.upper.args and isinstance(n.slice.upper.args[0], ast.Name) and
+                    n.slice.upper.args[0].id in strided):
+                continue
+            joined = any(isinstance(c, ast.Call) and ast.unparse(c.func).split(".")[-1] in ("cat", "concatenate",
+                                                                                          "hstack", "chain")
+                         for c in ast.walk(n.value))
+            if not joined:
+                continue
+            src = n.slice.upper.args[0].id
+            lt.add("gather-order-differs", "warning", n,
+                   f"{ast.unparse(n)[:70]}: each rank took {src}[rank::world_size] (line {strided[src]}), and the "
+                   "gathered results are joined rank after rank: result i is not item i, and the cut to "
+                   f"len({src}) keeps the short ranks' padding and drops the last ranks' real results",
+                   "interleave back (torch.stack(gathered, dim=1).flatten()) or shard contiguously "
+                   "(items[rank * n:(rank + 1) * n])", _COLL)
+            break
+
+
 def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
     """A torchmetrics ``Metric`` whose list state (``add_state("preds", default=[], dist_reduce_fx="cat")``) is
     joined in ``compute()`` as a list (``torch.cat(self.preds)``): when several processes run, ``compute()`` first
@@ -1080,4 +1120,4 @@ def rule_metric_list_state_after_sync(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["TORCH_DISTRIBUTED_NAMES", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_strided_shard_gathered_rank_major", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -310,6 +310,12 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("nn.DataParallel", "DataParallel is one process driving several GPUs: in a job of one process per GPU the "
        "gradients are averaged across processes by DistributedDataParallel, not by DataParallel",
        "https://docs.pytorch.org/docs/stable/generated/torch.nn.DataParallel.html", "dataparallel-under-launcher"),
+    _c("torch.distributed.all_gather", "all_gather returns the ranks' tensors in rank order: results of a strided "
+       "shard (items[rank::world_size]) joined rank after rank are not in the items' order, and a cut to the item "
+       "count keeps padding and drops real results", _COLL, "gather-order-differs"),
+    _c("DistributedSampler", "shuffle=True (the default) shuffles the indices each epoch (with set_epoch): a training "
+       "sampler given shuffle=False where the one-process run uses a RandomSampler trains on one fixed order",
+       _DATA + "#torch.utils.data.distributed.DistributedSampler", "sampler-no-shuffle"),
     _c("torch.split", "An integer split size gives chunks of that size and a smaller last one: a size rounded down "
        "from count // world_size makes more chunks than ranks, so indexing them by rank leaves items unused",
        "https://docs.pytorch.org/docs/stable/generated/torch.split.html", "rank-split-drops"),

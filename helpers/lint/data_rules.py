@@ -1290,6 +1290,40 @@ def _collect_unseeded_draws(lt: PythonLinter) -> None:
                 break
 
 
+def rule_distributed_sampler_unshuffled(lt: PythonLinter) -> None:
+    """``if distributed: sampler = DistributedSampler(ds, shuffle=False) else: sampler = RandomSampler(ds)``: the file
+    shuffles its training data on one process and not on several (DistributedSampler's ``shuffle`` "If True
+    (default), sampler will shuffle the indices", :data:`_DATA`), so the multi-GPU run trains on the same fixed order
+    every epoch (mindee/doctr's detection reference).  Only where the other branch of the same ``if`` shuffles."""
+    from helpers.lint.python_rules import _call_name
+
+    if "DistributedSampler" not in lt.text:
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.If) and node.orelse):
+            continue
+        sides = []
+        for block in (node.body, node.orelse):
+            got: dict[str, ast.Call] = {}
+            for st in block:
+                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and len(st.targets) == 1 and \
+                        isinstance(st.targets[0], ast.Name):
+                    got[st.targets[0].id] = st.value
+            sides.append(got)
+        for name in set(sides[0]) & set(sides[1]):
+            if re.search(r"(?i)test|val|eval", name + " " + ast.unparse(sides[0][name])):
+                continue  # an evaluation sampler keeps its order on purpose
+            for dist_side, other in ((sides[0][name], sides[1][name]), (sides[1][name], sides[0][name])):
+                shuffle = kwarg(dist_side, "shuffle")
+                if _call_name(dist_side)[1].endswith("DistributedSampler") and isinstance(shuffle, ast.Constant) and \
+                        shuffle.value is False and _call_name(other)[1] == "RandomSampler":
+                    lt.add("sampler-no-shuffle", "warning", dist_side,
+                           f"{ast.unparse(dist_side)[:60]} does not shuffle, while the one-process branch uses "
+                           f"{_call_name(other)[1]}: the multi-GPU run trains on one fixed order every epoch",
+                           "DistributedSampler(..., shuffle=True) and sampler.set_epoch(epoch) at each epoch's start",
+                           _DATA + "#torch.utils.data.distributed.DistributedSampler")
+
+
 _HF_TRAINER_SRC = "https://github.com/huggingface/transformers/blob/main/src/transformers/trainer.py"
 
 
@@ -1364,4 +1398,4 @@ def rule_rank_split_drops(lt: PythonLinter) -> None:
                "shard with DistributedSampler)", _TORCH_SPLIT)
 
 
-__all__ = ["collect_sampler_facts", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]
+__all__ = ["collect_sampler_facts", "rule_distributed_sampler_unshuffled", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]

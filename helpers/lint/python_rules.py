@@ -789,6 +789,11 @@ class PythonLinter:
                 isinstance(a, ast.Name) and _MODEL_ATTR.search(a.id) for a in call.args):
             return (f"{recv}.prepare(model) (under several processes it wraps the model in DistributedDataParallel, "
                     "whose constructor broadcasts rank 0's weights)")
+        if name in ("save_model", "push_to_hub") and re.search(r"(?i)trainer$", recv) and recv not in self.module_aliases:
+            # transformers' Trainer.save_model gathers the model through accelerator.get_state_dict under DeepSpeed
+            # ZeRO-3 and FSDP (transformers/trainer.py save_model), and push_to_hub calls save_model: a collective
+            # there, as save_state is, decided by the config (huggingface/alignment-handbook#88)
+            return f"{recv}.{name}"
         if recv in self.module_aliases and name in self.imported_collectives:
             return f"{recv}.{name}() -> {self.imported_collectives[name]}"  # another linted file's helper
         if not recv and name in self.module_aliases and name in self.imported_collectives and name not in self.functions:
@@ -960,19 +965,21 @@ class PythonLinter:
             gate = self._rank_gate(call)
             if gate is None or self._balanced(gate, coll):
                 continue
-            if coll.endswith(("save_state", "load_state")) and not re.search(r"(?i)deepspeed|fsdp", self.text):
+            if coll.endswith(("save_state", "load_state", "save_model", "push_to_hub")) and \
+                    not re.search(r"(?i)deepspeed|fsdp|zero3|zero_stage", self.text):
                 # under DDP Accelerator.save_state gathers nothing (get_state_dict = state_dict; the accelerator state
                 # is written by the calling process): the diffusers pattern `if is_main_process: save_state()` is
                 # right there; it hangs only under DeepSpeed / FSDP, which the accelerate config (not this file) picks:
                 # said as info (huggingface/diffusers#7917)
+                what = coll.rsplit(".", 1)[-1]
                 self.add("rank-gated-collective", "info", call,
                          f"{coll} is reached only when `{_gate_text(gate)}` holds: fine under DDP (the calling process "
-                         "writes the state), a hang under a DeepSpeed or FSDP accelerate config, where save_state is a "
-                         "collective every process calls",
+                         f"writes), a hang under a DeepSpeed ZeRO-3 or FSDP config, where {what} gathers the sharded "
+                         "state and every process must call it",
                          "let every process call it when the config shards the model: `if accelerator.is_main_process "
                          "or accelerator.distributed_type == DistributedType.DEEPSPEED:`", "D21")
                 continue
-            if coll.endswith(("save_state", "load_state")) and \
+            if coll.endswith(("save_state", "load_state", "save_model", "push_to_hub")) and \
                     re.search(r"DEEPSPEED|FSDP|is_fsdp|is_deepspeed", _src(getattr(gate, "test", gate))):
                 # Accelerator.save_state is a collective under DeepSpeed and FSDP (engine.save_checkpoint, sharded
                 # state dicts; accelerate/accelerator.py save_state): a gate that lets every rank in for those types
