@@ -318,6 +318,18 @@ Face Trainer's ``compute_loss(model, inputs)`` (https://huggingface.co/docs/tran
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
 
 
+def _under_no_grad(lt: PythonLinter, node: ast.AST, scope: ast.AST) -> bool:
+    """``node`` sits inside a ``with torch.no_grad()`` / ``torch.inference_mode()`` block of ``scope`` (evaluation: no
+    backward follows it)."""
+    ctx = lt.parents.get(node)
+    while ctx is not None and ctx is not scope:
+        if isinstance(ctx, ast.With) and any(isinstance(i.context_expr, ast.Call) and
+                                             call_name(i.context_expr) in _NO_GRAD for i in ctx.items):
+            return True
+        ctx = lt.parents.get(ctx)
+    return False
+
+
 def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
     """A training-loss method (or a helper it hands ``model`` to) that runs the forward on the unwrapped model:
     ``accelerator.unwrap_model(model)`` / ``model.module`` and whatever is taken from it (``.get_decoder()``, the
@@ -368,11 +380,7 @@ def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
         for c in _calls(fn):
             if not (isinstance(c.func, ast.Name) and c.func.id in bare):
                 continue
-            ctx = lt.parents.get(c)
-            while ctx is not None and ctx is not fn and not (isinstance(ctx, ast.With) and any(
-                    isinstance(i.context_expr, ast.Call) and call_name(i.context_expr) in _NO_GRAD for i in ctx.items)):
-                ctx = lt.parents.get(ctx)
-            if ctx is not fn:
+            if _under_no_grad(lt, c, fn):
                 continue  # under torch.no_grad(): no backward follows
             lt.add("ddp-bypassed", "error", c,
                    f"{c.func.id}(...) runs the forward on the model taken out of its DDP wrapper ({fn.name}'s "
@@ -462,11 +470,7 @@ def rule_module_method_forward(lt: PythonLinter) -> None:
             if not lt.wrappers.state(holder, c)[0] or ast.unparse(holder) in direct or \
                     not any(b.lineno > c.lineno for b in backward):
                 continue
-            ctx = lt.parents.get(c)
-            while ctx is not None and ctx is not fn and not (isinstance(ctx, ast.With) and any(
-                    isinstance(i.context_expr, ast.Call) and call_name(i.context_expr) in _NO_GRAD for i in ctx.items)):
-                ctx = lt.parents.get(ctx)
-            if ctx is not fn and fn is not lt.tree:
+            if fn is not lt.tree and _under_no_grad(lt, c, fn):
                 continue  # under torch.no_grad()
             lt.add("ddp-bypassed", "error", c,
                    f"{ast.unparse(f)}(...) runs the forward through the module inside the DDP wrapper, and this "
@@ -565,11 +569,7 @@ def rule_forward_bypasses_engine(lt: PythonLinter) -> None:
         for c in calls:
             if not (isinstance(c.func, ast.Name) and c.func.id == raw.id):
                 continue
-            ctx = lt.parents.get(c)
-            while ctx is not None and ctx is not scope and not (isinstance(ctx, ast.With) and any(
-                    isinstance(i.context_expr, ast.Call) and call_name(i.context_expr) in _NO_GRAD for i in ctx.items)):
-                ctx = lt.parents.get(ctx)
-            if ctx is not scope:
+            if _under_no_grad(lt, c, scope):
                 continue  # under torch.no_grad()
             lt.add("ddp-bypassed", "error", c,
                    f"{raw.id}(...) runs the training forward on the model given to deepspeed.initialize (line "

@@ -678,4 +678,4 @@ def rule_trained_module_not_wrapped(lt: PythonLinter) -> None:
             break
 
 
-__all__ = ["rule_compiled_state_dict_prefix", "rule_stripped_state_dict_into_wrapper", "rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_ddp_frozen_model", "rule_trained_module_not_wrapped", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+__all__ = ["rule_compiled_state_dict_prefix", "rule_stripped_state_dict_into_wrapper", "rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_dataparallel_per_process", "rule_ddp_frozen_model", "rule_trained_module_not_wrapped", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
