@@ -657,8 +657,6 @@ def config_path_missing(launches: Sequence[tuple[str, str, LaunchSpec | None]], 
     linted file has its name (files given to the linter may have been copied out of their tree), or when the launch
     file names it twice (a file it writes first); a value with a shell variable is left.
     """
-    from helpers.launch_parse import join_continuations
-
     out: list[Check] = []
     for path, text, spec in launches:
         if spec is None or path.endswith(".md") or (path != "<command>" and not os.path.isfile(path)):
@@ -683,7 +681,7 @@ def config_path_missing(launches: Sequence[tuple[str, str, LaunchSpec | None]], 
                       f"{os.path.basename(spec.script)} parses its arguments: FileNotFoundError", _HF_ARGS_SRC))
         if spec.kind in _LAUNCHER_FILES:
             option, what, src = _LAUNCHER_FILES[spec.kind]
-            for _n, line in join_continuations(text):
+            for _n, line in launch_parse.join_continuations(text):
                 m = re.search(rf"\b{spec.kind}\b.*?--{option}(?:=|\s+)['\"]?([^\s'\"]+)", line)
                 if m:
                     named.append((option, m.group(1), what, src))
@@ -1167,8 +1165,6 @@ def unexported_to_child_script(launches: Sequence[tuple[str, str, LaunchSpec | N
     and that script reads ``$GPUNUM`` without setting it first (or only as its own default ``${GPUNUM:-1}``): the
     child always sees it unset (hpcaitech/ColossalAI's GPT benchmark ran every configuration on one GPU).  Not where
     the caller exports it, runs ``set -a``, or passes it on the command (``GPUNUM=4 bash run.sh``)."""
-    from helpers.launch_parse import join_continuations
-
     shells = {os.path.basename(p): (p, t) for p, t, _s in launches if p != "<command>" and not p.endswith(".md")}
     out: list[Check] = []
     for path, text, _spec in launches:
@@ -1180,7 +1176,7 @@ def unexported_to_child_script(launches: Sequence[tuple[str, str, LaunchSpec | N
         local = assigned - exported
         if not local:
             continue
-        for number, line in join_continuations(text):
+        for number, line in launch_parse.join_continuations(text):
             m = re.match(r"\s*((?:[A-Za-z_]\w*=\S*\s+)*)(?:bash|sh)\s+(\S+\.sh)\b|\s*((?:[A-Za-z_]\w*=\S*\s+)*)"
                          r"(\./\S+\.sh)\b", line)
             if not m:
