@@ -648,18 +648,20 @@ _RANK_FIRST = re.compile(r"barrier|wait_for_everyone|main_process_first|local_ma
                          r"rank_zero_first|zero_first|local_rank_zero_first")
 
 
-def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, bool]) -> bool:
+def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, tuple[bool, bool]]) -> bool:
     """``node`` runs under a rank gate, or in a function that makes the ranks take turns (a barrier, Accelerate's
     ``main_process_first``, ignite's ``one_rank_first``): the rank-first idiom around a download.  ``memo`` keeps each
     function's answer (a file has hundreds of calls and few functions)."""
     if lt._rank_gate(node) is not None:
         return True
     scope = lt._enclosing_function(node) or lt.tree
-    if id(scope) not in memo:
-        memo[id(scope)] = bool(_RANK_FIRST.search(lt.text if scope is lt.tree else ast.unparse(scope)))
-    if not memo[id(scope)]:
+    if id(scope) not in memo:  # (takes turns at all, by a *_first() context) per function, read once
+        text = lt.text if scope is lt.tree else ast.unparse(scope)
+        memo[id(scope)] = (bool(_RANK_FIRST.search(text)), "first" in text)
+    turns, first = memo[id(scope)]
+    if not turns:
         return False
-    if re.search(r"first", lt.text if scope is lt.tree else ast.unparse(scope)):
+    if first:
         return True  # main_process_first() / one_rank_first() / torch_distributed_zero_first(): the turns are taken
     # a barrier orders only what comes after it (PyG's ogbg example waits after training, not before its download)
     line = getattr(node, "lineno", 0)
@@ -720,8 +722,12 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
     where the download runs ungated in a data parallel file, or (:func:`helpers.lint.cross_rules.download_every_rank_across`)
     where such a file calls another linted file's function that downloads."""
     facts = lt.facts
-    memo: dict[int, bool] = {}
+    memo: dict[int, tuple[bool, bool]] = {}
     before_spawn = _made_before_spawn(lt)
+    one = re.search(r"(?:Fabric|Trainer)\([^)]*\bdevices\s*=\s*1\b", lt.text) and not re.search(
+        r"init_process_group|DistributedDataParallel|num_nodes\s*=\s*(?!1\b)", lt.text)  # (Fabric(devices=1): one
+    # process, the dcgan example)
+    several = (facts.trains_data_parallel or bool(_MULTI_PROCESS.search(lt.text))) and not one
     for c in lt._calls():
         if not (any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True
                     for k in c.keywords) or _sklearn_fetch(lt, c) or _pyg_dataset(lt, c)) or \
@@ -730,10 +736,7 @@ def rule_download_every_rank(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(c)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.download_funcs.setdefault(fn.name, c.lineno)
-        one = re.search(r"(?:Fabric|Trainer)\([^)]*\bdevices\s*=\s*1\b", lt.text) and not re.search(
-            r"init_process_group|DistributedDataParallel|num_nodes\s*=\s*(?!1\b)", lt.text)
-        if (facts.trains_data_parallel or _MULTI_PROCESS.search(lt.text)) and not one:  # (Fabric(devices=1): one
-            # process, the dcgan example)
+        if several:
             lt.add("download-every-rank", "warning", c,
                    f"{ast.unparse(c)[:50]} downloads on every rank at once into the same root: the processes race on "
                    "the same archive and files", "download on one rank first: if rank != 0: barrier(); download; if "
@@ -762,14 +765,14 @@ def rule_listing_numbered_dir(lt: PythonLinter) -> None:
     for name, fn in lt.functions.items():
         counted: set[str] = set()  # names holding the count, and names built from them (exp_name, exp_dir)
         first = 0
-        assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)]
+        assigns = [(n, {x.id for x in ast.walk(n.value) if isinstance(x, ast.Name)},
+                    any(isinstance(x, ast.Call) and call_name(x) == "len" and x.args and any(
+                        isinstance(y, ast.Call) and call_name(y) in _LISTINGS for y in ast.walk(x.args[0]))
+                        for x in ast.walk(n.value)))
+                   for n in ast.walk(fn) if isinstance(n, ast.Assign) and lt._rank_gate(n) is None]
         for _ in range(4):
-            for n in assigns:
-                reads = {x.id for x in ast.walk(n.value) if isinstance(x, ast.Name)}
-                counts = any(isinstance(x, ast.Call) and call_name(x) == "len" and x.args and any(
-                    isinstance(y, ast.Call) and call_name(y) in _LISTINGS for y in ast.walk(x.args[0]))
-                    for x in ast.walk(n.value))
-                if (counts or reads & counted) and lt._rank_gate(n) is None:
+            for n, reads, counts in assigns:
+                if counts or reads & counted:
                     counted.update(t.id for t in n.targets if isinstance(t, ast.Name))
                     first = min(first or n.lineno, n.lineno) if counts else first
         made = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and call_name(n) in ("makedirs", "mkdir")

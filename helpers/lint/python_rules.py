@@ -575,6 +575,7 @@ class PythonLinter:
         self._single_flags: set[str] | None = None
         self._scripted_names: set[str] | None = None
         self._name_sets: dict[int, dict[str, list[ast.Assign]]] = {}
+        self._spawn_lines: dict[int, list[int]] = {}  # function -> lines of its mp.spawn / start_processes calls
         self._shards_models = accelerator_shards(self.tree, text)
         for node in self.nodes:  # one breadth-first pass: the node list and each node's parent
             for child in ast.iter_child_nodes(node):
@@ -1722,13 +1723,13 @@ class PythonLinter:
         fn = self._enclosing_function(node)
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name in self.spawned_funcs:
             return False
-        for c in ast.walk(fn):
-            if isinstance(c, ast.Call) and _call_name(c)[1] in ("spawn", "start_processes") and \
-                    c.lineno > getattr(node, "lineno", 0):
-                recv = _call_name(c)[0]
-                if "multiprocessing" in recv or "multiprocessing" in self.import_origins.get(recv.split(".")[0], ""):
-                    return True
-        return False
+        if id(fn) not in self._spawn_lines:  # the lines of the function's process starts, read once per function
+            self._spawn_lines[id(fn)] = [
+                c.lineno for c in ast.walk(fn) if isinstance(c, ast.Call) and
+                _call_name(c)[1] in ("spawn", "start_processes") and (
+                    "multiprocessing" in _call_name(c)[0] or
+                    "multiprocessing" in self.import_origins.get(_call_name(c)[0].split(".")[0], ""))]
+        return any(line > getattr(node, "lineno", 0) for line in self._spawn_lines[id(fn)])
 
     def _single_process_only(self, node: ast.AST) -> bool:
         """``node`` runs only on a path the file forbids in a distributed run: yolov5's ``if LOCAL_RANK != -1: assert

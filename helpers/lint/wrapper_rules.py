@@ -191,7 +191,7 @@ def rule_dataparallel_per_process(lt: PythonLinter) -> None:
         return
     multi = "init_process_group" in lt.text and not re.search(
         r"DistributedDataParallel|DDP\(|FullyShardedDataParallel|fully_shard|deepspeed\.initialize|\.prepare\(",
-        lt.text)  # (yolov5's smart_DDP is a DDP too) and not re.search(r"all_reduce\([^)]*\.grad\b", lt.text)  # (gradients averaged by hand)
+        lt.text)  # (yolov5's smart_DDP is a DDP too)
     for c in lt._calls():
         if _call_name(c)[1] != "DataParallel":
             continue
