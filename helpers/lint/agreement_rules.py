@@ -23,6 +23,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
+from helpers.lint.contract_ast import subtree
 from helpers.lint.wrappers import call_name
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ def _flows_into_name(lt: PythonLinter, call: ast.Call) -> ast.AST | None:
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         name = stmt.targets[0].id
         scope = lt._enclosing_function(call) or lt.tree
-        for n in ast.walk(scope):
+        for n in subtree(scope):
             if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and n.lineno > call.lineno:
                 got = sink(n)
                 if got is not None:
@@ -328,7 +329,7 @@ def rule_clock_gated_collective(lt: PythonLinter) -> None:
         clock = _reads_clock(node.test, scope, assigned)
         if clock is None or lt._rank_gate(node) is not None or lt.taint.rank_test(node.test):
             continue
-        coll = next(((c, name) for st in node.body for c in ast.walk(st) if isinstance(c, ast.Call)
+        coll = next(((c, name) for st in node.body for c in subtree(st) if isinstance(c, ast.Call)
                      and (name := lt.collective_name(c)) and lt._rank_gate(c) in (None, node)), None)
         if coll is None:
             continue
@@ -460,7 +461,7 @@ def _clock_seed(lt: PythonLinter, seed: ast.AST, at: ast.AST) -> bool:
     sources = [seed]
     if isinstance(seed, ast.Name):
         fn = lt._enclosing_function(at) or lt.tree
-        sources += [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < at.lineno and
+        sources += [a.value for a in subtree(fn) if isinstance(a, ast.Assign) and a.lineno < at.lineno and
                     any(isinstance(t, ast.Name) and t.id == seed.id for t in a.targets)]
     return any(isinstance(n, ast.Call) and ast.unparse(n.func) in ("time.time", "time.time_ns", "time.perf_counter")
                for x in sources for n in ast.walk(x))
@@ -600,7 +601,7 @@ def rule_rank_shard_unused(lt: PythonLinter) -> None:
         name = node.targets[0].id
         scope = lt._enclosing_function(node) or lt.tree
         read = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and n.lineno > node.lineno
-                   for n in ast.walk(scope))
+                   for n in subtree(scope))
         if read:
             continue
         lt.add("rank-shard-unused", "warning", node,
@@ -634,7 +635,7 @@ def rule_rank_stride_without_rank(lt: PythonLinter) -> None:
             continue
         params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
         has_rank = {"rank", "local_rank", "global_rank", "process_index", "rank_id"} & params or any(
-            lt.taint.is_rank(n) for n in ast.walk(fn) if isinstance(n, ast.Name))
+            lt.taint.is_rank(n) for n in subtree(fn) if isinstance(n, ast.Name))
         if not has_rank:
             continue
         lt.add("rank-shard-unused", "warning", node,
@@ -656,7 +657,7 @@ def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, tuple[b
         return True
     scope = lt._enclosing_function(node) or lt.tree
     if id(scope) not in memo:  # (takes turns at all, by a *_first() context) per function, read once
-        text = lt.text if scope is lt.tree else ast.unparse(scope)
+        text = lt.text if scope is lt.tree else lt.source_lines(scope)
         memo[id(scope)] = (bool(_RANK_FIRST.search(text)), "first" in text)
     turns, first = memo[id(scope)]
     if not turns:
@@ -666,7 +667,7 @@ def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, tuple[b
     # a barrier orders only what comes after it (PyG's ogbg example waits after training, not before its download)
     line = getattr(node, "lineno", 0)
     return any(isinstance(c, ast.Call) and call_name(c) in ("barrier", "wait_for_everyone") and c.lineno < line
-               and _on_path(lt, c, node, scope) for c in ast.walk(scope))
+               and _on_path(lt, c, node, scope) for c in subtree(scope))
 
 
 def _branches(lt: PythonLinter, node: ast.AST, scope: ast.AST) -> set[tuple[ast.If, bool]]:
@@ -803,13 +804,13 @@ def rule_listing_numbered_dir(lt: PythonLinter) -> None:
                     any(isinstance(x, ast.Call) and call_name(x) == "len" and x.args and any(
                         isinstance(y, ast.Call) and call_name(y) in _LISTINGS for y in ast.walk(x.args[0]))
                         for x in ast.walk(n.value)))
-                   for n in ast.walk(fn) if isinstance(n, ast.Assign) and lt._rank_gate(n) is None]
+                   for n in subtree(fn) if isinstance(n, ast.Assign) and lt._rank_gate(n) is None]
         for _ in range(4):
             for n, reads, counts in assigns:
                 if counts or reads & counted:
                     counted.update(t.id for t in n.targets if isinstance(t, ast.Name))
                     first = min(first or n.lineno, n.lineno) if counts else first
-        made = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and call_name(n) in ("makedirs", "mkdir")
+        made = [n for n in subtree(fn) if isinstance(n, ast.Call) and call_name(n) in ("makedirs", "mkdir")
                 and lt._rank_gate(n) is None and any(isinstance(x, ast.Name) and x.id in counted
                                                      for a in [*n.args, getattr(n.func, "value", n)]
                                                      for x in ast.walk(a))]

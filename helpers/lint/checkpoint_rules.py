@@ -9,7 +9,7 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, statement_blocks
+from helpers.lint.contract_ast import ancestors, statement_blocks, subtree
 from helpers.lint.contracts import _ACC, _DIST, _TORCHRUN
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def rule_rank_overwritten_on_resume(lt: PythonLinter) -> None:
             if not before:
                 continue  # the rank was never put in these options: nothing of this process is lost
             again = {a for n in stmts if n.lineno > node.lineno for a in _attr_targets(n, name)}
-            reads = [a for a in ast.walk(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
+            reads = [a for a in subtree(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
                      and isinstance(a.value, ast.Name) and a.value.id == name and a.attr in before - again
                      and a.lineno > node.lineno]
             if reads:
@@ -186,7 +186,7 @@ def rule_rank_overwritten_by_setattr_loop(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(node) or lt.tree
         loaded = source
         if isinstance(source, ast.Name):  # conf = load_config(path); for k, v in conf.items()
-            loaded = next((n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno <= node.lineno
+            loaded = next((n.value for n in subtree(fn) if isinstance(n, ast.Assign) and n.lineno <= node.lineno
                            and any(isinstance(t, ast.Name) and t.id == source.id for t in n.targets)), source)
         if not any(isinstance(c, ast.Call) and _CONFIG_LOADER.match(_call_name(c)[1]) for c in ast.walk(loaded)):
             continue
@@ -194,8 +194,8 @@ def rule_rank_overwritten_by_setattr_loop(lt: PythonLinter) -> None:
             continue  # the loop keeps the rank fields out (if k not in ("local_rank", ...))
         end = getattr(node, "end_lineno", node.lineno)
         again = any(isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Store) and isinstance(a.value, ast.Name)
-                    and a.value.id == target and a.attr in _RANK_FIELDS and a.lineno > end for a in ast.walk(fn))
-        read = next((a for a in ast.walk(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
+                    and a.value.id == target and a.attr in _RANK_FIELDS and a.lineno > end for a in subtree(fn))
+        read = next((a for a in subtree(fn) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
                      and isinstance(a.value, ast.Name) and a.value.id == target and a.attr in _RANK_FIELDS
                      and a.lineno > end), None)
         if read is None or again:
@@ -228,14 +228,14 @@ def rule_rank_gated_directory(lt: PythonLinter) -> None:
             continue
         fn = lt._enclosing_function(c) or lt.tree
         names = {target.id}
-        for n in ast.walk(fn):  # paths built from it: p = os.path.join(d, ...), d / "x", f"{d}/x"
+        for n in subtree(fn):  # paths built from it: p = os.path.join(d, ...), d / "x", f"{d}/x"
             if isinstance(n, ast.Assign) and n.lineno > c.lineno and any(
                     isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
                 names.update(t.id for t in n.targets if isinstance(t, ast.Name))
-        if any(_call_name(n)[1] in ("makedirs", "mkdir") and lt._rank_gate(n) is None for n in ast.walk(fn)
+        if any(_call_name(n)[1] in ("makedirs", "mkdir") and lt._rank_gate(n) is None for n in subtree(fn)
                if isinstance(n, ast.Call)):
             continue  # made on every rank too
-        later = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n, "lineno", 0) > c.lineno),
+        later = sorted((n for n in subtree(fn) if isinstance(n, ast.Call) and getattr(n, "lineno", 0) > c.lineno),
                        key=lambda n: n.lineno)
         for w in later:
             wname = _call_name(w)[1]
@@ -310,7 +310,7 @@ def _ancestors(lt: PythonLinter, node: ast.AST) -> list[ast.AST]:
 def _catches_exists(lt: PythonLinter, node: ast.AST) -> bool:
     """``node`` sits in the body of a ``try`` whose handlers catch FileExistsError (or OSError, Exception, bare)."""
     for p in _ancestors(lt, node):
-        if isinstance(p, ast.Try) and any(node is n for st in p.body for n in ast.walk(st)):
+        if isinstance(p, ast.Try) and any(node is n for st in p.body for n in subtree(st)):
             for h in p.handlers:
                 if h.type is None or re.search(r"FileExistsError|OSError|IOError|Exception|BaseException",
                                                ast.unparse(h.type)):
@@ -366,11 +366,11 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                 continue
             names: set[str] = set()
             leaves: set[str | None] = set()
-            for c in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Call)):
+            for c in (n for st in stmt.body for n in subtree(st) if isinstance(n, ast.Call)):
                 if lt._write_kind(c) == "file":
                     names.update(x for a in _written_paths(c) for x in _path_names(lt, a))
                     leaves.update(_path_leaf(a) for a in _written_paths(c))
-            for a in (n for st in stmt.body for n in ast.walk(st) if isinstance(n, ast.Assign)):
+            for a in (n for st in stmt.body for n in subtree(st) if isinstance(n, ast.Assign)):
                 if any(isinstance(t, ast.Name) and t.id in names for t in a.targets):
                     names.update(_path_names(lt, a.value))
             if not names:
@@ -463,7 +463,7 @@ def rule_dcp_load_raw_optimizer_state(lt: PythonLinter) -> None:
         values: list[ast.AST] = list(arg.values) if isinstance(arg, ast.Dict) else []
         if isinstance(arg, ast.Name):
             scope = lt._enclosing_function(call) or lt.tree
-            for n in ast.walk(scope):
+            for n in subtree(scope):
                 if isinstance(n, ast.Assign) and n.lineno < call.lineno:
                     for t in n.targets:
                         if isinstance(t, ast.Subscript) and ast.unparse(t.value) == arg.id:
@@ -519,12 +519,12 @@ def rule_scheduler_not_checkpointed(lt: PythonLinter) -> None:
     stepped = {ast.unparse(c.func.value) for c in lt._calls() if isinstance(c.func, ast.Attribute)
                and c.func.attr == "step" and "sched" in ast.unparse(c.func.value).lower()}
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        scheds = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) for tt in n.targets
+        scheds = {t.id for n in subtree(fn) if isinstance(n, ast.Assign) for tt in n.targets
                   for t in (tt.elts if isinstance(tt, ast.Tuple) else [tt])
                   if isinstance(t, ast.Name) and "sched" in t.id.lower() and t.id in stepped}
         if not scheds:
             continue
-        for n in (x for x in ast.walk(fn) if isinstance(x, ast.Assign) and len(x.targets) == 1
+        for n in (x for x in subtree(fn) if isinstance(x, ast.Assign) and len(x.targets) == 1
                   and isinstance(x.targets[0], ast.Name)):
             v = n.value
             keys = [k.value for k in v.keys if isinstance(k, ast.Constant)] if isinstance(v, ast.Dict) else \
@@ -533,7 +533,7 @@ def rule_scheduler_not_checkpointed(lt: PythonLinter) -> None:
                     any(isinstance(x, ast.Name) and x.id in scheds for x in ast.walk(v)):
                 continue
             name = n.targets[0].id
-            use = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and c.lineno >= n.lineno
+            use = next((c for c in subtree(fn) if isinstance(c, ast.Call) and c.lineno >= n.lineno
                         and _SAVE_LOAD.search(ast.unparse(c.func).rsplit(".", 1)[-1])
                         and "save_state" not in ast.unparse(c.func)
                         and any(isinstance(a, ast.Name) and a.id == name
@@ -550,7 +550,7 @@ def rule_scheduler_not_checkpointed(lt: PythonLinter) -> None:
 
 
 def _assigned_self_attrs(fn: ast.AST, holder: str = "self") -> set[str]:
-    return {t.attr for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign))
+    return {t.attr for n in subtree(fn) if isinstance(n, (ast.Assign, ast.AnnAssign))
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == holder}
 

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, assigned_once, const, kwarg, method_named, moved, statement_blocks
+from helpers.lint.contract_ast import ancestors, assigned_once, const, kwarg, method_named, moved, statement_blocks, subtree
 from helpers.lint.contracts import _ACC, _COLL, _DIST, _INIT
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def _called_here(lt: PythonLinter, fn: ast.AST | None) -> bool:
     from helpers.lint.python_rules import _call_name
 
     name = getattr(fn, "name", None)
-    return fn is not None and any(_call_name(x)[1] == name and x not in ast.walk(fn) for x in lt._calls())
+    return fn is not None and any(_call_name(x)[1] == name and x not in subtree(fn) for x in lt._calls())
 
 
 def _reached_unguarded(lt: PythonLinter, fn: ast.AST, depth: int = 0) -> bool:
@@ -113,7 +113,7 @@ def _reached_unguarded(lt: PythonLinter, fn: ast.AST, depth: int = 0) -> bool:
 
     name = getattr(fn, "name", None)
     for c in lt._calls():
-        if _call_name(c)[1] != name or c in ast.walk(fn):
+        if _call_name(c)[1] != name or c in subtree(fn):
             continue
         if _under_multi_test(lt, c):
             continue
@@ -173,7 +173,7 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(c)
         if fn is not None and any(isinstance(s, ast.If) and s.lineno < c.lineno and
                                   _MULTI_TEST.search(ast.unparse(s.test)) and
-                                  any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in ast.walk(fn)):
+                                  any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in subtree(fn)):
             continue  # an early return for the one-process case
         if fn is not None and not _reached_unguarded(lt, fn) and (
                 conditional_init or any(_call_name(x)[1] == getattr(fn, "name", None) for x in lt._calls())):
@@ -216,14 +216,14 @@ def rule_allreduce_sum_not_averaged(lt: PythonLinter) -> None:
         name = c.args[0].id
         scope = lt._enclosing_function(c) or lt.tree
         if any(isinstance(n, ast.Call) and _call_name(n)[1] == "all_reduce" and n.args and
-               re.search(r"(?i)count|num|total|tokens|samples|\bn_", ast.unparse(n.args[0])) for n in ast.walk(scope)):
+               re.search(r"(?i)count|num|total|tokens|samples|\bn_", ast.unparse(n.args[0])) for n in subtree(scope)):
             continue  # a global count is summed beside it: a sum normalised by the job's count, not by the ranks
         if any(isinstance(n, ast.Assign) and n.lineno < c.lineno and
                any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == name and lt.taint.is_rank(t.slice)
-                   for t in n.targets) for n in ast.walk(scope)):
+                   for t in n.targets) for n in subtree(scope)):
             continue  # each rank fills its own rows (`score_matrix[start + i, idx] = s`, start from the rank): the sum
             # assembles the shares (BLIP's and ALBEF's retrieval scores), it is no mean
-        later = sorted((n for n in ast.walk(scope) if getattr(n, "lineno", 0) > c.lineno),
+        later = sorted((n for n in subtree(scope) if getattr(n, "lineno", 0) > c.lineno),
                        key=lambda n: (n.lineno, getattr(n, "col_offset", 0)))
         divided = any(isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and ast.unparse(n.target) == name or
                       isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and name in ast.unparse(n.left)
@@ -394,7 +394,7 @@ def rule_gather_variable_shape(lt: PythonLinter) -> None:
         if why is None and isinstance(arg, ast.Name):
             fn = lt._enclosing_function(call) or lt.tree
             made = assigned_once(lt, arg.id, call)
-            padded = any(isinstance(n, ast.Call) and _call_name(n)[1] == "pad_across_processes" for n in ast.walk(fn))
+            padded = any(isinstance(n, ast.Call) and _call_name(n)[1] == "pad_across_processes" for n in subtree(fn))
             if made is not None and not padded:
                 why = _data_sized(made.value)
                 why = f"{arg.id} = {why} (line {made.lineno})" if why else None
@@ -421,7 +421,7 @@ def collect_cpu_tensor_facts(lt: PythonLinter) -> None:
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         params = [a.arg for a in fn.args.args]
-        used = {params.index(c.args[0].id) for c in ast.walk(fn) if isinstance(c, ast.Call)
+        used = {params.index(c.args[0].id) for c in subtree(fn) if isinstance(c, ast.Call)
                 and _call_name(c)[0] in ("dist", "torch.distributed") and _call_name(c)[1] in
                 ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor") and c.args
                 and isinstance(c.args[0], ast.Name) and c.args[0].id in params}
@@ -509,7 +509,7 @@ def rule_collective_in_sampler(lt: PythonLinter) -> None:
                 and any(_DATA_BASES.search(ast.unparse(b)) for b in n.bases)):
         for fn in (b for b in cls.body if isinstance(b, ast.FunctionDef)
                    and b.name in ("__iter__", "__getitem__", "__next__", "__getitems__")):
-            hit = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and lt.collective_name(c)), None)
+            hit = next((c for c in subtree(fn) if isinstance(c, ast.Call) and lt.collective_name(c)), None)
             if hit is None:
                 continue
             lt.add("collective-in-sampler", "warning", hit,
@@ -728,7 +728,7 @@ def rule_collective_in_filesystem_branch(lt: PythonLinter) -> None:
     def collectives(stmts: list[ast.stmt]) -> list[ast.Call]:
         out = []
         for st in stmts:
-            for c in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
+            for c in (n for n in subtree(st) if isinstance(n, ast.Call)):
                 if lt.collective_name(c) or _call_name(c)[1].endswith("barrier"):
                     out.append(c)
         return out
@@ -741,7 +741,7 @@ def rule_collective_in_filesystem_branch(lt: PythonLinter) -> None:
             continue
         side = node.body if body else node.orelse
         if not any(isinstance(c, ast.Call) and (lt._write_kind(c) == "file" or _MAKES_FILE.search(_call_name(c)[1]))
-                   for st in side for c in ast.walk(st)):
+                   for st in side for c in subtree(st)):
             continue  # nothing on that path makes the file: it was there (or not) before the run, alike on all ranks
         hit = (body or other)[0]
         lt.add("collective-in-data-dependent-branch", "warning", hit,
@@ -768,9 +768,9 @@ def rule_collective_under_poll(lt: PythonLinter) -> None:
     for node in lt.nodes:
         if not (isinstance(node, ast.If) and _POLL.search(ast.unparse(node.test))) or lt.taint.rank_test(node.test):
             continue
-        inside = [c for st in node.body for c in ast.walk(st) if isinstance(c, ast.Call) and
+        inside = [c for st in node.body for c in subtree(st) if isinstance(c, ast.Call) and
                   (lt.collective_name(c) or ast.unparse(c.func).endswith("barrier"))]
-        other = [c for st in node.orelse for c in ast.walk(st) if isinstance(c, ast.Call) and
+        other = [c for st in node.orelse for c in subtree(st) if isinstance(c, ast.Call) and
                  (lt.collective_name(c) or ast.unparse(c.func).endswith("barrier"))]
         if not inside or other:
             continue
@@ -795,7 +795,7 @@ def rule_exception_skips_collective(lt: PythonLinter) -> None:
     for t in (n for n in lt.nodes if isinstance(n, ast.Try)):
         if not any(isinstance(a, (ast.For, ast.While)) for a in ancestors(lt, t)):
             continue
-        backward = next((c for st in t.body for c in ast.walk(st) if isinstance(c, ast.Call) and
+        backward = next((c for st in t.body for c in subtree(st) if isinstance(c, ast.Call) and
                          isinstance(c.func, ast.Attribute) and c.func.attr == "backward"), None)
         if backward is None:
             continue
@@ -838,7 +838,7 @@ def rule_local_used_after_gather(lt: PythonLinter) -> None:
         at_out, at_in = _INTO_OUTPUT[name]
         out, local = c.args[at_out].id, c.args[at_in].id  # type: ignore[attr-defined]
         fn = lt._enclosing_function(c) or lt.tree
-        later = [n for n in ast.walk(fn) if getattr(n, "lineno", 0) > c.end_lineno]  # type: ignore[operator]
+        later = [n for n in subtree(fn) if getattr(n, "lineno", 0) > c.end_lineno]  # type: ignore[operator]
         if any(isinstance(n, ast.Name) and n.id == local and isinstance(n.ctx, ast.Store) for n in later) or \
                 not any(isinstance(n, ast.Name) and n.id == out and isinstance(n.ctx, ast.Load) for n in later):
             continue
@@ -866,10 +866,10 @@ def _gathered_names(lt: PythonLinter, fn: ast.AST) -> set[str]:
     index look-up) is not one."""
     from helpers.lint.python_rules import _call_name
 
-    filled = {c.args[0].id for c in ast.walk(fn) if isinstance(c, ast.Call) and _call_name(c)[1] == "all_gather"
+    filled = {c.args[0].id for c in subtree(fn) if isinstance(c, ast.Call) and _call_name(c)[1] == "all_gather"
               and c.args and isinstance(c.args[0], ast.Name)}
     out: set[str] = set()
-    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+    assigns = [n for n in subtree(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
                and isinstance(n.targets[0], ast.Name)]
     for n in assigns:
         v = n.value
@@ -930,12 +930,12 @@ def rule_gathered_labels_without_rank_offset(lt: PythonLinter) -> None:
         if not gathered:
             continue
         params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} - {"self", "cls"}
-        local = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} & params - gathered
+        local = {n.id for n in subtree(fn) if isinstance(n, ast.Name)} & params - gathered
         for _ in range(3):
-            local |= {n.targets[0].id for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+            local |= {n.targets[0].id for n in subtree(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
                       and isinstance(n.targets[0], ast.Name) and n.targets[0].id not in gathered
                       and any(isinstance(x, ast.Name) and x.id in local for x in ast.walk(n.value))}
-        mixed = {n.targets[0].id for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+        mixed = {n.targets[0].id for n in subtree(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
                  and isinstance(n.targets[0], ast.Name) and any(_mixed(x, gathered, local) for x in ast.walk(n.value))}
 
         def is_mixed(e: ast.AST) -> bool:
@@ -943,15 +943,15 @@ def rule_gathered_labels_without_rank_offset(lt: PythonLinter) -> None:
                 any(isinstance(x, ast.Name) and x.id in mixed for x in ast.walk(e))
 
         ranked = re.compile(r"rank|process_index")
-        aranges = {n.targets[0].id: n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+        aranges = {n.targets[0].id: n for n in subtree(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
                    and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)
                    and _call_name(n.value)[1] == "arange" and not ranked.search(ast.unparse(n.value))}
         for name in list(aranges):  # a rank term added afterwards: labels = labels + rank * n
             if any(isinstance(n, (ast.Assign, ast.AugAssign)) and ranked.search(ast.unparse(n)) and
                    any(isinstance(t, ast.Name) and t.id == name for t in ([n.target] if isinstance(n, ast.AugAssign)
-                                                                         else n.targets)) for n in ast.walk(fn)):
+                                                                         else n.targets)) for n in subtree(fn)):
                 aranges.pop(name)
-        for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        for c in (n for n in subtree(fn) if isinstance(n, ast.Call)):
             recv, name = _call_name(c)
             if name == "fill_diagonal_" and isinstance(c.func, ast.Attribute) and is_mixed(c.func.value) and \
                     not ranked.search(ast.unparse(c.func.value)):  # pos_mask[:, n * rank:].fill_diagonal_: offset
@@ -982,7 +982,7 @@ def _chosen_by_loop(loop: ast.For, group: ast.AST) -> bool:
         return True
     return any(isinstance(a, ast.Assign) and {t.id for t in a.targets if isinstance(t, ast.Name)} & names and
                {x.id for x in ast.walk(a.value) if isinstance(x, ast.Name)} & targets
-               for st in loop.body for a in ast.walk(st))
+               for st in loop.body for a in subtree(st))
 
 
 _ROOTED = {"broadcast": ("src", 1), "reduce": ("dst", 1), "scatter": ("src", 2), "gather": ("dst", 2),
@@ -1046,7 +1046,7 @@ def rule_strided_shard_gathered_rank_major(lt: PythonLinter) -> None:
         return
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         strided: dict[str, int] = {}
-        for n in ast.walk(fn):
+        for n in subtree(fn):
             if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.step is not None and \
                     n.slice.lower is not None and n.slice.upper is None and lt.taint.is_rank(n.slice.lower) and \
                     re.search(r"world|size|num_replicas|nprocs", ast.unparse(n.slice.step)) and \
@@ -1054,7 +1054,7 @@ def rule_strided_shard_gathered_rank_major(lt: PythonLinter) -> None:
                 strided[n.value.id] = n.lineno
         if not strided:
             continue
-        for n in ast.walk(fn):
+        for n in subtree(fn):
             if not (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.lower is None and
                     isinstance(n.slice.upper, ast.Call) and ast.unparse(n.slice.upper.func) == "len" and
                     n.slice.upper.args and isinstance(n.slice.upper.args[0], ast.Name) and
@@ -1163,7 +1163,7 @@ def rule_bucket_by_python_type(lt: PythonLinter) -> None:
     if "type(" not in lt.text or "all_reduce" not in lt.text:
         return
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+        calls = [c for c in subtree(fn) if isinstance(c, ast.Call)]
         if not any(_call_name(c)[1] == "all_reduce" for c in calls):
             continue
         hit = next((c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "type" and len(c.args) == 1
@@ -1230,11 +1230,11 @@ def rule_allreduce_accumulated_twice(lt: PythonLinter) -> None:
     if lt.text.count("all_reduce") < 2:
         return
     for loop in (n for n in lt.nodes if isinstance(n, (ast.For, ast.While))):
-        reduced = {c.args[0].id for c in ast.walk(loop) if isinstance(c, ast.Call) and _call_name(c)[1] == "all_reduce"
+        reduced = {c.args[0].id for c in subtree(loop) if isinstance(c, ast.Call) and _call_name(c)[1] == "all_reduce"
                    and c.args and isinstance(c.args[0], ast.Name)}
         if not reduced:
             continue
-        totals = {a.target.id for a in ast.walk(loop) if isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add)
+        totals = {a.target.id for a in subtree(loop) if isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add)
                   and isinstance(a.target, ast.Name) and any(isinstance(x, ast.Name) and x.id in reduced
                                                               for x in ast.walk(a.value))}
         if not totals:
@@ -1242,10 +1242,10 @@ def rule_allreduce_accumulated_twice(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(loop) or lt.tree
         end = getattr(loop, "end_lineno", loop.lineno)
         carriers = set(totals)
-        for a in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno > end), key=lambda n: n.lineno):
+        for a in sorted((n for n in subtree(fn) if isinstance(n, ast.Assign) and n.lineno > end), key=lambda n: n.lineno):
             if any(isinstance(x, ast.Name) and x.id in carriers for x in ast.walk(a.value)):
                 carriers.update(t.id for t in a.targets if isinstance(t, ast.Name))
-        again = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and c.lineno > end and
+        again = next((c for c in subtree(fn) if isinstance(c, ast.Call) and c.lineno > end and
                       _call_name(c)[1] == "all_reduce" and c.args and isinstance(c.args[0], ast.Name) and
                       c.args[0].id in carriers), None)
         if again is None:

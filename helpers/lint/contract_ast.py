@@ -12,6 +12,26 @@ if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
 
 
+_SUBTREES: dict[int, tuple[ast.AST, list[ast.AST]]] = {}
+"""id(node) -> (node, its walk); emptied for each file (:func:`forget_subtrees`)."""
+
+
+def subtree(node: ast.AST) -> list[ast.AST]:
+    """``list(ast.walk(node))``, in the same breadth-first order, computed once per node and file.  Many rules walk
+    every function of the file; keeping the walk makes that a list scan (``benchmarks/bench_lint.py``: the walks
+    were about a third of the time).  The list is shared: read it, do not change it.  Rules never change the tree,
+    so a kept walk stays right for the file's life; the identity check guards an ``id`` reused by a later node."""
+    got = _SUBTREES.get(id(node))
+    if got is None or got[0] is not node:
+        got = _SUBTREES[id(node)] = (node, list(ast.walk(node)))
+    return got[1]
+
+
+def forget_subtrees() -> None:
+    """Empty :func:`subtree`'s store (at the start of each file: the nodes of the last one are no longer needed)."""
+    _SUBTREES.clear()
+
+
 def const(node: ast.AST | None) -> object:
     """The value of a literal constant (``"nccl"``, ``2``, ``None``...); None for anything else (or no node)."""
     return node.value if isinstance(node, ast.Constant) else None
@@ -46,7 +66,7 @@ def assigned_once(lt: PythonLinter, name: str, at: ast.AST, before: int | None =
     """The one assignment to ``name`` in the function holding ``at`` (the module for module-level code), or None when
     there is none or more than one; ``before``: count only assignments above that line."""
     fn = lt._enclosing_function(at) or lt.tree
-    sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and (before is None or n.lineno < before)
+    sets = [n for n in subtree(fn) if isinstance(n, ast.Assign) and (before is None or n.lineno < before)
             and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     return sets[0] if len(sets) == 1 else None
 
@@ -56,7 +76,7 @@ def last_assignment(lt: PythonLinter, name: str, at: ast.AST) -> ast.Assign | No
     module-level code), or None."""
     fn = lt._enclosing_function(at) or lt.tree
     line = getattr(at, "lineno", 0)
-    return max((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno < line and
+    return max((n for n in subtree(fn) if isinstance(n, ast.Assign) and n.lineno < line and
                 any(isinstance(t, ast.Name) and t.id == name for t in n.targets)), key=lambda n: n.lineno, default=None)
 
 
@@ -64,7 +84,7 @@ def moved(lt: PythonLinter, name: str, at: ast.AST) -> bool:
     """``name.cuda()`` or ``name.to(...)`` is called in the function holding ``at``."""
     fn = lt._enclosing_function(at) or lt.tree
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("cuda", "to")
-               and isinstance(n.func.value, ast.Name) and n.func.value.id == name for n in ast.walk(fn))
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == name for n in subtree(fn))
 
 
 def method_named(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:

@@ -30,7 +30,7 @@ from helpers.lint import (
     signature_rules,
     wrapper_rules,
 )
-from helpers.lint.contract_ast import assigned_once, const, kwarg, last_assignment
+from helpers.lint.contract_ast import assigned_once, const, kwarg, last_assignment, subtree
 
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
@@ -375,7 +375,7 @@ def rule_spawn_result_used(lt: PythonLinter) -> None:
             continue  # a ProcessContext: .join() on it is the documented use
         name = n.targets[0].id
         scope = lt._enclosing_function(n) or lt.tree
-        read = next((x for x in ast.walk(scope) if isinstance(x, ast.Name) and x.id == name and
+        read = next((x for x in subtree(scope) if isinstance(x, ast.Name) and x.id == name and
                      isinstance(x.ctx, ast.Load) and x.lineno > n.lineno), None)
         if read is None:
             continue

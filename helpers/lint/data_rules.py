@@ -9,7 +9,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import const, kwarg, last_assignment, method_named, statement_blocks, under_if
+from helpers.lint.contract_ast import const, kwarg, last_assignment, method_named, statement_blocks, subtree, under_if
 from helpers.lint.contracts import _DATA, _SAMPLER
 from helpers.lint.wrappers import accelerator_prepare, assign_targets
 
@@ -85,7 +85,7 @@ def _sampler_sometimes(lt: PythonLinter, c: ast.Call, sampler: ast.AST, shuffle:
         name = None
     elif isinstance(sampler, ast.Name):
         name = sampler.id
-        made = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and
+        made = [n.value for n in subtree(scope) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and
                 any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     else:
         return None
@@ -96,7 +96,7 @@ def _sampler_sometimes(lt: PythonLinter, c: ast.Call, sampler: ast.AST, shuffle:
     if name and name in shuffle_names:
         return None  # shuffle=(sampler is None), shuffle=shuffle and sampler is None
 
-    sets = [(t.id, n.value) for n in ast.walk(scope) if isinstance(n, ast.Assign)
+    sets = [(t.id, n.value) for n in subtree(scope) if isinstance(n, ast.Assign)
             for t in n.targets if isinstance(t, ast.Name) and t.id in shuffle_names]
     values = {k: v for k, v in sets if [x for x, _ in sets].count(k) == 1}  # names bound once: read through
     ctor = None
@@ -124,7 +124,7 @@ def _sampler_sometimes(lt: PythonLinter, c: ast.Call, sampler: ast.AST, shuffle:
         return any(isinstance(x, ast.Assign) and isinstance(x.value, ast.Call) and
                    _call_name(x.value)[1].endswith("Sampler") for x in block)
 
-    for n in ast.walk(scope):  # how the shuffle names are set: from the sampler, or False where the sampler is made
+    for n in subtree(scope):  # how the shuffle names are set: from the sampler, or False where the sampler is made
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in shuffle_names for t in n.targets):
             if (name and any(isinstance(x, ast.Name) and x.id == name for x in ast.walk(n.value))) or \
                     (isinstance(n.value, ast.Constant) and not n.value.value and beside_sampler(n)):
@@ -173,7 +173,7 @@ def _seeding_functions(lt: PythonLinter) -> set[str]:
     for name, fn in lt.functions.items():
         params = {a.arg for a in fn.args.args}
         if any(isinstance(c, ast.Call) and _call_name(c)[1] in _SEED_CALLS and c.args and
-               any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(c.args[0])) for c in ast.walk(fn)):
+               any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(c.args[0])) for c in subtree(fn)):
             out.add(name)
     return out
 
@@ -201,7 +201,7 @@ def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
             continue
         fn = lt._enclosing_function(c) or lt.tree
         built = None
-        for n in ast.walk(fn):
+        for n in subtree(fn):
             if getattr(n, "lineno", 0) <= c.lineno:
                 continue
             if meta and isinstance(n, ast.Call) and _call_name(n)[1] in ("FSDP", "FullyShardedDataParallel",
@@ -219,11 +219,11 @@ def rule_rank_seed_before_model_init(lt: PythonLinter) -> None:
                 isinstance(n, ast.Call) and (_call_name(n)[1] in _SEED_CALLS or _call_name(n)[1] in seeders)
                 and c.lineno < n.lineno <= built.lineno
                 and not any(lt.taint.is_rank(a) for a in [*n.args, *(k.value for k in n.keywords)])
-                for n in ast.walk(fn)):
+                for n in subtree(fn)):
             continue  # reseeded alike on every rank before the build (open_lm: `random_seed(args.seed, rank=0)`)
         if built is None or any(isinstance(n, ast.Call) and _call_name(n)[1] in _WEIGHTS_LOADED and
                                 getattr(n, "lineno", 0) > built.lineno and not under_if(lt, n, fn)
-                                for n in ast.walk(fn)):
+                                for n in subtree(fn)):
             continue  # no model built here, or its initialisation is always replaced by loaded weights
         lt.add("rank-seed-before-model-init", "warning", c,
                f"{ast.unparse(c)[:60]} gives each rank its own seed before the model is built (line {built.lineno}) "
@@ -250,7 +250,7 @@ def rule_same_seed_every_rank(lt: PythonLinter) -> None:
         scope = lt._enclosing_function(c) or lt.tree
         if not _distributed_sampler(lt, sampler, scope):
             continue
-        for n in ast.walk(scope):
+        for n in subtree(scope):
             if not (isinstance(n, ast.Call) and _call_name(n)[1] == "manual_seed" and n.args):
                 continue
             target = n.func.value if isinstance(n.func, ast.Attribute) else None
@@ -340,7 +340,7 @@ def _len_of_unprepared(lt: PythonLinter, stmt: ast.Assign, scope: ast.AST) -> No
         return
     moved = {a.id: ast.unparse(o) for a, o in zip(prep.args, outs) if isinstance(a, ast.Name) and ast.unparse(o) != a.id
              and "loader" in a.id.lower()}
-    for n in ast.walk(scope):
+    for n in subtree(scope):
         if not (isinstance(n, ast.Assign) and n.lineno > prep.lineno and
                 re.search(r"(?i)step|iters|total", " ".join(ast.unparse(x) for x in n.targets))):
             continue
@@ -348,7 +348,7 @@ def _len_of_unprepared(lt: PythonLinter, stmt: ast.Assign, scope: ast.AST) -> No
             arg = c.args[0]
             if isinstance(arg, ast.Name) and arg.id in moved and not any(
                     isinstance(a, ast.Assign) and prep.lineno < a.lineno < n.lineno and
-                    any(isinstance(x, ast.Name) and x.id == arg.id for x in a.targets) for a in ast.walk(scope)):
+                    any(isinstance(x, ast.Name) and x.id == arg.id for x in a.targets) for a in subtree(scope)):
                 lt.add("lr-steps-from-dataset-length", "warning", c,
                        f"len({arg.id}) is the unprepared loader's length: accelerator.prepare (line {prep.lineno}) "
                        f"returned the sharded one as {moved[arg.id]}, which each process iterates (about 1 / "
@@ -383,7 +383,7 @@ def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
         loaders = {a.id for a in prep.args if isinstance(a, ast.Name)}
         scope = lt._enclosing_function(prep) or lt.tree
         assigns: dict[str, list[ast.Assign | ast.AugAssign]] = {}
-        for n in ast.walk(scope):
+        for n in subtree(scope):
             if isinstance(n, (ast.Assign, ast.AugAssign)) and n.lineno < prep.lineno:
                 for t in assign_targets(n):
                     assigns.setdefault(ast.unparse(t), []).append(n)
@@ -420,7 +420,7 @@ def rule_lr_steps_from_dataset_length(lt: PythonLinter) -> None:
                     todo.extend(ast.iter_child_nodes(n))
             return out
 
-        for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call) and n.lineno < prep.lineno):
+        for c in (n for n in subtree(scope) if isinstance(n, ast.Call) and n.lineno < prep.lineno):
             for kw in c.keywords:
                 if kw.arg not in _STEP_KWARGS:
                     continue
@@ -466,7 +466,7 @@ def rule_lr_steps_given_per_step(lt: PythonLinter, options: set[str] | None) -> 
         assert isinstance(prep, ast.Call)
         prepared = {a.id for a in prep.args if isinstance(a, ast.Name)}
         scope = lt._enclosing_function(prep) or lt.tree
-        assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < prep.lineno]
+        assigns = [n for n in subtree(scope) if isinstance(n, ast.Assign) and n.lineno < prep.lineno]
         for a in assigns:
             if not (isinstance(a.value, ast.Call) and any(isinstance(t, ast.Name) and t.id in prepared
                                                           for t in a.targets)):
@@ -517,7 +517,7 @@ def rule_scheduler_outside_conditional_step(lt: PythonLinter) -> None:
     for loop in (n for n in lt.nodes if isinstance(n, (ast.For, ast.While))):
         def steps(block: list[ast.stmt]) -> bool:  # an optimizer step: opt.step(), scaler.step(opt)
             return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "step"
-                       and re.search(r"(?i)opt", ast.unparse(c)) for st in block for c in ast.walk(st))
+                       and re.search(r"(?i)opt", ast.unparse(c)) for st in block for c in subtree(st))
 
         opt_if = next((st for st in loop.body if isinstance(st, ast.If) and steps(st.body) != steps(st.orelse)
                        and _ACCUMULATION_TEST.search(ast.unparse(st.test))),
@@ -655,7 +655,7 @@ def _distributed_sampler(lt: PythonLinter, sampler: ast.AST, scope: ast.AST) -> 
         return True
     if isinstance(sampler, ast.Name):
         return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == sampler.id for t in n.targets)
-                   and has(n.value) for n in ast.walk(scope))
+                   and has(n.value) for n in subtree(scope))
     return False
 
 
@@ -691,7 +691,7 @@ def rule_resume_skip_every_epoch(lt: PythonLinter) -> None:
         # the resume test itself changes in the loop: a flag cleared in the skipping branch (``if resume_step is
         # not None: ...; resume_step = None``) or a step read again each pass (a checkpoint per split): once only
         tested = {n.id for t in tests for n in ast.walk(t) if isinstance(n, ast.Name)}
-        stored = {t.id for n in ast.walk(loop) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        stored = {t.id for n in subtree(loop) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
                   for t in assign_targets(n) if isinstance(t, ast.Name)}
         if tested & stored:
             continue
@@ -1064,12 +1064,12 @@ def rule_rank_gated_data_setup(lt: PythonLinter) -> None:
         if gate is None or isinstance(gate, ast.If) and gate.orelse:
             continue
         fn = lt._enclosing_function(node) or lt.tree
-        later = next((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == base.id and
+        later = next((n for n in subtree(fn) if isinstance(n, ast.Name) and n.id == base.id and
                       isinstance(n.ctx, ast.Load) and n.lineno > node.end_lineno and lt._rank_gate(n) is None
                       and not lt._after_rank_exit(n)), None)  # type: ignore[operator]
         if later is None or any(isinstance(n, ast.Name) and n.id == base.id and isinstance(n.ctx, ast.Store) and
                                 node.end_lineno < n.lineno <= later.lineno and lt._rank_gate(n) is None  # type: ignore[operator]
-                                for n in ast.walk(fn)):
+                                for n in subtree(fn)):
             continue  # rebound on every rank before the read (rank 0 saved it, all load it: parler-tts)
         lt.add("rank-gated-data-setup", "warning", node,
                f"{ast.unparse(target)} gets its processed dataset only on the gated rank, and every rank reads "
@@ -1245,12 +1245,12 @@ def _collect_setup_writes(lt: PythonLinter) -> None:
         for name, body in bodies.items():
             if body is not None and name not in writers and any(
                     isinstance(c, ast.Call) and (_writes_file(lt, c) or _call_name(c)[1] in writers)
-                    for c in ast.walk(body)):
+                    for c in subtree(body)):
                 writers.add(name)
     for cls in (n for n in top.values() if isinstance(n, ast.ClassDef)
                 and any(ast.unparse(b).endswith("LightningDataModule") for b in n.bases)):
         setup = method_named(cls, "setup")
-        for c in (n for n in ast.walk(setup) if isinstance(n, ast.Call)) if setup is not None else ():
+        for c in (n for n in subtree(setup) if isinstance(n, ast.Call)) if setup is not None else ():
             if lt._rank_gate(c) is None and not lt._after_rank_exit(c):
                 lt.facts.setup_calls.append((_call_name(c)[1], c.lineno, ast.unparse(c)[:60]))
 
@@ -1276,7 +1276,7 @@ def _collect_unseeded_draws(lt: PythonLinter) -> None:
         if not any(re.search(r"(?:^|\.)Dataset$", ast.unparse(b)) for b in cls.bases):
             continue
         init = method_named(cls, "__init__")
-        for c in (n for n in ast.walk(init) if isinstance(n, ast.Call)) if init is not None else ():
+        for c in (n for n in subtree(init) if isinstance(n, ast.Call)) if init is not None else ():
             recv, name = _call_name(c)
             if _SHUFFLES.match(f"{recv}.{name}" if recv else name) and \
                     not any(k.arg in ("generator", "random_state", "seed") for k in c.keywords):
@@ -1338,7 +1338,7 @@ def rule_trainer_loader_override_unsharded(lt: PythonLinter) -> None:
         for fn in cls.body:
             if not (isinstance(fn, ast.FunctionDef) and fn.name in ("get_train_dataloader", "get_eval_dataloader")):
                 continue
-            for r in (n for n in ast.walk(fn) if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)):
+            for r in (n for n in subtree(fn) if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)):
                 call = r.value
                 if _call_name(call)[1] != "DataLoader" or any(k.arg in ("sampler", "batch_sampler")
                                                                 for k in call.keywords) or \
@@ -1348,7 +1348,7 @@ def rule_trainer_loader_override_unsharded(lt: PythonLinter) -> None:
                 if isinstance(data, ast.Name) and any(
                         isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == data.id for t in a.targets)
                         and re.search(r"IterableDatasetShard|split_dataset_by_node|\.shard\(", ast.unparse(a.value))
-                        for a in ast.walk(fn)):
+                        for a in subtree(fn)):
                     continue  # sharded by hand first (Open-Assistant's IterableDatasetShard)
                 lt.add("sampler-not-distributed", "warning", call,
                        f"{cls.name}.{fn.name} returns a DataLoader of its own, with no sampler and not through "

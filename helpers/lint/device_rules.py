@@ -10,7 +10,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, kwarg, src_env_key
+from helpers.lint.contract_ast import ancestors, kwarg, src_env_key, subtree
 from helpers.lint.contracts import _DDP, _DIST, _INIT, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
@@ -47,12 +47,12 @@ def rule_ema_before_to_device(lt: PythonLinter) -> None:
             continue
         model = c.args[0].id
         fn = lt._enclosing_function(c) or lt.tree
-        moved = sorted((m for m in ast.walk(fn) if isinstance(m, ast.Call) and m.lineno > c.lineno and
+        moved = sorted((m for m in subtree(fn) if isinstance(m, ast.Call) and m.lineno > c.lineno and
                         isinstance(m.func, ast.Attribute) and m.func.attr in ("to", "cuda") and
                         isinstance(m.func.value, ast.Name) and m.func.value.id == model), key=lambda m: m.lineno)
         if not moved or any(isinstance(m, ast.Call) and isinstance(m.func, ast.Attribute) and
                             m.func.attr in ("to", "cuda") and isinstance(m.func.value, ast.Name) and
-                            m.func.value.id == model and m.lineno < c.lineno for m in ast.walk(fn)):
+                            m.func.value.id == model and m.lineno < c.lineno for m in subtree(fn)):
             continue  # never moved after, or already on its device before the copy
         lt.add("ema-before-to-device", "warning", c,
                f"{_call_name(c)[1]}({model}, ...) copies the model here, before {ast.unparse(moved[0])[:40]} (line "
@@ -78,7 +78,7 @@ def _binds_device(lt: PythonLinter, stmts: list[ast.stmt]) -> bool:
             continue
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        for c in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
+        for c in (n for n in subtree(st) if isinstance(n, ast.Call)):
             name = _call_name(c)[1]
             if name == "set_device" or "device" in name.lower() and any(
                     re.search(r"local_rank|LOCAL_RANK", ast.unparse(a)) for a in c.args):
@@ -610,7 +610,7 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
     for name, fn in lt.functions.items():
         if not _MAIN_NAME.match(name):
             continue
-        nodes = list(ast.walk(fn))
+        nodes = list(subtree(fn))
         if any(lt.taint.is_global_rank(n) or _node_rank(n) for n in nodes):
             continue
         for n in nodes:
@@ -636,7 +636,7 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
                 not any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in sides):
             continue
         scope = lt._enclosing_function(n) or lt.tree
-        if any(lt.taint.is_global_rank(x) or _node_rank(x) for x in ast.walk(scope)):
+        if any(lt.taint.is_global_rank(x) or _node_rank(x) for x in subtree(scope)):
             continue
         flag = ast.unparse(named)
         home = scope
@@ -648,10 +648,10 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
         for g in ast.walk(home):
             if not (isinstance(g, ast.If) and flag in ast.unparse(g.test)):
                 continue
-            guarded += [c for st in g.body for c in ast.walk(st) if isinstance(c, ast.Call)]
-            if any(isinstance(x, (ast.Return, ast.Raise)) for st in g.body for x in ast.walk(st)):
+            guarded += [c for st in g.body for c in subtree(st) if isinstance(c, ast.Call)]
+            if any(isinstance(x, (ast.Return, ast.Raise)) for st in g.body for x in subtree(st)):
                 fn = lt._enclosing_function(g) or lt.tree  # `if not self.is_master: return`: the rest is gated
-                guarded += [c for c in ast.walk(fn) if isinstance(c, ast.Call) and c.lineno > g.end_lineno]
+                guarded += [c for c in subtree(fn) if isinstance(c, ast.Call) and c.lineno > g.end_lineno]
         if guarded and not any(lt._write_kind(c) or _SHARED_EFFECT.search(ast.unparse(c.func)) for c in guarded):
             continue  # it gates prints and evaluation only (TabPFN's fine-tuning example): once per node is harmless
         lt.add("local-rank-as-global-rank", "warning", n,
@@ -772,7 +772,7 @@ def rule_fixed_device_map(lt: PythonLinter) -> None:
         values = [given]
         if isinstance(given, ast.Name):
             fn = lt._enclosing_function(c) or lt.tree
-            values = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+            values = [a.value for a in subtree(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno
                       and any(isinstance(t, ast.Name) and t.id == given.id for t in a.targets)]
         fixed = next((f for v in values if (f := _fixed_device(v))), None)
         if fixed is None:
@@ -812,7 +812,7 @@ def _counts_local_devices(lt: PythonLinter, name: ast.Name) -> bool:
     """Every assignment of ``name`` in its function counts this node's GPUs (``len(devices)``, ``len(gpus)``,
     ``torch.cuda.device_count()``): a one-node job, whose world size is the node's rank count."""
     scope = lt._enclosing_function(name) or lt.tree
-    values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and
+    values = [a.value for a in subtree(scope) if isinstance(a, ast.Assign) and
               any(isinstance(t, ast.Name) and t.id == name.id for t in a.targets)]
     return bool(values) and all(re.search(r"device_count\(|len\(\s*\w*(?:device|gpu)", ast.unparse(v), re.I)
                                 for v in values)
@@ -935,7 +935,7 @@ def _one_node_master(lt: PythonLinter, node: ast.AST) -> bool:
     return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) and
                a.value.value in ("localhost", "127.0.0.1") and
                any(isinstance(t, ast.Subscript) and src_env_key(t) == "MASTER_ADDR" for t in a.targets)
-               for a in ast.walk(scope))
+               for a in subtree(scope))
 
 
 _QUANTIZED = ("load_in_4bit", "load_in_8bit", "quantization_config")
@@ -949,9 +949,9 @@ def _other_branches(lt: PythonLinter, a: ast.AST, b: ast.AST) -> bool:
     """``a`` and ``b`` sit in different branches of one ``if`` (body and ``elif`` / ``else``): never both run."""
     for anc in ancestors(lt, a):
         if isinstance(anc, ast.If):
-            in_body = any(a is n for st in anc.body for n in ast.walk(st))
+            in_body = any(a is n for st in anc.body for n in subtree(st))
             other = anc.orelse if in_body else anc.body
-            if any(b is n for st in other for n in ast.walk(st)):
+            if any(b is n for st in other for n in subtree(st)):
                 return True
     return False
 
@@ -970,7 +970,7 @@ def rule_ddp_before_to_device(lt: PythonLinter) -> None:
             continue
         name = node.targets[0].id
         scope = lt._enclosing_function(node) or lt.tree
-        for c in ast.walk(scope):
+        for c in subtree(scope):
             if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
                     isinstance(c.func.value, ast.Name) and c.func.value.id == name and \
                     c.func.attr in ("to", "cuda", "half", "bfloat16") and c.lineno > node.lineno and \
@@ -1003,14 +1003,14 @@ def rule_ddp_meta_module(lt: PythonLinter) -> None:
             continue
         names = {t.id for n in w.body for t in getattr(n, "targets", []) if isinstance(t, ast.Name)}
         scope = lt._enclosing_function(w) or lt.tree
-        for c in ast.walk(scope):
+        for c in subtree(scope):
             if not (isinstance(c, ast.Call) and _call_name(c)[1] in _DDP_NAMES and c.args and
                     isinstance(c.args[0], ast.Name) and c.args[0].id in names and c.lineno > w.end_lineno):
                 continue
             name = c.args[0].id
             made = any(isinstance(m, ast.Call) and isinstance(m.func, ast.Attribute) and
                        m.func.attr in _MATERIALIZE and ast.unparse(m.func.value).split(".")[0] == name and
-                       w.end_lineno < m.lineno < c.lineno for m in ast.walk(scope))
+                       w.end_lineno < m.lineno < c.lineno for m in subtree(scope))
             if made:
                 continue
             lt.add("ddp-meta-module", "error", c,
@@ -1111,10 +1111,10 @@ def rule_inputs_on_other_device(lt: PythonLinter) -> None:
         moves.setdefault(fn, {}).setdefault(ast.unparse(c.func.value), (c.args[0].id, c.lineno))
     for fn, moved in moves.items():
         sets: dict[str, list[ast.Assign]] = {}
-        for a in (n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1 and
+        for a in (n for n in subtree(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1 and
                   isinstance(n.targets[0], ast.Name)):
             sets.setdefault(a.targets[0].id, []).append(a)  # type: ignore[union-attr]
-        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        for call in (n for n in subtree(fn) if isinstance(n, ast.Call)):
             model = ast.unparse(call.func)
             if model not in moved or call.lineno <= moved[model][1]:
                 continue
@@ -1168,11 +1168,11 @@ def rule_bare_cuda_beside_device(lt: PythonLinter) -> None:
         return
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         params = {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs]}
-        made = next(((a, d) for a in ast.walk(fn) if isinstance(a, ast.Assign) and
+        made = next(((a, d) for a in subtree(fn) if isinstance(a, ast.Assign) and
                      (d := _device_of_param(a.value, params)) is not None), None)
         if made is None:
             continue
-        bare = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and _call_name(c)[1] == "cuda" and
+        bare = next((c for c in subtree(fn) if isinstance(c, ast.Call) and _call_name(c)[1] == "cuda" and
                      isinstance(c.func, ast.Attribute) and not c.args and not c.keywords and c.lineno > made[0].lineno),
                     None)
         if bare is None:

@@ -17,6 +17,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
+from helpers.lint.contract_ast import subtree
 from helpers.lint.wrappers import DDP_CTOR, assign_targets, call_name, prepare_bindings
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
         return
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         reduced: dict[str, ast.Call] = {}
-        for st in ast.walk(fn):
+        for st in subtree(fn):
             if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and call_name(st.value) == "all_reduce" \
                     and st.value.args and isinstance(st.value.args[0], ast.Name) and \
                     "nn" not in ast.unparse(st.value.func).split(".") and lt._enclosing_function(st) is fn:
@@ -220,8 +221,8 @@ def rule_backward_through_all_reduce(lt: PythonLinter) -> None:
         if not reduced:
             continue
         carrying = _propagate(fn, set(reduced))
-        assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
-        for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        assigns = [n for n in subtree(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+        for c in (n for n in subtree(fn) if isinstance(n, ast.Call)):
             target = None
             if isinstance(c.func, ast.Attribute) and c.func.attr == "backward":
                 target = c.func.value
@@ -252,7 +253,7 @@ def _propagate(fn: ast.AST, names: set[str]) -> set[str]:
     """``names`` and every name of ``fn`` assigned from an expression that carries one of them (:func:`_carries`),
     followed through four rounds of assignments (tuples element by element)."""
     carrying = set(names)
-    assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+    assigns = [n for n in subtree(fn) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
     for _ in range(4):
         before = len(carrying)
         for n in assigns:
@@ -288,18 +289,18 @@ def rule_loss_through_all_reduce(lt: PythonLinter) -> None:
             continue
         params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} - {"self", "cls"}
         from_inputs = _propagate(fn, params)
-        for st in ast.walk(fn):
+        for st in subtree(fn):
             if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and call_name(st.value) == "all_reduce"
                     and st.value.args and isinstance(st.value.args[0], ast.Name) and
                     "nn" not in ast.unparse(st.value.func).split(".") and lt._enclosing_function(st) is fn):
                 continue
             name = st.value.args[0].id
             if name not in from_inputs or _COUNT_NAME.search(name) or any(
-                    isinstance(w, ast.With) and "no_grad" in ast.unparse(w) and st in ast.walk(w) for w in ast.walk(fn)):
+                    isinstance(w, ast.With) and "no_grad" in ast.unparse(w) and st in ast.walk(w) for w in subtree(fn)):
                 continue
             carrying = _propagate(fn, {name})
             if not any(isinstance(r, ast.Return) and r.value is not None and r.lineno > st.lineno and
-                       _carries(r.value, carrying) for r in ast.walk(fn)):
+                       _carries(r.value, carrying) for r in subtree(fn)):
                 continue
             lt.add("backward-through-all-reduce", "warning", st.value,
                    f"{ast.unparse(st.value)[:50]} reduces {name}, built from the loss's inputs, and the loss returned "
@@ -366,7 +367,7 @@ def rule_forward_bypasses_ddp(lt: PythonLinter) -> None:
             continue
         seen.add(id(fn))
         bare: set[str] = set()
-        for node in ast.walk(fn):
+        for node in subtree(fn):
             if not isinstance(node, ast.Assign):
                 continue
             v = node.value
@@ -559,9 +560,9 @@ def rule_forward_bypasses_engine(lt: PythonLinter) -> None:
             continue
         scope = lt._enclosing_function(n) or lt.tree
         if any(isinstance(a, (ast.Assign, ast.AnnAssign)) and a.lineno > n.lineno and
-               any(isinstance(x, ast.Name) and x.id == raw.id for x in assign_targets(a)) for a in ast.walk(scope)):
+               any(isinstance(x, ast.Name) and x.id == raw.id for x in assign_targets(a)) for a in subtree(scope)):
             continue
-        calls = [c for c in ast.walk(scope) if isinstance(c, ast.Call) and c.lineno > n.lineno]
+        calls = [c for c in subtree(scope) if isinstance(c, ast.Call) and c.lineno > n.lineno]
         if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and
                    isinstance(c.func.value, ast.Name) and c.func.value.id == engine.id for c in calls):
             continue

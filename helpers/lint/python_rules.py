@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from helpers.checks import Check
 from helpers.inputs import InputError
-from helpers.lint.contract_ast import method_named
+from helpers.lint.contract_ast import forget_subtrees, method_named, subtree
 from helpers.lint.findings import finding
 from helpers.lint.wrappers import BUFFER_FREE_LAYERS, WrapperFlow, accelerator_shards, assign_targets, flat_targets, unbound_after_wrap
 
@@ -220,6 +220,7 @@ another file's node while the entry lives (an id-only key made ``lint a.py b.py`
 
 def _forget_names() -> None:
     _NAMES.clear()
+    forget_subtrees()
 
 
 def _call_name(call: ast.Call) -> tuple[str, str]:
@@ -400,7 +401,7 @@ class _Taint:
             p = self.parents.get(p)
         if fn is None or loop or read.id in {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}:
             return False
-        if any(isinstance(n, (ast.Global, ast.Nonlocal)) and read.id in n.names for n in ast.walk(fn)):
+        if any(isinstance(n, (ast.Global, ast.Nonlocal)) and read.id in n.names for n in subtree(fn)):
             return False
         mine = [s for s in self.sites.get(read.id, ()) if self._function_of(s) is fn]
         return bool(mine) and all(s.lineno > read.lineno for s in mine)
@@ -498,7 +499,7 @@ class _Taint:
 
     def learn(self, tree: ast.AST | list[ast.AST]) -> None:
         """Propagate taint through assignments (a few passes: order-insensitive)."""
-        assigns = [n for n in (tree if isinstance(tree, list) else ast.walk(tree)) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
+        assigns = [n for n in (tree if isinstance(tree, list) else subtree(tree)) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value]
         for _ in range(3):
             for n in assigns:
                 targets = assign_targets(n)
@@ -584,6 +585,7 @@ class PythonLinter:
         self._gating: set[ast.AST | None] | None = None
         self._single_flags: set[str] | None = None
         self._scripted_names: set[str] | None = None
+        self._lines: list[str] | None = None
         self._name_sets: dict[int, dict[str, list[ast.Assign]]] = {}
         self._spawn_lines: dict[int, list[int]] = {}  # function -> lines of its mp.spawn / start_processes calls
         self._shards_models = accelerator_shards(self.tree, text)
@@ -673,7 +675,7 @@ class PythonLinter:
             if fn is not None and fn.args.args:
                 taint.rank.add(fn.args.args[0].arg)
         calls = [c for c in self._calls() if isinstance(c.func, (ast.Name, ast.Attribute))]
-        returns = {name: [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+        returns = {name: [n.value for n in subtree(fn) if isinstance(n, ast.Return) and n.value is not None]
                    for name, fn in self.functions.items()}
         for _ in range(3):
             before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs), len(taint.global_rank_funcs))
@@ -713,16 +715,25 @@ class PythonLinter:
             if value.id in seen:  # x = x + 1, or a = b; b = a
                 return False
             return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)
-                       and self._returns_global_rank(fn, n.value, seen | {value.id}) for n in ast.walk(fn))
+                       and self._returns_global_rank(fn, n.value, seen | {value.id}) for n in subtree(fn))
         return self.taint.is_global_rank(value)
 
     # --- helpers -------------------------------------------------------------------------
+    def source_lines(self, node: ast.AST) -> str:
+        """The file's lines ``node`` spans, comments removed: for substring tests on a whole function, a slice
+        where ``ast.unparse`` rebuilt the text (``benchmarks/bench_lint.py``: the unparse of every function was a
+        tenth of the time).  The spacing is the author's, not unparse's normalised one."""
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        start, end = getattr(node, "lineno", 1), getattr(node, "end_lineno", None) or len(self._lines)
+        return re.sub(r"#.*", "", "\n".join(self._lines[start - 1:end]))
+
     def _calls(self, node: ast.AST | None = None) -> list[ast.Call]:
         if node is None:
             if self._all_calls is None:
                 self._all_calls = [n for n in self.nodes if isinstance(n, ast.Call)]
             return self._all_calls
-        return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+        return [n for n in subtree(node) if isinstance(n, ast.Call)]
 
     def _suppressions(self) -> dict[int, set[str]]:
         out: dict[int, set[str]] = {}
@@ -780,7 +791,7 @@ class PythonLinter:
             return False
         fn = self._enclosing_function(call) or self.tree
         return not any(isinstance(n, ast.Call) and _call_name(n)[1] == "eval" and n.lineno <= call.lineno
-                       and target in _src(n.func) for n in ast.walk(fn))
+                       and target in _src(n.func) for n in subtree(fn))
 
     def collective_name(self, call: ast.Call, depth: int = 0) -> str | None:
         """The collective this call is or implies (``dist.barrier``, ``helper() -> barrier``), else None."""
@@ -1077,7 +1088,7 @@ class PythonLinter:
             return False
         branch = gate.body if any(call in ast.walk(s) for s in gate.body) else gate.orelse
         return any(isinstance(c, ast.Call) and _call_name(c)[1] == "init_process_group" and c.lineno <= call.lineno
-                   for st in branch for c in ast.walk(st))
+                   for st in branch for c in subtree(st))
 
     def _exclusive_paths(self, exit_test: ast.expr, call: ast.AST, stop: ast.AST) -> bool:
         """The early exit's condition and the branches around ``call`` (up to ``stop``) cannot both hold: the exit
@@ -1101,7 +1112,7 @@ class PythonLinter:
         scope = self._enclosing_function(stmt) or self.tree
         return bool(names) and any(
             isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("values", "keys", "items")
-            and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in ast.walk(scope))
+            and isinstance(c.func.value, ast.Name) and c.func.value.id in names for c in subtree(scope))
 
     def rule_rank_early_exit(self) -> None:
         """D21/D20: ``if rank ...: return/break/continue`` before a collective in the same block."""
@@ -1213,7 +1224,7 @@ class PythonLinter:
             fn = self._enclosing_function(node)
             if id(fn) not in self._name_sets:  # each function's assignments to plain names, computed once
                 table: dict[str, list[ast.Assign]] = {}
-                for n in ast.walk(fn or self.tree):
+                for n in subtree(fn or self.tree):
                     if isinstance(n, ast.Assign) and self._enclosing_function(n) is fn:
                         for t in n.targets:
                             if isinstance(t, ast.Name):
@@ -1301,7 +1312,7 @@ class PythonLinter:
         scope = self._enclosing_function(node) or self.tree
         return any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)
                    and isinstance(a.value, ast.Call) and _call_name(a.value)[1] in GLOBAL_RANK_CALLS
-                   for a in ast.walk(scope))
+                   for a in subtree(scope))
 
     def rule_sampler_set_epoch(self) -> None:
         """D22: a shuffling DistributedSampler in an epoch loop without ``set_epoch``, or with ``set_epoch`` called only
@@ -1365,7 +1376,7 @@ class PythonLinter:
                 return False
             node = self.parents.get(node)
         scope = node if node is not None else self.tree
-        return any(_epoch_loop(n) and n.lineno > call.lineno for n in ast.walk(scope))
+        return any(_epoch_loop(n) and n.lineno > call.lineno for n in subtree(scope))
 
     def rule_rank_sliced_data(self) -> None:
         """D9/D22: each rank slices its own share (uneven lengths) without a sampler or Join."""
@@ -1513,7 +1524,7 @@ class PythonLinter:
         block = self.parents.get(w) if isinstance(w, ast.withitem) else w
         if not isinstance(block, (ast.With, ast.AsyncWith)):
             return False
-        names = {_call_name(n)[1] for st in block.body for n in ast.walk(st) if isinstance(n, ast.Call)}
+        names = {_call_name(n)[1] for st in block.body for n in subtree(st) if isinstance(n, ast.Call)}
         return bool(names & {"optim_state_dict_to_load", "load_state_dict"}) and not (
             names & {"state_dict", "optim_state_dict", "full_optim_state_dict", "get_state_dict"})
 
@@ -1648,7 +1659,7 @@ class PythonLinter:
         scope = self._enclosing_function(call) or self.tree
         return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
                    and isinstance(n.value, ast.Call) and _call_name(n.value)[1] in ("BytesIO", "StringIO")
-                   for n in ast.walk(scope))
+                   for n in subtree(scope))
 
     def _truncate_only(self, call: ast.Call) -> bool:
         """``call`` is ``open(path, "w")`` in a ``with`` whose body writes nothing (``pass``, a docstring): it only
@@ -1768,7 +1779,7 @@ class PythonLinter:
             return False
         if id(fn) not in self._spawn_lines:  # the lines of the function's process starts, read once per function
             self._spawn_lines[id(fn)] = [
-                c.lineno for c in ast.walk(fn) if isinstance(c, ast.Call) and
+                c.lineno for c in subtree(fn) if isinstance(c, ast.Call) and
                 _call_name(c)[1] in ("spawn", "start_processes") and (
                     "multiprocessing" in _call_name(c)[0] or
                     "multiprocessing" in self.import_origins.get(_call_name(c)[0].split(".")[0], ""))]
@@ -2004,7 +2015,7 @@ class PythonLinter:
                 return True  # str(datetime.now()): microseconds, one name per process (dlrm's profile files)
             for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - seen:
                 seen.add(name)
-                sets = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno
+                sets = [n for n in subtree(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno
                         and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
                 todo.extend(st.value for st in sets[-1:])
         return False
@@ -2217,7 +2228,7 @@ class PythonLinter:
                 elif (gate := self._rank_gate(node)) is not None and not (isinstance(v, ast.Constant) and v.value is None):
                     both = isinstance(gate, ast.If) and all(
                         any(isinstance(a, ast.Assign) and any(isinstance(x, ast.Name) and x.id == t.id for x in a.targets)
-                            for st in branch for a in ast.walk(st)) for branch in (gate.body, gate.orelse))
+                            for st in branch for a in subtree(st)) for branch in (gate.body, gate.orelse))
                     if both:  # made on the gated ranks and, in the else branch, on the others
                         plain.add((scope, t.id))
                     else:
@@ -2285,7 +2296,7 @@ class PythonLinter:
             text = ""  # the class's source, made once when an attribute qualifies
             for attr, where in sets.items():
                 gates = [self._rank_gate(n) for n in where]
-                if not all(isinstance(g, ast.If) and any(n in ast.walk(st) for st in g.body)
+                if not all(isinstance(g, ast.If) and any(n in subtree(st) for st in g.body)
                            for g, n in zip(gates, where)):
                     continue  # set on every rank somewhere, or in a gate's else
                 first = where[0]
@@ -2385,7 +2396,7 @@ class PythonLinter:
         gather or state dict, outside any rank gate, on an earlier line)."""
         fn = self._enclosing_function(call) or self.tree
         return any(isinstance(n, ast.Call) and n.lineno < gate.lineno and self._rank_gate(n) is None
-                   and re.search(r"(?i)gather|state_dict", _call_name(n)[1]) for n in ast.walk(fn))
+                   and re.search(r"(?i)gather|state_dict", _call_name(n)[1]) for n in subtree(fn))
 
     def _rank_zero_only_call(self, call: ast.Call) -> bool:
         """``call`` calls a function of this file decorated ``@rank_zero_only`` (bare, or a method through self)."""
@@ -2411,7 +2422,7 @@ class PythonLinter:
             key = (scope, node.id)
             while key not in made and scope is not None and not any(  # a closure reads its outer function's name
                     isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)
-                    for a in ast.walk(scope)):
+                    for a in subtree(scope)):
                 scope = self._enclosing_function(scope)
                 key = (scope, node.id)
             entry = made.get(key)
@@ -2496,7 +2507,7 @@ class PythonLinter:
                 here = p.body if child in (p.body if isinstance(p.body, list) else [p.body]) else p.orelse
                 other = p.orelse if here is p.body else p.body
                 if any(module_of_name(n) for st in (other if isinstance(other, list) else [other])
-                       for n in ast.walk(st)):
+                       for n in subtree(st)):
                     return True  # if accelerator.num_processes > 1: x.module.f() / else: x.f()
             child, p = p, self.parents.get(p)
         return False
@@ -2525,7 +2536,7 @@ class PythonLinter:
         p = self.parents.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if isinstance(p, ast.If) and re.search(r"distributed_type\s*==\s*\w*\.?(?:XLA|TPU|DEEPSPEED|FSDP|MEGATRON_LM|NO)\b",
-                                                  _src(p.test)) and node in [n for st in p.body for n in ast.walk(st)]:
+                                                  _src(p.test)) and node in [n for st in p.body for n in subtree(st)]:
                 return True
             p = self.parents.get(p)
         return False
@@ -2694,7 +2705,7 @@ class PythonLinter:
                         steps[c.func.attr] = steps.get(c.func.attr, True) and steps[name]
             for fn_name, step in steps.items():
                 fn = methods[fn_name]
-                for c in (x for x in ast.walk(fn) if isinstance(x, ast.Call) and _src(x.func) == "self.log"):
+                for c in (x for x in subtree(fn) if isinstance(x, ast.Call) and _src(x.func) == "self.log"):
                     kws = {k.arg: k.value for k in c.keywords if k.arg}
                     on_epoch = kws.get("on_epoch")
                     epoch = (isinstance(on_epoch, ast.Constant) and on_epoch.value is True) or \
@@ -2917,7 +2928,7 @@ class PythonLinter:
                 continue
             params = [a.arg for a in fn.args.args]
             used: set[int] = set()
-            for c in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            for c in (n for n in subtree(fn) if isinstance(n, ast.Call)):
                 recv, name = _call_name(c)
                 args: list[ast.AST] = []
                 if name == "set_device":
@@ -2948,19 +2959,19 @@ class PythonLinter:
         for fn in getattr(self.tree, "body", []):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            body = ast.unparse(fn)
+            body = self.source_lines(fn)
             if "is_initialized()" in body and "get_rank()" in body and any(
                     isinstance(n, ast.If) and "is_initialized()" in ast.unparse(n.test) and
                     any(isinstance(r, ast.Return) and r.value is not None and all(
                         isinstance(e, ast.Constant) for e in (r.value.elts if isinstance(r.value, ast.Tuple) else [r.value]))
-                        for r in n.body) for n in ast.walk(fn)):
+                        for r in n.body) for n in subtree(fn)):
                 f.uninit_rank_funcs.add(fn.name)
         for fn in self.functions.values():
-            inits = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and _PG_INIT.search(_call_name(c)[1] or "")]
+            inits = [c for c in subtree(fn) if isinstance(c, ast.Call) and _PG_INIT.search(_call_name(c)[1] or "")]
             if not inits:
                 continue
             first = min(inits, key=lambda c: c.lineno)
-            for node in ast.walk(fn):
+            for node in subtree(fn):
                 if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)) or node.lineno >= first.lineno:
                     continue
                 names = [t.id for t in flat_targets(node) if isinstance(t, ast.Name)]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from helpers.lint.contract_ast import subtree
+
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
 
@@ -35,9 +37,9 @@ def rule_shadowed_import_called(lt: PythonLinter) -> None:
     if not imported:
         return
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        declared = {x for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
-        body = [n for st in fn.body for n in ast.walk(st)]
-        nested = {id(n) for st in fn.body for d in ast.walk(st)
+        declared = {x for n in subtree(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
+        body = [n for st in fn.body for n in subtree(st)]
+        nested = {id(n) for st in fn.body for d in subtree(st)
                   if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
                   for n in ast.walk(d) if n is not d}
         bound: dict[str, int] = {}

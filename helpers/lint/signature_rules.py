@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from helpers.lint.contract_ast import subtree
+
 if TYPE_CHECKING:
     from helpers.lint.python_rules import PythonLinter
 
@@ -77,7 +79,7 @@ def _attributes(cls: type) -> list[str]:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError, SyntaxError):
             continue
-        out.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+        out.update(n.attr for n in subtree(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                    and isinstance(n.value, ast.Name) and n.value.id == "self")
     return sorted(a for a in out if not a.startswith("_"))  # public names only: the rule skips private ones
 

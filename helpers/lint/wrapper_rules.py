@@ -10,7 +10,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, kwarg, last_assignment
+from helpers.lint.contract_ast import ancestors, kwarg, last_assignment, subtree
 from helpers.lint.contracts import _ACC, _DDP, _FABRIC, _FSDP
 from helpers.lint.wrappers import accelerator_prepare, assign_targets, call_name, prepare_bindings
 
@@ -305,8 +305,8 @@ def rule_module_attr_without_ddp(lt: PythonLinter) -> None:
             continue  # bound in a function: only its own later reads
         name = node.value.id
         if scope is None and fn is not None and \
-                any(isinstance(a, (ast.Assign, ast.AugAssign)) and name in _stored_names(a) for a in ast.walk(fn)) and \
-                not any(isinstance(g, ast.Global) and name in g.names for g in ast.walk(fn)):
+                any(isinstance(a, (ast.Assign, ast.AugAssign)) and name in _stored_names(a) for a in subtree(fn)) and \
+                not any(isinstance(g, ast.Global) and name in g.names for g in subtree(fn)):
             continue  # the function has a local of that name
         guards = [a for a in ancestors(lt, node) if isinstance(a, (ast.If, ast.IfExp, ast.While))]
         if any(re.search(r"hasattr|isinstance|type\(|DDP|DistributedDataParallel|module|num_processes|distributed|"
@@ -416,7 +416,7 @@ def rule_fsdp_mesh_without_group(lt: PythonLinter) -> None:
     if "parallelize_module" not in lt.text:
         return
     for fn in [n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [lt.tree]:
-        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+        calls = [c for c in subtree(fn) if isinstance(c, ast.Call)]
         if not any(_two_dim_mesh(c) for c in calls) or not any(_call_name(c)[1] == "parallelize_module" for c in calls):
             continue
         for c in calls:
@@ -506,7 +506,7 @@ def rule_ddp_frozen_model(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(c) or lt.tree
         if re.search(r"requires_grad\s*=\s*True|requires_grad_\((True)?\)", ast.unparse(fn)):
             continue
-        freezes = [n for n in ast.walk(fn) if _freezes_all(n, model)]
+        freezes = [n for n in subtree(fn) if _freezes_all(n, model)]
         loops = {id(a) for a in ancestors(lt, c) if isinstance(a, (ast.For, ast.While))}
         hit = next((f for f in freezes if f.lineno < c.lineno or
                     any(id(a) in loops for a in ancestors(lt, f))), None)
@@ -547,7 +547,7 @@ def rule_stripped_state_dict_into_wrapper(lt: PythonLinter) -> None:
             continue  # (the author's branch: `elif args.distributed: model.module.load_state_dict(sd)`)
         fn = lt._enclosing_function(c) or lt.tree
         sd = c.args[0].id
-        stripped = next((a for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+        stripped = next((a for a in subtree(fn) if isinstance(a, ast.Assign) and a.lineno < c.lineno
                          and any(isinstance(t, ast.Name) and t.id == sd for t in a.targets)
                          and _STRIPS_MODULE.search(ast.unparse(a.value))), None)
         if stripped is None:
@@ -657,7 +657,7 @@ def rule_trained_module_not_wrapped(lt: PythonLinter) -> None:
                and _WRAPPING.search(call_name(n.value)) for t in n.targets if isinstance(t, ast.Name)}
     # (the wrapper itself: ddp_model = DDP(model), then AdamW(ddp_model.parameters()))
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+        calls = [c for c in subtree(fn) if isinstance(c, ast.Call)]
         wrapped = {c.args[0].id for c in calls if call_name(c) in ("DistributedDataParallel", "DDP") and c.args
                    and isinstance(c.args[0], ast.Name)}
         if not wrapped:
@@ -702,7 +702,7 @@ def rule_ddp_wrapper_unused(lt: PythonLinter) -> None:
         elif isinstance(target, ast.Name):
             scope = lt._enclosing_function(node) or lt.tree
             unread = not any(isinstance(n, ast.Name) and n.id == target.id and isinstance(n.ctx, ast.Load)
-                             for n in ast.walk(scope))
+                             for n in subtree(scope))
         else:
             continue
         called = next((c for c in lt._calls() if ast.unparse(c.func) == inner and c.lineno > node.lineno), None)
@@ -778,7 +778,7 @@ def rule_fsdp2_policy_assigned(lt: PythonLinter) -> None:
 
     for fn in (n for n in lt.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module))):
         policies: dict[str, int] = {}
-        for n in sorted((x for x in ast.walk(fn) if isinstance(x, ast.Assign)), key=lambda x: x.lineno):
+        for n in sorted((x for x in subtree(fn) if isinstance(x, ast.Assign)), key=lambda x: x.lineno):
             for tgt in n.targets:
                 if isinstance(tgt, ast.Name):
                     if is_policy(n.value):
@@ -863,12 +863,12 @@ def rule_zero3_init_nested(lt: PythonLinter) -> None:
         fn = lt._enclosing_function(at) or lt.tree
         return depth < 2 and any(isinstance(a, (ast.Assign, ast.AugAssign)) and any(
             isinstance(t, ast.Name) and t.id in names for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
-            and holds_init(a.value, a, depth + 1) for a in ast.walk(fn))
+            and holds_init(a.value, a, depth + 1) for a in subtree(fn))
 
     for w in (n for n in lt.nodes if isinstance(n, (ast.With, ast.AsyncWith))):
         if not any(holds_init(item.context_expr, w) for item in w.items):
             continue
-        call = next((c for st in w.body for c in ast.walk(st) if isinstance(c, ast.Call) and
+        call = next((c for st in w.body for c in subtree(st) if isinstance(c, ast.Call) and
                      call_name(c) == "from_pretrained"), None)
         if call is None:
             continue
@@ -906,7 +906,7 @@ def rule_dataparallel_attribute(lt: PythonLinter) -> None:
         name, fn = a.targets[0].id, lt._enclosing_function(a) or lt.tree
         slots[name] = a.lineno
         scopes[name] = fn
-        for s in ast.walk(fn):  # args.model = model after the wrap: the wrapper lives on in that slot
+        for s in subtree(fn):  # args.model = model after the wrap: the wrapper lives on in that slot
             if isinstance(s, ast.Assign) and s.lineno > a.lineno and isinstance(s.value, ast.Name) and \
                     s.value.id == name and len(s.targets) == 1 and isinstance(s.targets[0], ast.Attribute) and \
                     isinstance(s.targets[0].value, ast.Name):

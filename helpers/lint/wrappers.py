@@ -29,6 +29,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from helpers.lint.contract_ast import subtree
+
 DDP_CTOR = re.compile(r"^(?!\w*(?i:unwrap|remove|strip|drop))(\w*DistributedDataParallel|\w*DDP|\w*(?i:ddp_?wrap|wrap_?(?:\w+_)?ddp)\w*)$")
 """Constructor names that return a DDP wrapper (``DDP`` is the usual import alias; a project's ``ddp_wrap(model,
 ctx)`` / ``wrap_model_ddp(...)`` helper; not ``ddp_setup`` or ``is_ddp``, which return no model, nor dinov2's
@@ -74,7 +76,7 @@ def accelerator_shards(tree: ast.AST, text: str) -> bool:
     source) screens first: a file that names none of them is not walked."""
     if not _SHARDING_WORDS.search(text):
         return False
-    for node in ast.walk(tree):
+    for node in subtree(tree):
         if isinstance(node, ast.Call):
             name = call_name(node)
             if name in SHARDING_PLUGINS:
@@ -118,7 +120,7 @@ def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
     shards its models: :func:`accelerator_shards`)."""
     hf: set[str] = set()
     prepares: list[tuple[list[ast.expr], ast.Assign]] = []
-    for node in ast.walk(tree):
+    for node in subtree(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             fname = call_name(node.value)
             if fname in ("from_pretrained", "from_config"):
@@ -131,7 +133,7 @@ def prepared_models(tree: ast.AST) -> list[tuple[str, ast.Assign]]:
     out = [(t.id, at) for targets, at in prepares for t in targets if isinstance(t, ast.Name) and t.id in hf]
     # results = accelerator.prepare(model, ...) then model = results[0]: the wrapper reaches the name by index
     held = {targets[0].id for targets, _at in prepares if len(targets) == 1 and isinstance(targets[0], ast.Name)}
-    for node in ast.walk(tree) if held else ():
+    for node in subtree(tree) if held else ():
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
                 node.targets[0].id in hf and isinstance(node.value, ast.Subscript) and \
                 isinstance(node.value.value, ast.Name) and node.value.value.id in held and \
@@ -236,7 +238,7 @@ class WrapperFlow:
                 and not self.returns:
             return
         for name, fn in functions.items():
-            values = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+            values = [n.value for n in subtree(fn) if isinstance(n, ast.Return) and n.value is not None]
             if any(isinstance(v, ast.Call) and DDP_CTOR.match(call_name(v)) for v in values):
                 self.returns_ddp.add(name)
         self._function_aliases()
@@ -314,7 +316,7 @@ class WrapperFlow:
             return isinstance(expr.func, ast.Name) and self._class_buffer_free(expr.func.id, depth + 1)
         if isinstance(expr, ast.Name):
             scope, line = self.scope(at), getattr(at, "lineno", 0)
-            last = max((n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
+            last = max((n for n in subtree(scope) if isinstance(n, ast.Assign) and n.lineno < line
                         and self.scope(n) is scope and any(isinstance(t, ast.Name) and t.id == expr.id
                                                            for t in n.targets)),
                        key=lambda n: n.lineno, default=None)
@@ -333,7 +335,7 @@ class WrapperFlow:
         calls = [n for n in ast.walk(cls) if isinstance(n, ast.Call)]
         if any(call_name(c) == "register_buffer" for c in calls):
             return False
-        for c in (n for n in ast.walk(init) if isinstance(n, ast.Call)) if init is not None else ():
+        for c in (n for n in subtree(init) if isinstance(n, ast.Call)) if init is not None else ():
             f, cname = c.func, call_name(c)
             recv = ast.unparse(f.value) if isinstance(f, ast.Attribute) else ""
             if recv in ("nn", "torch.nn"):
@@ -362,7 +364,7 @@ class WrapperFlow:
         """The file's classes by name (the first definition of a name), built on first use."""
         if self._class_defs is None:
             self._class_defs = {}
-            for n in ast.walk(self.tree):
+            for n in subtree(self.tree):
                 if isinstance(n, ast.ClassDef):
                     self._class_defs.setdefault(n.name, n)
         return self._class_defs
@@ -395,7 +397,7 @@ class WrapperFlow:
         assigns: dict[tuple[ast.AST, str], list[tuple[int, bool, bool]]] = {}
         attrs: dict[str, bool] = {}
         unwrapped_attrs: set[str] = set()
-        nodes = sorted((n for n in ast.walk(self.tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value),
+        nodes = sorted((n for n in subtree(self.tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value),
                        key=lambda n: n.lineno)
         self.w.assigns = assigns
         for n in nodes:
@@ -437,7 +439,7 @@ class WrapperFlow:
         return isinstance(value, ast.IfExp) and (WrapperFlow._unwraps(value.body) or WrapperFlow._unwraps(value.orelse))
 
     def _parameters(self) -> None:
-        for call in (n for n in ast.walk(self.tree) if isinstance(n, ast.Call)):
+        for call in (n for n in subtree(self.tree) if isinstance(n, ast.Call)):
             f = call.func
             name = call_name(call)
             local = isinstance(f, ast.Name) or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
@@ -470,7 +472,7 @@ class WrapperFlow:
     def _function_aliases(self) -> None:
         """Names bound to one of the file's functions, or to either of two by a conditional expression
         (``train_function = run_train_rlhf if rlhf else run_train``): a call of the name calls one of them."""
-        for n in ast.walk(self.tree):
+        for n in subtree(self.tree):
             if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)):
                 continue
             options = [n.value.body, n.value.orelse] if isinstance(n.value, ast.IfExp) else [n.value]
@@ -485,7 +487,7 @@ class WrapperFlow:
             if isinstance(fn, ast.Lambda):
                 continue
             got: set[int | None] = set()
-            for r in (n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None):
+            for r in (n for n in subtree(fn) if isinstance(n, ast.Return) and n.value is not None):
                 if self.scope(r) is not fn:
                     continue
                 if isinstance(r.value, ast.Tuple):
@@ -496,7 +498,7 @@ class WrapperFlow:
                 self.returns[name] = self.returns.get(name, set()) | got
 
     def _stores(self) -> None:
-        for n in ast.walk(self.tree):
+        for n in subtree(self.tree):
             if isinstance(n, ast.Assign):
                 for t in n.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id != "self":
@@ -537,7 +539,7 @@ def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> lis
         ``[(the Name read, the if statement)]``, one per name.
     """
     out: list[tuple[ast.Name, ast.If]] = []
-    for node in ast.walk(tree):
+    for node in subtree(tree):
         if isinstance(node, ast.If) and not node.orelse and _DIST_TEST.search(ast.unparse(node.test)):
             only = _bound(node.body)  # `if dist.is_initialized(): sampler = DistributedSampler(ds)`, no else:
             # the one-process run (no group, world size 1) never binds it (ColossalAI's train_prompts.py)
@@ -560,9 +562,9 @@ def unbound_after_wrap(tree: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> lis
             continue
         before = _bound(block[:block.index(node)])
         if not node.orelse and scope is not None:  # also what the scope binds on an earlier line (a loop target)
-            before |= {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+            before |= {n.id for n in subtree(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
                        and n.lineno < node.lineno}
-            before |= _bound([s for s in ast.walk(scope) if isinstance(s, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+            before |= _bound([s for s in subtree(scope) if isinstance(s, (ast.Import, ast.ImportFrom, ast.FunctionDef,
                               ast.ClassDef, ast.Global, ast.Nonlocal)) and s is not scope and s.lineno < node.lineno])
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = scope.args
