@@ -97,7 +97,7 @@ def text_traps(text: str) -> list[Check]:
             + _launcher_parser_traps(text) + _srun_no_program_traps(text) + _nproc_from_task_count_traps(text)
             + _program_node_count_traps(text) + _sbatch_option_traps(text) + _sbatch_task_shrink_traps(text)
             + _batch_expanded_rank_traps(text) + _late_default_traps(text) + _fsdp_wrap_class_traps(text)
-            + _local_world_from_world_traps(text) + _nproc_from_nvidia_smi_traps(text))
+            + _local_world_from_world_traps(text) + _nproc_from_nvidia_smi_traps(text) + _multi_gpu_one_visible_traps(text))
 
 
 _MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
@@ -1061,6 +1061,48 @@ def _nproc_from_nvidia_smi_traps(text: str) -> list[Check]:
                    "processes than there are visible GPUs", "count what CUDA sees: python -c 'import torch; "
                    "print(torch.cuda.device_count())' (or $SLURM_GPUS_ON_NODE under Slurm)",
                    "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables")
+        hit.line_no = number
+        out.append(hit)
+    return out
+
+
+_ONE_VISIBLE = re.compile(r"(?:^|\s)(?:export\s+)?CUDA_VISIBLE_DEVICES=['\"]?(\d+)['\"]?(?=\s|$)")
+
+
+def _multi_gpu_one_visible_traps(text: str) -> list[Check]:
+    """``nproc-exceeds-gpus`` for ``accelerate launch --multi_gpu`` with no ``--num_processes``, under a
+    ``CUDA_VISIBLE_DEVICES`` that names one GPU (on the line, or exported before it): accelerate then takes the
+    process count from its config file (every process on that one GPU) or, with none, from the GPUs it can see
+    (``_validate_launch_command``: ``args.num_processes = torch.cuda.device_count()``), one process, so the multi-GPU
+    run is a one-GPU run (OmniGen2's train.sh).  Explicit counts are :func:`helpers.launch_traps.find_traps`'s."""
+    out: list[Check] = []
+    exported: str | None = None
+    for number, line in join_continuations(text):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            continue
+        m = _ONE_VISIBLE.search(stripped)
+        launch = launcher_argv(split_words(stripped)) if stripped else None
+        if launch is None:
+            if m and stripped.startswith("export"):
+                exported = m.group(1)
+            elif re.match(r"^(?:export\s+)?CUDA_VISIBLE_DEVICES=", stripped):
+                exported = None  # set to something else: not one GPU we can read
+            continue
+        visible = m.group(1) if m else exported
+        kind, argv = launch
+        if kind != "accelerate" or visible is None:
+            continue
+        vals, flags, _script, _rest = parse_options(argv, ACCELERATE_VALUE)
+        if "--multi-gpu" not in flags or vals.get("--num-processes") is not None or \
+                (vals.get("--num-machines") or "1") != "1":
+            continue
+        hit = trap("nproc-exceeds-gpus", "FAIL", "env.CUDA_VISIBLE_DEVICES",
+                   f"accelerate launch --multi_gpu with CUDA_VISIBLE_DEVICES={visible}: one GPU is visible, and with no "
+                   "--num_processes accelerate takes the count from its config file (every process then on that one "
+                   "GPU) or from the GPUs it can see (one process: no multi-GPU run at all)",
+                   "list the GPUs to use (CUDA_VISIBLE_DEVICES=0,1,...) and give --num_processes to match",
+                   "https://huggingface.co/docs/accelerate/en/package_reference/cli#accelerate-launch")
         hit.line_no = number
         out.append(hit)
     return out

@@ -209,6 +209,7 @@ RULES: dict[str, str] = {
     "sampler-not-distributed": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "rank-split-drops": "https://docs.pytorch.org/docs/stable/generated/torch.split.html",
     "sampler-no-shuffle": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "sampler-shuffle-ignored": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "input-device-differs-from-model": "https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-semantics",
     "object-collective-unpicklable": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.all_gather_object",
     "lightning-readonly-property": "https://github.com/Lightning-AI/pytorch-lightning/blob/master/src/lightning/pytorch/core/module.py",
@@ -411,6 +412,8 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
     findings += cross_rules.iterable_not_sharded_across(facts)
     findings += cross_rules.download_every_rank_across(facts)
     findings += cross_rules.listing_dir_across(facts)
+    findings += cross_rules.env_none_parsed_across(facts)
+    findings += cross_rules.cuda_before_set_device_across(facts)
     findings += cross_rules.clock_path_across(facts)
     findings += cross_rules.rank_only_object_across(facts)
     if command:

@@ -9,7 +9,7 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, statement_blocks, subtree
+from helpers.lint.contract_ast import ancestors, method_named, statement_blocks, subtree
 from helpers.lint.contracts import _ACC, _DIST, _TORCHRUN
 
 if TYPE_CHECKING:
@@ -406,6 +406,43 @@ def rule_rank_gated_file_read(lt: PythonLinter) -> None:
                        "the read", _DIST + "#torch.distributed.barrier")
 
 
+_MMENGINE_METRIC = "https://mmengine.readthedocs.io/en/latest/api/generated/mmengine.evaluator.BaseMetric.html"
+
+
+def rule_metric_init_writes(lt: PythonLinter) -> None:
+    """``write-on-every-rank`` in an mmengine ``BaseMetric``'s ``__init__`` (or a method of the class it calls): the
+    runner builds the evaluator and its metrics in every process, and only ``compute_metrics`` runs on the main
+    process (``BaseMetric.evaluate`` collects the results, then ``if is_main_process(): ... self.compute_metrics``,
+    ``_MMENGINE_METRIC``), so a file created, removed or written while the metric is built is touched by every rank
+    at once (open-mmlab/mmselfsup#689: every rank removed and re-created the shape-bias CSV)."""
+    if "BaseMetric" not in lt.text:
+        return
+    for cls in lt.nodes:
+        if not isinstance(cls, ast.ClassDef) or not any(ast.unparse(b).endswith("BaseMetric") for b in cls.bases):
+            continue
+        init = method_named(cls, "__init__")
+        if init is None:
+            continue
+        bodies = [init] + [m for c in subtree(init) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                           and isinstance(c.func.value, ast.Name) and c.func.value.id == "self"
+                           and (m := method_named(cls, c.func.attr)) is not None]
+        for body in bodies:
+            hit = next((c for c in subtree(body) if isinstance(c, ast.Call) and lt._write_kind(c) in ("file", "delete")
+                        and lt._rank_gate(c) is None), None)
+            if hit is not None:
+                where = "" if body is init else f" ({body.name}, called from __init__)"
+                lt.facts.deferred[:] = [f for f in lt.facts.deferred  # (the every-rank rule kept it for a proof that
+                                        if not (f.id == "write-on-every-rank" and f.line_no == hit.lineno)]
+                # the program is distributed: an mmengine metric is that proof)
+                lt.add("write-on-every-rank", "warning", hit,
+                       f"{ast.unparse(hit)[:60]} runs while {cls.name} is built{where}: mmengine builds the evaluator's "
+                       "metrics in every process (only compute_metrics runs on the main one), so every rank touches "
+                       "this file at once",
+                       "create the file in compute_metrics (main process only), or under is_main_process()",
+                       _MMENGINE_METRIC)
+                break
+
+
 def rule_save_hook_every_rank(lt: PythonLinter) -> None:
     """A function registered with ``accelerator.register_save_state_pre_hook`` that writes (``save_pretrained``,
     ``torch.save``) with no main-process test: Accelerate calls the hook from ``save_state`` in every process that
@@ -608,4 +645,4 @@ def rule_state_overwritten_after_load(lt: PythonLinter) -> None:
                     return
 
 
-__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_makedirs_race", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_rank_overwritten_by_setattr_loop", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]
+__all__ = ["BLANK_TRACKER", "rule_dcp_load_raw_optimizer_state", "rule_makedirs_race", "rule_metric_init_writes", "rule_state_overwritten_after_load", "RAW_WANDB_FIX", "RAW_WANDB_MESSAGE", "rule_rank_gated_directory", "rule_rank_gated_file_read", "rule_rank_overwritten_on_resume", "rule_rank_overwritten_by_setattr_loop", "rule_raw_wandb_log", "rule_save_hook_every_rank", "rule_scheduler_not_checkpointed", "rule_tracker_on_every_rank"]

@@ -190,6 +190,55 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
         return
 
 
+_COUNT_TEST = re.compile(r"(?i)(?:world_size|num_gpus|n_?gpus|gpu_count|num_processes|device_count\(\)|"
+                         r"get_world_size\(\))\s*(?:>|>=|!=|==)\s*[12]\b|\b(?:dist|distributed)\.is_initialized\(\)|"
+                         r"^(?:not\s+)?(?:self\.|args\.|cfg\.)?(?:distributed|is_distributed|use_ddp|ddp)$")
+"""A test of the process count itself (``num_gpus > 1``, ``dist.is_initialized()``, ``args.distributed``), not
+:data:`_MULTI_TEST`'s wider net (a model-parallel size is not the process count)."""
+
+
+def rule_collective_helper_unguarded(lt: PythonLinter) -> None:
+    """``collective-before-init`` for a collective helper of this file (``reduce_sum``, which calls
+    ``dist.all_reduce``) that the file calls under a process-count test (``if num_gpus > 1:``) in one place and with
+    none in another: the author's guards say the one-process run has no process group, and that run reaches the
+    unguarded call ("Default process group has not been initialized", ``_INIT``; FCOS's loss called ``reduce_sum``
+    unguarded in its no-positive-sample branch only)."""
+    from helpers.lint.python_rules import _call_name
+
+    helpers = {name for name in lt.collective_funcs if name in lt.functions and not any(
+        isinstance(n, (ast.If, ast.IfExp)) and (_MULTI_TEST.search(ast.unparse(n.test)) or
+                                                _COUNT_TEST.search(ast.unparse(n.test)))
+        for n in subtree(lt.functions[name]))}  # (not mmengine's all_reduce, which returns at once for one process)
+    if not helpers:
+        return
+    by_name: dict[str, list[ast.Call]] = {}
+    for c in lt._calls():
+        recv, name = _call_name(c)
+        if name in helpers and recv in ("", "self", "cls"):
+            by_name.setdefault(name, []).append(c)
+    for name, calls in by_name.items():
+        guarded = [c for c in calls if _under_multi_test(lt, c) and any(
+            isinstance(p, (ast.If, ast.IfExp)) and _COUNT_TEST.search(ast.unparse(p.test)) for p in ancestors(lt, c))]
+        loose = [c for c in calls if not _under_multi_test(lt, c) and lt._enclosing_function(c) is not lt.functions[name]]
+        if len(guarded) < 1 or not loose:
+            continue
+        for c in loose:
+            fn = lt._enclosing_function(c)
+            if fn is not None and any(isinstance(st, ast.If) and st.lineno < c.lineno and
+                                      _MULTI_TEST.search(ast.unparse(st.test)) and
+                                      any(isinstance(b, (ast.Return, ast.Raise)) for b in st.body) for st in subtree(fn)):
+                continue  # an early return for the one-process case
+            g = guarded[0]
+            test = next(p for p in ancestors(lt, g) if isinstance(p, (ast.If, ast.IfExp)) and
+                        _COUNT_TEST.search(ast.unparse(p.test)))
+            lt.add("collective-before-init", "error", c,
+                   f"{name}() runs a collective ({lt.collective_funcs[name]}) and is called here under no test of the "
+                   f"process count, while line {g.lineno} calls it only under `{ast.unparse(test.test)[:40]}`: the "
+                   "one-process run reaches this call with no process group ('Default process group has not been "
+                   "initialized')", f"guard it the same way: if {ast.unparse(test.test)[:40]}: {name}(...)", _INIT)
+            break
+
+
 _MEAN_NAME = re.compile(r"(?i)loss|acc|metric|err|score|ppl|perplexity")
 _WORLD_WORDS = re.compile(r"world_size|get_world_size|num_processes|num_replicas|n_gpus|ngpus|nranks|size\(\)")
 
@@ -1256,4 +1305,4 @@ def rule_allreduce_accumulated_twice(lt: PythonLinter) -> None:
                "times", "reduce once: either each batch's value inside the loop or the totals after it", _COLL)
 
 
-__all__ = ["TORCH_DISTRIBUTED_NAMES", "rule_allreduce_accumulated_twice", "rule_rank_function_not_called", "rule_bucket_by_python_type", "rule_object_collective_unpicklable", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_strided_shard_gathered_rank_major", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["rule_collective_helper_unguarded", "TORCH_DISTRIBUTED_NAMES", "rule_allreduce_accumulated_twice", "rule_rank_function_not_called", "rule_bucket_by_python_type", "rule_object_collective_unpicklable", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_strided_shard_gathered_rank_major", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

@@ -316,6 +316,12 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedSampler", "shuffle=True (the default) shuffles the indices each epoch (with set_epoch): a training "
        "sampler given shuffle=False where the one-process run uses a RandomSampler trains on one fixed order",
        _DATA + "#torch.utils.data.distributed.DistributedSampler", "sampler-no-shuffle"),
+    _c("DistributedSampler", "shuffle (bool): If True (default), sampler will shuffle the indices: a sampler of the "
+       "same contract that takes shuffle= and sets self.shuffle to a constant drops the caller's choice",
+       _DATA + "#torch.utils.data.distributed.DistributedSampler", "sampler-shuffle-ignored"),
+    _c("os.getenv", "Return the value of the environment variable key as a string if it exists, or default if it "
+       "doesn't (default None): int() of a launcher variable read without a default raises TypeError where no "
+       "launcher set it", "https://docs.python.org/3/library/os.html#os.getenv", "env-int-parse"),
     _c("Accelerator.unwrap_model", "Takes a model (torch.nn.Module) and walks its wrappers: an optimizer or a "
        "scheduler is not unwrapped (its own state_dict is saved)", _ACC + "#accelerate.Accelerator.unwrap_model",
        "unwrap-model-not-a-model"),

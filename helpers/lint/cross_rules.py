@@ -1227,6 +1227,49 @@ def unexported_to_child_script(launches: Sequence[tuple[str, str, LaunchSpec | N
     return out
 
 
+def cuda_before_set_device_across(facts: Sequence[object]) -> list[Check]:
+    """``cuda-before-set-device`` across files: default-device CUDA work (``Model(device="cuda")``, ``.cuda()``) in one
+    linted file before it calls another linted file's function that binds the GPU first thing
+    (``torch.cuda.set_device(rank)``): every rank of the node puts that work on cuda:0 (OminiControl loaded the whole
+    FLUX pipeline on GPU 0 from every rank; the contract is :func:`helpers.lint.device_rules.
+    rule_cuda_before_set_device`'s)."""
+    from helpers.lint.contracts import _DIST
+
+    out: list[Check] = []
+    for f in facts:
+        for callee, line, src, at in getattr(f, "cuda_before_calls", []):
+            other = next((g for g in facts if g is not f and callee in getattr(g, "set_device_funcs", set())), None)
+            if other is None or any(x.line_no == line and x.file == f.path for x in out):  # type: ignore[attr-defined]
+                continue
+            out.append(finding("cuda-before-set-device", "warning", f.path, line,  # type: ignore[attr-defined]
+                               f"{src} runs on the current CUDA device before {callee}() (line {at}) binds the GPU "
+                               f"with torch.cuda.set_device ({os.path.basename(other.path)}): every rank of the node is "  # type: ignore[attr-defined]
+                               "still on cuda:0 here, so each puts this on GPU 0 (and a CUDA context there)",
+                               "bind the device first (torch.cuda.set_device(local_rank) at the top of main), then "
+                               "create the model", _DIST))
+    return out
+
+
+def env_none_parsed_across(facts: Sequence[object]) -> list[Check]:
+    """``env-int-parse`` across files: ``int(os.environ.get("LOCAL_RANK"))`` with no default in one linted file, while
+    another reads the same launcher variable with a default or under a guard (OminiControl: ``trainer.py``'s
+    ``get_rank`` falls back to 0, ``train_subject.py`` parses it bare and dies under a one-process launch); the
+    contract is in :func:`helpers.lint.env_rules._env_none_parsed`."""
+    from helpers.lint.env_rules import _GETENV, env_none_fix, env_none_message
+
+    out: list[Check] = []
+    for f in facts:
+        for key, line, src in getattr(f, "env_none_parsed", []):
+            if key in f.env_unset_handled:  # type: ignore[attr-defined]
+                continue  # reported by the file itself
+            other = next((g for g in facts if g is not f and key in getattr(g, "env_unset_handled", set())), None)
+            if other is not None:
+                out.append(finding("env-int-parse", "warning", f.path, line,  # type: ignore[attr-defined]
+                                   env_none_message(key, src, os.path.basename(other.path)),  # type: ignore[attr-defined]
+                                   env_none_fix(key), _GETENV))
+    return out
+
+
 def listing_dir_across(facts: Sequence[object]) -> list[Check]:
     """``write-on-every-rank`` across files: a file that trains data parallel calls, outside any rank gate, another
     linted file's function that numbers a new run directory by counting the output folder

@@ -1533,4 +1533,33 @@ def rule_batch_times_world_size(lt: PythonLinter) -> None:
                    "give the loader the per-process batch (the global batch // world_size)", _SAMPLER)
 
 
-__all__ = ["collect_sampler_facts", "rule_batch_size_not_int", "rule_batch_times_world_size", "rule_dataset_len_not_sharded", "rule_distributed_sampler_unshuffled", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]
+def rule_sampler_shuffle_ignored(lt: PythonLinter) -> None:
+    """``sampler-shuffle-ignored``: a sampler class whose ``__init__`` takes ``shuffle`` and never reads it, while it
+    sets ``self.shuffle`` to a constant: the caller's ``shuffle=False`` (an evaluation loader, a sequential order a
+    result file depends on) is dropped and the order is the constant's (maskrcnn-benchmark's copy of
+    DistributedSampler set ``self.shuffle = True``; torch's own stores the argument: ``shuffle (bool, optional): If
+    True (default), sampler will shuffle the indices``, ``_SAMPLER``)."""
+    if "shuffle" not in lt.text or "Sampler" not in lt.text:
+        return
+    for cls in lt.nodes:
+        if not isinstance(cls, ast.ClassDef) or not ("Sampler" in cls.name or any(
+                "Sampler" in ast.unparse(b) for b in cls.bases)):
+            continue
+        init = method_named(cls, "__init__")
+        if init is None or "shuffle" not in [a.arg for a in init.args.args + init.args.kwonlyargs]:
+            continue
+        if any(isinstance(n, ast.Name) and n.id == "shuffle" and isinstance(n.ctx, ast.Load) for n in subtree(init)):
+            continue
+        fixed = next((n for n in subtree(init) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                      and isinstance(n.value.value, bool) and any(ast.unparse(t) == "self.shuffle" for t in n.targets)),
+                     None)
+        if fixed is None:
+            continue
+        lt.add("sampler-shuffle-ignored", "warning", fixed,
+               f"{cls.name}.__init__ takes shuffle= but never reads it and sets self.shuffle = {fixed.value.value}: a "
+               f"loader built with shuffle={not fixed.value.value} gets the opposite order (an evaluation set "
+               "shuffled, or a training set never shuffled)",
+               "self.shuffle = shuffle", _SAMPLER)
+
+
+__all__ = ["collect_sampler_facts", "rule_sampler_shuffle_ignored", "rule_batch_size_not_int", "rule_batch_times_world_size", "rule_dataset_len_not_sharded", "rule_distributed_sampler_unshuffled", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]

@@ -264,8 +264,42 @@ def _default_cuda(call: ast.Call) -> bool:
     """``call`` puts something on the current CUDA device without naming one: ``device="cuda"``, ``.cuda()``."""
     if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args and not call.keywords:
         return True
-    return any(k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
+    return any(k.arg == "device" and (isinstance(k.value, ast.Constant) and k.value.value == "cuda" or
+                                      isinstance(k.value, ast.JoinedStr) and ast.unparse(k.value) in ("f'cuda'", 'f"cuda"'))
                for k in call.keywords)
+
+
+def _cuda_before_call_facts(lt: PythonLinter) -> None:
+    """Facts for :func:`helpers.lint.cross_rules.cuda_before_set_device_across`: the module-level functions whose own
+    body binds the GPU (``torch.cuda.set_device``), and, in each block, default-device CUDA work
+    (``device="cuda"``, ``.cuda()``) before a statement that calls a function by its bare name (an imported one:
+    OminiControl's ``OminiModel(device="cuda")`` and then ``train(...)``, whose first lines bind the GPU)."""
+    from helpers.lint.python_rules import _call_name
+
+    facts = lt.facts
+    for fn in getattr(lt.tree, "body", []):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(st, (ast.Expr, ast.Assign)) and any(_call_name(c)[1] == "set_device" and "cuda" in
+                                                               _call_name(c)[0] for c in lt._calls(st))
+                for st in fn.body):
+            facts.set_device_funcs.add(fn.name)
+    if not re.search(r"""device\s*=\s*f?['"]cuda['"]|\.cuda\(\)""", lt.text):
+        return
+    for node in lt.nodes:
+        block = getattr(node, "body", None)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(block, list):
+            continue
+        hit = None
+        for st in block:
+            if not isinstance(st, (ast.Expr, ast.Assign)):
+                continue
+            if hit is None and "set_device" in ast.unparse(st):
+                break  # bound here first
+            if hit is not None:
+                for c in lt._calls(st):
+                    if isinstance(c.func, ast.Name) and c.func.id not in lt.functions:
+                        facts.cuda_before_calls.append((c.func.id, hit.lineno, ast.unparse(hit)[:50], c.lineno))
+            hit = hit or next((c for c in lt._calls(st) if _default_cuda(c)), None)
 
 
 def rule_cuda_before_set_device(lt: PythonLinter) -> None:
@@ -276,7 +310,8 @@ def rule_cuda_before_set_device(lt: PythonLinter) -> None:
     (KellerJordan/modded-nanogpt#161)."""
     from helpers.lint.python_rules import _call_name
 
-    if "set_device" not in lt.text or not re.search(r"""device\s*=\s*['"]cuda['"]|\.cuda\(\)""", lt.text):
+    _cuda_before_call_facts(lt)
+    if "set_device" not in lt.text or not re.search(r"""device\s*=\s*f?['"]cuda['"]|\.cuda\(\)""", lt.text):
         return
     for node in lt.nodes:
         block = getattr(node, "body", None)
@@ -593,6 +628,11 @@ _SHARED_EFFECT = re.compile(r"(?i)wandb|mlflow|neptune|comet|tensorboard|Summary
 "main process" flag must not guard."""
 
 
+_WRITER_FLAG = re.compile(r"(?i)^_?(?:save|write|log|checkpoint)\w*$")
+"""A flag named for who writes (maskrcnn-benchmark's ``save_to_disk = local_rank == 0``, handed to its
+checkpointer): a job-wide write, whatever the flag's name says about the main process."""
+
+
 def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
     """A "main process" test decided by the node-local rank: ``def if_main_process(): return
     int(os.environ["LOCAL_RANK"]) == 0``.  LOCAL_RANK repeats 0..N-1 on every node (torchrun: "LOCAL_RANK - The
@@ -602,8 +642,8 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
     ``is_local_main_process`` "True for one process per server" (``_ACC``).  Flagged where a function named for the
     job's main process (:data:`_MAIN_NAME`, without "local"/"node") compares a local rank with 0 and reads no global
     rank (``RANK``, ``get_rank()``) or node rank; a warning (an error under a multi-node launch, cross_rules.settle).
-    Also a flag so named assigned that test (``self.is_master = local_rank == 0``; PrimeIntellect's prime-rl monitor
-    started a W&B run per node)."""
+    Also a flag so named, or named for writing (:data:`_WRITER_FLAG`), assigned that test (``self.is_master =
+    local_rank == 0``; PrimeIntellect's prime-rl monitor started a W&B run per node)."""
     if not re.search(r"local_rank|LOCAL_RANK|SLURM_LOCALID|get_local_rank", lt.text):
         return
     local = _Local(lt)
@@ -629,8 +669,8 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
         if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Compare) and len(n.value.ops) == 1
                 and isinstance(n.value.ops[0], ast.Eq)):
             continue
-        named = next((t for t in n.targets if _MAIN_NAME.match(t.id if isinstance(t, ast.Name) else
-                                                                 t.attr if isinstance(t, ast.Attribute) else "")), None)
+        named = next((t for t in n.targets if (lambda x: _MAIN_NAME.match(x) or _WRITER_FLAG.match(x))(
+            t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else "")), None)
         sides = (n.value.left, n.value.comparators[0])
         if named is None or not any(local.is_local(x) for x in sides) or \
                 not any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in sides):
@@ -655,8 +695,8 @@ def rule_main_process_by_local_rank(lt: PythonLinter) -> None:
         if guarded and not any(lt._write_kind(c) or _SHARED_EFFECT.search(ast.unparse(c.func)) for c in guarded):
             continue  # it gates prints and evaluation only (TabPFN's fine-tuning example): once per node is harmless
         lt.add("local-rank-as-global-rank", "warning", n,
-               f"{ast.unparse(named)} = {ast.unparse(n.value)[:50]} names the job's main process by the node-local "
-               f"rank: every node has a local rank 0, so on several nodes {ast.unparse(named)} is true once per node "
+               f"{ast.unparse(named)} = {ast.unparse(n.value)[:50]} picks the process that does the job's shared "
+               f"work (the main process, the writer) by the node-local rank: every node has a local rank 0, so on several nodes {ast.unparse(named)} is true once per node "
                "and what it guards (a tracker run, file writes) runs on each node",
                "compare the global rank: int(os.environ['RANK']) == 0 / dist.get_rank() == 0",
                _TORCHRUN + "#environment-variables")

@@ -7,6 +7,7 @@ https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES).  Run 
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from typing import TYPE_CHECKING
 
@@ -294,12 +295,82 @@ consecutive nodes are to have the same task count, that count is followed by "(x
 MASTER_ADDR, the address of the rank 0 node), with an example of what ``int()`` then meets."""
 
 
+_LAUNCHER_SET = re.compile(r"(?:LOCAL_)?RANK|(?:LOCAL_)?WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_PORT|SLURM_\w+|OMPI_COMM_WORLD_\w+|"
+                           r"PMI_\w+")
+"""Variables a launcher sets for the processes it starts and nothing sets otherwise (torchrun, srun, mpirun)."""
+
+
+def _env_none_parsed(lt: PythonLinter) -> None:
+    """``env-int-parse`` for a launcher's variable read without a default and parsed at once, on every path:
+    ``int(os.environ.get("LOCAL_RANK"))``.  ``os.environ.get`` / ``os.getenv`` return None for an unset variable
+    (https://docs.python.org/3/library/os.html#os.getenv) and ``int(None)`` raises TypeError, so the script dies
+    wherever no launcher set it: ``python train.py``, or ``accelerate launch`` with one process, whose simple launcher
+    sets no LOCAL_RANK (accelerate/utils/launch.py, ``prepare_simple_launcher_cmd_env``; OminiControl's fix gave the
+    read a default).  Reported where the author's own code expects the variable to be unset (a read of it with a
+    default, under ``try`` or a test, in this file or in another linted file: :func:`helpers.lint.cross_rules.
+    env_none_parsed_across`): a script meant to run only under its launcher (DeepSpeed's cifar example, a Ray
+    worker) reads it the same way, and is right to.  Not itself under a test, a ``try``, a conditional expression or
+    a boolean operator (fairseq's SLURM branch reads SLURM_NODEID only where SLURM set it)."""
+    from helpers.lint.python_rules import _call_name, _env_key
+
+    if not re.search(r"environ|getenv", lt.text):
+        return
+    facts = lt.facts
+    for c in lt.nodes:
+        if not isinstance(c, (ast.Call, ast.Subscript)):
+            continue
+        key = _env_key(c)
+        if key is None or not _LAUNCHER_SET.fullmatch(key):
+            continue
+        if isinstance(c, ast.Subscript):  # os.environ["LOCAL_RANK"] under try / a test: its absence handled
+            if any(isinstance(p, (ast.Try, ast.If, ast.IfExp, ast.BoolOp)) for p in itertools.takewhile(
+                    lambda p: not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), ancestors(lt, c))):
+                facts.env_unset_handled.add(key)
+            continue
+        parent = lt.parents.get(c)
+        parsed = isinstance(parent, ast.Call) and _call_name(parent) in (("", "int"), ("", "float")) and \
+            len(parent.args) == 1 and parent.args[0] is c and not parent.keywords
+        held = list(itertools.takewhile(
+            lambda p: not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), ancestors(lt, c)))
+        guarded = any(isinstance(p, (ast.IfExp, ast.BoolOp, ast.Try, ast.While, ast.Assert, ast.comprehension)) or
+                      isinstance(p, ast.If) and "__name__" not in ast.unparse(p.test) for p in held)
+        if len(c.args) > 1 or c.keywords or guarded and _call_name(c)[1] != "setdefault":
+            facts.env_unset_handled.add(key)
+        elif parsed and _call_name(c)[1] != "setdefault":
+            facts.env_none_parsed.append((key, parent.lineno, ast.unparse(parent)[:60]))  # type: ignore[union-attr]
+    for n in lt.nodes:
+        if isinstance(n, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in n.ops) and \
+                isinstance(n.left, ast.Constant) and isinstance(n.left.value, str) and \
+                re.search(r"environ", ast.unparse(n.comparators[0])):
+            facts.env_unset_handled.add(n.left.value)
+    for key, line, src in facts.env_none_parsed:
+        if key in facts.env_unset_handled:
+            lt.add("env-int-parse", "warning", line, env_none_message(key, src, "this file"), env_none_fix(key),
+                   _GETENV)
+
+
+_GETENV = "https://docs.python.org/3/library/os.html#os.getenv"
+
+
+def env_none_message(key: str, src: str, where: str) -> str:
+    """The finding's words for ``int(os.environ.get(key))`` whose absence ``where`` handles elsewhere."""
+    return (f"{src}: os.environ.get returns None where {key} is unset, and int(None) raises TypeError; {where} "
+            f"expects {key} to be unset at times (it reads it with a default or a guard), and this read dies there: "
+            "a run without a launcher, or accelerate launch with one process (which sets no LOCAL_RANK)")
+
+
+def env_none_fix(key: str) -> str:
+    """The fix for :func:`env_none_message`."""
+    return f"give the read a default (os.environ.get('{key}', '0')), as the other read does"
+
+
 def rule_env_not_a_number(lt: PythonLinter) -> None:
     """``env-int-parse``: ``int()`` / ``float()`` of a variable whose documented value is not a number
     (:data:`_NOT_NUMBERS`), directly or through one assignment: a ValueError as soon as the job has several nodes
     (``int('8(x2)')``, InternImage's ``SLURM_TASKS_PER_NODE``) or at once (``int(os.getenv('MASTER_ADDRESS'))``)."""
     from helpers.lint.python_rules import _call_name, _env_key
 
+    _env_none_parsed(lt)
     if not re.search("|".join(_NOT_NUMBERS), lt.text):
         return
     env_names: dict[str, str] = {}  # a name assigned from a read: addr = os.environ["MASTER_ADDR"]

@@ -175,6 +175,10 @@ class PyFacts:
     class_fields: dict[str, list[str]] = field(default_factory=dict)  # class -> its fields / __init__ params, in order
     unguarded_uses: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # class -> param -> (line, src)
     save_dir_names: dict[str, int] = field(default_factory=dict)  # names an every-rank save's directory is built from
+    set_device_funcs: set[str] = field(default_factory=set)  # functions whose body binds the GPU (set_device)
+    cuda_before_calls: list[tuple[str, int, str, int]] = field(default_factory=list)  # (callee, line, src, call line)
+    env_none_parsed: list[tuple[str, int, str]] = field(default_factory=list)  # (key, line, src): int(environ.get(K))
+    env_unset_handled: set[str] = field(default_factory=set)  # launcher variables read with a default or a guard
 
 
 def _names_monitored(key: ast.AST | None, monitored: set[str]) -> bool:
@@ -380,6 +384,7 @@ class _Taint:
         self.rank_attrs: set[str] = set()
         self.rank_funcs: set[str] = set()   # local functions that return a rank-dependent value
         self.global_rank_funcs: set[str] = set()  # local functions that return the global rank itself
+        self.own_rank_calls: set[str] = set()  # names of GLOBAL_RANK_CALLS this file defines, not returning one
         self.global_rank_attrs: set[str] = set()  # self.<attr> assigned the global rank (self.rank = dist.get_rank())
         self.other_attrs: set[str] = set()  # self.<attr> assigned anything else somewhere (then not known global)
         self.spawned_params = spawned_params
@@ -475,8 +480,9 @@ class _Taint:
             return self.is_global_rank(node.body) or self.is_global_rank(node.orelse)
         if isinstance(node, ast.Call):
             _recv, name = _call_name(node)
-            if name in GLOBAL_RANK_CALLS or name in self.global_rank_funcs:
-                return True
+            if name in GLOBAL_RANK_CALLS and not (not _recv and name in self.own_rank_calls) or \
+                    name in self.global_rank_funcs:
+                return True  # (not the file's own get_rank() that returns LOCAL_RANK: OminiControl's trainer)
             if name in ("int", "str") and node.args:
                 return self.is_global_rank(node.args[0])
             key = _env_key(node)
@@ -677,6 +683,8 @@ class PythonLinter:
         calls = [c for c in self._calls() if isinstance(c.func, (ast.Name, ast.Attribute))]
         returns = {name: [n.value for n in subtree(fn) if isinstance(n, ast.Return) and n.value is not None]
                    for name, fn in self.functions.items()}
+        taint.own_rank_calls = {name for name, fn in self.functions.items() if name in GLOBAL_RANK_CALLS and
+                                returns.get(name) and all(self._local_rank_value(fn, v) for v in returns[name])}
         for _ in range(3):
             before = (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs), len(taint.global_rank_funcs))
             taint.learn(self.nodes)
@@ -702,6 +710,19 @@ class PythonLinter:
                     taint.global_rank_funcs.add(name)
             if (len(taint.rank), len(taint.rank_funcs), len(taint.rank_attrs), len(taint.global_rank_funcs)) == before:
                 break
+
+    def _local_rank_value(self, fn: ast.AST, value: ast.AST) -> bool:
+        """``value``, returned by ``fn``, is LOCAL_RANK or a constant: read from the environment directly, or a name
+        that ``fn`` assigns only such values (``try: rank = int(os.environ.get("LOCAL_RANK")) except: rank = 0``)."""
+        def local(v: ast.AST) -> bool:
+            if isinstance(v, ast.Call) and _call_name(v)[1] == "int" and v.args:
+                v = v.args[0]
+            return isinstance(v, ast.Constant) or _env_key(v) == "LOCAL_RANK"
+        if not isinstance(value, ast.Name):
+            return local(value)
+        sets = [n.value for n in subtree(fn) if isinstance(n, ast.Assign) and
+                any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
+        return bool(sets) and all(local(v) for v in sets)
 
     def _returns_global_rank(self, fn: ast.AST, value: ast.AST, seen: frozenset[str] = frozenset()) -> bool:
         """Whether ``return value`` in ``fn`` returns the global rank, judged within ``fn``: a returned name must be
