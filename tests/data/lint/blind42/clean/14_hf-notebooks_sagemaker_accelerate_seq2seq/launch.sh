@@ -1,0 +1,24 @@
+accelerate launch --config_file accelerate_config.yaml run_seq2seq_no_trainer.py \
+    --dataset_name "smangrul/MuDoConv" \
+    --max_source_length 128 \
+    --source_prefix "chatbot: " \
+    --max_target_length 64 \
+    --val_max_target_length 64 \
+    --val_min_target_length 20 \
+    --n_val_batch_generations 5 \
+    --n_train 10000 \
+    --n_val 1000 \
+    --pad_to_max_length True\
+    --num_beams 10 \
+    --model_name_or_path "facebook/blenderbot-400M-distill" \
+    --per_device_train_batch_size 16 \
+    --per_device_eval_batch_size 16 \
+    --learning_rate 1e-6 \
+    --weight_decay 0.0 \
+    --num_train_epochs 1 \
+    --gradient_accumulation_steps 1 \
+    --num_warmup_steps 100 \
+    --output_dir "/opt/ml/model" \
+    --seed 25 \
+    --logging_steps 100 \
+    --report_name "blenderbot_400M_finetuning"
