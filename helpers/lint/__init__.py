@@ -210,6 +210,10 @@ RULES: dict[str, str] = {
     "rank-split-drops": "https://docs.pytorch.org/docs/stable/generated/torch.split.html",
     "sampler-no-shuffle": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "sampler-shuffle-ignored": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "lightning-prepare-data-state": "https://lightning.ai/docs/pytorch/stable/data/datamodule.html#prepare-data",
+    "node-index-formula": "https://docs.pytorch.org/docs/stable/distributed.html#launch-utility",
+    "padding-formula": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
+    "sampler-positions-not-indices": "https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",
     "input-device-differs-from-model": "https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-semantics",
     "object-collective-unpicklable": "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.all_gather_object",
     "lightning-readonly-property": "https://github.com/Lightning-AI/pytorch-lightning/blob/master/src/lightning/pytorch/core/module.py",
@@ -368,7 +372,7 @@ def lint_texts(files: Sequence[tuple[str, str]], command: str | None = None) -> 
                     ds_files.append((path, text, data))
                 elif kind == "yaml" and accelerate_rules.is_accelerate_config(data):
                     acc_files.append((path, text, data))
-                elif kind == "yaml" and cross_rules.training_arguments(data) is not None:
+                elif cross_rules.training_arguments(data) is not None:  # YAML, or JSON for parse_json_file
                     recipes.append((path, text, data))
                 elif kind == "yaml" and cross_rules.parallel_sizes(data) is not None:
                     layouts.append((path, text, data))

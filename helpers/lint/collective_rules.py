@@ -642,6 +642,7 @@ def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
     try never reaches it.  Other undefined names are left to a general linter."""
     from helpers.lint.python_rules import _call_name
 
+    _undefined_when_distributed(lt)
     if not any(k in lt.text for k in _DIST_SETUP):
         return
     undefined = None
@@ -677,6 +678,44 @@ def rule_undefined_distributed_flag(lt: PythonLinter) -> None:
                        f"pass it in or read it where it is set (params.{n.id}, args.{n.id})",
                        "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
                 return
+
+
+_SIZE_OVER_ONE = re.compile(r"\b\w*(?:size|count|gpus|processes|replicas)\w*\s*(?:>\s*1|>=\s*2|!=\s*1)\b")
+
+
+def _undefined_when_distributed(lt: PythonLinter) -> None:
+    """``undefined-name`` for a name no scope defines, read only where the process group has several ranks: under
+    ``if world_size > 1:`` or after the function's own ``if not dist.is_initialized(): return``.  A one-process run
+    (the usual first try, and a library's unit tests) never reaches that line; the first multi-GPU job raises
+    NameError there (webdataset's ``split_by_node`` read ``wid``, copied from ``split_by_worker``).  Only in a whole
+    file: where other undefined names are read elsewhere too, the file is an excerpt (ruff's F821 finds them)."""
+    if "is_initialized" not in lt.text and not _SIZE_OVER_ONE.search(lt.text):
+        return
+    undefined = _undefined_names(lt.text)
+    if not undefined:
+        return
+    hits = []
+    for n in lt.nodes:
+        if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and (n.lineno, n.id) in undefined):
+            continue
+        fn = lt._enclosing_function(n)
+        if fn is None:
+            return  # read at module level: an excerpt's global, or a general linter's finding
+        guarded = any(isinstance(p, ast.If) and _SIZE_OVER_ONE.search(ast.unparse(p.test)) and
+                      any(n is x for st in p.body for x in subtree(st)) for p in ancestors(lt, n))
+        early = any(isinstance(st, ast.If) and st.lineno < n.lineno and "is_initialized()" in ast.unparse(st.test)
+                    and re.match(r"^not\b|.*\bor not\b", ast.unparse(st.test)) and
+                    any(isinstance(b, ast.Return) for b in st.body) for st in fn.body)
+        if not (guarded or early):
+            return  # an undefined name on every path too: not this rule's (an excerpt, or ruff's)
+        hits.append(n)
+    if hits:
+        n = hits[0]
+        lt.add("undefined-name", "error", n,
+               f"{n.id} is not defined in this scope (nor globally), and this line runs only when the process group "
+               "has several ranks: a one-process run never reaches it, the first multi-GPU job raises NameError: "
+               f"name '{n.id}' is not defined", f"define {n.id} here (or read the value this branch meant)",
+               "https://docs.python.org/3/reference/executionmodel.html#resolution-of-names")
 
 
 _IN_PLACE_REDUCE = frozenset({"all_reduce", "reduce"})

@@ -319,6 +319,20 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedSampler", "shuffle (bool): If True (default), sampler will shuffle the indices: a sampler of the "
        "same contract that takes shuffle= and sets self.shuffle to a constant drops the caller's choice",
        _DATA + "#torch.utils.data.distributed.DistributedSampler", "sampler-shuffle-ignored"),
+    _c("LightningDataModule.prepare_data", "prepare_data is called from the main process; state assigned there "
+       "(self.x = y) is not available on the other processes: set it in setup",
+       "https://lightning.ai/docs/pytorch/stable/data/datamodule.html#prepare-data", "lightning-prepare-data-state"),
+    _c("LightningModule.__init__", "the module is built before Trainer.fit starts the processes and creates the "
+       "process group: the world size and rank are known in setup, not in __init__",
+       "https://lightning.ai/docs/pytorch/stable/common/lightning_module.html#setup", "rank-before-init"),
+    _c("torch.distributed.launch", "ranks are numbered node by node: RANK = node_rank * nproc_per_node + local_rank, "
+       "so a rank's node is rank // nproc_per_node", "https://docs.pytorch.org/docs/stable/distributed.html#launch-utility",
+       "node-index-formula"),
+    _c("DistributedSampler", "pads the indices to ceil(len / num_replicas) * num_replicas: nothing is added when the "
+       "length divides evenly", _DATA + "#torch.utils.data.distributed.DistributedSampler", "padding-formula"),
+    _c("DistributedSampler", "yields indices into the dataset it is given (positions 0..len-1): given a list of "
+       "dataset indices, it yields positions in that list, not its entries", _DATA +
+       "#torch.utils.data.distributed.DistributedSampler", "sampler-positions-not-indices"),
     _c("os.getenv", "Return the value of the environment variable key as a string if it exists, or default if it "
        "doesn't (default None): int() of a launcher variable read without a default raises TypeError where no "
        "launcher set it", "https://docs.python.org/3/library/os.html#os.getenv", "env-int-parse"),

@@ -9,7 +9,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import const, kwarg, last_assignment, method_named, statement_blocks, subtree, under_if
+from helpers.lint.contract_ast import ancestors, const, kwarg, last_assignment, method_named, statement_blocks, subtree, under_if
 from helpers.lint.contracts import _DATA, _SAMPLER
 from helpers.lint.wrappers import accelerator_prepare, assign_targets
 
@@ -1562,4 +1562,77 @@ def rule_sampler_shuffle_ignored(lt: PythonLinter) -> None:
                "self.shuffle = shuffle", _SAMPLER)
 
 
-__all__ = ["collect_sampler_facts", "rule_sampler_shuffle_ignored", "rule_batch_size_not_int", "rule_batch_times_world_size", "rule_dataset_len_not_sharded", "rule_distributed_sampler_unshuffled", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]
+_WORLD_SIZE_NAME = re.compile(r"(?i)(?:^|\.|_)(?:world_size|num_replicas|num_ranks|nranks|n_?gpus|num_gpus|ngpu)$")
+_NODES_NAME = re.compile(r"(?i)(?:^|\.|_)(?:num_nodes|nnodes|n_nodes|num_machines|node_count)$")
+_TORCHRUN_RANKS = "https://docs.pytorch.org/docs/stable/distributed.html#launch-utility"
+
+
+def rule_rank_arithmetic(lt: PythonLinter) -> None:
+    """Two formulas on the rank layout that are right on one node (or for some sizes) only.
+    ``node-index-formula``: ``rank // num_nodes`` taken as the node of a rank; launchers number the ranks node by
+    node ("RANK = node_rank * nproc_per_node + local_rank", ``_TORCHRUN_RANKS``), so the node is ``rank //
+    ranks_per_node`` (``rank // (world_size // num_nodes)``): with 2 nodes of 8, rank 5 is put on node 2
+    (lightning.data's intra-node chunk shuffle).  ``padding-formula``: ``world_size - n % world_size`` as the number
+    of items to add so that ``n`` divides evenly, with no outer ``% world_size`` and no test that ``n % world_size``
+    is not 0: when ``n`` is a multiple it pads a whole extra ``world_size`` (DistributedSampler pads ``ceil(n / W) *
+    W - n``, which is 0 then, ``_SAMPLER``; openfold-3's ``pad_to_world_size``)."""
+    if "//" not in lt.text and "%" not in lt.text:
+        return
+    for n in lt.nodes:
+        if not isinstance(n, ast.BinOp):
+            continue
+        if isinstance(n.op, ast.FloorDiv) and isinstance(n.right, (ast.Name, ast.Attribute)) and \
+                _NODES_NAME.search(ast.unparse(n.right)) and \
+                (lt.taint.is_rank_value(n.left) or re.search(r"(?i)\brank$", ast.unparse(n.left))):
+            lt.add("node-index-formula", "error", n,
+                   f"{ast.unparse(n)[:60]} as a node index: ranks are numbered node by node (rank = node_rank * "
+                   "ranks_per_node + local_rank), so the node is rank // ranks_per_node; this formula puts ranks on "
+                   "the wrong node (or past the last one) as soon as there are several nodes",
+                   f"divide by the ranks per node: {ast.unparse(n.left)} // (world_size // {ast.unparse(n.right)})",
+                   _TORCHRUN_RANKS)
+            continue
+        if isinstance(n.op, ast.Sub) and isinstance(n.right, ast.BinOp) and isinstance(n.right.op, ast.Mod) and \
+                _WORLD_SIZE_NAME.search(ast.unparse(n.left)) and ast.dump(n.left) == ast.dump(n.right.right):
+            parent = lt.parents.get(n)
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mod):
+                continue  # (W - n % W) % W: 0 when n divides
+            remainder = ast.dump(n.right)
+            if any(isinstance(p, (ast.If, ast.IfExp, ast.While)) and any(
+                    isinstance(x, ast.BinOp) and ast.dump(x) == remainder for x in ast.walk(p.test))
+                   for p in ancestors(lt, n)):
+                continue  # under `if n % W != 0` (or `if n % W:`)
+            lt.add("padding-formula", "warning", n,
+                   f"{ast.unparse(n)[:60]} pads a whole extra {ast.unparse(n.left)} when "
+                   f"{ast.unparse(n.right.left)} is already a multiple of it (the remainder is 0): every rank gets "
+                   "one more, repeated, item than it needs",
+                   f"({ast.unparse(n)}) % {ast.unparse(n.left)} (or -{ast.unparse(n.right.left)} % "
+                   f"{ast.unparse(n.left)})", _SAMPLER)
+
+
+_INDEX_LIST = re.compile(r"(?i)(?:^|[._])(?:indices|idxs?|ids|index_list|sample_ids)$")
+
+
+def rule_sampler_over_index_list(lt: PythonLinter) -> None:
+    """``sampler-positions-not-indices``: ``DistributedSampler(indices)`` over a list of dataset indices, its output
+    used as dataset indices: the sampler treats what it is given as the dataset and yields positions ``0 ..
+    len(indices) - 1`` of it ("Sampler that restricts data loading to a subset of the dataset", its ``__iter__``
+    yields ``range(len(self.dataset))`` shuffled and strided, ``_SAMPLER``), not the entries, so the ranks read the
+    first ``len(indices)`` items of the dataset whatever the index list held (ffcv's Random order with custom
+    indices).  Not where the file maps the positions through the list (``indices[i]``)."""
+    if "DistributedSampler" not in lt.text:
+        return
+    for c in lt._calls():
+        if not (isinstance(c.func, (ast.Name, ast.Attribute)) and ast.unparse(c.func).endswith("DistributedSampler")
+                and c.args and _INDEX_LIST.search(ast.unparse(c.args[0]))):
+            continue
+        held = ast.unparse(c.args[0])
+        if any(isinstance(n, ast.Subscript) and ast.unparse(n.value) == held and not isinstance(n.slice, ast.Slice)
+               for n in lt.nodes):
+            continue  # indices[i] for i in sampler: mapped back
+        lt.add("sampler-positions-not-indices", "warning", c,
+               f"DistributedSampler({held}) yields positions 0..len({held})-1, not the entries of {held}: used as "
+               "dataset indices they select the first items of the dataset, whatever the index list holds",
+               f"map them back ([{held}[i] for i in sampler]), or give the sampler a Subset of the dataset", _SAMPLER)
+
+
+__all__ = ["collect_sampler_facts", "rule_sampler_over_index_list", "rule_rank_arithmetic", "rule_sampler_shuffle_ignored", "rule_batch_size_not_int", "rule_batch_times_world_size", "rule_dataset_len_not_sharded", "rule_distributed_sampler_unshuffled", "rule_rank_split_drops", "rule_trainer_loader_override_unsharded", "rule_dataloader_sampler_and_shuffle", "rule_rank_slice_results_on_one_rank", "rule_loader_not_prepared", "rule_loader_without_distributed_sampler", "rule_loader_wrapped_before_prepare", "rule_lr_steps_from_dataset_length", "rule_lr_steps_given_per_step", "rule_lr_steps_times_world_size", "rule_per_rank_outputs_from_whole_loader", "rule_rank_gated_data_setup", "rule_rank_seed_before_model_init", "rule_raw_scheduler_in_accumulate", "rule_resume_skip_every_epoch", "rule_same_seed_every_rank", "rule_sampler_not_distributed", "rule_sampler_rng_differs", "rule_scheduler_outside_conditional_step", "rule_seed_everything_without_workers", "rule_shard_read_on_one_rank"]

@@ -101,12 +101,15 @@ def repair(text: str) -> str | None:
 
 def is_deepspeed_config(data: dict[str, Any]) -> bool:
     """True when the JSON looks like a DeepSpeed config: one of its own keys (``zero_optimization``, the batch sizes,
-    ``gradient_accumulation_steps``), or a section in DeepSpeed's shape (``"optimizer": {"type": ...}``, ``"fp16":
+    ``gradient_accumulation_steps`` outside a TrainingArguments JSON), or a section in DeepSpeed's shape (``"optimizer": {"type": ...}``, ``"fp16":
     {"enabled": ...}``).  A config of another tool that merely has an ``optimizer`` item (a MONAI bundle's
     ``{"_target_": "torch.optim.Adam"}``, a Hydra node) is not one."""
-    if {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
-            "gradient_accumulation_steps"} & set(data):
+    if {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu"} & set(data):
         return True
+    if "gradient_accumulation_steps" in data and not ({"output_dir", "per_device_train_batch_size",
+                                                       "num_train_epochs", "learning_rate"} & set(data)):
+        return True  # (a JSON of transformers' TrainingArguments, read by HfArgumentParser.parse_json_file, has
+        # gradient_accumulation_steps too, among its own fields: llm2vec's training configs)
     opt = data.get("optimizer")
     return (isinstance(opt, dict) and "type" in opt and "_target_" not in opt) or any(
         isinstance(data.get(k), dict) and "enabled" in data[k] for k in ("fp16", "bf16"))

@@ -295,11 +295,6 @@ consecutive nodes are to have the same task count, that count is followed by "(x
 MASTER_ADDR, the address of the rank 0 node), with an example of what ``int()`` then meets."""
 
 
-_LAUNCHER_SET = re.compile(r"(?:LOCAL_)?RANK|(?:LOCAL_)?WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_PORT|SLURM_\w+|OMPI_COMM_WORLD_\w+|"
-                           r"PMI_\w+")
-"""Variables a launcher sets for the processes it starts and nothing sets otherwise (torchrun, srun, mpirun)."""
-
-
 def _env_none_parsed(lt: PythonLinter) -> None:
     """``env-int-parse`` for a launcher's variable read without a default and parsed at once, on every path:
     ``int(os.environ.get("LOCAL_RANK"))``.  ``os.environ.get`` / ``os.getenv`` return None for an unset variable

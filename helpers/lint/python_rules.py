@@ -694,7 +694,7 @@ class PythonLinter:
                 if fn is None or recv not in ("", "self", "cls"):
                     continue
                 params = [a.arg for a in fn.args.args]
-                if params and params[0] in ("self", "cls") and recv:
+                if params and params[0] in ("self", "cls"):  # (a bare call of a same-named method: not its self)
                     params = params[1:]
                 for i, arg in enumerate(call.args):
                     if i < len(params) and taint.is_rank_value(arg):
@@ -1254,9 +1254,10 @@ class PythonLinter:
             before = [n for n in self._name_sets[id(fn)].get(node.id, []) if n.lineno < node.lineno]
             if before:
                 last = max(before, key=lambda n: n.lineno)
-                if not self.taint.is_global_rank(last.value) and \
-                        re.search(r"LOCAL_RANK|local_rank|LOCALID", ast.unparse(last.value)):
-                    return False
+                text = ast.unparse(last.value)
+                if not self.taint.is_global_rank(last.value) and re.search(r"LOCAL_RANK|local_rank|LOCALID", text) \
+                        and not re.search(r"(?i)node_?(?:rank|id)\b.*\*|NODEID.*\*|\*.*node_?(?:rank|id)\b", text):
+                    return False  # (node * ranks_per_node + local_rank is the global rank: WeatherGenerator's SLURM path)
         if isinstance(node, ast.Name) and node.id in ("rank",):
             fn = self._enclosing_function(node)
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in self.spawned_funcs:
@@ -1280,9 +1281,11 @@ class PythonLinter:
         for call in self._calls():
             recv, name = _call_name(call)
             args: list[ast.AST] = []
-            if name == "set_device" and ("cuda" in recv or recv.endswith("get_accelerator()")):
+            if name == "set_device" and ("cuda" in recv or recv.endswith("get_accelerator()")) or \
+                    name == "set_device_index" and "accelerator" in recv:
                 # DeepSpeed's accelerator abstraction: get_accelerator().set_device(device_index) is
-                # torch.cuda.set_device on CUDA (deepspeed/accelerator/cuda_accelerator.py set_device)
+                # torch.cuda.set_device on CUDA (deepspeed/accelerator/cuda_accelerator.py set_device); torch 2.6's
+                # torch.accelerator.set_device_index(index) is the device-neutral form
                 args = call.args[:1]
             elif name == "device" and recv == "torch" and call.args:
                 if len(call.args) >= 2:
@@ -2018,10 +2021,21 @@ class PythonLinter:
             p = self.parents.get(p)
         return False
 
+    def _branch_tests(self, node: ast.AST) -> set[tuple[str, bool]]:
+        """The ``if`` tests that hold ``node`` in its function, as (test source, in the body), for matching two
+        statements on the same path (boltz: the temporary checkpoint is named and removed under the same flag)."""
+        out, child, p = set(), node, self.parents.get(node)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            if isinstance(p, ast.If) and child is not p.test:
+                out.add((_src(p.test), any(child is st for st in p.body)))
+            child, p = p, self.parents.get(p)
+        return out
+
     def _rank_in_name(self, arg: ast.AST, at: ast.AST) -> bool:
         """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), or with a value unique to the
         process (``uuid4()``, ``os.getpid()``: icefall's ``f"{exp_dir}/batch-{uuid4()}.pt"``; ``str(datetime.now())``,
-        down to the microsecond), directly or through the
+        down to the microsecond; a draw of Python's ``random`` or ``secrets`` where the file seeds neither), directly or
+        through the
         last assignments (before ``at``) of the names it is built from, a few deep: each rank has its own file."""
         fn = self._enclosing_function(at) or self.tree
         todo, seen = [arg], set()
@@ -2034,11 +2048,19 @@ class PythonLinter:
                                                                                           _src(value))
                    for c in ast.walk(value)) and re.search(r"\bstr\(|\.isoformat\(", _src(value)):
                 return True  # str(datetime.now()): microseconds, one name per process (dlrm's profile files)
+            if any(isinstance(c, ast.Call) and (_call_name(c)[0] in ("random", "secrets") or
+                                                _call_name(c)[1] in ("token_hex", "token_urlsafe"))
+                   for c in ast.walk(value)) and not re.search(r"seed_everything|random\.seed\(|set_seed\(", self.text):
+                return True  # random.choices(...) from Python's unseeded generator: a name per process (boltz's
+                # temporary checkpoint); seeded alike on every rank, the ranks draw the same name
             for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - seen:
                 seen.add(name)
                 sets = [n for n in subtree(fn) if isinstance(n, ast.Assign) and getattr(n, "lineno", 0) < at.lineno
                         and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-                todo.extend(st.value for st in sets[-1:])
+                tests = self._branch_tests(at)  # on the path `at` is on: `if flag:` made it, `if flag:` reads it
+                best = max((len(self._branch_tests(n) & tests) for n in sets), default=0)
+                same = [n for n in sets if len(self._branch_tests(n) & tests) == best] if best else sets
+                todo.extend(st.value for st in same[-1:])
         return False
 
     def rule_ddp_wrapper_attribute(self) -> None:

@@ -10,7 +10,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, kwarg, last_assignment, subtree
+from helpers.lint.contract_ast import ancestors, kwarg, last_assignment, method_named, subtree
 from helpers.lint.contracts import _ACC, _DDP, _FABRIC, _FSDP
 from helpers.lint.wrappers import accelerator_prepare, assign_targets, call_name, prepare_bindings
 
@@ -747,6 +747,104 @@ def rule_lightning_readonly_property(lt: PythonLinter) -> None:
                            "name", _PL_MODULE_SRC)
 
 
+def rule_attribute_unwrapped_elsewhere(lt: PythonLinter) -> None:
+    """``ddp-wrapper-attribute`` for a model attribute the class itself unwraps under its DDP flag (``if
+    self.params.use_ddp: self.network.module.save_network(...)``) and reads directly elsewhere, outside such a test
+    (``self.network.params``): the author's own branch shows ``self.network`` is the DistributedDataParallel wrapper
+    when that flag is on, and the wrapper has only its own attributes and Module's (``DDP_PUBLIC``), so the plain read
+    raises AttributeError in the DDP run only (MALA's predictor, wrapped by its trainer in another module)."""
+    from helpers.lint.wrappers import DDP_PUBLIC, WRAPPER_OWN
+
+    if ".module." not in lt.text or not re.search(r"(?i)ddp|distributed", lt.text):
+        return
+    unwrapped: dict[str, ast.If] = {}
+    for n in lt.nodes:
+        if isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.value, ast.Attribute) and \
+                isinstance(n.value.value, ast.Name) and n.value.value.id == "self":
+            gate = next((p for p in ancestors(lt, n) if isinstance(p, ast.If) and
+                         re.search(r"(?i)ddp|distributed", ast.unparse(p.test)) and
+                         any(n is x for st in p.body for x in subtree(st))), None)
+            if gate is not None:
+                unwrapped.setdefault(n.value.attr, gate)
+    for name, gate in unwrapped.items():
+        for n in lt.nodes:
+            if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Attribute)
+                    and n.value.attr == name and isinstance(n.value.value, ast.Name) and n.value.value.id == "self"):
+                continue
+            if n.attr in DDP_PUBLIC or n.attr in WRAPPER_OWN or n.attr.startswith("_"):
+                continue
+            if any(isinstance(p, (ast.If, ast.IfExp)) and re.search(r"(?i)ddp|distributed|isinstance|hasattr",
+                                                                     ast.unparse(p.test)) for p in ancestors(lt, n)):
+                continue
+            lt.add("ddp-wrapper-attribute", "error", n,
+                   f"self.{name}.{n.attr}: this class reaches self.{name} through .module under "
+                   f"`{ast.unparse(gate.test)[:40]}` (line {gate.lineno}), so there it is the DistributedDataParallel "
+                   f"wrapper, which has no attribute '{n.attr}': the DDP run raises AttributeError here",
+                   f"self.{name}.module.{n.attr} under the same test (or keep the unwrapped model in its own attribute)",
+                   _DDP)
+            break
+
+
+_PL_HOOKS = "https://lightning.ai/docs/pytorch/stable/data/datamodule.html#prepare-data"
+_PL_SETUP = "https://lightning.ai/docs/pytorch/stable/common/lightning_module.html#setup"
+_GROUP_READS = re.compile(r"\b(?:get_world_size|get_rank|is_initialized)\(")
+
+
+def rule_lightning_hook_order(lt: PythonLinter) -> None:
+    """Two of Lightning's hook contracts that only the multi-GPU run breaks.  ``lightning-prepare-data-state``: an
+    attribute set on ``self`` in ``prepare_data`` and read in ``setup`` (or another hook) of a LightningDataModule or
+    LightningModule: "prepare_data is called from the main process. It is not recommended to assign state here (e.g.
+    self.x = y) since it is called on a single process and if you assign states here then they won't be available for
+    other processes" (``_PL_HOOKS``), so on every other rank ``setup`` raises AttributeError (MassSpecGym's split).
+    ``rank-before-init``: ``torch.distributed.get_world_size()`` / ``get_rank()`` / ``is_initialized()`` read in a
+    LightningModule's ``__init__``: the module is built before ``Trainer.fit`` starts the processes and creates the
+    process group, so the value is the one-process one (``is_initialized()`` is False: a world size of 1) on every
+    rank; ``setup`` runs after it, and ``self.trainer.world_size`` holds it (``_PL_SETUP``; nequip's loss scaling)."""
+    if "Lightning" not in lt.text and "pl." not in lt.text:
+        return
+    for cls in (n for n in lt.nodes if isinstance(n, ast.ClassDef)):
+        bases = [ast.unparse(b) for b in cls.bases]
+        if not any(b.endswith(("LightningDataModule", "LightningModule")) for b in bases):
+            continue
+        prep = method_named(cls, "prepare_data")
+        if prep is not None:
+            set_here = {t.attr: n for n in subtree(prep) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+            init = method_named(cls, "__init__")
+            made_in_init = {t.attr for n in (subtree(init) if init is not None else [])
+                            if isinstance(n, (ast.Assign, ast.AnnAssign))
+                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                            if isinstance(t, ast.Attribute)}
+            for hook in (m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name not in ("prepare_data",
+                                                                                                  "__init__")):
+                read = next((a for a in subtree(hook) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Load)
+                             and isinstance(a.value, ast.Name) and a.value.id == "self" and a.attr in set_here
+                             and a.attr not in made_in_init and not any(
+                                 isinstance(t, ast.Attribute) and t.attr == a.attr and isinstance(n, ast.Assign)
+                                 and n.lineno < a.lineno for n in subtree(hook) if isinstance(n, ast.Assign)
+                                 for t in n.targets)), None)
+                if read is not None:
+                    lt.add("lightning-prepare-data-state", "error", set_here[read.attr],
+                           f"self.{read.attr} is set in prepare_data and read in {hook.name} (line {read.lineno}): "
+                           "Lightning calls prepare_data on the main process only, so on the other ranks "
+                           f"self.{read.attr} was never set (AttributeError in {hook.name})",
+                           f"set self.{read.attr} in setup() (it runs on every process); keep prepare_data for "
+                           "downloads and files", _PL_HOOKS)
+                    break
+        init = method_named(cls, "__init__")
+        if init is not None and any(b.endswith("LightningModule") for b in bases):
+            hit = next((c for c in subtree(init) if isinstance(c, ast.Call) and
+                        _GROUP_READS.search(ast.unparse(c.func) + "(") and
+                        re.search(r"distributed|dist\b", ast.unparse(c.func))), None)
+            if hit is not None:
+                lt.add("rank-before-init", "warning", hit,
+                       f"{ast.unparse(hit)[:50]} in {cls.name}.__init__: the LightningModule is built before "
+                       "Trainer.fit starts the processes and makes the process group, so this reads the one-process "
+                       "value (no group yet: a world size of 1, rank 0) on every rank",
+                       "read it in setup() (or use self.trainer.world_size / self.global_rank there)", _PL_SETUP)
+
+
 _FSDP2_API = "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html#torch.distributed.fsdp.MixedPrecisionPolicy"
 
 
@@ -959,4 +1057,4 @@ def rule_unwrap_model_not_a_model(lt: PythonLinter) -> None:
                "optimizer forwards them)", _ACC + "#accelerate.Accelerator.unwrap_model")
 
 
-__all__ = ["rule_compiled_state_dict_prefix", "rule_unwrap_model_not_a_model", "rule_dataparallel_attribute", "rule_zero3_init_nested", "rule_mesh_get_group_without_dim", "rule_fsdp2_policy_assigned", "rule_lightning_readonly_property", "rule_ddp_wrapper_unused", "rule_stripped_state_dict_into_wrapper", "rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_dataparallel_per_process", "rule_ddp_frozen_model", "rule_trained_module_not_wrapped", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
+__all__ = ["rule_attribute_unwrapped_elsewhere", "rule_lightning_hook_order", "rule_compiled_state_dict_prefix", "rule_unwrap_model_not_a_model", "rule_dataparallel_attribute", "rule_zero3_init_nested", "rule_mesh_get_group_without_dim", "rule_fsdp2_policy_assigned", "rule_lightning_readonly_property", "rule_ddp_wrapper_unused", "rule_stripped_state_dict_into_wrapper", "rule_ddp_buffer_after_wrap", "rule_state_dict_of_submodule", "rule_fsdp_meta_without_sync", "rule_trainer_step_raw_backward", "rule_dataparallel_per_process", "rule_ddp_frozen_model", "rule_trained_module_not_wrapped", "rule_fsdp_clip_grad_norm", "rule_fsdp_inference_mode", "rule_fsdp_mesh_without_group", "rule_fsdp_optimizer_before_wrap", "rule_module_attr_without_ddp", "rule_syncbn_without_ddp", "rule_undefined_attribute", "rule_wrapper_raw_backward"]
