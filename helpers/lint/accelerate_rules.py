@@ -1,6 +1,6 @@
 """Rules for Accelerate YAML configs (D5, D17, D18, Gilbreth 4.3 / Gilbreth 8.12 failure mode 3).
 
-The file is validated with Accelerate's own ``ClusterConfig`` (unknown keys and bad values are
+The file is validated with Accelerate's own ``ClusterConfig`` (``SageMakerConfig`` for a SageMaker one, as ``accelerate launch`` does; unknown keys and bad values are
 its errors), its ``fsdp_config`` with Accelerate's own ``FullyShardedDataParallelPlugin`` (given the environment
 ``accelerate launch`` would give it); the cross-field rules are checked here.
 """
@@ -138,8 +138,12 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
         out.append(finding(rule, sev, path, _line(text, key) if key else 1, msg, fix, seed))
 
     try:
-        from accelerate.commands.config.config_args import ClusterConfig
-        fields = set(ClusterConfig.__dataclass_fields__)
+        from accelerate.commands.config.config_args import ClusterConfig, SageMakerConfig
+
+        # load_config_from_file: a compute_environment other than LOCAL_MACHINE is read by SageMakerConfig
+        config_cls = ClusterConfig if str(data.get("compute_environment", "LOCAL_MACHINE")) == "LOCAL_MACHINE" \
+            else SageMakerConfig
+        fields = set(config_cls.__dataclass_fields__)
         unknown = sorted(set(data) - fields)
         if unknown:
             add("acc-invalid-config", "error", unknown[0], f"unknown key(s) {', '.join(unknown)}: accelerate launch stops "
@@ -150,7 +154,7 @@ def lint_accelerate(path: str, text: str, data: dict[str, Any], *, accelerator_g
             for key, default in (("mixed_precision", "no"), ("use_cpu", False), ("debug", False),
                                  ("compute_environment", "LOCAL_MACHINE"), ("distributed_type", "NO")):
                 known.setdefault(key, default)  # the defaults ClusterConfig.from_yaml_file fills in
-            ClusterConfig(**known)
+            config_cls(**known)
     except ImportError:
         pass
     except (TypeError, ValueError) as exc:

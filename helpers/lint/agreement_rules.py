@@ -23,7 +23,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import subtree
+from helpers.lint.contract_ast import ancestors, subtree
 from helpers.lint.wrappers import call_name
 
 if TYPE_CHECKING:
@@ -649,12 +649,21 @@ _RANK_FIRST = re.compile(r"barrier|wait_for_everyone|main_process_first|local_ma
                          r"rank_zero_first|zero_first|local_rank_zero_first")
 
 
+_FILE_LOCK = re.compile(r"^(?:FileLock|SoftFileLock|UnixFileLock|InterProcessLock|file_lock)$")
+"""A lock on a file (py-filelock's ``FileLock``, fasteners' ``InterProcessLock``): the processes that share the file
+system take turns inside it, so the first downloads and the others find the files."""
+
+
 def _rank_first_guarded(lt: PythonLinter, node: ast.AST, memo: dict[int, tuple[bool, bool]]) -> bool:
-    """``node`` runs under a rank gate, or in a function that makes the ranks take turns (a barrier, Accelerate's
-    ``main_process_first``, ignite's ``one_rank_first``): the rank-first idiom around a download.  ``memo`` keeps each
-    function's answer (a file has hundreds of calls and few functions)."""
+    """``node`` runs under a rank gate, inside a file lock (:data:`_FILE_LOCK`), or in a function that makes the ranks
+    take turns (a barrier, Accelerate's ``main_process_first``, ignite's ``one_rank_first``): the rank-first idiom
+    around a download.  ``memo`` keeps each function's answer (a file has hundreds of calls and few functions)."""
     if lt._rank_gate(node) is not None:
         return True
+    if any(isinstance(p, (ast.With, ast.AsyncWith)) and any(
+            isinstance(i.context_expr, ast.Call) and _FILE_LOCK.search(call_name(i.context_expr))
+            for i in p.items) for p in ancestors(lt, node)):
+        return True  # `with FileLock(path):` the processes of a node take turns (Ray Train's examples)
     scope = lt._enclosing_function(node) or lt.tree
     if id(scope) not in memo:  # (takes turns at all, by a *_first() context) per function, read once
         text = lt.text if scope is lt.tree else lt.source_lines(scope)

@@ -840,6 +840,46 @@ def rule_collective_in_filesystem_branch(lt: PythonLinter) -> None:
                "every path reach the same collectives", "D21")
 
 
+_NON_FINITE = re.compile(r"\b(?:isnan|isinf|isfinite)\(")
+_STEP_WORK = re.compile(r"\.backward\(|\bstep\(|update_params\(|backward\(")
+_REDUCES = re.compile(r"(?i)all_reduce|reduce_\w*|\w*_reduce\(|gather|allreduce|sync")
+
+
+def rule_nonfinite_loss_break(lt: PythonLinter) -> None:
+    """``collective-in-data-dependent-branch`` for a training loop left with ``break`` (or ``return``) when this
+    rank's own loss is not finite (``if torch.isnan(loss) or torch.isinf(loss): break``) in a data-parallel script:
+    each rank tests the loss of its own batch, so one rank leaves the loop while the others go on into the next
+    step's backward, whose gradient all-reduce the leaver never joins (a hang until the NCCL timeout; torchdistill
+    fixed it).  Collectives are reached by every rank (D21): reduce the flag first (all_reduce of a 0/1 tensor) or
+    stop the whole job (sys.exit: torchrun then ends the other workers).  Not where the tested loss was reduced
+    across ranks in the loop before the test (DETR's ``reduce_dict``)."""
+    if not _NON_FINITE.search(lt.text) or not re.search(r"DistributedDataParallel|init_process_group|\bDDP\(",
+                                                         lt.text):
+        return
+    for node in lt.nodes:
+        if not (isinstance(node, ast.If) and _NON_FINITE.search(ast.unparse(node.test)) and
+                re.search(r"(?i)loss", ast.unparse(node.test))):
+            continue
+        if not any(isinstance(st, (ast.Break, ast.Return)) for st in node.body):
+            continue
+        loop = next((p for p in ancestors(lt, node) if isinstance(p, (ast.For, ast.While))), None)
+        if loop is None or not _STEP_WORK.search(ast.unparse(loop)):
+            continue
+        tested = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+        if any(isinstance(c, ast.Call) and _REDUCES.search(ast.unparse(c.func)) and c.lineno < node.lineno and
+               ({n.id for n in ast.walk(c) if isinstance(n, ast.Name)} & tested or
+                isinstance(lt.parents.get(c), ast.Assign) and
+                {t.id for t in lt.parents[c].targets if isinstance(t, ast.Name)} & tested)  # type: ignore[attr-defined]
+               for c in subtree(loop)):
+            continue  # the loss was reduced across ranks first: every rank sees the same value
+        lt.add("collective-in-data-dependent-branch", "warning", node,
+               f"`{ast.unparse(node.test)[:60]}` tests this rank's own loss and leaves the training loop: the other "
+               "ranks' losses are finite, so they go on into the next step's backward, whose gradient all-reduce this "
+               "rank never joins (a hang until the collective times out)",
+               "all_reduce a non-finite flag across ranks and break on every rank together (or sys.exit(1): the "
+               "launcher then ends the other workers)", "D21")
+
+
 _POLL = re.compile(r"\.(?:done|is_completed|query)\(\)")
 """A poll of asynchronous work (``Future.done()``, ``Work.is_completed()``, ``Event.query()``): true once this
 process's own work has finished, a moment that differs between ranks."""
@@ -1344,4 +1384,4 @@ def rule_allreduce_accumulated_twice(lt: PythonLinter) -> None:
                "times", "reduce once: either each batch's value inside the loop or the totals after it", _COLL)
 
 
-__all__ = ["rule_collective_helper_unguarded", "TORCH_DISTRIBUTED_NAMES", "rule_allreduce_accumulated_twice", "rule_rank_function_not_called", "rule_bucket_by_python_type", "rule_object_collective_unpicklable", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_strided_shard_gathered_rank_major", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]
+__all__ = ["rule_nonfinite_loss_break", "rule_collective_helper_unguarded", "TORCH_DISTRIBUTED_NAMES", "rule_allreduce_accumulated_twice", "rule_rank_function_not_called", "rule_bucket_by_python_type", "rule_object_collective_unpicklable", "collect_cpu_tensor_facts", "rule_allreduce_sum_not_averaged", "rule_barrier_every_step", "rule_collective_in_filesystem_branch", "rule_collective_in_sampler", "rule_collective_result_discarded", "rule_collective_under_poll", "rule_collective_same_tensor_twice", "rule_distributed_api_unknown", "rule_exception_skips_collective", "rule_gather_not_for_metrics", "rule_gather_variable_shape", "rule_gathered_labels_without_rank_offset", "rule_group_root_as_group_rank", "rule_strided_shard_gathered_rank_major", "rule_init_contract", "rule_local_used_after_gather", "rule_metric_list_state_after_sync", "rule_nccl_cpu_tensor", "rule_undefined_distributed_flag", "torch_distributed_names"]

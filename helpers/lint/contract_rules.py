@@ -471,6 +471,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     collective_rules.rule_rank_function_not_called(lt)
     collective_rules.rule_allreduce_accumulated_twice(lt)
     collective_rules.rule_collective_helper_unguarded(lt)
+    collective_rules.rule_nonfinite_loss_break(lt)
     collective_rules.rule_local_used_after_gather(lt)
     collective_rules.rule_gathered_labels_without_rank_offset(lt)
     collective_rules.rule_metric_list_state_after_sync(lt)
@@ -494,6 +495,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     device_rules.rule_world_size_from_device_count(lt)
     env_rules.rule_slurm_env(lt)
     env_rules.rule_env_not_a_number(lt)
+    env_rules.rule_launcher_env_overwritten(lt)
     collective_rules.rule_distributed_api_unknown(lt)
     collective_rules.rule_barrier_every_step(lt)
     collective_rules.rule_collective_in_sampler(lt)
@@ -551,6 +553,7 @@ def run(lt: PythonLinter) -> ScriptContract:
     agreement_rules.run(lt)
     signature_rules.rule_api_unknown_kwarg(lt)
     signature_rules.rule_api_unknown_attribute(lt)
+    signature_rules.rule_stdlib_attribute_unknown(lt)
     collective_rules.collect_cpu_tensor_facts(lt)
     lt.facts.contract = sc
     return sc

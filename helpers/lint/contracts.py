@@ -333,6 +333,15 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("DistributedSampler", "yields indices into the dataset it is given (positions 0..len-1): given a list of "
        "dataset indices, it yields positions in that list, not its entries", _DATA +
        "#torch.utils.data.distributed.DistributedSampler", "sampler-positions-not-indices"),
+    _c("torchrun", "sets RANK, LOCAL_RANK and WORLD_SIZE for each process it starts: a script that overwrites them "
+       "with one-process values at import makes every process rank 0 of 1", _TORCHRUN + "#environment-variables",
+       "launcher-env-ignored"),
+    _c("DistributedDataParallel", "every rank runs each backward (its gradient all-reduce): a training loop one rank "
+       "leaves on its own loss value (a NaN) leaves the others in the next backward", _DDP,
+       "collective-in-data-dependent-branch"),
+    _c("os / os.path / shutil (standard library)", "a module's functions are its attributes: a name the module does "
+       "not have raises AttributeError when the line runs", "https://docs.python.org/3/library/os.html",
+       "api-unknown-attribute"),
     _c("os.getenv", "Return the value of the environment variable key as a string if it exists, or default if it "
        "doesn't (default None): int() of a launcher variable read without a default raises TypeError where no "
        "launcher set it", "https://docs.python.org/3/library/os.html#os.getenv", "env-int-parse"),

@@ -296,7 +296,7 @@ def rule_seed_everything_without_workers(lt: PythonLinter) -> None:
         lt.add("same-seed-every-rank", "warning", c,
                f"{ast.unparse(c)[:50]} seeds every rank alike and leaves the DataLoader workers' seeds to it: with "
                "a distributed strategy the ranks draw the same random augmentations and samples for their shards",
-               f"{ast.unparse(c.func)}({', '.join(ast.unparse(a) for a in c.args)}, workers=True)", _PL_SEED)
+               f"{ast.unparse(c.func)}({''.join(ast.unparse(a) + ', ' for a in c.args)}workers=True)", _PL_SEED)
         return
 
 

@@ -260,6 +260,24 @@ def rule_collective_before_set_device(lt: PythonLinter) -> None:
                 break
 
 
+def _plain_cuda_names(lt: PythonLinter, scope: ast.AST) -> set[str]:
+    """Names ``scope`` assigns only the current CUDA device with no index: ``device = torch.device("cuda")``,
+    ``device = "cuda"`` (``.to(device)`` then puts the tensor on whatever device is current: cuda:0 before
+    ``set_device``; SageMaker's smddp MNIST example)."""
+    from helpers.lint.python_rules import _call_name
+
+    def plain(v: ast.AST) -> bool:
+        if isinstance(v, ast.Constant) and v.value == "cuda":
+            return True
+        return isinstance(v, ast.Call) and _call_name(v)[1] == "device" and len(v.args) == 1 and not v.keywords and \
+            isinstance(v.args[0], ast.Constant) and v.args[0].value == "cuda"
+    sets: dict[str, list[bool]] = {}
+    for n in subtree(scope):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            sets.setdefault(n.targets[0].id, []).append(plain(n.value))
+    return {name for name, kinds in sets.items() if all(kinds)}
+
+
 def _default_cuda(call: ast.Call) -> bool:
     """``call`` puts something on the current CUDA device without naming one: ``device="cuda"``, ``.cuda()``."""
     if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args and not call.keywords:
@@ -311,7 +329,8 @@ def rule_cuda_before_set_device(lt: PythonLinter) -> None:
     from helpers.lint.python_rules import _call_name
 
     _cuda_before_call_facts(lt)
-    if "set_device" not in lt.text or not re.search(r"""device\s*=\s*f?['"]cuda['"]|\.cuda\(\)""", lt.text):
+    if "set_device" not in lt.text or not re.search(r"""device\s*=\s*f?['"]cuda['"]|\.cuda\(\)|device\(\s*['"]cuda['"]\s*\)""",
+                                                    lt.text):
         return
     for node in lt.nodes:
         block = getattr(node, "body", None)
@@ -321,10 +340,13 @@ def rule_cuda_before_set_device(lt: PythonLinter) -> None:
             _call_name(c)[1] == "set_device" and "cuda" in _call_name(c)[0] for c in lt._calls(st))), None)
         if not at:
             continue
+        plain = _plain_cuda_names(lt, node)
         for stmt in block[:at]:
             if not isinstance(stmt, (ast.Expr, ast.Assign)):
                 continue
-            hit = next((c for c in lt._calls(stmt) if _default_cuda(c)), None)
+            hit = next((c for c in lt._calls(stmt) if _default_cuda(c) or
+                        _call_name(c)[1] == "to" and len(c.args) == 1 and isinstance(c.args[0], ast.Name)
+                        and c.args[0].id in plain), None)
             if hit is not None:
                 lt.add("cuda-before-set-device", "warning", hit,
                        f"{ast.unparse(hit)[:50]} runs on the current CUDA device before torch.cuda.set_device (line "

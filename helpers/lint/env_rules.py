@@ -11,7 +11,7 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from helpers.lint.contract_ast import ancestors, assigned_once
+from helpers.lint.contract_ast import ancestors, assigned_once, src_env_key
 from helpers.lint.contracts import _DIST, _SBATCH_ENV, _TORCHRUN
 from helpers.lint.wrappers import assign_targets
 
@@ -359,6 +359,35 @@ def env_none_fix(key: str) -> str:
     return f"give the read a default (os.environ.get('{key}', '0')), as the other read does"
 
 
+def rule_launcher_env_overwritten(lt: PythonLinter) -> None:
+    """``launcher-env-ignored``: ``os.environ["RANK"] = "0"`` / ``["WORLD_SIZE"] = "1"`` / ``["LOCAL_RANK"] = "0"`` at
+    module level (or in the ``__main__`` block), under no test: the script makes itself rank 0 of a world of 1 whatever
+    started it.  torchrun and the ``deepspeed`` launcher set these per process ("RANK - The global rank", "WORLD_SIZE -
+    The world size", ``_TORCHRUN``), so under a launch of N processes every process now trains alone, each as rank 0,
+    on the same port (CoreWeave's finetuner, started by ``deepspeed.launcher.runner --num_gpus N``).  The notebook
+    trick of running DeepSpeed without a launcher does this on purpose: guard it (``if "RANK" not in os.environ``)."""
+    top: list[ast.stmt] = list(getattr(lt.tree, "body", []))
+    for st in list(top):
+        if isinstance(st, ast.If) and "__name__" in ast.unparse(st.test):
+            top += st.body
+    hits: list[tuple[ast.Assign, str]] = []
+    for st in top:
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Subscript):
+            key = src_env_key(st.targets[0])
+            if key in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and isinstance(st.value, ast.Constant) and \
+                    str(st.value.value) in ("0", "1"):
+                hits.append((st, key))
+    if len({key for _st, key in hits}) < 2:
+        return  # one variable set alone may be a default for a one-process tool; the rank and the world size together
+        # are the one-process world
+    st, _key = hits[0]
+    lt.add("launcher-env-ignored", "warning", st,
+           f"{', '.join(ast.unparse(s.targets[0]) for s, _k in hits)} set to one-process values at import, under no "
+           "test: under torchrun or the deepspeed launcher (which set them per process) every process becomes rank 0 "
+           "of a world of 1 and trains alone, all on the same port",
+           'set them only where no launcher did: if "RANK" not in os.environ: ...', _TORCHRUN + "#environment-variables")
+
+
 def rule_env_not_a_number(lt: PythonLinter) -> None:
     """``env-int-parse``: ``int()`` / ``float()`` of a variable whose documented value is not a number
     (:data:`_NOT_NUMBERS`), directly or through one assignment: a ValueError as soon as the job has several nodes
@@ -541,4 +570,4 @@ def rule_launcher_env_unset(lt: PythonLinter) -> None:
                _TORCHRUN + "#environment-variables")
 
 
-__all__ = ["rule_env_not_a_number", "rule_local_rank_required", "rule_env_str_as_number", "rule_environ_getattr", "rule_launcher_env_unset", "rule_local_rank_spelling", "rule_master_port_per_node", "rule_rank_zero_falsy", "rule_slurm_env"]
+__all__ = ["rule_launcher_env_overwritten", "rule_env_not_a_number", "rule_local_rank_required", "rule_env_str_as_number", "rule_environ_getattr", "rule_launcher_env_unset", "rule_local_rank_spelling", "rule_master_port_per_node", "rule_rank_zero_falsy", "rule_slurm_env"]

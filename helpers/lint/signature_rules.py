@@ -177,6 +177,39 @@ def _accelerate_instances(lt: PythonLinter) -> dict[str, str]:
     return out
 
 
+_STDLIB = ("os", "os.path", "shutil", "sys", "json", "pickle", "time", "math", "glob", "socket", "subprocess")
+"""Standard-library modules whose attributes this Python's own modules answer for (stable across 3.x releases)."""
+
+
+def rule_stdlib_attribute_unknown(lt: PythonLinter) -> None:
+    """``api-unknown-attribute`` for a call of a standard-library module's function that the module does not have
+    (``os.join(save_dir, "model.pt")``: AttributeError, module 'os' has no attribute 'join'), checked against the
+    running Python's modules (:data:`_STDLIB`).  In a training script such a line usually sits on a path that only one
+    rank or only the end of the run takes (SageMaker's MNIST example saved under ``if rank == 0`` with ``os.join``:
+    rank 0 died after training while the others waited), so the first one-GPU try never reaches it."""
+    import importlib
+
+    for c in lt._calls():
+        if not isinstance(c.func, ast.Attribute):
+            continue
+        owner = ast.unparse(c.func.value)
+        origin = lt.import_origins.get(owner.split(".")[0])
+        if origin is None or owner.split(".")[0] != origin or owner not in _STDLIB:
+            continue  # `os` bound to the os module by `import os` (not an alias of something else)
+        try:
+            module = importlib.import_module(owner)
+        except ImportError:
+            continue
+        if hasattr(module, c.func.attr) or any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and
+                                               ast.unparse(n) == ast.unparse(c.func) for n in lt.nodes):
+            continue
+        lt.add("api-unknown-attribute", "error", c,
+               f"{ast.unparse(c.func)}(): module '{owner}' has no attribute '{c.func.attr}' (AttributeError when the "
+               "line runs; a line on rank 0's path only, or at the end of the run, is not reached by a short "
+               "one-process try)", "the function this meant (os.path.join for os.join)",
+               f"https://docs.python.org/3/library/{owner}.html")
+
+
 def rule_api_unknown_attribute(lt: PythonLinter) -> None:
     """``api-unknown-attribute``: an attribute an Accelerate object does not have, by the installed classes
     (:data:`ATTRIBUTE_APIS`: ``dir()`` plus every ``self.X =`` of their source).  ``getattr(accelerator, "rank", 0)``
@@ -228,5 +261,5 @@ def rule_api_unknown_attribute(lt: PythonLinter) -> None:
         return
 
 
-__all__ = ["APIS", "ATTRIBUTE_APIS", "SIGNATURES", "generate", "rule_api_unknown_attribute", "rule_api_unknown_kwarg",
+__all__ = ["rule_stdlib_attribute_unknown", "APIS", "ATTRIBUTE_APIS", "SIGNATURES", "generate", "rule_api_unknown_attribute", "rule_api_unknown_kwarg",
            "signatures"]

@@ -483,6 +483,12 @@ def _freezes_all(node: ast.AST, model: str) -> bool:
         return any(isinstance(s, ast.Assign) and any(ast.unparse(t) == f"{node.target.id}.requires_grad"
                                                      for t in s.targets)
                    and isinstance(s.value, ast.Constant) and s.value.value is False for s in node.body)
+    if isinstance(node, ast.Call) and (ast.unparse(node.func) == f"{model}.freeze" and not node.args or
+                                       re.match(r"(?i)^freeze(?:_(?:model|module|module_params|params|parameters|all|weights))?$",
+                                                call_name(node)) and node.args and
+                                       ast.unparse(node.args[0]) == model):
+        return True  # Lightning's LightningModule.freeze() ("Freeze all params for inference"), or a project helper
+        # named for it given the model (torchdistill's module_util.freeze_module_params(teacher_model))
     return isinstance(node, ast.Call) and ast.unparse(node.func) == f"{model}.requires_grad_" and \
         bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value is False
 
@@ -497,7 +503,7 @@ def rule_ddp_frozen_model(lt: PythonLinter) -> None:
     from helpers.lint.python_rules import _call_name
     from helpers.lint.wrappers import DDP_CTOR
 
-    if "requires_grad" not in lt.text:
+    if "requires_grad" not in lt.text and "freeze" not in lt.text:
         return
     for c in lt._calls():
         if not (DDP_CTOR.match(_call_name(c)[1]) and c.args and isinstance(c.args[0], ast.Name)):
