@@ -431,9 +431,10 @@ def rule_metric_init_writes(lt: PythonLinter) -> None:
                         and lt._rank_gate(c) is None), None)
             if hit is not None:
                 where = "" if body is init else f" ({body.name}, called from __init__)"
-                lt.facts.deferred[:] = [f for f in lt.facts.deferred  # (the every-rank rule kept it for a proof that
+                # the every-rank rule deferred it until something proved the program distributed: an mmengine
+                # metric is that proof
+                lt.facts.deferred[:] = [f for f in lt.facts.deferred
                                         if not (f.id == "write-on-every-rank" and f.line_no == hit.lineno)]
-                # the program is distributed: an mmengine metric is that proof)
                 lt.add("write-on-every-rank", "warning", hit,
                        f"{ast.unparse(hit)[:60]} runs while {cls.name} is built{where}: mmengine builds the evaluator's "
                        "metrics in every process (only compute_metrics runs on the main one), so every rank touches "

@@ -1231,8 +1231,8 @@ def cuda_before_set_device_across(facts: Sequence[object]) -> list[Check]:
     """``cuda-before-set-device`` across files: default-device CUDA work (``Model(device="cuda")``, ``.cuda()``) in one
     linted file before it calls another linted file's function that binds the GPU first thing
     (``torch.cuda.set_device(rank)``): every rank of the node puts that work on cuda:0 (OminiControl loaded the whole
-    FLUX pipeline on GPU 0 from every rank; the contract is :func:`helpers.lint.device_rules.
-    rule_cuda_before_set_device`'s)."""
+    FLUX pipeline on GPU 0 from every rank; the contract is
+    :func:`helpers.lint.device_rules.rule_cuda_before_set_device`'s)."""
     from helpers.lint.contracts import _DIST
 
     out: list[Check] = []

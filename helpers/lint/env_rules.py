@@ -302,9 +302,9 @@ def _env_none_parsed(lt: PythonLinter) -> None:
     wherever no launcher set it: ``python train.py``, or ``accelerate launch`` with one process, whose simple launcher
     sets no LOCAL_RANK (accelerate/utils/launch.py, ``prepare_simple_launcher_cmd_env``; OminiControl's fix gave the
     read a default).  Reported where the author's own code expects the variable to be unset (a read of it with a
-    default, under ``try`` or a test, in this file or in another linted file: :func:`helpers.lint.cross_rules.
-    env_none_parsed_across`): a script meant to run only under its launcher (DeepSpeed's cifar example, a Ray
-    worker) reads it the same way, and is right to.  Not itself under a test, a ``try``, a conditional expression or
+    default, under ``try`` or a test, in this file or in another linted file:
+    :func:`helpers.lint.cross_rules.env_none_parsed_across`): a script meant to run only under its launcher
+    (DeepSpeed's cifar example, a Ray worker) reads it the same way, and is right to.  Not itself under a test, a ``try``, a conditional expression or
     a boolean operator (fairseq's SLURM branch reads SLURM_NODEID only where SLURM set it)."""
     from helpers.lint.python_rules import _call_name, _env_key
 
@@ -570,4 +570,4 @@ def rule_launcher_env_unset(lt: PythonLinter) -> None:
                _TORCHRUN + "#environment-variables")
 
 
-__all__ = ["rule_launcher_env_overwritten", "rule_env_not_a_number", "rule_local_rank_required", "rule_env_str_as_number", "rule_environ_getattr", "rule_launcher_env_unset", "rule_local_rank_spelling", "rule_master_port_per_node", "rule_rank_zero_falsy", "rule_slurm_env"]
+__all__ = ["env_none_fix", "env_none_message", "rule_launcher_env_overwritten", "rule_env_not_a_number", "rule_local_rank_required", "rule_env_str_as_number", "rule_environ_getattr", "rule_launcher_env_unset", "rule_local_rank_spelling", "rule_master_port_per_node", "rule_rank_zero_falsy", "rule_slurm_env"]

@@ -2035,8 +2035,8 @@ class PythonLinter:
         """The path is an f-string with a rank in it (``f"optim_{step}_rank{rank:d}.pt"``), or with a value unique to the
         process (``uuid4()``, ``os.getpid()``: icefall's ``f"{exp_dir}/batch-{uuid4()}.pt"``; ``str(datetime.now())``,
         down to the microsecond; a draw of Python's ``random`` or ``secrets`` where the file seeds neither), directly or
-        through the
-        last assignments (before ``at``) of the names it is built from, a few deep: each rank has its own file."""
+        through the last assignments (before ``at``, on ``at``'s own branch where there are several) of the names it
+        is built from, a few deep: each rank has its own file."""
         fn = self._enclosing_function(at) or self.tree
         todo, seen = [arg], set()
         while todo and len(seen) < 8:  # through a few assignments: save_file = join(dir, basename); basename = f"..."
