@@ -311,7 +311,7 @@ def _cuda_before_call_facts(lt: PythonLinter) -> None:
         for st in block:
             if not isinstance(st, (ast.Expr, ast.Assign)):
                 continue
-            if hit is None and "set_device" in ast.unparse(st):
+            if hit is None and any(_call_name(c)[1] == "set_device" for c in lt._calls(st)):
                 break  # bound here first
             if hit is not None:
                 for c in lt._calls(st):
