@@ -82,6 +82,15 @@ _GROUP_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "broadcast", "reduc
                       "all_gather_object", "broadcast_object_list", "gather_object", "reduce_scatter", "all_to_all"}
 
 
+def _one_process_exit_before(lt: PythonLinter, node: ast.AST) -> bool:
+    """``node``'s function returns (or raises) earlier under a test of the process count (``if world_size == 1:
+    return``): the one-process run never gets to ``node``."""
+    fn = lt._enclosing_function(node)
+    line = getattr(node, "lineno", 0)
+    return fn is not None and any(isinstance(s, ast.If) and s.lineno < line and _MULTI_TEST.search(ast.unparse(s.test))
+                                  and any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in subtree(fn))
+
+
 def _under_multi_test(lt: PythonLinter, node: ast.AST) -> bool:
     """``node`` runs only when several processes run: in the body of ``if world_size > 1:`` (``if args.distributed``,
     ``if dist.is_initialized()``...), or in the ``else`` of its negation (``if world_size == 1: ... else:``)."""
@@ -171,10 +180,8 @@ def _collective_without_group_on_one_process(lt: PythonLinter) -> None:
         if _under_multi_test(lt, c):
             continue
         fn = lt._enclosing_function(c)
-        if fn is not None and any(isinstance(s, ast.If) and s.lineno < c.lineno and
-                                  _MULTI_TEST.search(ast.unparse(s.test)) and
-                                  any(isinstance(b, (ast.Return, ast.Raise)) for b in s.body) for s in subtree(fn)):
-            continue  # an early return for the one-process case
+        if _one_process_exit_before(lt, c):
+            continue
         if fn is not None and not _reached_unguarded(lt, fn) and (
                 conditional_init or any(_call_name(x)[1] == getattr(fn, "name", None) for x in lt._calls())):
             continue  # called only under a process-count test (`if args.distributed: top1.all_reduce()`); a function
@@ -216,21 +223,22 @@ def rule_collective_helper_unguarded(lt: PythonLinter) -> None:
         recv, name = _call_name(c)
         if name in helpers and recv in ("", "self", "cls"):
             by_name.setdefault(name, []).append(c)
+    def count_gate(c: ast.Call) -> ast.If | ast.IfExp | None:
+        """The innermost ``if`` testing the process count that holds ``c`` (when the multi-process test holds)."""
+        if not _under_multi_test(lt, c):
+            return None
+        return next((p for p in ancestors(lt, c) if isinstance(p, (ast.If, ast.IfExp)) and
+                     _COUNT_TEST.search(ast.unparse(p.test))), None)
+
     for name, calls in by_name.items():
-        guarded = [c for c in calls if _under_multi_test(lt, c) and any(
-            isinstance(p, (ast.If, ast.IfExp)) and _COUNT_TEST.search(ast.unparse(p.test)) for p in ancestors(lt, c))]
+        guarded = [(c, gate) for c in calls if (gate := count_gate(c)) is not None]
         loose = [c for c in calls if not _under_multi_test(lt, c) and lt._enclosing_function(c) is not lt.functions[name]]
-        if len(guarded) < 1 or not loose:
+        if not guarded or not loose:
             continue
         for c in loose:
-            fn = lt._enclosing_function(c)
-            if fn is not None and any(isinstance(st, ast.If) and st.lineno < c.lineno and
-                                      _MULTI_TEST.search(ast.unparse(st.test)) and
-                                      any(isinstance(b, (ast.Return, ast.Raise)) for b in st.body) for st in subtree(fn)):
-                continue  # an early return for the one-process case
-            g = guarded[0]
-            test = next(p for p in ancestors(lt, g) if isinstance(p, (ast.If, ast.IfExp)) and
-                        _COUNT_TEST.search(ast.unparse(p.test)))
+            if _one_process_exit_before(lt, c):
+                continue
+            g, test = guarded[0]
             lt.add("collective-before-init", "error", c,
                    f"{name}() runs a collective ({lt.collective_funcs[name]}) and is called here under no test of the "
                    f"process count, while line {g.lineno} calls it only under `{ast.unparse(test.test)[:40]}`: the "

@@ -317,16 +317,15 @@ def _env_none_parsed(lt: PythonLinter) -> None:
         key = _env_key(c)
         if key is None or not _LAUNCHER_SET.fullmatch(key):
             continue
+        held = list(itertools.takewhile(
+            lambda p: not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), ancestors(lt, c)))
         if isinstance(c, ast.Subscript):  # os.environ["LOCAL_RANK"] under try / a test: its absence handled
-            if any(isinstance(p, (ast.Try, ast.If, ast.IfExp, ast.BoolOp)) for p in itertools.takewhile(
-                    lambda p: not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), ancestors(lt, c))):
+            if any(isinstance(p, (ast.Try, ast.If, ast.IfExp, ast.BoolOp)) for p in held):
                 facts.env_unset_handled.add(key)
             continue
         parent = lt.parents.get(c)
         parsed = isinstance(parent, ast.Call) and _call_name(parent) in (("", "int"), ("", "float")) and \
             len(parent.args) == 1 and parent.args[0] is c and not parent.keywords
-        held = list(itertools.takewhile(
-            lambda p: not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), ancestors(lt, c)))
         guarded = any(isinstance(p, (ast.IfExp, ast.BoolOp, ast.Try, ast.While, ast.Assert, ast.comprehension)) or
                       isinstance(p, ast.If) and "__name__" not in ast.unparse(p.test) for p in held)
         if len(c.args) > 1 or c.keywords or guarded and _call_name(c)[1] != "setdefault":
